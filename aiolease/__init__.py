@@ -1,0 +1,55 @@
+"""aiolease: distributed locks, leases and leader election for asyncio and trio."""
+
+from ._elector import Elector as Elector
+from ._elector import ElectorStatistics as ElectorStatistics
+from ._elector import LeaderInfo as LeaderInfo
+from ._exceptions import AioleaseError as AioleaseError
+from ._exceptions import BackendError as BackendError
+from ._exceptions import BackendNotFound as BackendNotFound
+from ._exceptions import BackendTimeout as BackendTimeout
+from ._exceptions import BackendUnavailable as BackendUnavailable
+from ._exceptions import InvalidArgument as InvalidArgument
+from ._exceptions import LeaseError as LeaseError
+from ._exceptions import LeaseExpiredError as LeaseExpiredError
+from ._exceptions import LeaseHeldError as LeaseHeldError
+from ._exceptions import LeaseLostError as LeaseLostError
+from ._exceptions import LossReason as LossReason
+from ._exceptions import NotOwnerError as NotOwnerError
+from ._exceptions import UnsupportedCapability as UnsupportedCapability
+from ._lease import Lease as Lease
+from ._lease import Timing as Timing
+from ._lock import AsyncLock as AsyncLock
+from ._lock import LockStatistics as LockStatistics
+from ._registry import open_backend as open_backend
+from .abc import Backend as Backend
+from .abc import Capability as Capability
+from .abc import HolderInfo as HolderInfo
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "AioleaseError",
+    "AsyncLock",
+    "Backend",
+    "BackendError",
+    "BackendNotFound",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "Capability",
+    "Elector",
+    "ElectorStatistics",
+    "HolderInfo",
+    "InvalidArgument",
+    "Lease",
+    "LeaseError",
+    "LeaseExpiredError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "LeaderInfo",
+    "LockStatistics",
+    "LossReason",
+    "NotOwnerError",
+    "Timing",
+    "UnsupportedCapability",
+    "open_backend",
+]

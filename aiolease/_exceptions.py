@@ -1,0 +1,148 @@
+"""The exception hierarchy of aiolease.
+
+::
+
+    AioleaseError
+     +-- InvalidArgument (ValueError)        bad input, rejected before anything is sent
+     +-- BackendNotFound (LookupError)       no backend for a URL scheme, or its extra is missing
+     +-- UnsupportedCapability               open_backend(require=...) asked for what a backend lacks
+     +-- BackendError                        the backend failed; nothing was granted
+     |    +-- BackendUnavailable             connection refused, reset, server down
+     |    +-- BackendTimeout                 the backend did not answer in time
+     +-- LeaseError                          about one lease (``.name``)
+          +-- LeaseHeldError                 somebody else holds it (``.holder``)
+          +-- NotOwnerError                  the caller does not own it (any more)
+          +-- LeaseLostError                 a held lease was lost (``.reason``)
+               +-- LeaseExpiredError         ... because its local safe deadline passed
+
+Driver exceptions never escape a backend: they are mapped to :class:`BackendError`
+subclasses at the backend boundary, with the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .abc import HolderInfo
+
+__all__ = [
+    "AioleaseError",
+    "BackendError",
+    "BackendNotFound",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "InvalidArgument",
+    "LeaseError",
+    "LeaseExpiredError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "LossReason",
+    "NotOwnerError",
+    "UnsupportedCapability",
+    "lost_error",
+]
+
+
+class LossReason(str, enum.Enum):
+    """Why a lease ended."""
+
+    #: The local safe deadline passed without a confirmed renewal.
+    EXPIRED = "expired"
+    #: The backend reports that somebody else holds the name now.
+    STOLEN = "stolen"
+    #: Renewals failed with backend errors until the local safe deadline.
+    UNREACHABLE = "unreachable"
+    #: The health probe failed too many times in a row; the holder stepped down.
+    UNHEALTHY = "unhealthy"
+    #: The holder released it (explicit release or resignation).
+    RELEASED = "released"
+    #: The backend or elector was closed while the lease was held.
+    SHUTDOWN = "shutdown"
+
+
+class AioleaseError(Exception):
+    """Base class of every exception aiolease raises on purpose."""
+
+
+class InvalidArgument(AioleaseError, ValueError):
+    """An argument was rejected at the boundary; nothing was sent or changed."""
+
+
+class BackendNotFound(AioleaseError, LookupError):
+    """No backend is registered for a URL scheme, or its driver is not installed."""
+
+
+class UnsupportedCapability(AioleaseError):
+    """A backend lacks a capability that the caller required."""
+
+
+class BackendError(AioleaseError):
+    """The backend failed. A failed operation never counts as granted."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached or refused the request."""
+
+
+class BackendTimeout(BackendError):
+    """The backend did not answer in time; the outcome of the request is unknown."""
+
+
+class LeaseError(AioleaseError):
+    """An error about one named lease.
+
+    :param name: the lease name
+    """
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LeaseHeldError(LeaseError):
+    """The lease is held by somebody else.
+
+    :ivar holder: what the backend reported about the current holder, if anything
+    """
+
+    def __init__(self, name: str, holder: HolderInfo | None) -> None:
+        who = f"{holder.identity!r} (token {holder.token})" if holder else "another owner"
+        super().__init__(f"lease {name!r} is held by {who}", name=name)
+        self.holder = holder
+
+
+class NotOwnerError(LeaseError):
+    """The caller does not hold the lease (any more)."""
+
+    def __init__(self, name: str, message: str | None = None) -> None:
+        super().__init__(message or f"lease {name!r} is not held by this owner", name=name)
+
+
+class LeaseLostError(LeaseError):
+    """A lease was lost while the protected work ran; the work was cancelled.
+
+    The work may have overlapped with the next holder's: protect the resource with
+    the lease's fencing token.
+
+    :ivar reason: a :class:`LossReason`
+    """
+
+    def __init__(self, name: str, reason: LossReason) -> None:
+        super().__init__(f"lease {name!r} was lost: {reason.value}", name=name)
+        self.reason = reason
+
+
+class LeaseExpiredError(LeaseLostError):
+    """The lease's local safe deadline passed before a renewal was confirmed."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, LossReason.EXPIRED)
+
+
+def lost_error(name: str, reason: LossReason) -> LeaseLostError:
+    """The most specific :class:`LeaseLostError` for ``reason``."""
+    if reason is LossReason.EXPIRED:
+        return LeaseExpiredError(name)
+    return LeaseLostError(name, reason)

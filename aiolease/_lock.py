@@ -1,0 +1,259 @@
+"""AsyncLock: a distributed lock whose protected block is cancelled if the lease is lost."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import final
+
+import anyio
+
+from ._bridge import adapt
+from ._exceptions import BackendTimeout, LeaseHeldError, LossReason
+from ._keepalive import Counters, Holding
+from ._lease import Lease, Timing, release_shielded
+from ._validate import check_identity, check_metadata, check_name, check_seconds
+from .abc import Backend, Capability, Grant
+
+
+def default_identity() -> str:
+    """``host:pid``, what the holder shows when it gives no identity."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:255]
+
+
+@final
+@dataclass(frozen=True)
+class LockStatistics:
+    """A snapshot of one :class:`AsyncLock`'s activity in this process.
+
+    :param name: the lease name
+    :param held: how many of this lock's leases are held right now
+    :param acquisitions: confirmed grants
+    :param renewals: confirmed renewals
+    :param renew_failures: renewals that failed and were retried
+    :param losses: leases lost, by reason
+    """
+
+    name: str
+    held: int
+    acquisitions: int
+    renewals: int
+    renew_failures: int
+    losses: Mapping[LossReason, int]
+
+
+def validate_backend(backend: object) -> Backend:
+    """:raises InvalidArgument: ``backend`` is not a :class:`Backend`"""
+    if not isinstance(backend, Backend):
+        from ._exceptions import InvalidArgument
+
+        raise InvalidArgument(f"backend must be an aiolease Backend, not {type(backend).__name__}")
+    return backend
+
+
+async def acquire_lease(
+    backend: Backend,
+    name: str,
+    timing: Timing,
+    identity: str,
+    metadata: Mapping[str, str],
+    counters: Counters,
+    *,
+    blocking: bool,
+) -> Lease:
+    """Campaign for ``name`` until granted (or once, if not ``blocking``).
+
+    A request whose reply may have been lost, or a queue entry left behind by a
+    cancelled wait, is undone by a shielded release with the same owner id.
+
+    :raises LeaseHeldError: not ``blocking`` and somebody else holds it
+    :raises BackendError: the backend failed; nothing is held
+    """
+    backend = adapt(backend)
+    owner = uuid.uuid4().hex
+    fair = Capability.FAIR_QUEUE in backend.capabilities
+    maybe_held = False
+    try:
+        while True:
+            sent_at = anyio.current_time()
+            maybe_held = True
+            result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
+            if isinstance(result, Grant):
+                if timing.deadline_after(sent_at, result) > anyio.current_time():
+                    counters.acquisitions += 1
+                    return Lease._create(backend, name, owner, identity, metadata, timing, sent_at, result)
+                # The grant came back too late to be of any use: give it back.
+                await release_shielded(backend, name, owner, result.token, timing)
+                maybe_held = fair
+                if not blocking:
+                    raise BackendTimeout(f"grant of {name!r} arrived after its safe deadline")
+                continue
+            maybe_held = fair
+            if not blocking:
+                raise LeaseHeldError(name, result)
+            with anyio.move_on_after(timing.ttl):
+                await backend.wait_changed(name, result)
+    except BaseException:
+        if maybe_held:
+            await release_shielded(backend, name, owner, None, timing)
+        raise
+
+
+class _Acquisition(AbstractAsyncContextManager[Lease]):
+    """One ``async with lock.hold():`` block."""
+
+    def __init__(self, lock: AsyncLock, timeout: float | None) -> None:
+        self._lock = lock
+        self._timeout = timeout
+        self._holding: Holding | None = None
+
+    async def __aenter__(self) -> Lease:
+        lease = await self._lock.acquire(timeout=self._timeout)
+        self._holding = Holding(lease, self._lock._counters)
+        self._lock._held += 1
+        try:
+            return await self._holding.__aenter__()
+        except BaseException:
+            self._lock._held -= 1
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        assert self._holding is not None
+        try:
+            return await self._holding.__aexit__(exc_type, exc, tb)
+        finally:
+            self._lock._held -= 1
+
+
+@final
+class AsyncLock:
+    """A distributed lock with auto-renewal, fencing tokens and cancel-on-loss.
+
+    ``async with lock as lease:`` acquires (waiting as long as it takes), renews
+    in the background, cancels the block if the lease is lost (then raises
+    :class:`LeaseLostError`), and releases on exit. One lock object may be used
+    by many tasks at once; each ``async with`` is its own grant.
+
+    :param backend: where the lease lives
+    :param name: the lease name: non-empty, at most 255 UTF-8 bytes, no NUL
+    :param ttl: seconds the backend keeps the lease without a renewal
+    :param renew_interval: seconds between renewals (default ``ttl / 3``)
+    :param margin: seconds the holder stops before the server could expire it
+        (default ``max(0.1 * ttl, 0.05)``)
+    :param identity: who holds it, for humans (default ``host:pid``)
+    :param metadata: a small ``str -> str`` map published with the grant
+    :param release_timeout: upper bound on a release (default ``min(max(ttl, 1), 10)``)
+    :raises InvalidArgument: on any bad argument; nothing is sent
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        name: str,
+        *,
+        ttl: float,
+        renew_interval: float | None = None,
+        margin: float | None = None,
+        identity: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        release_timeout: float | None = None,
+    ) -> None:
+        self._backend = validate_backend(backend)
+        self._name = check_name(name)
+        self._timing = Timing.build(ttl, renew_interval, margin, release_timeout)
+        self._identity = check_identity(default_identity() if identity is None else identity)
+        self._metadata = MappingProxyType(check_metadata(metadata))
+        self._counters = Counters()
+        self._held = 0
+        self._contexts: dict[object, list[_Acquisition]] = {}
+
+    def __repr__(self) -> str:
+        return f"<AsyncLock {self._name!r} ttl={self._timing.ttl:g}s on {self._backend!r}>"
+
+    @property
+    def name(self) -> str:
+        """The lease name."""
+        return self._name
+
+    @property
+    def timing(self) -> Timing:
+        """The validated timing (ttl, renew interval, margin, release timeout)."""
+        return self._timing
+
+    async def acquire(self, *, timeout: float | None = None) -> Lease:
+        """Wait until the lease is granted.
+
+        The returned lease is not renewed in the background: use ``async with``
+        for that, or call :meth:`Lease.renew` yourself before :attr:`Lease.deadline`,
+        and :meth:`Lease.release` when done. Enclosing cancel scopes apply too.
+
+        :param timeout: give up after this many seconds
+        :raises TimeoutError: ``timeout`` ran out; nothing is held
+        :raises BackendError: the backend failed; nothing is held
+        """
+        if timeout is None:
+            return await self._acquire(blocking=True)
+        with anyio.fail_after(check_seconds("timeout", timeout, allow_zero=True)):
+            return await self._acquire(blocking=True)
+
+    async def acquire_nowait(self) -> Lease:
+        """Try once.
+
+        :raises LeaseHeldError: somebody else holds it (``.holder`` says who)
+        :raises BackendError: the backend failed; nothing is held
+        """
+        return await self._acquire(blocking=False)
+
+    async def _acquire(self, *, blocking: bool) -> Lease:
+        return await acquire_lease(
+            self._backend,
+            self._name,
+            self._timing,
+            self._identity,
+            self._metadata,
+            self._counters,
+            blocking=blocking,
+        )
+
+    def hold(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
+        """``async with lock.hold(timeout=5) as lease:``, like ``async with lock`` with a timeout."""
+        if timeout is not None:
+            check_seconds("timeout", timeout, allow_zero=True)
+        return _Acquisition(self, timeout)
+
+    async def __aenter__(self) -> Lease:
+        context = _Acquisition(self, None)
+        lease = await context.__aenter__()
+        # Pair this enter with its exit per task, so one lock serves many tasks.
+        self._contexts.setdefault(anyio.get_current_task().id, []).append(context)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        task = anyio.get_current_task().id
+        stack = self._contexts[task]
+        context = stack.pop()
+        if not stack:
+            del self._contexts[task]
+        return await context.__aexit__(exc_type, exc, tb)
+
+    def statistics(self) -> LockStatistics:
+        """A frozen snapshot of this lock's counters."""
+        c = self._counters
+        return LockStatistics(
+            self._name, self._held, c.acquisitions, c.renewals, c.renew_failures, dict(c.losses)
+        )

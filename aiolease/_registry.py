@@ -1,0 +1,115 @@
+"""open_backend(url): choose a backend by URL scheme, load it lazily, connect it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from importlib.metadata import entry_points
+from typing import Any
+from urllib.parse import urlsplit
+
+from ._bridge import adapt, call_asyncio, running_trio
+from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
+from .abc import Backend, Capability
+
+ENTRY_POINT_GROUP = "aiolease.backends"
+
+#: Backends shipped with aiolease, used when the package metadata is not installed.
+BUILTIN: dict[str, str] = {
+    "memory": "aiolease.backends.memory:MemoryBackend",
+    "sqlite": "aiolease.backends.sqlite:SQLiteBackend",
+}
+
+#: Which extra provides the driver for a scheme (for the install hint).
+EXTRAS: dict[str, str] = {
+    "redis": "redis",
+    "rediss": "redis",
+    "postgres": "postgres",
+    "postgresql": "postgres",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "mongodb": "mongo",
+    "etcd": "etcd",
+    "zookeeper": "zookeeper",
+    "zk": "zookeeper",
+    "kafka": "kafka",
+}
+
+
+def _hint(scheme: str) -> str:
+    extra = EXTRAS.get(scheme)
+    if extra is None:
+        known = ", ".join(sorted(set(BUILTIN) | set(EXTRAS)))
+        return f"known schemes: {known}"
+    return f"install it with: pip install 'aiolease[{extra}]'"
+
+
+def backend_class(scheme: str) -> type[Backend]:
+    """The backend class registered for ``scheme``.
+
+    :raises BackendNotFound: nothing is registered, or its driver is not installed
+    """
+    target = None
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == scheme:
+            target = ep.value
+            break
+    target = target or BUILTIN.get(scheme)
+    if target is None:
+        raise BackendNotFound(f"no aiolease backend for scheme {scheme!r}; {_hint(scheme)}")
+    module_name, _, attr = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        raise BackendNotFound(
+            f"the backend for {scheme!r} cannot be loaded ({exc}); {_hint(scheme)}"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise BackendNotFound(f"{target} (for {scheme!r}) is not an aiolease Backend")
+    return cls
+
+
+def scheme_of(url: object) -> str:
+    """:raises InvalidArgument: ``url`` is not a str with a scheme"""
+    if not isinstance(url, str):
+        raise InvalidArgument(f"backend URL must be a str, not {type(url).__name__}")
+    scheme = urlsplit(url).scheme
+    if not scheme:
+        raise InvalidArgument(f"backend URL {url!r} has no scheme (like 'sqlite:///path/to/file')")
+    return scheme.lower()
+
+
+@asynccontextmanager
+async def open_backend(
+    url: str, *, require: Iterable[Capability] = (), **options: Any
+) -> AsyncIterator[Backend]:
+    """Connect to the backend that ``url`` names, and close it on exit.
+
+    Under trio, a backend whose driver needs asyncio is opened on a trio-asyncio
+    loop and handed out behind a bridge, so it works unchanged.
+
+    :param require: capabilities the backend must have
+    :param options: passed to the backend's ``from_url``
+    :raises InvalidArgument: the URL is malformed
+    :raises BackendNotFound: no backend for the scheme, or its extra is missing
+    :raises UnsupportedCapability: the backend lacks a required capability
+    :raises BackendUnavailable: the server cannot be reached
+    """
+    cls = backend_class(scheme_of(url))
+    missing = set(require) - cls.capabilities
+    if missing:
+        names = ", ".join(sorted(c.value for c in missing))
+        raise UnsupportedCapability(f"the {cls.__name__} for {url!r} lacks: {names}")
+    async with AsyncExitStack() as stack:
+        if cls.requires_asyncio and running_trio():
+            import trio_asyncio
+
+            if trio_asyncio.current_loop.get() is None:
+                await stack.enter_async_context(trio_asyncio.open_loop())
+            backend = await call_asyncio(lambda: cls.from_url(url, **options))
+        else:
+            backend = await cls.from_url(url, **options)
+        bridged = adapt(backend)
+        stack.push_async_callback(bridged.aclose)
+        yield bridged

@@ -1,0 +1,209 @@
+"""The backend contract: everything a backend author imports.
+
+A backend stores, per lease *name*, at most one live record::
+
+    (owner, identity, token, metadata, server-side expiry)
+
+and a per-name token counter that outlives the record (release and expiry keep it),
+so that every grant's token is strictly greater than every earlier grant's.
+
+Rules every implementation keeps (the conformance checks in
+:mod:`aiolease.testing` prove them against a real server):
+
+* **Atomic, one round trip.** Each operation is one atomic step on the server.
+* **Server time decides expiry.** A backend never compares a client's wall clock
+  with another machine's; expiry is computed where the record lives.
+* **Idempotent retries.** ``try_acquire`` by the current owner returns the current
+  grant (same token) and resets the expiry; ``release`` of something not held
+  returns ``False``.
+* **Mapped errors.** Driver exceptions are raised as :class:`BackendUnavailable`
+  or :class:`BackendTimeout` ``from`` the original.
+* **Loop neutrality.** A backend whose driver runs only on asyncio sets
+  ``requires_asyncio = True``; the core then bridges it when the application runs
+  under trio. The backend itself never asks which loop it is on.
+
+Backends with sessions (etcd leases, ZooKeeper sessions, Kafka group membership)
+may carry many leases on one session and renew it once per tick. They report in
+:attr:`Grant.sent_at` the monotonic time at which the confirming request was
+sent; the core takes the earlier of that and its own send time, so a confirmation
+is never counted as younger than it is.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar
+
+import anyio
+
+from ._exceptions import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+    NotOwnerError,
+)
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:  # pragma: no cover
+    from typing_extensions import Self
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendTimeout",
+    "BackendUnavailable",
+    "Capability",
+    "Grant",
+    "HolderInfo",
+    "InvalidArgument",
+    "NotOwnerError",
+]
+
+
+class Capability(str, enum.Enum):
+    """What a backend can do, declared by the backend (never discovered by failure)."""
+
+    #: ``wait_changed`` returns as soon as the holder changes (no polling by ttl).
+    PUSH_WAKEUP = "push_wakeup"
+    #: Waiters are granted in arrival order.
+    FAIR_QUEUE = "fair_queue"
+    #: Expiry is computed on the server's clock.
+    SERVER_TIME = "server_time"
+    #: Tokens survive a restart of the server.
+    DURABLE_TOKENS = "durable_tokens"
+    #: Leases ride on a session renewed once per tick for all of them.
+    SESSION = "session"
+    #: Safe across several processes (not only several tasks of one process).
+    MULTI_PROCESS = "multi_process"
+
+
+@dataclass(frozen=True, slots=True)
+class HolderInfo:
+    """What a backend reports about the current holder of a name.
+
+    :param name: the lease name
+    :param owner: the opaque owner id of this grant (unique per acquire attempt)
+    :param identity: the human-readable identity the holder gave (host, pod, ...)
+    :param token: the fencing token of this grant
+    :param metadata: small string map the holder published with the grant
+    :param remaining: seconds of server-side ttl left when read, if known
+    """
+
+    name: str
+    owner: str
+    identity: str
+    token: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    remaining: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A confirmed acquire or renewal.
+
+    :param token: the fencing token of the grant (unchanged by renewals)
+    :param ttl: the ttl the server applied, in seconds
+    :param sent_at: ``anyio.current_time()`` at which the confirming request was sent,
+        when that is earlier than the core's own call (session backends)
+    """
+
+    token: int
+    ttl: float
+    sent_at: float | None = None
+
+
+class Backend(abc.ABC):
+    """A coordination backend. Subclass this to add one.
+
+    Instances are async context managers; :meth:`aclose` closes only what the
+    backend opened itself (never a client the user passed in).
+    """
+
+    #: What this backend guarantees beyond the contract.
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    #: ``True`` when the driver runs only on asyncio (the core bridges it under trio).
+    requires_asyncio: ClassVar[bool] = False
+    #: How long :meth:`wait_changed` sleeps by default when it knows nothing better.
+    poll_interval: float = 0.1
+
+    @classmethod
+    @abc.abstractmethod
+    async def from_url(cls, url: str, **options: Any) -> Self:
+        """Connect to the backend that ``url`` names.
+
+        :raises InvalidArgument: the URL or an option is malformed
+        :raises BackendUnavailable: the server cannot be reached
+        """
+
+    @abc.abstractmethod
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+    ) -> Grant | HolderInfo:
+        """Grant ``name`` to ``owner`` if it is free, expired, or already ``owner``'s.
+
+        :returns: a :class:`Grant` on success, else the current holder
+        :raises BackendError: the outcome is unknown; the caller releases with
+            the same ``owner`` to be safe
+        """
+
+    @abc.abstractmethod
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        """Reset the server-side expiry of ``owner``'s grant to now + ``ttl``.
+
+        Resets, never adds. A record the server has expired is not revived.
+
+        :raises NotOwnerError: ``owner`` does not hold ``name`` (any more)
+        """
+
+    @abc.abstractmethod
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Free ``name`` if ``owner`` holds it, and wake waiters.
+
+        ``token`` is ``None`` when the grant's reply was never seen (a compensating
+        release after a cancelled acquire); the owner id is unique per attempt, so
+        it alone identifies the grant.
+
+        :returns: whether this call freed it
+        """
+
+    @abc.abstractmethod
+    async def read(self, name: str) -> HolderInfo | None:
+        """Return the live holder of ``name``, or ``None`` if it is free or expired."""
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Return when the record of ``name`` may differ from ``seen``.
+
+        May return early (callers re-read). This default sleeps until the seen
+        holder's ttl runs out, or :attr:`poll_interval` when that is unknown;
+        backends with push notifications override it.
+        """
+        if seen is not None and seen.remaining is not None:
+            await anyio.sleep(max(seen.remaining, 0.001))
+        else:
+            await anyio.sleep(self.poll_interval)
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, default does nothing
+        """Close what this backend opened. Idempotent."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()

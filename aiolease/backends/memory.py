@@ -1,0 +1,128 @@
+"""The in-memory backend: the reference model of the contract.
+
+Every other backend is held against this one by the stateful model test. It is
+exact, instant and single-process; its clock is injectable (by default
+``anyio.current_time``, so trio's ``MockClock`` drives it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+
+from .._exceptions import InvalidArgument, NotOwnerError
+from ..abc import Backend, Capability, Grant, HolderInfo
+
+__all__ = ["MemoryBackend"]
+
+
+@dataclass
+class _Record:
+    owner: str
+    identity: str
+    token: int
+    metadata: dict[str, str]
+    expires_at: float
+
+
+class MemoryBackend(Backend):
+    """Leases in a dict of this process.
+
+    :param clock: returns the current time in seconds (default ``anyio.current_time``)
+    """
+
+    capabilities = frozenset(
+        {Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.DURABLE_TOKENS}
+    )
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or anyio.current_time
+        self._records: dict[str, _Record] = {}
+        self._tokens: dict[str, int] = {}
+        self._changed: dict[str, anyio.Event] = {}
+
+    def __repr__(self) -> str:
+        return f"<MemoryBackend {len(self._records)} records>"
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> MemoryBackend:
+        """``memory://`` (no host, path or query)."""
+        parts = urlsplit(url)
+        if parts.scheme != "memory" or parts.netloc or parts.path not in ("", "/") or parts.query:
+            raise InvalidArgument(f"a memory backend URL is just 'memory://', got {url!r}")
+        return cls(**options)
+
+    def _live(self, name: str) -> _Record | None:
+        record = self._records.get(name)
+        if record is not None and record.expires_at <= self._clock():
+            del self._records[name]
+            self._notify(name)
+            return None
+        return record
+
+    def _notify(self, name: str) -> None:
+        event = self._changed.pop(name, None)
+        if event is not None:
+            event.set()
+
+    def _holder(self, name: str, record: _Record) -> HolderInfo:
+        remaining = max(record.expires_at - self._clock(), 0.0)
+        return HolderInfo(name, record.owner, record.identity, record.token, dict(record.metadata), remaining)
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        if record is not None and record.owner != owner:
+            return self._holder(name, record)
+        if record is None:
+            token = self._tokens[name] = self._tokens.get(name, 0) + 1
+            record = self._records[name] = _Record(owner, identity, token, dict(metadata), 0.0)
+            self._notify(name)
+        record.expires_at = self._clock() + ttl
+        return Grant(record.token, ttl)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        if record is None or record.owner != owner or record.token != token:
+            raise NotOwnerError(name)
+        record.expires_at = self._clock() + ttl
+        return Grant(record.token, ttl)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        if record is None or record.owner != owner or (token is not None and record.token != token):
+            return False
+        del self._records[name]
+        self._notify(name)
+        return True
+
+    async def read(self, name: str) -> HolderInfo | None:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        return None if record is None else self._holder(name, record)
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        record = self._live(name)
+        current = None if record is None else (record.owner, record.token)
+        if current != (None if seen is None else (seen.owner, seen.token)):
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self._changed.setdefault(name, anyio.Event())
+        if record is None:
+            await event.wait()
+            return
+        with anyio.move_on_at(record.expires_at - self._clock() + anyio.current_time()):
+            await event.wait()
+
+    def force_release(self, name: str) -> None:
+        """Drop ``name``'s record as an operator would (tests and tools)."""
+        if self._records.pop(name, None) is not None:
+            self._notify(name)
