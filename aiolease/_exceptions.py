@@ -50,7 +50,7 @@ class LossReason(str, enum.Enum):
 
     #: The local safe deadline passed without a confirmed renewal.
     EXPIRED = "expired"
-    #: The backend reports that somebody else holds the name now.
+    #: The backend reports that this owner no longer holds the name (taken over or removed).
     STOLEN = "stolen"
     #: Renewals failed with backend errors until the local safe deadline.
     UNREACHABLE = "unreachable"

@@ -82,7 +82,7 @@ async def keep_renewing(lease: Lease, counters: Counters) -> None:
             with anyio.fail_after(timing.renew_interval):
                 grant = await backend.renew(lease.name, lease.owner, lease.token, timing.ttl)
         except NotOwnerError:
-            lease.end(await lease.classify_not_owner())
+            lease.end(LossReason.STOLEN)
             return
         except (BackendError, TimeoutError) as exc:
             counters.renew_failures += 1
@@ -110,7 +110,7 @@ async def watch_takeover(lease: Lease) -> None:
         try:
             holder = await backend.read(lease.name)
             if holder is None or holder.owner != lease.owner:
-                lease.end(LossReason.EXPIRED if holder is None else LossReason.STOLEN)
+                lease.end(LossReason.STOLEN)
                 return
             with anyio.move_on_after(lease.timing.ttl):
                 await backend.wait_changed(lease.name, holder)

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, final
 import anyio
 
 from ._bridge import adapt
-from ._exceptions import BackendError, InvalidArgument, LossReason, NotOwnerError, lost_error
+from ._exceptions import BackendError, BackendUnavailable, InvalidArgument, LossReason, NotOwnerError, lost_error
 from ._validate import check_seconds
 from .abc import Backend, Grant
 
@@ -181,7 +181,9 @@ class Lease(metaclass=_NoPublicConstructor):
         the watchdog has not woken up yet.
         """
         if self._reason is None and anyio.current_time() >= self._deadline:
-            self._end(LossReason.UNREACHABLE if self._last_error else LossReason.EXPIRED)
+            # Refused connections mean UNREACHABLE; unanswered renewals mean EXPIRED.
+            unreachable = isinstance(self._last_error, BackendUnavailable)
+            self._end(LossReason.UNREACHABLE if unreachable else LossReason.EXPIRED)
         return self._reason
 
     def remaining(self) -> float:
@@ -208,7 +210,7 @@ class Lease(metaclass=_NoPublicConstructor):
         try:
             grant = await self._backend.renew(self._name, self._owner, self._token, self._timing.ttl)
         except NotOwnerError:
-            self._end(await self.classify_not_owner())
+            self._end(LossReason.STOLEN)
             self._raise_if_lost()
             raise
         except BackendError as exc:
@@ -244,7 +246,8 @@ class Lease(metaclass=_NoPublicConstructor):
             self._renewals += 1
 
     def note_error(self, exc: BaseException) -> None:
-        """Remember a failed renewal (decides between EXPIRED and UNREACHABLE)."""
+        """Remember a failed renewal: if the deadline passes after a refused connection
+        (:class:`BackendUnavailable`) the reason is UNREACHABLE, else EXPIRED."""
         self._last_error = exc
 
     def on_end(self, callback: Callable[[LossReason], object]) -> None:
@@ -268,15 +271,6 @@ class Lease(metaclass=_NoPublicConstructor):
     def end(self, reason: LossReason) -> None:
         """Mark the lease ended with ``reason`` (first reason wins)."""
         self._end(reason)
-
-    async def classify_not_owner(self) -> LossReason:
-        """Tell STOLEN (someone else holds it) from EXPIRED (nobody does) after a refusal."""
-        try:
-            with anyio.fail_after(self._timing.release_timeout):
-                holder = await self._backend.read(self._name)
-        except (BackendError, TimeoutError):
-            return LossReason.STOLEN
-        return LossReason.EXPIRED if holder is None else LossReason.STOLEN
 
     def _raise_if_lost(self) -> None:
         reason = self.lost

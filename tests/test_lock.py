@@ -1,0 +1,320 @@
+"""AsyncLock and Lease: the guarantees of DESIGN §1, on the memory backend with injected faults."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncLock, LeaseExpiredError, LeaseHeldError, LeaseLostError, LossReason
+from aiolease.abc import HolderInfo
+from aiolease.backends.memory import MemoryBackend
+from aiolease.testing.faults import FaultyBackend
+
+pytestmark = pytest.mark.anyio
+
+TTL = 0.6
+
+
+@pytest.fixture
+def inner() -> MemoryBackend:
+    return MemoryBackend()
+
+
+@pytest.fixture
+def faulty(inner: MemoryBackend) -> FaultyBackend:
+    return FaultyBackend(inner)
+
+
+async def test_lost_at_local_deadline_before_server_expiry(
+    inner: MemoryBackend, faulty: FaultyBackend
+) -> None:
+    seen_on_server: list[HolderInfo | None] = []
+    lock = AsyncLock(faulty, "job", ttl=TTL)
+    with pytest.raises(LeaseExpiredError) as info:
+        async with lock as lease:
+            faulty.hang("renew")
+            try:
+                await anyio.sleep_forever()
+            finally:
+                # Cancelled at the local deadline: the server must still hold our record.
+                with anyio.CancelScope(shield=True):
+                    seen_on_server.append(await inner.read("job"))
+    assert info.value.reason is LossReason.EXPIRED
+    assert lease.lost is LossReason.EXPIRED
+    [holder] = seen_on_server
+    assert holder is not None and holder.owner == lease.owner
+    assert holder.remaining is not None and holder.remaining > 0
+
+
+async def test_renewal_errors_until_deadline_mean_unreachable(faulty: FaultyBackend) -> None:
+    lock = AsyncLock(faulty, "job", ttl=TTL)
+    with pytest.raises(LeaseLostError) as info:
+        async with lock:
+            faulty.fail("renew")
+            await anyio.sleep_forever()
+    assert info.value.reason is LossReason.UNREACHABLE
+    assert lock.statistics().renew_failures >= 1
+    assert lock.statistics().losses == {LossReason.UNREACHABLE: 1}
+
+
+async def test_transient_renewal_errors_are_retried(faulty: FaultyBackend) -> None:
+    lock = AsyncLock(faulty, "job", ttl=TTL)
+    async with lock as lease:
+        faulty.fail("renew", times=1)
+        while lock.statistics().renewals < 2:
+            await faulty.wait_called("renew")
+        assert lease.lost is None
+    assert lock.statistics().renew_failures == 1
+    assert lease.lost is LossReason.RELEASED
+
+
+@pytest.mark.parametrize("push", [True, False], ids=["watch", "renewal"])
+async def test_stolen_lease_is_detected(inner: MemoryBackend, faulty: FaultyBackend, push: bool) -> None:
+    if not push:
+        faulty.capabilities = frozenset()  # type: ignore[misc]  # only renewals can tell
+    thief = AsyncLock(inner, "job", ttl=TTL, identity="thief")
+    after_cancel: list[str] = []
+    with pytest.raises(LeaseLostError) as info:
+        async with AsyncLock(faulty, "job", ttl=TTL) as lease:
+            with anyio.CancelScope(shield=True):  # a push watch may cancel us at once
+                inner.force_release("job")
+                stolen = await thief.acquire_nowait()
+            await anyio.sleep_forever()
+            after_cancel.append("ran on")  # pragma: no cover - must not run
+    assert info.value.reason is LossReason.STOLEN
+    assert after_cancel == []
+    assert stolen.token > lease.token
+    holder = await inner.read("job")
+    assert holder is not None and holder.owner == stolen.owner, "the loser's release must not free it"
+
+
+async def test_body_exception_propagates_even_when_release_fails(faulty: FaultyBackend) -> None:
+    faulty.fail("release")
+    with pytest.raises(KeyError):
+        async with AsyncLock(faulty, "job", ttl=TTL):
+            raise KeyError("from the body")
+
+
+async def test_release_is_bounded_when_the_backend_hangs(faulty: FaultyBackend) -> None:
+    lock = AsyncLock(faulty, "job", ttl=TTL, release_timeout=0.1)
+    with pytest.raises(KeyError):
+        async with lock:
+            faulty.hang("release")
+            raise KeyError("from the body")
+    assert faulty.calls["release"] == 1
+
+
+async def test_outer_cancellation_is_not_swallowed(inner: MemoryBackend) -> None:
+    with anyio.CancelScope() as scope:
+        async with AsyncLock(inner, "job", ttl=TTL):
+            scope.cancel()
+            await anyio.sleep_forever()
+    assert scope.cancelled_caught
+    assert await inner.read("job") is None
+
+
+async def test_outer_cancellation_wins_over_loss(faulty: FaultyBackend) -> None:
+    with anyio.CancelScope() as scope:
+        async with AsyncLock(faulty, "job", ttl=TTL) as lease:
+            faulty.hang("renew")
+            try:
+                await anyio.sleep_forever()
+            finally:
+                scope.cancel()
+    assert scope.cancelled_caught
+    assert lease.lost is LossReason.EXPIRED
+
+
+async def test_cancelled_acquire_leaves_nothing_held(inner: MemoryBackend, faulty: FaultyBackend) -> None:
+    faulty.slow_reply("try_acquire", 10)
+    lock = AsyncLock(faulty, "job", ttl=5)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lock.acquire)
+        await inner.wait_changed("job", None)  # the grant reached the server
+        assert faulty.calls["try_acquire"] == 1
+        tg.cancel_scope.cancel()
+    assert await inner.read("job") is None
+    assert faulty.calls["release"] == 1
+
+
+async def test_lost_reply_leaves_nothing_held(inner: MemoryBackend, faulty: FaultyBackend) -> None:
+    faulty.lose_reply("try_acquire")
+    with pytest.raises(aiolease.BackendTimeout):
+        await AsyncLock(faulty, "job", ttl=5).acquire_nowait()
+    assert await inner.read("job") is None
+
+
+async def test_acquire_timeout_and_cancel_scopes(inner: MemoryBackend) -> None:
+    holder = await AsyncLock(inner, "job", ttl=5, identity="first").acquire()
+    lock = AsyncLock(inner, "job", ttl=5)
+    with pytest.raises(TimeoutError):
+        await lock.acquire(timeout=0.05)
+    with anyio.move_on_after(0.05) as scope:
+        await lock.acquire()
+    assert scope.cancelled_caught
+    current = await inner.read("job")
+    assert current is not None and current.owner == holder.owner
+
+
+async def test_acquire_nowait_reports_the_holder(inner: MemoryBackend) -> None:
+    first = await AsyncLock(inner, "job", ttl=5, identity="first", metadata={"k": "v"}).acquire()
+    with pytest.raises(LeaseHeldError) as info:
+        await AsyncLock(inner, "job", ttl=5).acquire_nowait()
+    assert info.value.holder is not None
+    assert (info.value.holder.identity, info.value.holder.token) == ("first", first.token)
+    assert dict(info.value.holder.metadata) == {"k": "v"}
+
+
+async def test_blocking_acquire_wakes_on_release(inner: MemoryBackend, faulty: FaultyBackend) -> None:
+    first = await AsyncLock(inner, "job", ttl=30).acquire()
+    got: list[int] = []
+
+    async def wait_for_it() -> None:
+        got.append((await AsyncLock(faulty, "job", ttl=30).acquire(timeout=5)).token)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_for_it)
+        await faulty.wait_called("wait_changed")
+        assert await first.release() is True
+    assert got == [first.token + 1]
+
+
+async def test_release_of_a_lost_lease_returns_false(inner: MemoryBackend) -> None:
+    lease = await AsyncLock(inner, "job", ttl=TTL).acquire()
+    inner.force_release("job")
+    other = await AsyncLock(inner, "job", ttl=TTL).acquire_nowait()
+    with pytest.raises(LeaseLostError) as info:
+        await lease.renew()
+    assert info.value.reason is LossReason.STOLEN
+    assert await lease.release() is False
+    assert await lease.release() is False
+    assert (await inner.read("job")) is not None
+    assert await other.release() is True
+    assert await other.release() is False
+
+
+async def test_manual_lease_expires_by_its_deadline(inner: MemoryBackend) -> None:
+    lease = await AsyncLock(inner, "job", ttl=0.2).acquire()
+    assert await lease.wait_lost() is LossReason.EXPIRED
+    assert lease.remaining() == 0.0
+    with pytest.raises(LeaseExpiredError):
+        await lease.renew()
+
+
+async def test_tokens_strictly_increase_and_one_lock_serves_many_tasks(inner: MemoryBackend) -> None:
+    lock = AsyncLock(inner, "job", ttl=TTL)
+    intervals: list[tuple[float, float, int]] = []
+
+    async def worker() -> None:
+        for _ in range(3):
+            async with lock as lease:
+                start = anyio.current_time()
+                await anyio.sleep(0.001)
+                intervals.append((start, anyio.current_time(), lease.token))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(worker)
+    intervals.sort()
+    assert len(intervals) == 12
+    for (_, end, token), (start, _, next_token) in zip(intervals, intervals[1:]):
+        assert end <= start and token < next_token
+    assert lock.statistics().acquisitions == 12 and lock.statistics().held == 0
+
+
+async def test_release_inside_the_body_ends_it_quietly(inner: MemoryBackend) -> None:
+    reached: list[str] = []
+    async with AsyncLock(inner, "job", ttl=TTL) as lease:
+        assert await lease.release() is True
+        await anyio.sleep_forever()
+        reached.append("after")  # pragma: no cover
+    assert reached == [] and lease.lost is LossReason.RELEASED
+    assert await inner.read("job") is None
+
+
+async def test_timing_defaults_and_deadline_from_send_time(faulty: FaultyBackend) -> None:
+    lock = AsyncLock(faulty, "job", ttl=1.0)
+    assert (lock.timing.renew_interval, lock.timing.margin) == (pytest.approx(1 / 3), pytest.approx(0.1))
+    faulty.slow_reply("try_acquire", 0.2)
+    before = anyio.current_time()
+    lease = await lock.acquire()
+    # The deadline counts from the send, not from the (late) reply.
+    assert lease.deadline <= before + 1.0 - 0.1 + 0.05
+    assert lease.deadline < anyio.current_time() + 0.9 - 0.1
+    await lease.release()
+
+
+def test_lease_has_no_public_constructor() -> None:
+    with pytest.raises(TypeError):
+        aiolease.Lease()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": ""}, "empty"),
+        ({"name": "x" * 256}, "256 bytes"),
+        ({"name": "é" * 128}, "256 bytes"),
+        ({"name": "a\x00b"}, "NUL"),
+        ({"name": 5}, "str"),
+        ({"ttl": 0}, "ttl"),
+        ({"ttl": -1}, "ttl"),
+        ({"ttl": math.nan}, "ttl"),
+        ({"ttl": True}, "ttl"),
+        ({"ttl": 1, "renew_interval": 0.95}, "renew_interval"),
+        ({"ttl": 1, "margin": 1}, "margin"),
+        ({"identity": ""}, "identity"),
+        ({"metadata": {"k": 1}}, "metadata"),
+        ({"metadata": {"k": "v" * 5000}}, "metadata"),
+    ],
+)
+async def test_bad_arguments_are_rejected_and_change_nothing(
+    inner: MemoryBackend, kwargs: dict[str, object], match: str
+) -> None:
+    held = await AsyncLock(inner, "held", ttl=30).acquire()
+    before = await inner.read("held")
+    args: dict[str, object] = {"name": "fresh", "ttl": 5, **kwargs}
+    name = args.pop("name")
+    with pytest.raises(aiolease.InvalidArgument, match=match):
+        AsyncLock(inner, name, **args)  # type: ignore[arg-type]
+    with pytest.raises(aiolease.InvalidArgument, match=match):
+        aiolease.Elector(inner, name, **args)  # type: ignore[arg-type]
+    after = await inner.read("held")
+    assert before is not None and after is not None and held.lost is None
+    assert (after.owner, after.token) == (before.owner, before.token)
+    assert await inner.read("fresh") is None
+
+
+async def test_bad_urls_are_typed_errors() -> None:
+    with pytest.raises(aiolease.BackendNotFound, match="aiolease\\[redis\\]"):
+        async with aiolease.open_backend("redis://127.0.0.1:1/0"):
+            pass  # pragma: no cover
+    with pytest.raises(aiolease.BackendNotFound, match="known schemes"):
+        async with aiolease.open_backend("nosuch://x"):
+            pass  # pragma: no cover
+    with pytest.raises(aiolease.InvalidArgument, match="no scheme"):
+        async with aiolease.open_backend("just-a-path"):
+            pass  # pragma: no cover
+    with pytest.raises(aiolease.InvalidArgument):
+        async with aiolease.open_backend("memory://host/path"):
+            pass  # pragma: no cover
+    with pytest.raises(aiolease.UnsupportedCapability, match="fair_queue"):
+        async with aiolease.open_backend("memory://", require=[aiolease.Capability.FAIR_QUEUE]):
+            pass  # pragma: no cover
+
+
+async def test_open_backend_memory() -> None:
+    async with aiolease.open_backend("memory://") as backend:
+        async with AsyncLock(backend, "x", ttl=1) as lease:
+            assert lease.token == 1
+
+
+def test_public_names() -> None:
+    exported = {name for name in dir(aiolease) if not name.startswith("_")}
+    assert set(aiolease.__all__) <= exported
+    assert sorted(aiolease.__all__) == sorted(set(aiolease.__all__))
+    for name in aiolease.__all__:
+        assert getattr(aiolease, name).__module__.startswith("aiolease")
