@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar, cast, final
 
 import anyio
 
@@ -130,21 +130,25 @@ class Elector:
         self._metadata = MappingProxyType(check_metadata(metadata))
         self._health: HealthPolicy | None = None
         if health is not None:
-            if not callable(health):
+            if not callable(cast(object, health)):
                 from ._exceptions import InvalidArgument
 
                 raise InvalidArgument("health must be callable")
             interval = check_seconds(
-                "health_interval", self._timing.renew_interval if health_interval is None else health_interval
+                "health_interval",
+                self._timing.renew_interval if health_interval is None else health_interval,
             )
             self._health = HealthPolicy(
                 health,
                 interval,
                 check_count("health_failures", health_failures),
-                check_seconds("health_timeout", interval if health_timeout is None else health_timeout),
+                check_seconds(
+                    "health_timeout", interval if health_timeout is None else health_timeout
+                ),
             )
         self._backoff = check_seconds(
-            "retry_backoff", min(self._timing.ttl / 4, 1.0) if retry_backoff is None else retry_backoff
+            "retry_backoff",
+            min(self._timing.ttl / 4, 1.0) if retry_backoff is None else retry_backoff,
         )
         self._on_elected = on_elected
         self._on_defeated = on_defeated
@@ -192,7 +196,9 @@ class Elector:
                 async with self.leadership() as lease:
                     result = await fn(lease, *args)
             except LeaseLostError as exc:
-                logger.info("%s: term for %r ended: %s", self._identity, self._name, exc.reason.value)
+                logger.info(
+                    "%s: term for %r ended: %s", self._identity, self._name, exc.reason.value
+                )
             except BackendError as exc:
                 self._campaign_errors += 1
                 logger.warning("%s: campaign for %r failed: %r", self._identity, self._name, exc)

@@ -5,7 +5,7 @@
     AioleaseError
      +-- InvalidArgument (ValueError)        bad input, rejected before anything is sent
      +-- BackendNotFound (LookupError)       no backend for a URL scheme, or its extra is missing
-     +-- UnsupportedCapability               open_backend(require=...) asked for what a backend lacks
+     +-- UnsupportedCapability               a required capability is missing
      +-- BackendError                        the backend failed; nothing was granted
      |    +-- BackendUnavailable             connection refused, reset, server down
      |    +-- BackendTimeout                 the backend did not answer in time

@@ -99,7 +99,7 @@ async def keep_renewing(lease: Lease, counters: Counters) -> None:
 
 async def watch_deadline(lease: Lease) -> None:
     """End ``lease`` at its local safe deadline unless a renewal moved it."""
-    while lease.lost is None:
+    while lease.lost is None:  # noqa: ASYNC110 - the deadline moves with every renewal
         await anyio.sleep_until(lease.deadline)
 
 
@@ -174,7 +174,11 @@ class Holding:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
             await release_shielded(
-                self.lease.backend, self.lease.name, self.lease.owner, self.lease.token, self.lease.timing
+                self.lease.backend,
+                self.lease.name,
+                self.lease.owner,
+                self.lease.token,
+                self.lease.timing,
             )
             raise
         self.lease.on_end(lambda _: self._body.cancel())
@@ -197,7 +201,9 @@ class Holding:
         try:
             await self._tg.__aexit__(None, None, None)
         finally:
-            await release_shielded(lease.backend, lease.name, lease.owner, lease.token, lease.timing)
+            await release_shielded(
+                lease.backend, lease.name, lease.owner, lease.token, lease.timing
+            )
         if reason is None or reason is LossReason.RELEASED:
             return cancelled_by_us
         self._counters.lost(reason)

@@ -25,7 +25,14 @@ from typing import Any, NoReturn, final
 import anyio
 
 from ._bridge import adapt
-from ._exceptions import BackendError, BackendUnavailable, InvalidArgument, LossReason, NotOwnerError, lost_error
+from ._exceptions import (
+    BackendError,
+    BackendUnavailable,
+    InvalidArgument,
+    LossReason,
+    NotOwnerError,
+    lost_error,
+)
 from ._validate import check_seconds
 from .abc import Backend, Grant
 
@@ -65,11 +72,15 @@ class Timing:
         """
         ttl_s = check_seconds("ttl", ttl)
         margin_s = (
-            max(0.1 * ttl_s, MIN_MARGIN) if margin is None else check_seconds("margin", margin, allow_zero=True)
+            max(0.1 * ttl_s, MIN_MARGIN)
+            if margin is None
+            else check_seconds("margin", margin, allow_zero=True)
         )
         if margin_s >= ttl_s:
             raise InvalidArgument(f"margin ({margin_s:g}s) must be smaller than ttl ({ttl_s:g}s)")
-        renew_s = ttl_s / 3 if renew_interval is None else check_seconds("renew_interval", renew_interval)
+        renew_s = (
+            ttl_s / 3 if renew_interval is None else check_seconds("renew_interval", renew_interval)
+        )
         if renew_s >= ttl_s - margin_s:
             raise InvalidArgument(
                 f"renew_interval ({renew_s:g}s) must be shorter than ttl - margin "
@@ -208,7 +219,9 @@ class Lease(metaclass=_NoPublicConstructor):
         self._raise_if_lost()
         sent_at = anyio.current_time()
         try:
-            grant = await self._backend.renew(self._name, self._owner, self._token, self._timing.ttl)
+            grant = await self._backend.renew(
+                self._name, self._owner, self._token, self._timing.ttl
+            )
         except NotOwnerError:
             self._end(LossReason.STOLEN)
             self._raise_if_lost()
@@ -233,7 +246,9 @@ class Lease(metaclass=_NoPublicConstructor):
             self._warned = True
             logger.warning("release of lease %r after it was lost (%s)", self._name, reason.value)
         # Even a lost lease may still sit on the server; the owner check makes this safe.
-        freed = await release_shielded(self._backend, self._name, self._owner, self._token, self._timing)
+        freed = await release_shielded(
+            self._backend, self._name, self._owner, self._token, self._timing
+        )
         return freed and reason is None
 
     # -- used by the keepalive and the context managers -------------------------------

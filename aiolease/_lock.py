@@ -86,7 +86,10 @@ async def acquire_lease(
             if isinstance(result, Grant):
                 if timing.deadline_after(sent_at, result) > anyio.current_time():
                     counters.acquisitions += 1
-                    return Lease._create(backend, name, owner, identity, metadata, timing, sent_at, result)
+                    lease: Lease = Lease._create(
+                        backend, name, owner, identity, metadata, timing, sent_at, result
+                    )
+                    return lease
                 # The grant came back too late to be of any use: give it back.
                 await release_shielded(backend, name, owner, result.token, timing)
                 maybe_held = fair
@@ -226,7 +229,7 @@ class AsyncLock:
         )
 
     def hold(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
-        """``async with lock.hold(timeout=5) as lease:``, like ``async with lock`` with a timeout."""
+        """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout."""
         if timeout is not None:
             check_seconds("timeout", timeout, allow_zero=True)
         return _Acquisition(self, timeout)

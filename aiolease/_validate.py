@@ -1,4 +1,4 @@
-"""Checks at the public boundary: bad input raises :class:`InvalidArgument` before anything is sent."""
+"""Checks at the public boundary: bad input raises :class:`InvalidArgument`, nothing is sent."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ MAX_METADATA_BYTES = 4096
 
 
 def check_name(name: object) -> str:
-    """:raises InvalidArgument: unless ``name`` is a non-empty str of at most 255 UTF-8 bytes, no NUL"""
+    """:raises InvalidArgument: unless ``name`` is a non-empty str of <= 255 UTF-8 bytes, no NUL"""
     if not isinstance(name, str):
         raise InvalidArgument(f"lease name must be a str, not {type(name).__name__}")
     return _check_text("lease name", name, MAX_NAME_BYTES, allow_empty=False)
@@ -56,7 +56,9 @@ def check_metadata(metadata: object) -> dict[str, str]:
         )
     size = len(json.dumps(out, ensure_ascii=False).encode("utf-8"))
     if size > MAX_METADATA_BYTES:
-        raise InvalidArgument(f"metadata is {size} bytes as JSON; the limit is {MAX_METADATA_BYTES}")
+        raise InvalidArgument(
+            f"metadata is {size} bytes as JSON; the limit is {MAX_METADATA_BYTES}"
+        )
     return out
 
 

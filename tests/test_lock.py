@@ -72,7 +72,9 @@ async def test_transient_renewal_errors_are_retried(faulty: FaultyBackend) -> No
 
 
 @pytest.mark.parametrize("push", [True, False], ids=["watch", "renewal"])
-async def test_stolen_lease_is_detected(inner: MemoryBackend, faulty: FaultyBackend, push: bool) -> None:
+async def test_stolen_lease_is_detected(
+    inner: MemoryBackend, faulty: FaultyBackend, push: bool
+) -> None:
     if not push:
         faulty.capabilities = frozenset()  # type: ignore[misc]  # only renewals can tell
     thief = AsyncLock(inner, "job", ttl=TTL, identity="thief")
@@ -88,7 +90,9 @@ async def test_stolen_lease_is_detected(inner: MemoryBackend, faulty: FaultyBack
     assert after_cancel == []
     assert stolen.token > lease.token
     holder = await inner.read("job")
-    assert holder is not None and holder.owner == stolen.owner, "the loser's release must not free it"
+    assert holder is not None and holder.owner == stolen.owner, (
+        "the loser's release must not free it"
+    )
 
 
 async def test_body_exception_propagates_even_when_release_fails(faulty: FaultyBackend) -> None:
@@ -128,7 +132,9 @@ async def test_outer_cancellation_wins_over_loss(faulty: FaultyBackend) -> None:
     assert lease.lost is LossReason.EXPIRED
 
 
-async def test_cancelled_acquire_leaves_nothing_held(inner: MemoryBackend, faulty: FaultyBackend) -> None:
+async def test_cancelled_acquire_leaves_nothing_held(
+    inner: MemoryBackend, faulty: FaultyBackend
+) -> None:
     faulty.slow_reply("try_acquire", 10)
     lock = AsyncLock(faulty, "job", ttl=5)
     async with anyio.create_task_group() as tg:
@@ -168,7 +174,9 @@ async def test_acquire_nowait_reports_the_holder(inner: MemoryBackend) -> None:
     assert dict(info.value.holder.metadata) == {"k": "v"}
 
 
-async def test_blocking_acquire_wakes_on_release(inner: MemoryBackend, faulty: FaultyBackend) -> None:
+async def test_blocking_acquire_wakes_on_release(
+    inner: MemoryBackend, faulty: FaultyBackend
+) -> None:
     first = await AsyncLock(inner, "job", ttl=30).acquire()
     got: list[int] = []
 
@@ -204,7 +212,9 @@ async def test_manual_lease_expires_by_its_deadline(inner: MemoryBackend) -> Non
         await lease.renew()
 
 
-async def test_tokens_strictly_increase_and_one_lock_serves_many_tasks(inner: MemoryBackend) -> None:
+async def test_tokens_strictly_increase_and_one_lock_serves_many_tasks(
+    inner: MemoryBackend,
+) -> None:
     lock = AsyncLock(inner, "job", ttl=TTL)
     intervals: list[tuple[float, float, int]] = []
 
@@ -220,7 +230,7 @@ async def test_tokens_strictly_increase_and_one_lock_serves_many_tasks(inner: Me
             tg.start_soon(worker)
     intervals.sort()
     assert len(intervals) == 12
-    for (_, end, token), (start, _, next_token) in zip(intervals, intervals[1:]):
+    for (_, end, token), (start, _, next_token) in zip(intervals, intervals[1:], strict=False):
         assert end <= start and token < next_token
     assert lock.statistics().acquisitions == 12 and lock.statistics().held == 0
 
@@ -237,7 +247,8 @@ async def test_release_inside_the_body_ends_it_quietly(inner: MemoryBackend) -> 
 
 async def test_timing_defaults_and_deadline_from_send_time(faulty: FaultyBackend) -> None:
     lock = AsyncLock(faulty, "job", ttl=1.0)
-    assert (lock.timing.renew_interval, lock.timing.margin) == (pytest.approx(1 / 3), pytest.approx(0.1))
+    assert math.isclose(lock.timing.renew_interval, 1 / 3)
+    assert math.isclose(lock.timing.margin, 0.1)
     faulty.slow_reply("try_acquire", 0.2)
     before = anyio.current_time()
     lease = await lock.acquire()
@@ -249,7 +260,7 @@ async def test_timing_defaults_and_deadline_from_send_time(faulty: FaultyBackend
 
 def test_lease_has_no_public_constructor() -> None:
     with pytest.raises(TypeError):
-        aiolease.Lease()
+        aiolease.Lease()  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(

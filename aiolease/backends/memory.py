@@ -71,7 +71,9 @@ class MemoryBackend(Backend):
 
     def _holder(self, name: str, record: _Record) -> HolderInfo:
         remaining = max(record.expires_at - self._clock(), 0.0)
-        return HolderInfo(name, record.owner, record.identity, record.token, dict(record.metadata), remaining)
+        return HolderInfo(
+            name, record.owner, record.identity, record.token, dict(record.metadata), remaining
+        )
 
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]

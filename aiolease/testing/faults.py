@@ -73,7 +73,7 @@ class FaultyBackend(Backend):
         self._set(op, _Fault("hang"))
 
     def lose_reply(self, op: Op, *, times: int | None = None) -> None:
-        """Make ``op`` reach the backend, then raise :class:`BackendTimeout` as if the reply was lost."""
+        """Make ``op`` reach the backend, then raise :class:`BackendTimeout`: a lost reply."""
         self._set(op, _Fault("lose_reply", times))
 
     def delay(self, op: Op, seconds: float) -> None:

@@ -1,0 +1,102 @@
+"""An asyncio-only backend runs unchanged under trio, through the trio-asyncio bridge."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncLock, Elector, Lease, LeaseHeldError
+from aiolease._bridge import AsyncioBridge
+from aiolease._registry import BUILTIN
+from aiolease.testing.asyncio_only import AsyncioOnlyBackend
+
+pytestmark = pytest.mark.anyio
+
+URL = "asyncio-memory://"
+
+
+@pytest.fixture(autouse=True)
+def _register(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        BUILTIN, "asyncio-memory", "aiolease.testing.asyncio_only:AsyncioOnlyBackend"
+    )
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_backend_really_needs_asyncio(anyio_backend: str) -> None:
+    with pytest.raises(RuntimeError, match="no running event loop"):
+        await AsyncioOnlyBackend().read("x")
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_unbridged_use_under_trio_is_a_clear_error(anyio_backend: str) -> None:
+    with pytest.raises(aiolease.UnsupportedCapability, match="open_backend"):
+        await AsyncLock(AsyncioOnlyBackend(), "x", ttl=1).acquire_nowait()
+
+
+async def test_open_backend_bridges_under_trio_only(anyio_backend: str) -> None:
+    async with aiolease.open_backend(URL) as backend:
+        assert isinstance(backend, AsyncioBridge) == (anyio_backend == "trio")
+        async with AsyncLock(backend, "x", ttl=1) as lease:
+            assert lease.token == 1
+            with pytest.raises(LeaseHeldError) as info:
+                await AsyncLock(backend, "x", ttl=1).acquire_nowait()
+            assert info.value.holder is not None and info.value.holder.token == 1
+        assert await backend.read("x") is None
+
+
+async def test_mutual_exclusion_and_wakeups_across_the_bridge(anyio_backend: str) -> None:
+    async with aiolease.open_backend(URL) as backend:
+        lock = AsyncLock(backend, "x", ttl=1)
+        tokens: list[int] = []
+        inside = 0
+
+        async def worker() -> None:
+            nonlocal inside
+            for _ in range(3):
+                async with lock as lease:
+                    inside += 1
+                    assert inside == 1
+                    await anyio.sleep(0.001)
+                    inside -= 1
+                    tokens.append(lease.token)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(worker)
+        assert tokens == sorted(tokens) and len(set(tokens)) == 9
+
+
+async def test_cancellation_crosses_the_bridge(anyio_backend: str) -> None:
+    async with aiolease.open_backend(URL) as backend:
+        held = await AsyncLock(backend, "x", ttl=30).acquire()
+        with pytest.raises(TimeoutError):
+            await AsyncLock(backend, "x", ttl=30).acquire(timeout=0.05)
+        holder = await backend.read("x")
+        assert holder is not None and holder.owner == held.owner
+        assert await held.release() is True
+
+
+async def test_elector_and_observe_across_the_bridge(anyio_backend: str) -> None:
+    async with aiolease.open_backend(URL) as backend:
+        seen: list[int | None] = []
+        saw_three = anyio.Event()
+
+        async def observe(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            async for leader in Elector(backend, "e", ttl=1).observe():
+                seen.append(None if leader is None else leader.token)
+                if len(seen) == 1:
+                    task_status.started()
+                if len(seen) == 3:
+                    saw_three.set()
+
+        async def work(lease: Lease) -> int:
+            return lease.token
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(observe)
+            assert await Elector(backend, "e", ttl=1).run(work) == 1
+            await saw_three.wait()
+            tg.cancel_scope.cancel()
+        assert seen == [None, 1, None]
