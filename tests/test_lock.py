@@ -6,6 +6,7 @@ import math
 
 import anyio
 import pytest
+from trio.testing import MockClock
 
 import aiolease
 from aiolease import AsyncLock, LeaseExpiredError, LeaseHeldError, LeaseLostError, LossReason
@@ -329,3 +330,26 @@ def test_public_names() -> None:
     assert sorted(aiolease.__all__) == sorted(set(aiolease.__all__))
     for name in aiolease.__all__:
         assert getattr(aiolease, name).__module__.startswith("aiolease")
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
+)
+async def test_hour_long_ttl_under_trio_mock_clock(
+    anyio_backend: object, inner: MemoryBackend, faulty: FaultyBackend
+) -> None:
+    """With trio's MockClock, hours of lease time pass instantly and exactly."""
+    start = anyio.current_time()
+    lock = AsyncLock(faulty, "job", ttl=3600, margin=60)
+    with pytest.raises(LeaseExpiredError):
+        async with lock as lease:
+            while lease.renewals < 5:
+                await faulty.wait_called("renew")
+            faulty.hang("renew")
+            await anyio.sleep_forever()
+    # Renewals an interval apart, then the last confirmed send + ttl - margin.
+    assert lease.renewals >= 5
+    assert anyio.current_time() - start == lease.renewals * 1200 + 3600 - 60
+    holder = await inner.read("job")
+    assert holder is None, "released after the loss"
