@@ -1,0 +1,493 @@
+"""The SQLite backend: leases in one file, shared by every process on one host.
+
+URLs follow SQLAlchemy::
+
+    sqlite:///leases.db              relative to the working directory at open time
+    sqlite:////var/lib/app/leases.db absolute (four slashes)
+    sqlite:///leases.db?table=my_leases&busy_timeout=2&poll_interval=0.1
+
+**Which clock is "server time" here.** Every process that opens the file runs on
+the same host, so the host's clock plays the server. Expiry is stored as a
+``time.monotonic()`` value: on Linux that is ``CLOCK_MONOTONIC``, one system-wide
+clock that never jumps (NTP slews its rate by at most 0.05 %, well inside the
+core's margin), so a value written by one process means the same instant to all
+others. ``time.time()`` is never used: a wall-clock step would expire or revive
+leases at random. A monotonic clock restarts at boot, so each row also records
+the host's boot id (``/proc/sys/kernel/random/boot_id``); a row written under
+another boot counts as expired. Where there is no boot id (macOS, Windows, BSD;
+their monotonic clocks are system-wide too) the boot id is empty, and a second
+guard applies everywhere: a row whose expiry lies further ahead than its own ttl
+was written on another clock epoch, so it counts as expired. Containers that
+share the file must share the host's clock (no time namespaces) and its boot id.
+
+**Atomicity.** Each operation is one transaction on one connection: a single
+``UPDATE ... RETURNING`` for renew and release, and for acquire a
+``BEGIN IMMEDIATE`` transaction (an idempotent-retry ``UPDATE``, then an
+``INSERT ... ON CONFLICT DO UPDATE ... WHERE expired``, then the holder read). The
+clock is read after the write lock is taken, so the expiry never starts before
+the request was sent. The database runs in WAL mode with ``synchronous=FULL``:
+a committed token survives a crash and a power cut.
+
+**Tokens.** A row per name is kept forever; release clears its owner and keeps
+its ``token`` column, which every new grant increments. Tokens therefore
+strictly increase across release, expiry and restarts.
+
+**Wake-ups.** Acquire and release set an in-process event per (file, name), so
+waiters in this process wake at once; changes made by other processes are found
+by polling every ``poll_interval`` (and never later than the seen holder's
+expiry). Renewals wake nobody. This is why the backend lacks ``PUSH_WAKEUP``.
+
+SQLite on a network file system is not safe (its locking is unreliable there),
+and several hosts do not share a monotonic clock: use one host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import anyio
+import anyio.to_thread
+
+from .._exceptions import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+    NotOwnerError,
+)
+from .._validate import check_seconds
+from ..abc import Backend, Capability, Grant, HolderInfo
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:  # pragma: no cover
+    from typing_extensions import Self
+
+__all__ = ["SQLiteBackend", "host_boot_id"]
+
+T = TypeVar("T")
+
+_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_HEADER = b"SQLite format 3\x00"
+_BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+_SQLITE_BUSY = 5
+_SQLITE_LOCKED = 6
+_URL_OPTIONS = {"table": str, "busy_timeout": float, "poll_interval": float}
+
+#: A row is live when it has an owner, was written in this boot, has not expired,
+#: and its expiry is no further ahead than its ttl (else it is from another clock epoch).
+_LIVE = (
+    "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
+    " AND expires_at - :now <= ttl + 0.001"
+)
+
+
+def host_boot_id() -> str:
+    """The id of the current boot of this host, or ``""`` where the OS has none to read."""
+    try:
+        with open(_BOOT_ID_PATH, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def check_table(table: object) -> str:
+    """:raises InvalidArgument: unless ``table`` is a plain SQL identifier of at most 63 chars"""
+    if not isinstance(table, str) or not _TABLE_RE.match(table):
+        raise InvalidArgument(
+            f"table name must match {_TABLE_RE.pattern} (letters, digits, _), got {table!r}"
+        )
+    return table
+
+
+def check_path(path: object) -> str:
+    """Resolve ``path`` to an absolute path of a usable database file, creating nothing.
+
+    :raises InvalidArgument: ``path`` is a directory, its directory is missing or is
+        not a directory, or the file exists and is not a SQLite database
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgument(f"SQLite path must be a str or path, not {type(path).__name__}")
+    raw = os.fspath(path)
+    if not isinstance(raw, str) or raw in ("", ":memory:") or "\x00" in raw:
+        raise InvalidArgument(
+            f"SQLite path must name a file (use 'memory://' for an in-process store), got {raw!r}"
+        )
+    full = os.path.abspath(raw)
+    parent = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise InvalidArgument(f"SQLite path {full!r} is a directory, not a database file")
+    if not os.path.exists(parent):
+        raise InvalidArgument(f"SQLite path {full!r}: directory {parent!r} does not exist")
+    if not os.path.isdir(parent):
+        raise InvalidArgument(f"SQLite path {full!r}: {parent!r} is not a directory")
+    if os.path.exists(full):
+        _check_header(full)
+    return full
+
+
+def _check_header(path: str) -> None:
+    if not os.path.isfile(path):
+        raise InvalidArgument(f"SQLite path {path!r} is not a regular file")
+    try:
+        with open(path, "rb") as f:
+            header = f.read(len(_HEADER))
+    except OSError as exc:
+        raise InvalidArgument(f"SQLite database {path!r} cannot be read: {exc}") from exc
+    # An empty file is a valid, empty database.
+    if header and header != _HEADER:
+        raise InvalidArgument(f"{path!r} exists and is not a SQLite database")
+
+
+def parse_url(url: str) -> tuple[str, dict[str, Any]]:
+    """Split a ``sqlite:///`` URL into a path and options.
+
+    :raises InvalidArgument: wrong scheme, a host, no path, or an unknown option
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite" or parts.netloc or parts.fragment:
+        raise InvalidArgument(
+            f"a SQLite URL is 'sqlite:///relative.db' or 'sqlite:////absolute.db', got {url!r}"
+        )
+    if not parts.path.startswith("/") or len(parts.path) < 2:
+        raise InvalidArgument(f"SQLite URL {url!r} names no file")
+    options: dict[str, Any] = {}
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise InvalidArgument(f"SQLite URL {url!r} has a malformed query: {exc}") from None
+    for key, value in query:
+        convert = _URL_OPTIONS.get(key)
+        if convert is None or key in options:
+            known = ", ".join(_URL_OPTIONS)
+            raise InvalidArgument(
+                f"SQLite URL option {key!r} is unknown or repeated (known: {known})"
+            )
+        try:
+            options[key] = convert(value)
+        except ValueError:
+            raise InvalidArgument(f"SQLite URL option {key}={value!r} is malformed") from None
+    return unquote(parts.path[1:]), options
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message
+
+
+def map_error(exc: sqlite3.Error) -> BackendError:
+    """The aiolease error for a ``sqlite3`` error: busy/locked is a timeout."""
+    if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+        return BackendTimeout(f"SQLite database is busy: {exc}")
+    return BackendUnavailable(f"SQLite error: {exc}")
+
+
+@dataclass
+class _Waiters:
+    event: anyio.Event
+    count: int = 0
+
+
+#: In-process wake-ups, keyed by (thread of the event loop, file, name). The thread
+#: keeps an event from being set by another thread's event loop.
+_wakeups: dict[tuple[int, str, str], _Waiters] = {}
+
+
+@contextmanager
+def _watching(path: str, name: str) -> Iterator[anyio.Event]:
+    key = (threading.get_ident(), path, name)
+    entry = _wakeups.get(key)
+    if entry is None:
+        entry = _wakeups[key] = _Waiters(anyio.Event())
+    entry.count += 1
+    try:
+        yield entry.event
+    finally:
+        entry.count -= 1
+        if entry.count == 0 and _wakeups.get(key) is entry:
+            del _wakeups[key]
+
+
+def _notify(path: str, name: str) -> None:
+    entry = _wakeups.pop((threading.get_ident(), path, name), None)
+    if entry is not None:
+        entry.event.set()
+
+
+class SQLiteBackend(Backend):
+    """Leases in a SQLite file, safe across the processes of one host.
+
+    The file is opened on first use, by ``async with``, or by :meth:`from_url`.
+
+    :param path: the database file (created if missing; its directory must exist)
+    :param table: the table to keep leases in (created if missing)
+    :param busy_timeout: seconds to wait for another process's write lock before
+        :class:`BackendTimeout`
+    :param poll_interval: seconds between checks for changes made by other processes
+    :raises InvalidArgument: a bad table name or timeout, or an unusable path
+        (nothing is created)
+    """
+
+    capabilities = frozenset(
+        {Capability.SERVER_TIME, Capability.DURABLE_TOKENS, Capability.MULTI_PROCESS}
+    )
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        table: str = "aiolease_leases",
+        busy_timeout: float = 5.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        self._table = check_table(table)
+        self._busy_timeout = check_seconds("busy_timeout", busy_timeout, allow_zero=True)
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self._path = check_path(path)
+        self._lock = anyio.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        # Host time; tests replace these to move time or simulate a reboot.
+        self._clock: Callable[[], float] = time.monotonic
+        self._boot_id = host_boot_id()
+
+    def __repr__(self) -> str:
+        return f"<SQLiteBackend {self._path!r} table={self._table!r}>"
+
+    @property
+    def path(self) -> str:
+        """The absolute path of the database file."""
+        return self._path
+
+    @property
+    def table(self) -> str:
+        """The table the leases live in."""
+        return self._table
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> SQLiteBackend:
+        """Open ``sqlite:///relative.db`` or ``sqlite:////absolute.db``.
+
+        Options come from the URL query or keyword arguments (not both):
+        ``table``, ``busy_timeout``, ``poll_interval``.
+
+        :raises InvalidArgument: a malformed URL or option, or an unusable file
+        :raises BackendError: the file could not be opened
+        """
+        path, from_query = parse_url(url)
+        for key in options:
+            if key not in _URL_OPTIONS or key in from_query:
+                raise InvalidArgument(f"SQLite option {key!r} is unknown or given twice")
+        backend = cls(path, **from_query, **options)
+        await backend.open()
+        return backend
+
+    async def open(self) -> None:
+        """Open the file and create the table now (otherwise the first operation does).
+
+        :raises InvalidArgument: the file cannot be opened or is not a SQLite database
+        :raises BackendTimeout: another process kept the database locked
+        """
+        async with self._lock:
+            await self._connection()
+
+    async def _connection(self) -> sqlite3.Connection:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        if self._conn is None:
+            try:
+                self._conn = await anyio.to_thread.run_sync(self._connect)
+            except sqlite3.Error as exc:
+                if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                    raise map_error(exc) from exc
+                # Anything else at open time is about the file the caller named.
+                raise InvalidArgument(
+                    f"{self._path!r} cannot be used as a SQLite database: {exc}"
+                ) from exc
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table} ("
+                " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL,"
+                " owner TEXT, identity TEXT, metadata TEXT,"
+                " ttl REAL, expires_at REAL, boot_id TEXT)"
+            )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        async with self._lock:
+            conn = await self._connection()
+            try:
+                return await anyio.to_thread.run_sync(fn, conn)
+            except sqlite3.Error as exc:
+                raise map_error(exc) from exc
+
+    def _params(self, name: str, now: float, **extra: object) -> dict[str, object]:
+        return {"name": name, "now": now, "boot": self._boot_id, **extra}
+
+    def _holder(self, name: str, row: tuple[Any, ...], now: float) -> HolderInfo:
+        owner, identity, token, metadata, expires_at = row
+        meta = json.loads(metadata) if metadata else {}
+        return HolderInfo(name, owner, identity, token, meta, max(expires_at - now, 0.0))
+
+    # -- the operations, each run in a worker thread on the one connection ------------
+
+    def _try_acquire_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, ttl: float, identity: str, meta: str
+    ) -> Grant | HolderInfo:
+        t = self._table
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = self._clock()  # read only now that the write lock is ours
+            p = self._params(name, now, owner=owner, ttl=ttl, identity=identity, metadata=meta)
+            rows = conn.execute(
+                f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
+                f" WHERE name = :name AND owner = :owner AND {_LIVE} RETURNING token",
+                p,
+            ).fetchall()
+            if rows:
+                conn.execute("COMMIT")
+                return Grant(rows[0][0], ttl)
+            rows = conn.execute(
+                f"INSERT INTO {t}"
+                " (name, token, owner, identity, metadata, ttl, expires_at, boot_id)"
+                " VALUES (:name, 1, :owner, :identity, :metadata, :ttl, :now + :ttl, :boot)"
+                " ON CONFLICT (name) DO UPDATE SET token = token + 1, owner = excluded.owner,"
+                " identity = excluded.identity, metadata = excluded.metadata, ttl = excluded.ttl,"
+                f" expires_at = excluded.expires_at, boot_id = excluded.boot_id WHERE NOT ({_LIVE})"
+                " RETURNING token",
+                p,
+            ).fetchall()
+            result: Grant | HolderInfo | None = Grant(rows[0][0], ttl) if rows else None
+            if result is None:
+                result = self._read_sync(conn, name, now)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.rollback()
+            raise
+        if result is None:  # pragma: no cover - the live row cannot vanish under our lock
+            raise BackendUnavailable(f"lease {name!r} neither granted nor held")
+        return result
+
+    def _renew_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int, ttl: float
+    ) -> bool:
+        rows = conn.execute(
+            f"UPDATE {self._table} SET expires_at = :now + :ttl, ttl = :ttl"
+            f" WHERE name = :name AND owner = :owner AND token = :token AND {_LIVE}"
+            " RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token, ttl=ttl),
+        ).fetchall()
+        return bool(rows)
+
+    def _release_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
+    ) -> bool:
+        rows = conn.execute(
+            f"UPDATE {self._table} SET owner = NULL, identity = NULL, metadata = NULL,"
+            " expires_at = NULL WHERE name = :name AND owner = :owner"
+            f" AND (:token IS NULL OR token = :token) AND {_LIVE} RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token),
+        ).fetchall()
+        return bool(rows)
+
+    def _read_sync(self, conn: sqlite3.Connection, name: str, now: float) -> HolderInfo | None:
+        rows = conn.execute(
+            f"SELECT owner, identity, token, metadata, expires_at FROM {self._table}"
+            f" WHERE name = :name AND {_LIVE}",
+            {"name": name, "now": now, "boot": self._boot_id},
+        ).fetchall()
+        return self._holder(name, rows[0], now) if rows else None
+
+    # -- the contract ------------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+        result = await self._run(
+            lambda conn: self._try_acquire_sync(conn, name, owner, ttl, identity, meta)
+        )
+        if isinstance(result, Grant):
+            # A retry by the holder changes nothing a waiter cares about; waking is harmless.
+            _notify(self._path, name)
+        return result
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        if not await self._run(lambda conn: self._renew_sync(conn, name, owner, token, ttl)):
+            raise NotOwnerError(name)
+        return Grant(token, ttl)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        freed = await self._run(lambda conn: self._release_sync(conn, name, owner, token))
+        if freed:
+            _notify(self._path, name)
+        return freed
+
+    async def read(self, name: str) -> HolderInfo | None:
+        return await self._run(lambda conn: self._read_sync(conn, name, self._clock()))
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
+
+        Wakes at once for changes made in this process, within :attr:`poll_interval`
+        for changes made by others, and no later than ``seen``'s expiry.
+        """
+        seen_key = None if seen is None else (seen.owner, seen.token)
+        give_up = None
+        if seen is not None and seen.remaining is not None:
+            give_up = anyio.current_time() + seen.remaining
+        # Watch before reading, so a change made between the read and the wait wakes us.
+        with _watching(self._path, name) as event:
+            while True:
+                current = await self.read(name)
+                if (None if current is None else (current.owner, current.token)) != seen_key:
+                    return
+                timeout = self.poll_interval
+                if current is not None and current.remaining is not None:
+                    timeout = min(timeout, current.remaining)
+                if give_up is not None:
+                    timeout = min(timeout, give_up - anyio.current_time())
+                    if timeout <= 0:
+                        return
+                with anyio.move_on_after(timeout):
+                    await event.wait()
+                if event.is_set():
+                    return
+
+    async def aclose(self) -> None:
+        """Close the connection. Idempotent."""
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                self._closed = True
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await anyio.to_thread.run_sync(conn.close)
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
