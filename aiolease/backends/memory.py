@@ -36,7 +36,7 @@ class MemoryBackend(Backend):
     """
 
     capabilities = frozenset(
-        {Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.DURABLE_TOKENS}
+        {Capability.PUSH_WAKEUP, Capability.SERVER_TIME}
     )
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
