@@ -9,6 +9,7 @@ import aiolease
 from aiolease import AsyncLock, Elector, Lease, LeaseHeldError
 from aiolease._bridge import AsyncioBridge
 from aiolease._registry import BUILTIN
+from aiolease.testing import CHECKS, Check
 from aiolease.testing.asyncio_only import AsyncioOnlyBackend
 
 pytestmark = pytest.mark.anyio
@@ -100,3 +101,9 @@ async def test_elector_and_observe_across_the_bridge(anyio_backend: str) -> None
             await saw_three.wait()
             tg.cancel_scope.cancel()
         assert seen == [None, 1, None]
+
+
+@pytest.mark.parametrize("check", [c for _, c in CHECKS], ids=[n for n, _ in CHECKS])
+async def test_conformance_across_the_bridge(anyio_backend: str, check: Check) -> None:
+    """The whole contract holds for an asyncio-only backend under both loops."""
+    await check(lambda: aiolease.open_backend(URL))

@@ -35,9 +35,7 @@ class MemoryBackend(Backend):
     :param clock: returns the current time in seconds (default ``anyio.current_time``)
     """
 
-    capabilities = frozenset(
-        {Capability.PUSH_WAKEUP, Capability.SERVER_TIME}
-    )
+    capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or anyio.current_time
