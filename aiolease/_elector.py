@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -259,7 +259,7 @@ class Elector:
         await lease.release()
         return True
 
-    async def observe(self) -> AsyncIterator[LeaderInfo | None]:
+    async def observe(self) -> AsyncGenerator[LeaderInfo | None, None]:
         """Yield the leader now, then each change of leader (``None``: no leader).
 
         Changes closer together than one read may be coalesced into the latest.

@@ -119,6 +119,10 @@ class Grant:
     sent_at: float | None = None
 
 
+def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
+    return None if holder is None else (holder.owner, holder.token)
+
+
 class Backend(abc.ABC):
     """A coordination backend. Subclass this to add one.
 
@@ -185,12 +189,16 @@ class Backend(abc.ABC):
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when the record of ``name`` may differ from ``seen``.
 
-        May return early (callers re-read). This default sleeps until the seen
-        holder's ttl runs out, or :attr:`poll_interval` when that is unknown;
-        backends with push notifications override it.
+        May return early (callers re-read). This default returns at once if the
+        record already differs from ``seen``; otherwise it sleeps until the
+        current holder's ttl runs out, or :attr:`poll_interval` when that is
+        unknown. Backends with push notifications override it.
         """
-        if seen is not None and seen.remaining is not None:
-            await anyio.sleep(max(seen.remaining, 0.001))
+        current = await self.read(name)
+        if _identity_of(current) != _identity_of(seen):
+            return
+        if current is not None and current.remaining is not None:
+            await anyio.sleep(max(current.remaining, 0.001))
         else:
             await anyio.sleep(self.poll_interval)
 

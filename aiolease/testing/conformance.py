@@ -1,0 +1,132 @@
+"""Conformance checks for aiolease backends, runnable without pytest.
+
+Each check is ``async def check_x(factory) -> None``: it opens a backend with
+``factory()`` (an async context manager yielding a :class:`~aiolease.abc.Backend`),
+exercises one rule of the contract in :mod:`aiolease.abc`, and raises
+:class:`AssertionError` with a clear message when the backend breaks it. Checks use
+fresh, uniquely prefixed lease names, so a store that already holds data is fine::
+
+    import aiolease
+    from aiolease.testing import check_backend
+
+    async def main() -> None:
+        await check_backend(lambda: aiolease.open_backend("redis://localhost/0"))
+
+Or one at a time, to see every failure::
+
+    for name, check in CHECKS:
+        await check(factory)
+
+The first group exercises the backend operations directly; the second goes through
+:class:`~aiolease.AsyncLock` and :class:`~aiolease.Elector`, so it holds for any
+backend whatever its wake-up mechanism.
+"""
+
+from __future__ import annotations
+
+from ._api_checks import (
+    check_elector_one_leader,
+    check_lock_acquire_nowait,
+    check_lock_acquire_timeout,
+    check_lock_cancel_in_flight,
+    check_lock_cancel_while_waiting,
+    check_lock_mutual_exclusion,
+    check_lock_release_after_takeover,
+    check_lock_wakes_on_release,
+)
+from ._backend_checks import (
+    check_expiry_allows_takeover,
+    check_grant_when_free,
+    check_holder_reported,
+    check_idempotent_retry,
+    check_metadata_round_trip,
+    check_names_accepted,
+    check_names_independent,
+    check_read,
+    check_release_owner_checked,
+    check_release_without_token,
+    check_renew_does_not_revive,
+    check_renew_requires_owner,
+    check_renew_resets,
+    check_tokens_increase,
+    check_wait_changed_on_release,
+    check_wait_changed_prompt,
+)
+from ._support import BackendFactory, Check
+
+__all__ = [
+    "CHECKS",
+    "BackendFactory",
+    "Check",
+    "check_backend",
+    "check_elector_one_leader",
+    "check_expiry_allows_takeover",
+    "check_grant_when_free",
+    "check_holder_reported",
+    "check_idempotent_retry",
+    "check_lock_acquire_nowait",
+    "check_lock_acquire_timeout",
+    "check_lock_cancel_in_flight",
+    "check_lock_cancel_while_waiting",
+    "check_lock_mutual_exclusion",
+    "check_lock_release_after_takeover",
+    "check_lock_wakes_on_release",
+    "check_metadata_round_trip",
+    "check_names_accepted",
+    "check_names_independent",
+    "check_read",
+    "check_release_owner_checked",
+    "check_release_without_token",
+    "check_renew_does_not_revive",
+    "check_renew_requires_owner",
+    "check_renew_resets",
+    "check_tokens_increase",
+    "check_wait_changed_on_release",
+    "check_wait_changed_prompt",
+]
+
+
+def _named(*checks: Check) -> tuple[tuple[str, Check], ...]:
+    return tuple((check.__name__.removeprefix("check_"), check) for check in checks)
+
+
+#: Every check, as ``(name, check)`` pairs, in the order :func:`check_backend` runs them.
+CHECKS: tuple[tuple[str, Check], ...] = _named(
+    check_grant_when_free,
+    check_holder_reported,
+    check_idempotent_retry,
+    check_renew_resets,
+    check_renew_requires_owner,
+    check_renew_does_not_revive,
+    check_release_owner_checked,
+    check_release_without_token,
+    check_tokens_increase,
+    check_read,
+    check_expiry_allows_takeover,
+    check_wait_changed_on_release,
+    check_wait_changed_prompt,
+    check_metadata_round_trip,
+    check_names_accepted,
+    check_names_independent,
+    check_lock_mutual_exclusion,
+    check_lock_acquire_timeout,
+    check_lock_acquire_nowait,
+    check_lock_wakes_on_release,
+    check_lock_cancel_while_waiting,
+    check_lock_cancel_in_flight,
+    check_lock_release_after_takeover,
+    check_elector_one_leader,
+)
+
+
+async def check_backend(factory: BackendFactory) -> None:
+    """Run every check in :data:`CHECKS` on backends from ``factory``; stop at the first failure.
+
+    :param factory: opens a fresh backend: ``lambda: aiolease.open_backend(url)``
+    :raises AssertionError: a check failed; the message starts with the check's name
+    """
+    for name, check in CHECKS:
+        try:
+            await check(factory)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from exc

@@ -1,0 +1,147 @@
+"""pytest plugin: run tests against every backend URL you name.
+
+Options::
+
+    pytest --aiolease-url redis://127.0.0.1:6379/0 --aiolease-url memory://
+    AIOLEASE_TEST_URLS="postgresql://localhost/test,etcd://localhost:2379" pytest
+
+Without either, the URLs are ``memory://`` and, when :mod:`aiolease.backends.sqlite`
+imports, a SQLite file in a temporary directory. ``{tmp}`` in a URL is replaced by
+a per-session temporary directory.
+
+Fixtures (the async ones need anyio's ``anyio_backend`` fixture, as any anyio test):
+
+* ``aiolease_url``: parametrised over the URLs (ids are the schemes)
+* ``aiolease_backend``: an open backend for the URL
+* ``aiolease_backend_factory``: opens a fresh backend per call, for
+  :mod:`aiolease.testing.conformance`
+
+A backend that cannot be reached **fails** the test: in CI a missing server must
+never pass silently. A developer may opt out locally with ``AIOLEASE_ALLOW_SKIP=1``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from .._exceptions import BackendError, BackendNotFound, InvalidArgument
+from .._registry import open_backend, scheme_of
+from ..abc import Backend
+from ._support import BackendFactory
+
+__all__ = [
+    "ALLOW_SKIP_ENV",
+    "URLS_ENV",
+    "aiolease_backend",
+    "aiolease_backend_factory",
+    "aiolease_url",
+    "default_urls",
+]
+
+#: Comma-separated backend URLs to test when ``--aiolease-url`` is not given.
+URLS_ENV = "AIOLEASE_TEST_URLS"
+#: Set to ``1`` to skip, not fail, tests whose backend cannot be reached.
+ALLOW_SKIP_ENV = "AIOLEASE_ALLOW_SKIP"
+#: Placeholder for the session's temporary directory in a URL.
+TMP = "{tmp}"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("aiolease")
+    group.addoption(
+        "--aiolease-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help=f"backend URL to run aiolease backend tests against (repeatable; else ${URLS_ENV})",
+    )
+
+
+def _sqlite_available() -> bool:
+    try:
+        importlib.import_module("aiolease.backends.sqlite")
+    except ImportError:
+        return False
+    return True
+
+
+def default_urls() -> list[str]:
+    """``memory://``, plus a SQLite file in the session's temporary directory if it imports."""
+    urls = ["memory://"]
+    if _sqlite_available():
+        urls.append(f"sqlite:///{TMP}/leases.db")
+    return urls
+
+
+def configured_urls(config: pytest.Config) -> list[str]:
+    """The URLs from ``--aiolease-url``, else ``$AIOLEASE_TEST_URLS``, else the defaults."""
+    urls: list[str] = list(config.getoption("aiolease_url") or [])
+    if not urls:
+        urls = [url.strip() for url in os.environ.get(URLS_ENV, "").split(",") if url.strip()]
+    return urls or default_urls()
+
+
+def _url_id(url: str) -> str:
+    try:
+        return scheme_of(url)
+    except InvalidArgument:
+        return url
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "aiolease_url" in metafunc.fixturenames:
+        urls = configured_urls(metafunc.config)
+        metafunc.parametrize("aiolease_url", urls, ids=[_url_id(u) for u in urls], indirect=True)
+
+
+@pytest.fixture(scope="session")
+def _aiolease_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("aiolease")
+
+
+@pytest.fixture
+def aiolease_url(request: pytest.FixtureRequest, _aiolease_tmp: Path) -> str:
+    """One backend URL under test (``{tmp}`` replaced by a session temporary directory)."""
+    url = str(request.param)
+    return url.replace(TMP, _aiolease_tmp.as_posix())
+
+
+def _unreachable(url: str, exc: BaseException) -> None:
+    """Skip when the developer allows it; otherwise let the error fail the test."""
+    if os.environ.get(ALLOW_SKIP_ENV) == "1":
+        pytest.skip(f"backend {url!r} unavailable ({exc!r}) and {ALLOW_SKIP_ENV}=1")
+
+
+@pytest.fixture
+async def aiolease_backend(aiolease_url: str, anyio_backend: object) -> AsyncIterator[Backend]:
+    """An open backend for :func:`aiolease_url`, closed after the test."""
+    async with AsyncExitStack() as stack:
+        try:
+            backend = await stack.enter_async_context(open_backend(aiolease_url))
+        except (BackendError, BackendNotFound) as exc:
+            _unreachable(aiolease_url, exc)
+            raise
+        yield backend
+
+
+@pytest.fixture
+async def aiolease_backend_factory(
+    aiolease_url: str, anyio_backend: object
+) -> AsyncIterator[BackendFactory]:
+    """Opens a fresh backend for :func:`aiolease_url` on each call.
+
+    The backend is opened once up front, so an unreachable server is reported here.
+    """
+    try:
+        async with open_backend(aiolease_url):
+            pass
+    except (BackendError, BackendNotFound) as exc:
+        _unreachable(aiolease_url, exc)
+        raise
+    yield lambda: open_backend(aiolease_url)
