@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 import anyio
 import pytest
+from mutants import ReleaseByAnyone, TokensRestart
 
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend, _Record
@@ -60,19 +61,6 @@ class _RenewAdds(MemoryBackend):
 class _RenewRevives(MemoryBackend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         return Grant(token, ttl)  # never checks the record
-
-
-class _TokensRestart(MemoryBackend):
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        freed = await super().release(name, owner, token)
-        self._tokens.pop(name, None)  # the counter dies with the record
-        return freed
-
-
-class _ReleaseByAnyone(MemoryBackend):
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        record = self._live(name)
-        return await super().release(name, record.owner if record else owner, None)
 
 
 class _RetryNewToken(MemoryBackend):
@@ -140,8 +128,8 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_RenewAdds, check_renew_resets),
     (_RenewRevives, check_renew_does_not_revive),
     (_RenewRevives, check_renew_requires_owner),
-    (_TokensRestart, check_tokens_increase),
-    (_ReleaseByAnyone, check_release_owner_checked),
+    (TokensRestart, check_tokens_increase),
+    (ReleaseByAnyone, check_release_owner_checked),
     (_RetryNewToken, check_idempotent_retry),
     (_GrantsEveryone, check_holder_reported),
     (_GrantsEveryone, check_lock_mutual_exclusion),

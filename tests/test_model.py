@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.stateful import run_state_machine_as_test
+from mutants import ReleaseByAnyone, TokensRestart
 
 import aiolease
 from aiolease import NotOwnerError
@@ -43,19 +44,6 @@ def test_backend_agrees_with_model(aiolease_url: str, loop: str) -> None:
 # -- the machine catches broken backends -----------------------------------------------
 
 
-class _TokensRestart(MemoryBackend):
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        freed = await super().release(name, owner, token)
-        self._tokens.pop(name, None)  # the counter dies with the record
-        return freed
-
-
-class _ReleaseByAnyone(MemoryBackend):
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        record = self._live(name)
-        return await super().release(name, record.owner if record else owner, None)
-
-
 class _RenewRevives(MemoryBackend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         try:
@@ -73,7 +61,7 @@ class _ForgetsMetadata(MemoryBackend):
 
 @pytest.mark.parametrize(
     "mutant",
-    [_TokensRestart, _ReleaseByAnyone, _RenewRevives, _ForgetsMetadata],
+    [TokensRestart, ReleaseByAnyone, _RenewRevives, _ForgetsMetadata],
     ids=lambda m: m.__name__.strip("_"),
 )
 def test_model_catches_broken_backend(mutant: type[MemoryBackend]) -> None:
