@@ -1,0 +1,424 @@
+"""The ``aiolease`` command: in-process (with fault injection) and as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import pytest
+from anyio.abc import SocketListener, SocketStream
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from aiolease import AsyncLock
+from aiolease.backends.memory import MemoryBackend
+from aiolease.cli import (
+    EXIT_LOST,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    default_url,
+    main,
+    run,
+    sqlite_url,
+    state_dir,
+)
+from aiolease.testing.faults import FaultyBackend
+
+PY = sys.executable
+
+#: A child that reports to the test over TCP: "ready" once its SIGTERM handler is
+#: in place, "term" on SIGTERM (then exits, unless told to ignore it), and exits
+#: with status N when the test sends "exit N".
+CHILD = r"""
+import signal, socket, sys
+conn = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+def on_term(signum, frame):
+    conn.sendall(b"term\n")
+    if sys.argv[2] == "obey":
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+conn.sendall(b"ready\n")
+data = b""
+while not data.endswith(b"\n"):
+    chunk = conn.recv(100)
+    if not chunk:
+        sys.exit(0)
+    data += chunk
+sys.exit(int(data.split()[1]))
+"""
+
+
+class Child:
+    """The test's end of one child's connection."""
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.lines = BufferedByteReceiveStream(stream)
+
+    async def line(self) -> bytes:
+        """The child's next report, or ``b""`` once it is gone."""
+        try:
+            return await self.lines.receive_until(b"\n", 100)
+        except (anyio.EndOfStream, anyio.IncompleteRead):
+            return b""
+
+    async def exit(self, status: int) -> None:
+        await self.stream.send(f"exit {status}\n".encode())
+
+
+class Children:
+    """Accepts the connections of :data:`CHILD` processes."""
+
+    def __init__(self, listener: SocketListener, port: int) -> None:
+        self.listener = listener
+        self.port = port
+        self.accepted: list[SocketStream] = []
+
+    def command(self, on_sigterm: str = "obey") -> list[str]:
+        return [PY, "-c", CHILD, str(self.port), on_sigterm]
+
+    async def accept_ready(self) -> Child:
+        stream = await self.listener.accept()
+        self.accepted.append(stream)
+        child = Child(stream)
+        assert await child.line() == b"ready"
+        return child
+
+
+@asynccontextmanager
+async def children() -> AsyncIterator[Children]:
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi:
+        listener = cast(SocketListener, multi.listeners[0])
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        kids = Children(listener, port)
+        try:
+            yield kids
+        finally:
+            for stream in kids.accepted:
+                await stream.aclose()
+
+
+def lock_argv(name: str, command: list[str], *options: str) -> list[str]:
+    return ["lock", name, *options, "--", *command]
+
+
+# -- in-process: status, timeout, exit codes ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_status_json_free(capsys: pytest.CaptureFixture[str]) -> None:
+    assert await run(["status", "jobs/free", "--json"], backend=MemoryBackend()) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record == {
+        "name": "jobs/free",
+        "held": False,
+        "identity": None,
+        "token": None,
+        "remaining": None,
+        "metadata": {},
+    }
+
+
+@pytest.mark.anyio
+async def test_status_json_held(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    lock = AsyncLock(backend, "jobs/held", ttl=10, identity="worker-1", metadata={"k": "v"})
+    async with lock as lease:
+        assert await run(["status", "jobs/held", "--json"], backend=backend) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["held"] is True
+    assert (record["identity"], record["token"]) == ("worker-1", lease.token)
+    assert record["metadata"] == {"k": "v"}
+    assert 0 < record["remaining"] <= 10
+
+
+@pytest.mark.anyio
+async def test_status_text(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    assert await run(["status", "n"], backend=backend) == 0
+    async with AsyncLock(backend, "n", ttl=10, identity="me"):
+        assert await run(["status", "n"], backend=backend) == 0
+    free, held = capsys.readouterr().out.splitlines()
+    assert free == "n: free"
+    assert held.startswith("n: held by me (token 1, ")
+
+
+@pytest.mark.anyio
+async def test_lock_timeout_exits_75(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    async with AsyncLock(backend, "busy", ttl=10, identity="other"):
+        argv = lock_argv("busy", [PY, "-c", "raise SystemExit(9)"], "--timeout", "0.1")
+        assert await run(argv, backend=backend) == EXIT_TIMEOUT
+    err = capsys.readouterr().err
+    assert "timed out after 0.1s waiting for lock 'busy'" in err
+    assert "'other'" in err
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("status", [0, 3])
+async def test_lock_returns_command_status_and_releases(status: int) -> None:
+    backend = MemoryBackend()
+    argv = lock_argv("n", [PY, "-c", f"raise SystemExit({status})"])
+    assert await run(argv, backend=backend) == status
+    assert await backend.read("n") is None
+
+
+@pytest.mark.anyio
+async def test_lock_holds_while_command_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    async with children() as kids, anyio.create_task_group() as tg:
+        codes: list[int] = []
+
+        async def lock() -> None:
+            argv = lock_argv("n", kids.command(), "--identity", "cli")
+            codes.append(await run(argv, backend=backend))
+
+        tg.start_soon(lock)
+        child = await kids.accept_ready()
+        holder = await backend.read("n")
+        assert holder is not None and holder.identity == "cli"
+        await child.exit(6)
+    assert codes == [6]
+    assert await backend.read("n") is None
+
+
+# -- in-process: loss and cancellation stop the command -------------------------------------
+
+
+@pytest.mark.anyio
+async def test_lost_lease_terminates_command(capsys: pytest.CaptureFixture[str]) -> None:
+    faulty = FaultyBackend(MemoryBackend())
+    async with children() as kids, anyio.create_task_group() as tg:
+        codes: list[int] = []
+
+        async def lock() -> None:
+            argv = lock_argv("n", kids.command(), "--ttl", "0.6")
+            codes.append(await run(argv, backend=faulty))
+
+        tg.start_soon(lock)
+        child = await kids.accept_ready()
+        faulty.fail("renew")
+        assert await child.line() == b"term"
+    assert codes == [EXIT_LOST]
+    assert "lost lock 'n' (unreachable); the command was stopped" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_command_ignoring_sigterm_is_killed_after_grace(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    faulty = FaultyBackend(MemoryBackend())
+    async with children() as kids, anyio.create_task_group() as tg:
+        codes: list[int] = []
+        argv = lock_argv("n", kids.command("ignore"), "--ttl", "0.6", "--grace", "0.2")
+
+        async def lock() -> None:
+            codes.append(await run(argv, backend=faulty))
+
+        tg.start_soon(lock)
+        child = await kids.accept_ready()
+        faulty.hang("renew")
+        assert await child.line() == b"term"
+        assert await child.line() == b""  # SIGKILL: gone without another word
+    assert codes == [EXIT_LOST]
+    assert "sending SIGKILL" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_cancellation_terminates_command_and_releases() -> None:
+    backend = MemoryBackend()
+    async with children() as kids, anyio.create_task_group() as tg:
+        tg.start_soon(partial(run, lock_argv("n", kids.command()), backend=backend))
+        child = await kids.accept_ready()
+        assert await backend.read("n") is not None
+        tg.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            assert await child.line() == b"term"
+    assert await backend.read("n") is None
+
+
+# -- in-process: elect ------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_elect_restarts_command_per_term_and_exits_with_its_status(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    faulty = FaultyBackend(MemoryBackend())
+    async with children() as kids, anyio.create_task_group() as tg:
+        codes: list[int] = []
+        argv = ["elect", "e", "--ttl", "0.6", "--identity", "cand", "--", *kids.command()]
+
+        async def elect() -> None:
+            codes.append(await run(argv, backend=faulty))
+
+        tg.start_soon(elect)
+        first = await kids.accept_ready()
+        faulty.hang("renew")
+        assert await first.line() == b"term"
+        faulty.heal()
+        second = await kids.accept_ready()  # a fresh child for the next term
+        holder = await faulty.read("e")
+        assert holder is not None and holder.identity == "cand"
+        await second.exit(7)
+    assert codes == [7]
+    assert await faulty.read("e") is None
+    err = capsys.readouterr().err
+    assert "lost leadership of 'e' (expired)" in err
+    assert "cand leads 'e' (token 1)" in err and "cand leads 'e' (token 2)" in err
+
+
+# -- arguments and configuration -------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_invalid_ttl_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert await run(lock_argv("n", ["true"], "--ttl", "0"), backend=MemoryBackend()) == EXIT_USAGE
+    assert capsys.readouterr().err.startswith("aiolease: error: ttl must be")
+
+
+def test_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["lock", "n"])
+    assert exc.value.code == EXIT_USAGE
+    assert "needs a command to run after '--'" in capsys.readouterr().err
+
+
+def test_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if sys.platform in ("win32", "darwin"):
+        pytest.skip("XDG applies to Linux and other Unix")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert default_url() == sqlite_url(tmp_path / "state" / "aiolease" / "leases.db")
+    assert (tmp_path / "state" / "aiolease").is_dir()
+    monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert state_dir() == tmp_path / ".local" / "state" / "aiolease"
+
+
+# -- as real processes ------------------------------------------------------------------------
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen([PY, "-m", "aiolease", *args], text=True, env=env, **kwargs)
+
+
+def finish(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, "-m", "aiolease", *args], text=True, capture_output=True, env=env, timeout=60
+    )
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An environment whose default backend is a fresh SQLite file."""
+    yield {**os.environ, "AIOLEASE_URL": sqlite_url(tmp_path / "leases.db")}
+
+
+@contextmanager
+def holding(env: dict[str, str], name: str) -> Iterator[subprocess.Popen[str]]:
+    """``aiolease lock NAME`` running a child that waits for a line on stdin."""
+    script = "import sys; print('holding', flush=True); sys.exit(len(sys.stdin.readline()))"
+    argv = ("lock", name, "--identity", "holder-1", "--", PY, "-c", script)
+    proc = cli(*argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    with proc:
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "holding\n"
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("pass", 0), ("raise SystemExit(4)", 4), ("import os; os.kill(os.getpid(), 9)", 128 + 9)],
+)
+def test_process_lock_exit_status(code: str, status: int) -> None:
+    result = finish("lock", "n", "--backend", "memory://", "--", PY, "-c", code)
+    assert result.returncode == status, result.stderr
+
+
+def test_process_lock_contention_and_status(env: dict[str, str]) -> None:
+    free = finish("status", "shared", "--json", env=env)
+    assert (free.returncode, json.loads(free.stdout)["held"]) == (0, False)
+    with holding(env, "shared") as proc:
+        held = json.loads(finish("status", "shared", "--json", env=env).stdout)
+        assert (held["held"], held["identity"], held["token"]) == (True, "holder-1", 1)
+        late = finish("lock", "shared", "--timeout", "0.2", "--", PY, "-c", "pass", env=env)
+        assert late.returncode == EXIT_TIMEOUT
+        assert "timed out after 0.2s waiting for lock 'shared'" in late.stderr
+        assert proc.stdin is not None
+        proc.stdin.write("bye\n")  # the child exits with status len("bye\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=30) == 4
+    assert json.loads(finish("status", "shared", "--json", env=env).stdout)["held"] is False
+
+
+def test_process_sigterm_stops_command_and_releases(env: dict[str, str]) -> None:
+    with holding(env, "n") as proc:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert json.loads(finish("status", "n", "--json", env=env).stdout)["held"] is False
+
+
+def test_process_watch_prints_changes(env: dict[str, str]) -> None:
+    watch = cli("watch", "w", "--json", env=env, stdout=subprocess.PIPE)
+    with watch:
+        try:
+            assert watch.stdout is not None
+            assert json.loads(watch.stdout.readline())["leader"] is False
+            with holding(env, "w") as proc:
+                change = json.loads(watch.stdout.readline())
+                leader = (change["leader"], change["identity"], change["token"])
+                assert leader == (True, "holder-1", 1)
+                assert proc.stdin is not None
+                proc.stdin.close()
+                assert proc.wait(timeout=30) == 0
+            assert json.loads(watch.stdout.readline())["leader"] is False
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(timeout=30) == 0
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("nope://x", "no aiolease backend for scheme 'nope'"), ("no-scheme", "has no scheme")],
+)
+def test_process_bad_url(url: str, message: str) -> None:
+    result = finish("status", "n", "--backend", url)
+    assert result.returncode == EXIT_USAGE
+    assert result.stderr.startswith("aiolease: error: ") and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_process_command_not_found() -> None:
+    result = finish("lock", "n", "--backend", "memory://", "--", "no-such-command-aiolease")
+    assert result.returncode == 127
+    assert "command not found" in result.stderr
+
+
+def test_process_demo_needs_a_shared_backend() -> None:
+    result = finish("demo", "--backend", "memory://")
+    assert result.returncode == EXIT_USAGE
+    assert "cannot be shared" in result.stderr
+
+
+@pytest.mark.slow
+def test_process_demo() -> None:
+    result = finish("demo")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("failover took") == 3
+    assert "OK: 3 crashes, 3 failovers" in result.stdout
+    assert "Traceback" not in result.stderr
