@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from ._exceptions import UnsupportedCapability
+from ._exceptions import LossReason, UnsupportedCapability
 from .abc import Backend, Grant, HolderInfo
 
 T = TypeVar("T")
@@ -73,6 +73,7 @@ class AsyncioBridge(Backend):
         self.inner = inner
         self.capabilities = inner.capabilities  # type: ignore[misc]
         self.poll_interval = inner.poll_interval
+        self.reports_takeover = inner.reports_takeover
 
     def __repr__(self) -> str:
         return f"<AsyncioBridge to {self.inner!r}>"
@@ -97,6 +98,12 @@ class AsyncioBridge(Backend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         await call_asyncio(self.inner.wait_changed, name, seen)
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await call_asyncio(self.inner.wait_turn, name, owner, ttl, seen)
+
+    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
+        return await call_asyncio(self.inner.wait_lost, name, owner, token)
 
     async def aclose(self) -> None:
         await call_asyncio(self.inner.aclose)

@@ -273,8 +273,11 @@ class Demo:
 
     async def run(self) -> int:
         """Run the crash rounds and stop every process on the way out."""
-        print(f"aiolease demo: 3 processes elect a leader for {self.name!r} on {self.url}, "
-              f"ttl {self.ttl:g}s; the leader is SIGKILLed {CRASHES} times", flush=True)
+        print(
+            f"aiolease demo: 3 processes elect a leader for {self.name!r} on {self.url}, "
+            f"ttl {self.ttl:g}s; the leader is SIGKILLed {CRASHES} times",
+            flush=True,
+        )
         failure: DemoFailed | None = None
         failovers: list[float] = []
         async with anyio.create_task_group() as tg:
@@ -289,8 +292,11 @@ class Demo:
         if failure is not None:
             say(f"error: demo failed: {failure}")
             return 1
-        print(f"OK: {CRASHES} crashes, {CRASHES} failovers, slowest {max(failovers):.2f}s "
-              f"with ttl {self.ttl:g}s; fencing tokens always increased", flush=True)
+        print(
+            f"OK: {CRASHES} crashes, {CRASHES} failovers, slowest {max(failovers):.2f}s "
+            f"with ttl {self.ttl:g}s; fencing tokens always increased",
+            flush=True,
+        )
         return 0
 
 

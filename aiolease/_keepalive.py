@@ -7,6 +7,10 @@ While a lease is held, one task group runs:
   "not owner" answer ends the lease at once.
 * **expiry watch**: ends the lease at its local safe deadline, and, on backends
   that push changes, ends it as soon as somebody else takes the name.
+* **session watch** (session backends): ends the lease as soon as the backend
+  reports its session lost, or itself closed (:meth:`Backend.wait_lost`). A
+  session backend that also reports takeovers there (:attr:`Backend.reports_takeover`)
+  needs no takeover watch per lease: it watches all its grants at once.
 * **health probe** (electors): ends the lease after ``health_failures``
   consecutive failed probes.
 
@@ -119,6 +123,20 @@ async def watch_takeover(lease: Lease) -> None:
             await anyio.sleep(lease.timing.renew_interval)
 
 
+async def watch_session(lease: Lease) -> None:
+    """End ``lease`` when its session backend reports the grant gone (session backends)."""
+    backend = lease.backend
+    while lease.lost is None:
+        try:
+            reason = await backend.wait_lost(lease.name, lease.owner, lease.token)
+        except BackendError as exc:
+            logger.debug("session watch of %r: %r", lease.name, exc)
+            await anyio.sleep(lease.timing.renew_interval)
+            continue
+        lease.end(reason)
+        return
+
+
 async def watch_health(lease: Lease, policy: HealthPolicy) -> None:
     """End ``lease`` after ``policy.failures`` consecutive failed probes."""
     failures = 0
@@ -154,11 +172,17 @@ class Holding:
 
     async def _guard(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         lease = self.lease
+        capabilities = lease.backend.capabilities
+        session = Capability.SESSION in capabilities
         async with anyio.create_task_group() as tg:
             tg.start_soon(keep_renewing, lease, self._counters)
             tg.start_soon(watch_deadline, lease)
-            if Capability.PUSH_WAKEUP in lease.backend.capabilities:
+            if Capability.PUSH_WAKEUP in capabilities and not (
+                session and lease.backend.reports_takeover
+            ):
                 tg.start_soon(watch_takeover, lease)
+            if session:
+                tg.start_soon(watch_session, lease)
             if self._health is not None:
                 tg.start_soon(watch_health, lease, self._health)
             task_status.started()
@@ -172,14 +196,17 @@ class Holding:
             await self._tg.start(self._guard)
         except BaseException as exc:
             self._tg.cancel_scope.cancel()
-            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
-            await release_shielded(
-                self.lease.backend,
-                self.lease.name,
-                self.lease.owner,
-                self.lease.token,
-                self.lease.timing,
-            )
+            try:
+                # Under trio this re-raises the cancellation that got us here.
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            finally:
+                await release_shielded(
+                    self.lease.backend,
+                    self.lease.name,
+                    self.lease.owner,
+                    self.lease.token,
+                    self.lease.timing,
+                )
             raise
         self.lease.on_end(lambda _: self._body.cancel())
         self._body.__enter__()

@@ -84,6 +84,9 @@ async def acquire_lease(
             maybe_held = True
             result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
             if isinstance(result, Grant):
+                # A driver may swallow a cancellation that arrived while it awaited the
+                # reply (redis-py's asyncio client can): never hand a cancelled caller a lease.
+                await anyio.lowlevel.checkpoint_if_cancelled()
                 if timing.deadline_after(sent_at, result) > anyio.current_time():
                     counters.acquisitions += 1
                     lease: Lease = Lease._create(
@@ -100,7 +103,7 @@ async def acquire_lease(
             if not blocking:
                 raise LeaseHeldError(name, result)
             with anyio.move_on_after(timing.ttl):
-                await backend.wait_changed(name, result)
+                await backend.wait_turn(name, owner, timing.ttl, result)
     except BaseException:
         if maybe_held:
             await release_shielded(backend, name, owner, None, timing)
@@ -200,13 +203,21 @@ class AsyncLock:
         for that, or call :meth:`Lease.renew` yourself before :attr:`Lease.deadline`,
         and :meth:`Lease.release` when done. Enclosing cancel scopes apply too.
 
-        :param timeout: give up after this many seconds
+        :param timeout: give up after this many seconds; ``0`` tries once and does not wait
         :raises TimeoutError: ``timeout`` ran out; nothing is held
         :raises BackendError: the backend failed; nothing is held
         """
         if timeout is None:
             return await self._acquire(blocking=True)
-        with anyio.fail_after(check_seconds("timeout", timeout, allow_zero=True)):
+        seconds = check_seconds("timeout", timeout, allow_zero=True)
+        if seconds == 0:
+            # A deadline of "now" would cancel the first request before it is sent:
+            # zero means one try, as in "only if it is free right now".
+            try:
+                return await self._acquire(blocking=False)
+            except LeaseHeldError as exc:
+                raise TimeoutError(f"timeout=0 and {exc}") from exc
+        with anyio.fail_after(seconds):
             return await self._acquire(blocking=True)
 
     async def acquire_nowait(self) -> Lease:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlsplit
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup
 
 from ._bridge import adapt, call_asyncio, running_trio
 from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
@@ -15,16 +20,36 @@ from .abc import Backend, Capability
 
 ENTRY_POINT_GROUP = "aiolease.backends"
 
+logger = logging.getLogger("aiolease")
+
 #: Backends shipped with aiolease, used when the package metadata is not installed.
 BUILTIN: dict[str, str] = {
     "memory": "aiolease.backends.memory:MemoryBackend",
     "sqlite": "aiolease.backends.sqlite:SQLiteBackend",
+    "redis": "aiolease.backends.redis:RedisBackend",
+    "rediss": "aiolease.backends.redis:RedisBackend",
+    "unix": "aiolease.backends.redis:RedisBackend",
+    "redis+cluster": "aiolease.backends.redis:RedisBackend",
+    "rediss+cluster": "aiolease.backends.redis:RedisBackend",
+    "redis+sentinel": "aiolease.backends.redis:RedisBackend",
+    "rediss+sentinel": "aiolease.backends.redis:RedisBackend",
+    "postgres": "aiolease.backends.postgres:PostgresBackend",
+    "postgresql": "aiolease.backends.postgres:PostgresBackend",
+    "mysql": "aiolease.backends.mysql:MySQLBackend",
+    "mariadb": "aiolease.backends.mysql:MySQLBackend",
+    "etcd": "aiolease.backends.etcd:EtcdBackend",
+    "remote": "aiolease.testing.remote:RemoteBackend",
 }
 
 #: Which extra provides the driver for a scheme (for the install hint).
 EXTRAS: dict[str, str] = {
     "redis": "redis",
     "rediss": "redis",
+    "unix": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "redis+sentinel": "redis",
+    "rediss+sentinel": "redis",
     "postgres": "postgres",
     "postgresql": "postgres",
     "mysql": "mysql",
@@ -97,19 +122,73 @@ async def open_backend(
     :raises BackendUnavailable: the server cannot be reached
     """
     cls = backend_class(scheme_of(url))
-    missing = set(require) - cls.capabilities
-    if missing:
-        names = ", ".join(sorted(c.value for c in missing))
-        raise UnsupportedCapability(f"the {cls.__name__} for {url!r} lacks: {names}")
+    required = frozenset(require)
+    opened = False
+    thrown: BaseException | None = None
+    try:
+        async with _opened(cls, url, required, options) as bridged:
+            opened = True
+            try:
+                yield bridged
+            except BaseException as exc:
+                thrown = exc
+                raise
+    except BaseExceptionGroup as group:
+        # trio-asyncio's loop runs in a nursery, which wraps what escapes it. Give
+        # the caller the error itself: one raised while opening, or the one its
+        # own block raised (and only that one: anything else stays grouped).
+        leaf = _sole_leaf(group)
+        if leaf is None or (opened and leaf is not thrown):
+            raise
+    else:
+        return
+    # Raised outside the handler, so that the group does not become its context.
+    raise leaf
+
+
+def _log_asyncio_error(loop: object, context: dict[str, Any]) -> None:
+    """Log what asyncio would log for an error nobody awaited, as asyncio does."""
+    exc = context.get("exception")
+    logger.warning(
+        "asyncio (under trio): %s",
+        context.get("message", "unhandled error"),
+        exc_info=(type(exc), exc, exc.__traceback__) if isinstance(exc, BaseException) else None,
+    )
+
+
+def _sole_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception at the bottom of nested single-member groups, else None."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc
+
+
+@asynccontextmanager
+async def _opened(
+    cls: type[Backend], url: str, required: frozenset[Capability], options: dict[str, Any]
+) -> AsyncIterator[Backend]:
     async with AsyncExitStack() as stack:
         if cls.requires_asyncio and running_trio():
             import trio_asyncio
 
             if trio_asyncio.current_loop.get() is None:
-                await stack.enter_async_context(trio_asyncio.open_loop())
+                loop = await stack.enter_async_context(trio_asyncio.open_loop())
+                # trio-asyncio's default handler raises what asyncio would only log
+                # (a driver's "Future exception was never retrieved", say) into the
+                # loop's nursery, which tears down every backend on it.
+                loop.set_exception_handler(_log_asyncio_error)
             backend = await call_asyncio(lambda: cls.from_url(url, **options))
         else:
             backend = await cls.from_url(url, **options)
         bridged = adapt(backend)
         stack.push_async_callback(bridged.aclose)
+        # Checked on the open instance: a proxy backend (remote://) learns its
+        # capabilities from the server it connects to.
+        missing = required - bridged.capabilities
+        if missing:
+            names = ", ".join(sorted(c.value for c in missing))
+            raise UnsupportedCapability(f"the {cls.__name__} for {url!r} lacks: {names}")
         yield bridged

@@ -46,6 +46,7 @@ from ._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    LossReason,
     NotOwnerError,
 )
 
@@ -63,6 +64,7 @@ __all__ = [
     "Grant",
     "HolderInfo",
     "InvalidArgument",
+    "LossReason",
     "NotOwnerError",
 ]
 
@@ -136,6 +138,11 @@ class Backend(abc.ABC):
     requires_asyncio: ClassVar[bool] = False
     #: How long :meth:`wait_changed` sleeps by default when it knows nothing better.
     poll_interval: float = 0.1
+    #: ``True`` when :meth:`wait_lost` also returns :attr:`LossReason.STOLEN` as soon as a
+    #: held grant's record is deleted or taken on the server (a session backend that
+    #: watches all its grants at once). The core then runs no takeover watch of its own
+    #: per held lease, which costs a read and a watch per lease and ttl.
+    reports_takeover: bool = False
 
     @classmethod
     @abc.abstractmethod
@@ -201,6 +208,35 @@ class Backend(abc.ABC):
             await anyio.sleep(max(current.remaining, 0.001))
         else:
             await anyio.sleep(self.poll_interval)
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait, as the refused acquirer ``owner``, until trying again may succeed.
+
+        The core calls this between two ``try_acquire`` attempts by the same ``owner``
+        (``seen`` is the holder the refusal reported, ``ttl`` the ttl asked for), and
+        undoes a cancelled wait with ``release(name, owner, None)``. A backend with a
+        wait queue (:attr:`Capability.FAIR_QUEUE`) overrides it to wake only the
+        waiter whose turn it is; it must return well within ``ttl``, so that the retry
+        keeps ``owner``'s place in the queue alive. May return early (callers retry).
+        This default is :meth:`wait_changed`.
+        """
+        await self.wait_changed(name, seen)
+
+    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
+        """Return when this backend knows that ``owner``'s grant ``token`` of ``name`` has
+        ended, and why.
+
+        For session backends (:attr:`Capability.SESSION`): while a lease is held, the
+        core waits on this and ends the lease with the reason returned, without
+        waiting for its next renewal. Such a backend returns when the session the
+        grant rides on is lost (:attr:`LossReason.STOLEN` if the server dropped it,
+        ``UNREACHABLE`` or ``EXPIRED`` if it could not be kept alive), and
+        :attr:`LossReason.SHUTDOWN` when the backend is closed, *before* it lets the
+        server drop the grant; and, if :attr:`reports_takeover` is set, ``STOLEN`` as
+        soon as the grant's record is gone from the server. This default never returns.
+        """
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Close what this backend opened. Idempotent."""

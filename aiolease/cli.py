@@ -7,6 +7,7 @@
     aiolease status NAME [--json]
     aiolease watch NAME [--json]
     aiolease demo [--ttl S]
+    aiolease safety --url URL [--fault F]... [options]   (see aiolease.testing.safety)
 
 Every subcommand takes ``--backend URL`` (else ``$AIOLEASE_URL``, else a SQLite
 file in the user's state directory). Exit statuses: the command's own status
@@ -178,11 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit status: the command's own; 1 error; 2 usage; 70 lease lost; 75 timed out",
     )
     _add_common(parser)
-    sub = parser.add_subparsers(dest="subcommand", metavar="{lock,elect,status,watch,demo}")
+    sub = parser.add_subparsers(dest="subcommand", metavar="{lock,elect,status,watch,demo,safety}")
     sub.required = True
 
     lock = sub.add_parser(
-        "lock", parents=[common], help="run a command while holding a lock",
+        "lock",
+        parents=[common],
+        help="run a command while holding a lock",
         usage="aiolease lock NAME [options] -- CMD [ARG...]",
     )
     _add_term_options(lock)
@@ -190,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_command_options(lock)
 
     elect = sub.add_parser(
-        "elect", parents=[common], help="run a command during each term as leader",
+        "elect",
+        parents=[common],
+        help="run a command during each term as leader",
         usage="aiolease elect NAME [options] -- CMD [ARG...]",
     )
     _add_term_options(elect)
@@ -206,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", parents=[common], help="crash-test leader election with 3 processes"
     )
     demo.add_argument("--ttl", type=float, default=2.0, help="lease ttl in seconds (default 2)")
+
+    # Parsed by aiolease.testing.safety itself (main() hands it the arguments); listed
+    # here for --help.
+    sub.add_parser(
+        "safety", help="prove mutual exclusion under faults with several processes", add_help=False
+    )
 
     # Hidden: one demo candidate (a separate OS process).
     candidate = sub.add_parser("_candidate", parents=[common])
@@ -411,7 +422,12 @@ def configure_logging(verbosity: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console entry point: parse, run on asyncio (or ``--loop trio``), return the status."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["safety"]:
+        from .testing.safety import main as safety_main
+
+        return safety_main(argv[1:])
+    args = parse_args(argv)
     configure_logging(args.verbose)
     if importlib.util.find_spec(args.loop) is None:
         say(f"error: the {args.loop} event loop is not installed (pip install 'aiolease[trio]')")

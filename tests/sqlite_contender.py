@@ -46,8 +46,13 @@ async def contend(db: str, worker: int, rounds: int, ttl: float, start_at: float
             except LeaseLostError as exc:
                 outcome = exc.reason.value
             records.append(
-                {"worker": worker, "start": entered, "end": left, "token": lease.token,
-                 "outcome": outcome}
+                {
+                    "worker": worker,
+                    "start": entered,
+                    "end": left,
+                    "token": lease.token,
+                    "outcome": outcome,
+                }
             )
             # Let the others in now and then, without relying on it.
             await anyio.sleep(random.uniform(0.0, 0.03))

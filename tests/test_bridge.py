@@ -107,3 +107,57 @@ async def test_elector_and_observe_across_the_bridge(anyio_backend: str) -> None
 async def test_conformance_across_the_bridge(anyio_backend: str, check: Check) -> None:
     """The whole contract holds for an asyncio-only backend under both loops."""
     await check(lambda: aiolease.open_backend(URL))
+
+
+async def test_an_error_opening_a_bridged_backend_is_the_typed_error(anyio_backend: str) -> None:
+    # Under trio the backend is opened inside trio-asyncio's loop nursery, which
+    # wraps what escapes it in an exception group; the caller gets the error itself.
+    with pytest.raises(aiolease.InvalidArgument, match="expected 'asyncio-memory://'"):
+        async with aiolease.open_backend("asyncio-memory://host/path"):
+            pass  # pragma: no cover
+
+
+class _Leaky(AsyncioOnlyBackend):
+    """Leaves an asyncio future whose error nobody retrieves, as asyncpg can."""
+
+    @classmethod
+    async def from_url(cls, url: str, **options: object) -> _Leaky:
+        import asyncio
+        import gc
+
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(RuntimeError("never retrieved"))
+        del future
+        gc.collect()
+        await asyncio.sleep(0)
+        return cls()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_an_unretrieved_asyncio_error_is_logged_not_raised_under_trio(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(BUILTIN, "leaky", f"{__name__}:_Leaky")
+    async with aiolease.open_backend("leaky://") as backend:
+        async with AsyncLock(backend, "x", ttl=2) as lease:
+            assert lease.token >= 1
+        assert await backend.read("x") is None
+    assert "never retrieved" in caplog.text
+
+
+class _BodyError(Exception):
+    pass
+
+
+async def test_an_error_from_the_block_comes_out_as_itself(anyio_backend: str) -> None:
+    cause = OSError("underneath")
+    with pytest.raises(_BodyError) as info:
+        async with aiolease.open_backend(URL):
+            raise _BodyError("from the block") from cause
+    assert info.value.__cause__ is cause
+    with pytest.raises(aiolease.LeaseLostError):
+        async with aiolease.open_backend(URL) as backend:
+            async with AsyncLock(backend, "x", ttl=2) as lease:
+                await backend.release("x", lease.owner, lease.token)
+                await backend.try_acquire("x", "thief", 2, "thief", {})
+                await lease.renew()

@@ -422,3 +422,16 @@ def test_process_demo() -> None:
     assert result.stdout.count("failover took") == 3
     assert "OK: 3 crashes, 3 failovers" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_safety_subcommand_runs_the_harness(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    argv = ["safety", "--url", url, "--fault", "none", "--processes", "2", "--rounds", "2"]
+    argv += ["--ttl", "0.5", "--workdir", str(tmp_path / "work")]
+    assert main(argv) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("safety sqlite") and " none " in line, line
+    assert "acquisitions=4 " in line and "overlaps=0 " in line, line

@@ -9,7 +9,14 @@ import pytest
 from trio.testing import MockClock
 
 import aiolease
-from aiolease import AsyncLock, LeaseExpiredError, LeaseHeldError, LeaseLostError, LossReason
+from aiolease import (
+    AsyncLock,
+    LeaseExpiredError,
+    LeaseHeldError,
+    LeaseLostError,
+    LossReason,
+    _registry,
+)
 from aiolease.abc import HolderInfo
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.faults import FaultyBackend
@@ -166,6 +173,19 @@ async def test_acquire_timeout_and_cancel_scopes(inner: MemoryBackend) -> None:
     assert current is not None and current.owner == holder.owner
 
 
+async def test_timeout_zero_is_one_try(inner: MemoryBackend) -> None:
+    lock = AsyncLock(inner, "job", ttl=5, identity="first")
+    lease = await lock.acquire(timeout=0)  # free: granted, not cancelled before it is sent
+    assert (await inner.read("job")) is not None
+    with pytest.raises(TimeoutError, match="held by 'first'"):
+        await AsyncLock(inner, "job", ttl=5, identity="second").acquire(timeout=0)
+    async with AsyncLock(inner, "other", ttl=5).hold(timeout=0) as held:
+        assert held.token >= 1
+    assert await lease.release()
+    current = await inner.read("job")
+    assert current is None
+
+
 async def test_acquire_nowait_reports_the_holder(inner: MemoryBackend) -> None:
     first = await AsyncLock(inner, "job", ttl=5, identity="first", metadata={"k": "v"}).acquire()
     with pytest.raises(LeaseHeldError) as info:
@@ -300,9 +320,12 @@ async def test_bad_arguments_are_rejected_and_change_nothing(
     assert await inner.read("fresh") is None
 
 
-async def test_bad_urls_are_typed_errors() -> None:
-    with pytest.raises(aiolease.BackendNotFound, match="aiolease\\[redis\\]"):
-        async with aiolease.open_backend("redis://127.0.0.1:1/0"):
+async def test_bad_urls_are_typed_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A backend whose driver is not installed names the extra to install.
+    monkeypatch.setitem(_registry.BUILTIN, "fake", "aiolease_no_such_driver:Backend")
+    monkeypatch.setitem(_registry.EXTRAS, "fake", "fakedriver")
+    with pytest.raises(aiolease.BackendNotFound, match="aiolease\\[fakedriver\\]"):
+        async with aiolease.open_backend("fake://127.0.0.1:1/0"):
             pass  # pragma: no cover
     with pytest.raises(aiolease.BackendNotFound, match="known schemes"):
         async with aiolease.open_backend("nosuch://x"):

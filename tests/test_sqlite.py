@@ -350,15 +350,15 @@ async def test_aclose_is_idempotent_and_final(db: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_url_forms_follow_sqlalchemy(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_url_forms_follow_sqlalchemy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     async with aiolease.open_backend("sqlite:///rel.db?table=t1&poll_interval=0.2") as b:
         assert isinstance(b, SQLiteBackend)
         assert (b.path, b.table, b.poll_interval) == (str(tmp_path / "rel.db"), "t1", 0.2)
         assert b.capabilities == {
-            Capability.SERVER_TIME, Capability.DURABLE_TOKENS, Capability.MULTI_PROCESS
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
         }
     absolute = tmp_path / "sub" / "abs.db"
     absolute.parent.mkdir()
@@ -428,7 +428,7 @@ async def test_corrupt_database_behind_a_valid_header_is_rejected_at_open(
 
 
 @pytest.mark.parametrize(
-    "table", ["", "1leases", "lea-ses", "leases; DROP TABLE x", "a" * 64, "lé", None]
+    "table", ["", "1leases", "lea-ses", "leases; DROP TABLE x", "a" * 64, "lé", "leases\n", None]
 )
 def test_bad_table_name(db: Path, table: object) -> None:
     with pytest.raises(InvalidArgument, match="table"):
@@ -525,6 +525,7 @@ class Hold(NamedTuple):
     end: float
     token: int
     worker: int
+
 
 ROUNDS = 4
 CONTENDER = Path(__file__).with_name("sqlite_contender.py")

@@ -104,7 +104,7 @@ def host_boot_id() -> str:
 
 def check_table(table: object) -> str:
     """:raises InvalidArgument: unless ``table`` is a plain SQL identifier of at most 63 chars"""
-    if not isinstance(table, str) or not _TABLE_RE.match(table):
+    if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
         raise InvalidArgument(
             f"table name must match {_TABLE_RE.pattern} (letters, digits, _), got {table!r}"
         )

@@ -1,0 +1,121 @@
+"""The core's hooks for queueing backends: ``Backend.wait_turn`` and swallowed cancellations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import anyio
+import pytest
+
+from aiolease import AsyncLock
+from aiolease._bridge import adapt
+from aiolease.abc import Grant, HolderInfo
+from aiolease.backends.memory import MemoryBackend
+from aiolease.testing.asyncio_only import AsyncioOnlyBackend
+
+pytestmark = pytest.mark.anyio
+
+
+class _Recording(MemoryBackend):
+    """Records who waits how, and which owners tried to acquire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts: list[str] = []
+        self.turns: list[tuple[str, str, float, HolderInfo]] = []
+        self.waiting = anyio.Event()
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        self.attempts.append(owner)
+        return await super().try_acquire(name, owner, ttl, identity, metadata)
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        self.turns.append((name, owner, ttl, seen))
+        self.waiting.set()
+        await super().wait_turn(name, owner, ttl, seen)
+
+
+async def test_a_blocked_acquire_waits_for_its_turn_as_its_own_owner() -> None:
+    backend = _Recording()
+    holder = await AsyncLock(backend, "x", ttl=60).acquire_nowait()
+    got: list[str] = []
+
+    async def wait() -> None:
+        lease = await AsyncLock(backend, "x", ttl=7).acquire()
+        got.append(lease.owner)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await backend.waiting.wait()
+        await holder.release()
+    [(name, owner, ttl, seen)] = backend.turns
+    assert (name, ttl) == ("x", 7.0)
+    assert (seen.owner, seen.token) == (holder.owner, holder.token)
+    assert backend.attempts[1:] == [owner, owner] and got == [owner]
+
+
+async def test_the_default_wait_turn_is_wait_changed() -> None:
+    backend = MemoryBackend()
+    await backend.try_acquire("x", "a", 60, "a", {})
+    seen = await backend.try_acquire("x", "b", 60, "b", {})
+    assert isinstance(seen, HolderInfo)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backend.wait_turn, "x", "b", 60.0, seen)
+        await anyio.wait_all_tasks_blocked()
+        await backend.release("x", "a", None)  # wait_changed's wake-up ends the wait
+
+
+class _AsyncioTurns(AsyncioOnlyBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.turns: list[str] = []
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        self.turns.append(owner)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_bridge_forwards_wait_turn(anyio_backend: str) -> None:
+    import trio_asyncio
+
+    backend = _AsyncioTurns()
+    seen = HolderInfo("x", "a", "a", 1)
+    async with trio_asyncio.open_loop():
+        await adapt(backend).wait_turn("x", "b", 1.0, seen)
+    assert backend.turns == ["b"]
+
+
+class _SwallowsCancellation(MemoryBackend):
+    """Grants, then finishes the call even if cancelled meanwhile (as redis-py can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.granted = anyio.Event()
+        self.cancelled = anyio.Event()
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire(name, owner, ttl, identity, metadata)
+        self.granted.set()
+        with anyio.CancelScope(shield=True):
+            await self.cancelled.wait()  # the reply is still on its way when the cancel comes
+        return result
+
+
+async def test_a_grant_that_swallowed_the_cancellation_is_undone() -> None:
+    backend = _SwallowsCancellation()
+    returned = []
+    async with anyio.create_task_group() as tg:
+
+        async def acquire() -> None:
+            returned.append(await AsyncLock(backend, "x", ttl=60).acquire())
+
+        tg.start_soon(acquire)
+        await backend.granted.wait()
+        tg.cancel_scope.cancel()
+        backend.cancelled.set()
+    assert returned == []
+    assert await backend.read("x") is None
