@@ -1,4 +1,4 @@
-"""Development sessions: ``nox -s tests``, ``nox -s lint``, ``nox -s mypy``, ``nox -s docs``.
+"""Development sessions: ``nox -s tests``, ``lint``, ``mypy``, ``docs``, and ``safety``.
 
 ``bash scripts/test.sh`` is the one-command check CI runs (servers, tests, mypy,
 ruff in one virtualenv); these sessions split it up and run the tests on every
@@ -20,7 +20,8 @@ def tests(session: nox.Session) -> None:
 
     :param session: extra arguments after ``--`` are passed to pytest
     """
-    session.install("-e", ".[test,trio]")
+    session.install("-e", ".[all,test]")
+    session.run("bash", "scripts/services.sh", "start", external=True)
     session.run("pytest", *session.posargs)
 
 
@@ -32,6 +33,7 @@ def lint(session: nox.Session) -> None:
     """
     session.install("ruff>=0.5")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "aiolease", "tests", "benchmarks")
 
 
 @nox.session
@@ -53,6 +55,16 @@ def docs(session: nox.Session) -> None:
     session.install("-e", ".[docs]")
     site = session.create_tmp() + "/site"
     # The banner mkdocs-material prints about its successor is noise here.
-    session.run(
-        "mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"}
-    )
+    session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session
+def safety(session: nox.Session) -> None:
+    """The long safety-harness run, on demand (the suite runs a short one).
+
+    :param session: backend URLs after ``--`` (default: memory and a SQLite file)
+    """
+    session.install("-e", ".[all]")
+    urls = session.posargs or ["memory://", f"sqlite:///{session.create_tmp()}/safety.db"]
+    for url in urls:
+        session.run("aiolease", "safety", "--long", "--url", url)

@@ -3,67 +3,38 @@
 #
 #   bash scripts/services.sh install|start|stop|status [service...]
 #
-# With no service named, the command applies to every service in SERVICES.
-# Servers bind to 127.0.0.1 only. Data, logs and pidfiles live under
-# ${AIOLEASE_SERVICES_DIR:-<repo>/.services}/<service>/. A server that is
-# already running (started by someone else) is used as it is and never stopped.
+# With no service named, the command applies to every service in SERVICES, in
+# that order. Servers bind to 127.0.0.1 only. Data, logs and pidfiles live under
+# $AIOLEASE_SERVICES_DIR/<service>/, by default ~/.local/state/aiolease/services
+# (per machine, not per checkout: the servers hold machine-wide ports, so every
+# checkout, a CI clone included, sees what another one started). A server that is already
+# running (started by someone else) is used as it is and never stopped: `stop`
+# stops only what this script started (what it holds a pidfile for).
 #
-# Adding a service (redis, postgres, mariadb, etcd, mongo, kafka, zookeeper):
-# define svc_<name>_install, svc_<name>_start, svc_<name>_stop and
-# svc_<name>_status below, and append <name> to SERVICES. Facts about each
-# server on this machine kind are in /work/shared/SERVICES.md.
+# Each service lives in scripts/services.d/<service>.sh and defines
+# svc_<service>_install, _start, _stop and _status (a '-' in the service name is
+# '_' in the function names). scripts/services.d/_lib.sh has the shared helpers.
+# The addresses the tests use, and the env vars that override them, are in
+# aiolease/testing/servers.py. Facts about each server on this machine kind are
+# in /work/shared/SERVICES.md.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-state_dir="${AIOLEASE_SERVICES_DIR:-$repo/.services}"
+state_dir="${AIOLEASE_SERVICES_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/aiolease/services}"
+# One spelling of the path, symlinks resolved: pidfiles are checked against the
+# command lines of the processes, which name their files by this path.
+state_dir="$(realpath -m "$state_dir")"
 
-# Every service the test suite needs today. The memory and SQLite backends need
-# no server; "python" checks that python3 has venv and sqlite3.
-SERVICES=(python)
+# Every service the test suite needs, in start order. "python" checks that
+# python3 has venv and sqlite3 (the memory and SQLite backends need no server).
+SERVICES=(python redis redis-aof redis-cluster redis-sentinel postgres mariadb etcd etcd-cluster mongo kafka zookeeper)
 
-log() { printf 'services: %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
-
-have_root() { [ "$(id -u)" -eq 0 ]; }
-
-apt_install() {
-    have_root || die "need root to install Debian packages: $*"
-    command -v apt-get >/dev/null || die "apt-get not found; install by hand: $*"
-    log "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-
-# -- python: the interpreter every backend's tests run in -----------------------
-
-python_ok() {
-    python3 -c 'import sqlite3, ensurepip, venv' >/dev/null 2>&1
-}
-
-svc_python_install() {
-    command -v python3 >/dev/null || apt_install python3
-    if ! python_ok; then
-        # Debian splits ensurepip (needed by "python3 -m venv") into python3-venv.
-        apt_install python3-venv
-    fi
-    python_ok || die "python3 lacks sqlite3 or venv even after installing python3-venv"
-}
-
-svc_python_start() { python_ok || die "python3 is not ready; run: bash scripts/services.sh install"; }
-svc_python_stop() { :; }
-
-svc_python_status() {
-    if python_ok; then
-        printf 'python: ready (%s, sqlite %s)\n' \
-            "$(python3 -c 'import sys; print(sys.version.split()[0])')" \
-            "$(python3 -c 'import sqlite3; print(sqlite3.sqlite_version)')"
-    else
-        printf 'python: missing sqlite3 or venv\n'
-        return 1
-    fi
-}
-
-# -- dispatch --------------------------------------------------------------------
+# shellcheck source=services.d/_lib.sh
+. "$repo/scripts/services.d/_lib.sh"
+for _svc in "${SERVICES[@]}"; do
+    # shellcheck disable=SC1090
+    . "$repo/scripts/services.d/$_svc.sh"
+done
 
 usage() {
     printf 'usage: bash scripts/services.sh install|start|stop|status [service...]\n' >&2
@@ -87,15 +58,30 @@ main() {
     esac
     local targets=("$@")
     [ ${#targets[@]} -gt 0 ] || targets=("${SERVICES[@]}")
-    local name failed=0
+    local name failed=()
     for name in "${targets[@]}"; do
         known "$name" || die "unknown service '$name' (known: ${SERVICES[*]})"
     done
     mkdir -p "$state_dir"
+    trap 'rm -f "$state_dir/.apt-updated.$$"' EXIT
+    local rc
     for name in "${targets[@]}"; do
-        "svc_${name}_${action}" || failed=1
+        # Each service runs in a subshell with errexit on (a condition context
+        # such as `if ! (...)` would turn errexit off inside it), so that one
+        # failure is reported and the others are still tried.
+        set +e
+        (
+            set -e
+            "svc_${name//-/_}_${action}"
+        )
+        rc=$?
+        set -e
+        [ "$rc" -eq 0 ] || failed+=("$name")
     done
-    return "$failed"
+    if [ ${#failed[@]} -gt 0 ]; then
+        log "$action failed for: ${failed[*]}"
+        return 1
+    fi
 }
 
 main "$@"

@@ -13,7 +13,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 venv="$repo/.venv"
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%4ss] %s\n' "$SECONDS" "$*"; }
 
 # python3-venv must be there before a virtualenv can be made.
 step "services: install"
@@ -51,9 +51,13 @@ step "mypy"
 step "ruff check"
 "$venv/bin/python" -m ruff check . || failed+=("ruff")
 
+step "ruff format --check"
+"$venv/bin/python" -m ruff format --check aiolease tests benchmarks || failed+=("ruff format")
+
 echo
+echo "test.sh: took ${SECONDS}s"
 if [ ${#failed[@]} -eq 0 ]; then
-    echo "test.sh: OK: pytest, mypy and ruff passed"
+    echo "test.sh: OK: pytest, mypy, ruff and ruff format passed"
 else
     summary="$(printf '%s, ' "${failed[@]}")"
     echo "test.sh: FAILED: ${summary%, }"

@@ -15,24 +15,40 @@ Fixtures (the async ones need anyio's ``anyio_backend`` fixture, as any anyio te
 * ``aiolease_backend``: an open backend for the URL
 * ``aiolease_backend_factory``: opens a fresh backend per call, for
   :mod:`aiolease.testing.conformance`
+* ``aiolease_server``: a function that takes a service name of
+  :data:`aiolease.testing.servers.SERVERS` (``"redis"``, ``"etcd-cluster"``, ...) and
+  returns its URL once every address in it accepts connections
 
-A backend that cannot be reached **fails** the test: in CI a missing server must
-never pass silently. A developer may opt out locally with ``AIOLEASE_ALLOW_SKIP=1``.
+A backend or server that cannot be reached **fails** the test: in CI (``CI=true``)
+a missing server must never pass silently. Only a developer who opts out locally
+with ``AIOLEASE_ALLOW_SKIP=1`` (and not in CI) gets a skip, with the reason.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
+
+try:
+    # trio-asyncio patches asyncio's running-loop lookups when it is imported.
+    # anyio's asyncio backend binds them when *it* is first imported, so in a test
+    # session that runs both loops, trio-asyncio must come first, or anyio calls
+    # made inside a bridged asyncio-only backend fail under trio with "no running
+    # event loop". A plugin loads before any test module, so import it here.
+    import trio_asyncio  # noqa: F401
+except ImportError:  # pragma: no cover - the [trio] extra is not installed
+    pass
 
 from .._exceptions import BackendError, BackendNotFound, InvalidArgument
 from .._registry import open_backend, scheme_of
 from ..abc import Backend
+from . import servers
 from ._support import BackendFactory
 
 __all__ = [
@@ -40,14 +56,16 @@ __all__ = [
     "URLS_ENV",
     "aiolease_backend",
     "aiolease_backend_factory",
+    "aiolease_server",
     "aiolease_url",
     "default_urls",
+    "server_missing",
 ]
 
 #: Comma-separated backend URLs to test when ``--aiolease-url`` is not given.
 URLS_ENV = "AIOLEASE_TEST_URLS"
-#: Set to ``1`` to skip, not fail, tests whose backend cannot be reached.
-ALLOW_SKIP_ENV = "AIOLEASE_ALLOW_SKIP"
+#: Set to ``1`` to skip, not fail, tests whose backend cannot be reached (never in CI).
+ALLOW_SKIP_ENV = servers.ALLOW_SKIP_ENV
 #: Placeholder for the session's temporary directory in a URL.
 TMP = "{tmp}"
 
@@ -112,10 +130,39 @@ def aiolease_url(request: pytest.FixtureRequest, _aiolease_tmp: Path) -> str:
     return url.replace(TMP, _aiolease_tmp.as_posix())
 
 
-def _unreachable(url: str, exc: BaseException) -> None:
+def server_missing(why: str) -> NoReturn:
+    """Fail the test because a server it needs is missing, or skip it when the
+    developer opted out locally (``AIOLEASE_ALLOW_SKIP=1``, never in CI)."""
+    if servers.allow_skip():
+        pytest.skip(f"{why} ({ALLOW_SKIP_ENV}=1)")
+    pytest.fail(why, pytrace=False)
+
+
+def _unreachable(what: str, exc: BaseException) -> None:
     """Skip when the developer allows it; otherwise let the error fail the test."""
-    if os.environ.get(ALLOW_SKIP_ENV) == "1":
-        pytest.skip(f"backend {url!r} unavailable ({exc!r}) and {ALLOW_SKIP_ENV}=1")
+    if servers.allow_skip():
+        pytest.skip(f"{what} unavailable ({exc}) and {ALLOW_SKIP_ENV}=1")
+
+
+@pytest.fixture
+def aiolease_server() -> Callable[[str], str]:
+    """``aiolease_server("redis")`` -> the URL of that test server, checked reachable.
+
+    An unreachable server fails the test (always in CI), or skips it when the
+    developer opted out locally with ``AIOLEASE_ALLOW_SKIP=1``.
+    """
+
+    def get(name: str) -> str:
+        srv = servers.server(name)
+        try:
+            srv.check()
+        except servers.ServerUnreachable as exc:
+            problem = exc
+        else:
+            return srv.url
+        server_missing(str(problem))
+
+    return get
 
 
 @pytest.fixture
@@ -125,7 +172,7 @@ async def aiolease_backend(aiolease_url: str, anyio_backend: object) -> AsyncIte
         try:
             backend = await stack.enter_async_context(open_backend(aiolease_url))
         except (BackendError, BackendNotFound) as exc:
-            _unreachable(aiolease_url, exc)
+            _unreachable(f"backend {aiolease_url!r}", exc)
             raise
         yield backend
 
@@ -142,6 +189,6 @@ async def aiolease_backend_factory(
         async with open_backend(aiolease_url):
             pass
     except (BackendError, BackendNotFound) as exc:
-        _unreachable(aiolease_url, exc)
+        _unreachable(f"backend {aiolease_url!r}", exc)
         raise
     yield lambda: open_backend(aiolease_url)

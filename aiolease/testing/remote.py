@@ -1,0 +1,726 @@
+"""Serve any backend over TCP, so that in-process backends reach across OS processes.
+
+The memory backend lives in one process. To let several worker processes contend
+for one name on it (the safety tests), host it in a server process and point the
+workers at it::
+
+    python -m aiolease.testing.remote --url memory:// --port 7411
+    # -> listening on 127.0.0.1:7411
+
+    async with aiolease.open_backend("remote://127.0.0.1:7411") as backend: ...
+
+A fault proxy may sit between a worker and the server, and the server may be
+killed and restarted (a restarted memory backend starts its tokens again at 1:
+it has no :attr:`~aiolease.abc.Capability.DURABLE_TOKENS`).
+
+The protocol is one JSON object per line. A request is
+``{"id": ID, "op": OP, "args": {...}}``; its reply is ``{"id": ID, "ok": VALUE}``
+or ``{"id": ID, "error": {"type": T, "message": M, "name": N}}``. A connection
+carries one request at a time. ``OP`` is ``hello`` (capabilities and poll
+interval) or one of the :class:`~aiolease.abc.Backend` operations. Errors of the
+contract (:class:`NotOwnerError`, :class:`InvalidArgument`, :class:`BackendError`
+and its subclasses) are re-raised by type on the client; anything else becomes
+:class:`BackendError`. The server cancels a call whose client hangs up, so a
+client cancels a call (a long ``wait_changed``, say) by closing its connection.
+
+**Request ids.** The client numbers its requests (unique per
+:class:`RemoteBackend`) and the server echoes the number in the reply. A reply
+that does not carry the id of the request just sent, or is not of the shape its
+operation answers with, is a :class:`BackendError` and closes the connection:
+it is never taken as the answer. The pool already never reuses a connection
+whose call did not complete (timed out, cancelled, failed), so a reply held back
+by the network cannot reach a later call; the ids make sure that, should it
+ever happen anyway, a stale grant cannot pass for the answer to a new
+``try_acquire``.
+
+**Send times.** A session backend may report in :attr:`Grant.sent_at` that the
+confirming request left *before* the call (see :mod:`aiolease.abc`). That time is
+on the server process's clock, which the client cannot read (trio's clock has a
+per-run offset, and other hosts have other clocks). So the server sends only how
+long before it received the request that was, and the client subtracts it from
+its own send time: never later than the truth, whichever clocks are involved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import itertools
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from typing import Any, NoReturn, TypeVar
+from urllib.parse import parse_qsl, urlsplit
+
+import anyio
+from anyio.abc import SocketStream, TaskStatus
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from .._bridge import adapt
+from .._exceptions import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+    LossReason,
+    NotOwnerError,
+)
+from .._registry import open_backend
+from ..abc import Backend, Capability, Grant, HolderInfo
+
+__all__ = ["PROTOCOL", "BackendServer", "RemoteBackend", "main"]
+
+logger = logging.getLogger("aiolease.remote")
+T = TypeVar("T")
+
+#: The protocol version exchanged at ``hello`` (2: request ids).
+PROTOCOL = 2
+#: The longest line either side accepts, in bytes.
+MAX_FRAME = 1 << 20
+
+#: What goes wrong with a connection, as opposed to with the backend behind it.
+_IO_ERRORS = (
+    OSError,
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    anyio.IncompleteRead,
+)
+#: The contract's errors that cross the wire, most specific first.
+_WIRE_ERRORS: tuple[type[Exception], ...] = (
+    NotOwnerError,
+    InvalidArgument,
+    BackendUnavailable,
+    BackendTimeout,
+    BackendError,
+)
+
+
+class _ProtocolError(ValueError):
+    """A message that does not follow the protocol."""
+
+
+# -- encoding ---------------------------------------------------------------------------
+
+
+def _frame(message: Mapping[str, Any]) -> bytes:
+    # JSON escapes newlines inside strings, so a message is exactly one line.
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def _parse(line: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(line)
+    except ValueError as exc:
+        raise _ProtocolError(f"not a JSON line: {line[:80]!r}") from exc
+    if not isinstance(message, dict):
+        raise _ProtocolError(f"not a JSON object: {line[:80]!r}")
+    return message
+
+
+def _field(obj: object, key: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    """``obj[key]`` if it is of ``kind`` (``bool`` is never an ``int`` here)."""
+    if not isinstance(obj, dict):
+        raise _ProtocolError(f"expected an object holding {key!r}, got {obj!r}")
+    value = obj.get(key)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise _ProtocolError(f"{key!r} must not be a bool")
+    if not isinstance(value, kind):
+        raise _ProtocolError(f"{key!r} has the wrong type: {value!r}")
+    return value
+
+
+def _seconds(obj: object, key: str) -> float:
+    return float(_field(obj, key, (int, float)))
+
+
+def _maybe_seconds(obj: object, key: str) -> float | None:
+    value = _field(obj, key, (int, float), optional=True)
+    return None if value is None else float(value)
+
+
+def _metadata(obj: object) -> dict[str, str]:
+    value = _field(obj, "metadata", dict)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _ProtocolError("metadata must map str to str")
+    return dict(value)
+
+
+def _encode_holder(holder: HolderInfo) -> dict[str, Any]:
+    return {
+        "name": holder.name,
+        "owner": holder.owner,
+        "identity": holder.identity,
+        "token": holder.token,
+        "metadata": dict(holder.metadata),
+        "remaining": holder.remaining,
+    }
+
+
+def _decode_holder(obj: object) -> HolderInfo:
+    return HolderInfo(
+        name=_field(obj, "name", str),
+        owner=_field(obj, "owner", str),
+        identity=_field(obj, "identity", str),
+        token=_field(obj, "token", int),
+        metadata=_metadata(obj),
+        remaining=_maybe_seconds(obj, "remaining"),
+    )
+
+
+def _encode_grant(grant: Grant, received: float) -> dict[str, Any]:
+    # A send time the client cannot read, made into "this long before the request came".
+    lead = None if grant.sent_at is None else received - grant.sent_at
+    return {"token": grant.token, "ttl": grant.ttl, "lead": lead if lead and lead > 0 else None}
+
+
+def _decode_grant(obj: object, sent_at: float) -> Grant:
+    lead = _maybe_seconds(obj, "lead")
+    sent_at_here = None if lead is None else sent_at - lead
+    return Grant(_field(obj, "token", int), _seconds(obj, "ttl"), sent_at_here)
+
+
+def _encode_error(exc: Exception) -> dict[str, Any]:
+    for kind in _WIRE_ERRORS:
+        if isinstance(exc, kind):
+            return {"type": kind.__name__, "message": str(exc), "name": getattr(exc, "name", None)}
+    logger.warning("the served backend raised %r; reported as BackendError", exc)
+    return {"type": "BackendError", "message": f"{type(exc).__name__}: {exc}", "name": None}
+
+
+def _decode_error(obj: object) -> Exception:
+    kind = _field(obj, "type", str)
+    message = _field(obj, "message", str)
+    if kind == "NotOwnerError":
+        return NotOwnerError(_field(obj, "name", str), message)
+    errors = {cls.__name__: cls for cls in _WIRE_ERRORS if cls is not NotOwnerError}
+    return errors.get(kind, BackendError)(message)
+
+
+def _reply_to(request_id: int, line: bytes) -> dict[str, Any]:
+    """The reply in ``line``, if it answers request ``request_id``.
+
+    :raises _ProtocolError: not a reply, or a reply to another request
+    """
+    reply = _parse(line)
+    if "id" not in reply:
+        raise _ProtocolError(f"a reply without a request id (protocol {PROTOCOL}?): {line[:80]!r}")
+    answered = _field(reply, "id", int, optional=True)
+    if answered != request_id:
+        raise _ProtocolError(f"the reply to request {answered} came to request {request_id}")
+    if ("ok" in reply) == ("error" in reply):
+        raise _ProtocolError(f"a reply holds either 'ok' or 'error': {line[:80]!r}")
+    return reply
+
+
+def _decode_hello(value: object) -> tuple[frozenset[Capability], float]:
+    """The served capabilities and poll interval."""
+    if _field(value, "protocol", int) != PROTOCOL:
+        raise _ProtocolError(f"protocol {_field(value, 'protocol', int)}, not {PROTOCOL}")
+    try:
+        served = frozenset(Capability(c) for c in _field(value, "capabilities", list))
+    except ValueError as exc:
+        raise _ProtocolError(str(exc)) from None
+    return served, _seconds(value, "poll_interval")
+
+
+def _decode_outcome(value: object, sent_at: float) -> Grant | HolderInfo:
+    if isinstance(value, dict) and "grant" in value:
+        return _decode_grant(value["grant"], sent_at)
+    return _decode_holder(_field(value, "holder", dict))
+
+
+def _decode_bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise _ProtocolError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _decode_maybe_holder(value: object) -> HolderInfo | None:
+    return None if value is None else _decode_holder(value)
+
+
+def _decode_reason(value: object) -> LossReason:
+    try:
+        return LossReason(value)
+    except ValueError:
+        raise _ProtocolError(f"expected a loss reason, got {value!r}") from None
+
+
+def _decode_none(value: object) -> None:
+    if value is not None:
+        raise _ProtocolError(f"expected null, got {value!r}")
+
+
+# -- the server -------------------------------------------------------------------------
+
+
+class BackendServer:
+    """Serves ``backend`` to :class:`RemoteBackend` clients over TCP.
+
+    Each connection is served by its own task, one request at a time. The server
+    never closes ``backend``.
+
+    :param backend: the backend that really stores the leases
+    :param host: the address to listen on
+    :param port: the port to listen on (``0``: any free port)
+    """
+
+    def __init__(self, backend: Backend, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.backend = backend
+        self.host = host
+        self.port = port
+
+    def __repr__(self) -> str:
+        return f"<BackendServer {_hostport(self.host, self.port)} serving {self.backend!r}>"
+
+    async def serve(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> NoReturn:
+        """Listen and serve until cancelled; report the bound port with ``task_status``.
+
+        Cancelling this closes every connection, as a crash of the server would.
+        """
+        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
+        async with listener:
+            self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+            task_status.started(self.port)
+            await listener.serve(self._serve_connection)
+        raise AssertionError("unreachable: a listener serves until cancelled")  # pragma: no cover
+
+    async def _serve_connection(self, stream: SocketStream) -> None:
+        async with stream:
+            reader = BufferedByteReceiveStream(stream)
+            try:
+                while True:
+                    line = await reader.receive_until(b"\n", MAX_FRAME)
+                    reply = await self._answer_while_connected(line, reader)
+                    if reply is None:
+                        return
+                    await stream.send(reply)
+            except (*_IO_ERRORS, anyio.DelimiterNotFound):
+                return  # the client went away, or broke the framing: drop it
+            except Exception:
+                logger.exception("remote backend connection failed")
+
+    async def _answer_while_connected(
+        self, line: bytes, reader: BufferedByteReceiveStream
+    ) -> bytes | None:
+        """Answer ``line``, or cancel the call and return ``None`` if the client hangs up.
+
+        The client sends nothing more until it has the reply, so anything it sends
+        meanwhile (end of stream included) means it gave up.
+        """
+        replies: list[bytes] = []
+
+        async def watch_hangup() -> None:
+            with suppress(Exception):  # any end or error of the stream is a hang-up too
+                await reader.receive()
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch_hangup)
+            replies.append(await self._answer(line))
+            tg.cancel_scope.cancel()
+        return replies[0] if replies else None
+
+    async def _answer(self, line: bytes) -> bytes:
+        """The reply to the request ``line``, carrying its id (``null`` if it has none)."""
+        received = anyio.current_time()
+        request_id: int | None = None
+        try:
+            request = _parse(line)
+            request_id = _field(request, "id", int, optional=True)
+            value = await self._call(
+                _field(request, "op", str), request.get("args") or {}, received
+            )
+        except _ProtocolError as exc:
+            error = _encode_error(InvalidArgument(f"bad request: {exc}"))
+            return _frame({"id": request_id, "error": error})
+        except Exception as exc:
+            return _frame({"id": request_id, "error": _encode_error(exc)})
+        return _frame({"id": request_id, "ok": value})
+
+    async def _call(self, op: str, args: object, received: float) -> Any:
+        backend = adapt(self.backend)
+        if op == "hello":
+            capabilities = sorted(c.value for c in backend.capabilities)
+            interval = backend.poll_interval
+            return {"protocol": PROTOCOL, "capabilities": capabilities, "poll_interval": interval}
+        name = _field(args, "name", str)
+        if op == "try_acquire":
+            ttl = _seconds(args, "ttl")
+            owner, identity = _field(args, "owner", str), _field(args, "identity", str)
+            result = await backend.try_acquire(name, owner, ttl, identity, _metadata(args))
+            if isinstance(result, Grant):
+                return {"grant": _encode_grant(result, received)}
+            return {"holder": _encode_holder(result)}
+        if op == "renew":
+            ttl = _seconds(args, "ttl")
+            owner, token = _field(args, "owner", str), _field(args, "token", int)
+            return _encode_grant(await backend.renew(name, owner, token, ttl), received)
+        if op == "release":
+            owner, token = _field(args, "owner", str), _field(args, "token", int, optional=True)
+            return await backend.release(name, owner, token)
+        if op == "read":
+            holder = await backend.read(name)
+            return None if holder is None else _encode_holder(holder)
+        if op == "wait_changed":
+            seen = args.get("seen") if isinstance(args, dict) else None
+            await backend.wait_changed(name, None if seen is None else _decode_holder(seen))
+            return None
+        if op == "wait_turn":
+            owner, ttl = _field(args, "owner", str), _seconds(args, "ttl")
+            seen = args.get("seen") if isinstance(args, dict) else None
+            await backend.wait_turn(name, owner, ttl, _decode_holder(seen))
+            return None
+        if op == "wait_lost":
+            owner, token = _field(args, "owner", str), _field(args, "token", int)
+            reason = await backend.wait_lost(name, owner, token)
+            return reason.value
+        raise _ProtocolError(f"unknown operation {op!r}")
+
+
+# -- the client -------------------------------------------------------------------------
+
+
+class _Connection:
+    """One TCP connection to the server; one request at a time."""
+
+    def __init__(self, stream: SocketStream) -> None:
+        self.stream = stream
+        self.reader = BufferedByteReceiveStream(stream)
+
+    async def request(self, frame: bytes) -> bytes:
+        await self.stream.send(frame)
+        return await self.reader.receive_until(b"\n", MAX_FRAME)
+
+    @property
+    def clean(self) -> bool:
+        """Whether nothing is left unread (only then may it be reused)."""
+        return not self.reader.buffer
+
+    async def close(self) -> None:
+        """Close at once, even in a cancelled scope (a reset tells the server to stop)."""
+        await anyio.aclose_forcefully(self.stream)
+
+
+class RemoteBackend(Backend):
+    """A backend served by a :class:`BackendServer` in another process (or this one).
+
+    Open it with ``open_backend("remote://HOST:PORT")``. Its capabilities are the
+    served backend's, learned at connection, plus
+    :attr:`~aiolease.abc.Capability.MULTI_PROCESS`; the class itself declares only
+    the latter, as the served backend is not known before connecting.
+
+    Every call takes a connection from a small pool of idle ones (or opens one), so
+    concurrent calls run concurrently. A call that fails, times out or is cancelled
+    closes its connection, which also cancels it on the server; no connection with
+    a reply left unread goes back to the pool. A reply must carry the id of its
+    request and be of the shape its operation answers with; any other is a
+    :class:`BackendError` and closes the connection. Nothing is retried: refused,
+    reset or closed connections raise :class:`BackendUnavailable` (and drop the
+    idle connections, which are likely stale too) and the next call reconnects.
+
+    The compensating release after a cancelled acquire travels on another
+    connection. Should the network hold the cancelled request back until after
+    that release (the server has not read it before the hang-up), the grant it
+    makes belongs to no one and lapses after its ttl: a delay, never two holders.
+
+    :param host: the server's address
+    :param port: the server's port
+    :param connect_timeout: seconds to wait for a connection
+    :param request_timeout: seconds to wait for any reply but ``wait_changed``'s
+        (``None``: no limit); past it the outcome is unknown (:class:`BackendTimeout`)
+    :param max_idle: how many idle connections to keep
+    """
+
+    capabilities = frozenset({Capability.MULTI_PROCESS})
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout: float = 5.0,
+        request_timeout: float | None = 30.0,
+        max_idle: int = 4,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+        self._closed = False
+        self._ids = itertools.count(1)
+
+    def __repr__(self) -> str:
+        return f"<RemoteBackend remote://{_hostport(self.host, self.port)}>"
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> RemoteBackend:
+        """``remote://HOST:PORT``, with options as keywords or in the query string
+        (``?request_timeout=5&max_idle=2``); then ask the server what it serves.
+
+        :raises InvalidArgument: the URL or an option is malformed
+        :raises BackendUnavailable: the server cannot be reached
+        :raises BackendError: it does not speak this protocol
+        """
+        host, port, query = _parse_url(url)
+        backend = cls(host, port, **_options({**query, **options}))
+        try:
+            await backend.hello()
+        except BaseException:
+            await backend.aclose()
+            raise
+        return backend
+
+    async def hello(self) -> None:
+        """Learn the served backend's capabilities and poll interval.
+
+        :raises BackendError: the server speaks another protocol
+        """
+        try:
+            served, interval = await self._call("hello", {}, self.request_timeout, _decode_hello)
+        except BackendError as exc:
+            if type(exc) is not BackendError:  # unreachable, or no reply in time
+                raise
+            raise BackendError(f"{self!r} is not an aiolease backend server: {exc}") from exc
+        self.capabilities = served | {Capability.MULTI_PROCESS}  # type: ignore[misc]
+        self.poll_interval = interval
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        args = {
+            "name": name,
+            "owner": owner,
+            "ttl": ttl,
+            "identity": identity,
+            "metadata": dict(metadata),
+        }
+        sent_at = anyio.current_time()
+        return await self._call(
+            "try_acquire", args, self.request_timeout, lambda v: _decode_outcome(v, sent_at)
+        )
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        args = {"name": name, "owner": owner, "token": token, "ttl": ttl}
+        sent_at = anyio.current_time()
+        return await self._call(
+            "renew", args, self.request_timeout, lambda v: _decode_grant(v, sent_at)
+        )
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        args = {"name": name, "owner": owner, "token": token}
+        return await self._call("release", args, self.request_timeout, _decode_bool)
+
+    async def read(self, name: str) -> HolderInfo | None:
+        return await self._call("read", {"name": name}, self.request_timeout, _decode_maybe_holder)
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        args = {"name": name, "seen": None if seen is None else _encode_holder(seen)}
+        await self._call("wait_changed", args, None, _decode_none)
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        args = {"name": name, "owner": owner, "ttl": ttl, "seen": _encode_holder(seen)}
+        await self._call("wait_turn", args, None, _decode_none)
+
+    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
+        args = {"name": name, "owner": owner, "token": token}
+        return await self._call("wait_lost", args, None, _decode_reason)
+
+    async def aclose(self) -> None:
+        """Close every connection; calls in flight fail with :class:`BackendUnavailable`."""
+        self._closed = True
+        connections, self._open, self._idle = self._open, set(), []
+        for connection in connections:
+            await connection.close()
+
+    async def _connect(self) -> _Connection:
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                stream = await anyio.connect_tcp(self.host, self.port)
+        except (OSError, TimeoutError) as exc:
+            raise BackendUnavailable(f"cannot connect to {self!r}: {exc!r}") from exc
+        connection = _Connection(stream)
+        if self._closed:  # aclose() ran while this connected
+            await connection.close()
+            raise BackendUnavailable(f"{self!r} is closed")
+        self._open.add(connection)
+        return connection
+
+    async def _checkout(self) -> _Connection:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        if self._idle:
+            return self._idle.pop()
+        return await self._connect()
+
+    async def _checkin(self, connection: _Connection) -> None:
+        if self._closed or len(self._idle) >= self.max_idle:
+            await self._drop(connection)
+        else:
+            self._idle.append(connection)
+
+    async def _drop(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        await connection.close()
+
+    async def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await self._drop(connection)
+
+    async def _call(
+        self,
+        op: str,
+        args: Mapping[str, Any],
+        timeout: float | None,
+        decode: Callable[[Any], T],
+    ) -> T:
+        """Send one request on a pooled connection; return its reply's value, decoded.
+
+        Only a connection whose reply came whole, answered this very request and
+        decoded goes back to the pool; any other is closed (which also cancels the
+        call on the server).
+
+        :param decode: makes the value of an ``ok`` reply into the result; raises
+            :class:`_ProtocolError` if it is not what ``op`` answers with
+        :raises BackendUnavailable: the connection failed (refused, reset, closed)
+        :raises BackendTimeout: no reply within ``timeout``; the outcome is unknown
+        :raises BackendError: the reply is malformed, or answers another request
+        """
+        request_id = next(self._ids)
+        frame = _frame({"id": request_id, "op": op, "args": args})
+        connection = await self._checkout()
+        try:
+            with anyio.fail_after(timeout):
+                line = await connection.request(frame)
+            if not connection.clean:
+                raise _ProtocolError(f"more than one reply to request {request_id}")
+            reply = _reply_to(request_id, line)
+            outcome = _decode_error(reply["error"]) if "error" in reply else decode(reply["ok"])
+        except BaseException as exc:
+            # Cancelled or failed: the reply may still come, so this connection is done.
+            await self._drop(connection)
+            if isinstance(exc, _IO_ERRORS):
+                await self._drop_idle()  # the server is likely gone: they are stale too
+            mapped = self._mapped(op, exc, timeout)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+        await self._checkin(connection)
+        if isinstance(outcome, Exception):  # an error of the contract, reported by the server
+            raise outcome
+        return outcome
+
+    def _mapped(self, op: str, exc: BaseException, timeout: float | None) -> BaseException:
+        """The exception to raise for ``exc`` (``exc`` itself if not the connection's)."""
+        if isinstance(exc, TimeoutError):
+            return BackendTimeout(f"{op} on {self!r}: no reply within {timeout}s")
+        if isinstance(exc, _IO_ERRORS):
+            return BackendUnavailable(f"{op} on {self!r} failed: {exc!r}")
+        if isinstance(exc, (_ProtocolError, anyio.DelimiterNotFound)):
+            return BackendError(f"{op} on {self!r}: bad reply, connection closed: {exc}")
+        return exc
+
+
+# -- URLs and options ----------------------------------------------------------------------
+
+_OPTIONS: dict[str, type] = {"connect_timeout": float, "request_timeout": float, "max_idle": int}
+
+
+def _hostport(host: str, port: int) -> str:
+    try:
+        is_v6 = ipaddress.ip_address(host).version == 6
+    except ValueError:
+        is_v6 = False
+    return f"[{host}]:{port}" if is_v6 else f"{host}:{port}"
+
+
+def _parse_url(url: str) -> tuple[str, int, dict[str, str]]:
+    """:raises InvalidArgument: unless ``url`` is ``remote://HOST:PORT[?options]``"""
+    if not isinstance(url, str):
+        raise InvalidArgument(f"backend URL must be a str, not {type(url).__name__}")
+    usage = f"a remote backend URL is 'remote://HOST:PORT', got {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidArgument(f"{usage}: {exc}") from None
+    if parts.scheme != "remote" or not parts.hostname or parts.username or parts.password:
+        raise InvalidArgument(usage)
+    if port is None or port == 0 or parts.path not in ("", "/") or parts.fragment:
+        raise InvalidArgument(usage)
+    try:
+        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True))
+    except ValueError:
+        raise InvalidArgument(f"{usage}: bad query {parts.query!r}") from None
+    return parts.hostname, port, query
+
+
+def _options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """Check and convert the options (query strings arrive as text).
+
+    :raises InvalidArgument: an unknown option, or a value out of range
+    """
+    out: dict[str, Any] = {}
+    for key, value in given.items():
+        kind = _OPTIONS.get(key)
+        if kind is None:
+            raise InvalidArgument(
+                f"unknown remote backend option {key!r}; known: {sorted(_OPTIONS)}"
+            )
+        if key == "request_timeout" and value in (None, "none", "None"):
+            out[key] = None
+            continue
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise InvalidArgument(
+                f"remote backend option {key}={value!r} is not a number"
+            ) from None
+        fractional = kind is int and isinstance(value, float)
+        if isinstance(value, bool) or fractional or not number >= (0 if kind is int else 1e-9):
+            raise InvalidArgument(f"remote backend option {key}={value!r} is out of range")
+        out[key] = number
+    return out
+
+
+# -- python -m aiolease.testing.remote --------------------------------------------------------
+
+
+async def serve_url(url: str, host: str, port: int) -> None:
+    """Open the backend ``url`` names and serve it until SIGTERM or SIGINT."""
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_backend(url) as backend, anyio.create_task_group() as tg:
+            bound = await tg.start(BackendServer(backend, host, port).serve)
+            print(f"listening on {_hostport(host, bound)}", flush=True)
+            async for _ in signals:
+                break
+            tg.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m aiolease.testing.remote --url URL [--host H] [--port P] [--loop L]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m aiolease.testing.remote",
+        description="Serve an aiolease backend over TCP to remote:// clients.",
+    )
+    parser.add_argument("--url", required=True, help="the backend to serve, e.g. memory://")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any)")
+    parser.add_argument("--loop", choices=["asyncio", "trio"], default="asyncio")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="remote: %(levelname)s %(message)s")
+    anyio.run(serve_url, args.url, args.host, args.port, backend=args.loop)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
