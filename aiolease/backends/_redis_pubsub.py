@@ -1,0 +1,276 @@
+"""Change notifications for the Redis backend: one pub/sub connection, shared by all waiters.
+
+Every task in :meth:`RedisBackend.wait_changed` watches the name's channel through
+one :class:`Subscriptions` object per backend. A channel is subscribed while somebody
+watches it. Its subscription is sent as ``SUBSCRIBE`` followed by ``PING <token>`` on
+the same connection; the server answers in order, so the pong proves the subscription
+is in place, and a change made after the watcher's next read cannot be missed.
+
+**One owner task does all the I/O.** A watcher never touches the connection: it
+records what it wants and waits for the owner's confirmation. The owner writes, its
+listener (a child task) reads, and neither ever reconnects the connection: redis-py's
+``PubSub`` reconnects from whichever task hit the failure, so a watcher sending
+``SUBSCRIBE`` and the reader could reconnect, write and read one socket at once (a
+write on a connection just closed, two reads of one stream). Instead, any failure ends
+the connection's *generation*: the owner disconnects it, gives it back to the pool
+(which connects afresh before reusing it), and opens a new one for the channels still
+wanted. Messages can be lost while the connection is down, so a failure wakes every
+watcher (a spurious wake-up only costs the watcher one read), and fails the
+subscriptions not yet confirmed.
+
+Like the rest of the backend this module is asyncio-only (the core bridges it under
+trio), so it uses asyncio's primitives, never anyio's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ._redis_cancel import wait_event
+
+__all__ = ["Subscriptions"]
+
+logger = logging.getLogger("aiolease.redis")
+
+#: Seconds between attempts to connect again after the connection failed.
+RETRY_MIN = 0.05
+RETRY_MAX = 1.0
+
+
+@dataclass(eq=False)
+class _Attempt:
+    """One subscription of a channel on one connection, until confirmed or failed."""
+
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    error: BaseException | None = None
+
+    def settle(self, error: BaseException | None = None) -> None:
+        if not self.done.is_set():
+            self.error = error
+            self.done.set()
+
+
+@dataclass(eq=False)
+class _Channel:
+    watchers: set[asyncio.Event] = field(default_factory=set)
+    attempt: _Attempt = field(default_factory=_Attempt)
+
+    def wake(self) -> None:
+        for event in self.watchers:
+            event.set()
+
+
+def _as_bytes(value: object) -> bytes | None:
+    if isinstance(value, str):
+        return value.encode()
+    return value if isinstance(value, bytes) else None
+
+
+Release = Callable[[], Awaitable[None]]
+
+
+async def _open(client: Redis | RedisCluster) -> tuple[AbstractConnection, Release]:
+    """A connected connection of the client's own, and how to give it back disconnected."""
+    if isinstance(client, RedisCluster):
+        # Plain pub/sub messages reach every node of a Cluster: any node will do.
+        node = client.get_random_node()
+        node_conn = node.acquire_connection()
+
+        async def give_back() -> None:
+            try:
+                await node_conn.disconnect(nowait=True)
+            finally:
+                node.release(node_conn)
+
+        try:
+            await cast(Any, node_conn).connect()
+        except BaseException:
+            await asyncio.shield(give_back())
+            raise
+        return node_conn, give_back
+    pool = client.connection_pool
+    conn: AbstractConnection = await cast(Any, pool).get_connection()
+
+    async def release() -> None:
+        try:
+            await conn.disconnect(nowait=True)
+        finally:
+            await pool.release(conn)
+
+    return conn, release
+
+
+class Subscriptions:
+    """Watch Redis pub/sub channels from many tasks over one connection.
+
+    :param client: the client whose connection pool provides the connection
+    :param confirm_timeout: seconds to wait for the server to confirm a subscription
+    """
+
+    def __init__(self, client: Redis | RedisCluster, confirm_timeout: float) -> None:
+        self._client = client
+        self._confirm_timeout = confirm_timeout
+        #: The channels somebody watches: the owner makes the connection's match it.
+        self._channels: dict[bytes, _Channel] = {}
+        #: PING tokens awaiting their pong -> the subscriptions they confirm.
+        self._pings: dict[bytes, list[tuple[_Channel, _Attempt]]] = {}
+        self._changed = asyncio.Event()
+        self._owner: asyncio.Task[None] | None = None
+        self._delay = RETRY_MIN
+        self._closed = False
+
+    @asynccontextmanager
+    async def watch(self, channel: bytes) -> AsyncIterator[asyncio.Event]:
+        """Subscribe to ``channel`` (if nobody does yet) and yield an event set on a message.
+
+        Returns from entering only once the subscription is confirmed.
+
+        :raises redis.exceptions.ConnectionError: the backend is closed, or the
+            connection failed before the subscription was confirmed
+        :raises TimeoutError: the server did not confirm it in time
+        """
+        if self._closed:
+            raise RedisConnectionError("the backend is closed")
+        entry = self._channels.get(channel)
+        if entry is None:
+            entry = self._channels[channel] = _Channel()
+            self._start()
+        event = asyncio.Event()
+        entry.watchers.add(event)
+        try:
+            attempt = entry.attempt
+            if not await wait_event(attempt.done, self._confirm_timeout):
+                raise TimeoutError(f"Redis did not confirm the subscription to {channel!r}")
+            if attempt.error is not None:
+                raise RedisConnectionError(
+                    f"the Redis pub/sub connection failed: {attempt.error}"
+                ) from attempt.error
+            yield event
+        finally:
+            entry.watchers.discard(event)
+            if not entry.watchers and self._channels.get(channel) is entry:
+                del self._channels[channel]
+                self._changed.set()
+
+    def _start(self) -> None:
+        self._changed.set()
+        if self._owner is None:
+            self._owner = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while not self._closed:
+            if not self._channels:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            try:
+                await self._generation()
+            except Exception as exc:  # the owner must outlive any failure
+                logger.info("Redis pub/sub connection failed, reconnecting: %r", exc)
+                self._fail(exc)
+                if not self._closed:
+                    await asyncio.sleep(self._delay)
+                    self._delay = min(self._delay * 2, RETRY_MAX)
+
+    async def _generation(self) -> None:
+        """Keep one connection's subscriptions in step with the watched channels, until
+        it fails (raises) or the backend closes: the connection is then disconnected,
+        never used again."""
+        conn, release = await _open(self._client)
+        self._delay = RETRY_MIN
+        listener = asyncio.get_running_loop().create_task(self._listen(conn))
+        listener.add_done_callback(lambda _: self._changed.set())
+        subscribed: dict[bytes, _Channel] = {}
+        try:
+            # Checked on every turn: redis-py may swallow the cancellation from aclose().
+            while not self._closed:
+                self._changed.clear()
+                if listener.done():
+                    listener.result()
+                    raise RedisConnectionError("the pub/sub listener stopped")
+                await self._sync(conn, subscribed)
+                await self._changed.wait()
+        finally:
+            await asyncio.shield(self._end(listener, release))
+
+    async def _end(self, listener: asyncio.Task[None], release: Release) -> None:
+        """Stop reading, then disconnect and give the connection back: nothing holds it
+        once the pool can hand it out again."""
+        listener.cancel()
+        await asyncio.wait([listener])
+        if not listener.cancelled():
+            listener.exception()  # retrieved: asyncio does not log it as lost
+        self._pings.clear()
+        await release()
+
+    async def _sync(self, conn: AbstractConnection, subscribed: dict[bytes, _Channel]) -> None:
+        """Send what makes the connection's subscriptions those of ``self._channels``."""
+        new = {ch: e for ch, e in self._channels.items() if subscribed.get(ch) is not e}
+        gone = [ch for ch in subscribed if ch not in self._channels]
+        if not new and not gone:
+            return
+        for ch in gone:
+            del subscribed[ch]
+        subscribed.update(new)
+        commands: list[tuple[Any, ...]] = []
+        if gone:
+            commands.append(("UNSUBSCRIBE", *gone))
+        if new:
+            token = uuid.uuid4().hex.encode()
+            self._pings[token] = [(e, e.attempt) for e in new.values()]
+            commands += [("SUBSCRIBE", *new), ("PING", token)]
+        if not conn.is_connected:  # sending would reconnect it
+            raise RedisConnectionError("the pub/sub connection was closed")
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+
+    async def _listen(self, conn: AbstractConnection) -> None:
+        while True:
+            reply = await conn.read_response(
+                timeout=math.inf, disconnect_on_error=False, push_request=True
+            )
+            self._dispatch(reply)
+
+    def _dispatch(self, reply: object) -> None:
+        if isinstance(reply, (bytes, str)):  # a pong outside subscribed mode (RESP3)
+            reply = [b"pong", reply]
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind = _as_bytes(reply[0]) or b""
+        if kind.lower() == b"pong":
+            for entry, attempt in self._pings.pop(_as_bytes(reply[1]) or b"", []):
+                if entry.attempt is attempt:
+                    attempt.settle()
+            return
+        watched = self._channels.get(_as_bytes(reply[1]) or b"")
+        if watched is not None and kind.lower() == b"message":
+            watched.wake()
+
+    def _fail(self, error: BaseException) -> None:
+        """The connection is gone: fail what it did not confirm, wake every watcher."""
+        self._pings.clear()
+        for entry in self._channels.values():
+            old, entry.attempt = entry.attempt, _Attempt()
+            old.settle(error)
+            entry.wake()
+
+    async def aclose(self) -> None:
+        """Stop the owner and close the connection. Idempotent."""
+        self._closed = True
+        self._changed.set()
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner.cancel()
+            await asyncio.wait([owner])  # unlike awaiting it, never raises its CancelledError
+        self._fail(RedisConnectionError("the backend is closed"))

@@ -1,0 +1,328 @@
+"""The Redis backend's keys and Lua scripts: one script per operation.
+
+Every key of one lease name shares one Redis Cluster hash tag, ``{<name>}``, so each
+script touches a single slot::
+
+    <prefix>{<name>}:lease     HASH owner, identity, token, metadata; PX = the ttl
+    <prefix>{<name>}:token     STRING, the fencing token counter (INCR; never expires)
+    <prefix>{<name>}:queue     ZSET owner -> arrival number (fair mode's waiters)
+    <prefix>{<name>}:waiters   HASH owner -> JSON {e: expiry ms, w: retry-by ms, t: ttl ms,
+                               i: identity, m: metadata}: what a hand-off needs
+    <prefix>{<name>}:wake:<owner>  LIST, a waiter's wake-up signal (BLPOP)
+    <prefix>{<name>}:changed   pub/sub channel: the new owner, or "" when freed
+
+``{``, ``}`` and ``%`` in a name are percent-encoded inside the tag, so the tag is
+always the whole name. Scripts read the server's clock (``TIME``, allowed since
+Redis 5 replicates scripts by their effects) only to date queue entries; lease
+expiry is Redis's own ``PEXPIRE``.
+
+Scripts never overwrite what they do not recognise: a key of the wrong type, a
+hash without the fields of a lease, a lease without an expiry, or a counter that
+is not a positive integer raises an error starting with :data:`FOREIGN`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from .._exceptions import InvalidArgument
+
+__all__ = [
+    "ACQUIRE",
+    "DEFAULT_PREFIX",
+    "FOREIGN",
+    "READ",
+    "RELEASE",
+    "RENEW",
+    "Keys",
+    "Script",
+    "check_prefix",
+]
+
+#: The key prefix used when none is given.
+DEFAULT_PREFIX = "aiolease:"
+#: How a script's error about a foreign value under our keys starts.
+FOREIGN = "AIOLEASE_FOREIGN"
+MAX_PREFIX_BYTES = 128
+
+
+def check_prefix(prefix: object) -> str:
+    """:raises InvalidArgument: unless ``prefix`` is 1-128 bytes of printable UTF-8 without
+    ``{``, ``}`` or spaces (a brace would move the Cluster hash tag into the prefix)"""
+    if not isinstance(prefix, str):
+        raise InvalidArgument(f"key prefix must be a str, not {type(prefix).__name__}")
+    if not prefix or len(prefix.encode("utf-8", "surrogatepass")) > MAX_PREFIX_BYTES:
+        raise InvalidArgument(f"key prefix must be 1 to {MAX_PREFIX_BYTES} bytes, got {prefix!r}")
+    bad = sorted({c for c in prefix if c in "{}" or not c.isprintable() or c.isspace()})
+    if bad:
+        raise InvalidArgument(
+            f"key prefix {prefix!r} contains {bad!r}: braces, spaces and control characters"
+            " are not allowed"
+        )
+    try:
+        prefix.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"key prefix {prefix!r} is not valid UTF-8 text: {exc}") from None
+    return prefix
+
+
+def _tag(name: str) -> str:
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The keys and channel of one lease name (all in one hash slot)."""
+
+    lease: bytes
+    token: bytes
+    queue: bytes
+    waiters: bytes
+    wake_base: bytes
+    channel: bytes
+
+    @classmethod
+    def of(cls, prefix: str, name: str) -> Keys:
+        """The keys of ``name`` under ``prefix``."""
+        base = f"{prefix}{{{_tag(name)}}}:".encode()
+        return cls(
+            base + b"lease",
+            base + b"token",
+            base + b"queue",
+            base + b"waiters",
+            base + b"wake:",
+            base + b"changed",
+        )
+
+    @property
+    def all(self) -> tuple[bytes, bytes, bytes, bytes]:
+        """The four keys every write script is given, in order."""
+        return (self.lease, self.token, self.queue, self.waiters)
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script and its SHA-1 (what EVALSHA names it by)."""
+
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        """The SHA-1 of the source, as ``SCRIPT LOAD`` reports it."""
+        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+
+
+_PRELUDE = r"""
+local FOREIGN = 'AIOLEASE_FOREIGN'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function foreign(key, what)
+  error({err = FOREIGN .. ' ' .. key .. ' ' .. what})
+end
+
+-- Whether key exists; a value of another type is an error, never overwritten.
+local function exists_as(key, want)
+  local kind = redis.call('TYPE', key)['ok']
+  if kind ~= 'none' and kind ~= want then
+    foreign(key, 'holds a ' .. kind .. ', not the ' .. want .. ' aiolease keeps there')
+  end
+  return kind ~= 'none'
+end
+
+local function is_count(value)
+  return type(value) == 'string' and string.match(value, '^[1-9]%d*$') ~= nil
+end
+
+-- The live lease under key, or nil.
+local function load_lease(key)
+  if not exists_as(key, 'hash') then return nil end
+  local f = redis.call('HMGET', key, 'owner', 'identity', 'token', 'metadata')
+  if not f[1] or not f[2] or not is_count(f[3]) or not f[4] then
+    foreign(key, 'is a hash without the fields of an aiolease lease')
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl < 0 then foreign(key, 'has no expiry, which an aiolease lease always has') end
+  return {owner = f[1], identity = f[2], token = tonumber(f[3]), metadata = f[4], pttl = pttl}
+end
+
+local function holder(lease)
+  return {0, lease.owner, lease.identity, lease.token, lease.metadata, lease.pttl}
+end
+"""
+
+_QUEUE = r"""
+local function next_token(key)
+  if exists_as(key, 'string') and not is_count(redis.call('GET', key)) then
+    foreign(key, 'is not an aiolease token counter (a positive integer)')
+  end
+  return redis.call('INCR', key)
+end
+
+local function waiter_entry(waiters, owner)
+  local raw = redis.call('HGET', waiters, owner)
+  if not raw then return nil end
+  local ok, e = pcall(cjson.decode, raw)
+  if not ok or type(e) ~= 'table' or type(e.e) ~= 'number' or type(e.w) ~= 'number'
+      or type(e.t) ~= 'number' or type(e.i) ~= 'string' or type(e.m) ~= 'string' then
+    foreign(waiters, 'holds an entry that is not an aiolease waiter')
+  end
+  return e
+end
+
+local function dequeue(queue, waiters, owner)
+  redis.call('ZREM', queue, owner)
+  redis.call('HDEL', waiters, owner)
+end
+
+-- The first waiter whose entry has not expired (stale ones are dropped), or nil.
+local function queue_head(queue, waiters, now)
+  while true do
+    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not first then return nil end
+    local entry = waiter_entry(waiters, first)
+    if entry and entry.e > now then return first, entry end
+    dequeue(queue, waiters, first)
+  end
+end
+
+-- A refused waiter keeps its place; its entry lasts one ttl. It retries (so refreshes
+-- the entry) by `retry_by` at the latest: a third of its ttl, or the holder's expiry.
+local function enqueue(queue, waiters, owner, ttl, identity, metadata, now, retry_by)
+  if not redis.call('ZSCORE', queue, owner) then
+    local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
+    redis.call('ZADD', queue, (tonumber(last[2]) or 0) + 1, owner)
+  end
+  local entry = {e = now + ttl, w = retry_by, t = ttl, i = identity, m = metadata}
+  redis.call('HSET', waiters, owner, cjson.encode(entry))
+  for _, key in ipairs({queue, waiters}) do
+    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  end
+end
+
+-- Write a new grant of the (free) lease and announce it.
+local function grant(k, owner, identity, metadata, px, channel)
+  local token = next_token(k[2])
+  redis.call('HSET', k[1], 'owner', owner, 'identity', identity,
+             'token', string.format('%d', token), 'metadata', metadata)
+  redis.call('PEXPIRE', k[1], px)
+  redis.call('PUBLISH', channel, owner)
+  return token
+end
+
+local function signal(wake_base, owner, value, px)
+  local wake = wake_base .. owner
+  redis.call('RPUSH', wake, value)
+  redis.call('PEXPIRE', wake, math.max(px, 1))
+end
+
+-- Grant the free lease to the queue's head and signal that waiter alone. The lease
+-- lasts what is left of the head's entry until it picks it up; if that ends before
+-- the next waiter would retry anyway (a dead head), the next waiter is told to look.
+local function hand_off(k, head, entry, now, channel, wake_base)
+  dequeue(k[3], k[4], head)
+  local px = math.max(math.min(entry.t, entry.e - now), 1)
+  local token = grant(k, head, entry.i, entry.m, px, channel)
+  signal(wake_base, head, token, px)
+  local next_owner, next_entry = queue_head(k[3], k[4], now)
+  if next_owner and now + px < next_entry.w then
+    signal(wake_base, next_owner, 0, next_entry.e - now)
+  end
+  return {owner = head, identity = entry.i, token = token, metadata = entry.m, pttl = px}
+end
+"""
+
+ACQUIRE = Script(
+    "acquire",
+    _PRELUDE
+    + _QUEUE
+    + r"""
+-- KEYS: lease, token, queue, waiters
+-- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel, wake key base
+local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local fair, channel, wake_base = ARGV[5] == '1', ARGV[6], ARGV[7]
+local now = now_ms()
+local lease = load_lease(KEYS[1])
+exists_as(KEYS[3], 'zset')
+exists_as(KEYS[4], 'hash')
+if lease and lease.owner == owner then
+  -- an idempotent retry, or a hand-off this waiter now picks up: reset the expiry
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('DEL', wake_base .. owner)
+  return {1, lease.token}
+end
+if not lease then
+  local head, entry = queue_head(KEYS[3], KEYS[4], now)
+  if not head or head == owner then
+    if head then dequeue(KEYS[3], KEYS[4], owner) end
+    redis.call('DEL', wake_base .. owner)
+    return {1, grant(KEYS, owner, identity, metadata, ttl, channel)}
+  end
+  lease = hand_off(KEYS, head, entry, now, channel, wake_base)
+end
+-- any signal waiting for this owner is older than what this reply tells it
+redis.call('DEL', wake_base .. owner)
+if fair then
+  local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
+  enqueue(KEYS[3], KEYS[4], owner, ttl, identity, metadata, now, retry_by)
+end
+return holder(lease)
+""",
+)
+
+RELEASE = Script(
+    "release",
+    _PRELUDE
+    + _QUEUE
+    + r"""
+-- KEYS: lease, token, queue, waiters
+-- ARGV: owner, token ('' for any), channel, wake key base
+local owner, token, channel, wake_base = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local lease = load_lease(KEYS[1])
+-- also undo a queue entry or signal this owner left behind (a cancelled wait)
+if exists_as(KEYS[3], 'zset') and exists_as(KEYS[4], 'hash') then
+  dequeue(KEYS[3], KEYS[4], owner)
+end
+redis.call('DEL', wake_base .. owner)
+if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+local now = now_ms()
+local head, entry = queue_head(KEYS[3], KEYS[4], now)
+if head then
+  hand_off(KEYS, head, entry, now, channel, wake_base)
+else
+  redis.call('PUBLISH', channel, '')
+end
+return 1
+""",
+)
+
+RENEW = Script(
+    "renew",
+    _PRELUDE
+    + r"""
+-- KEYS: lease; ARGV: owner, token, ttl ms
+local lease = load_lease(KEYS[1])
+if not lease or lease.owner ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+""",
+)
+
+READ = Script(
+    "read",
+    _PRELUDE
+    + r"""
+-- KEYS: lease
+local lease = load_lease(KEYS[1])
+if not lease then return false end
+return holder(lease)
+""",
+)

@@ -1,0 +1,648 @@
+"""The Redis backend: one Lua script per operation, push wake-ups, fair queueing, batched renewals.
+
+URLs are redis-py's::
+
+    redis://[[user]:password@]host[:port][/db]      rediss:// for TLS
+    unix://[[user]:password@]/path/to/redis.sock[?db=0]
+
+or for a Redis Cluster or a Sentinel-managed master (see
+:mod:`aiolease.backends._redis_clients`)::
+
+    redis+cluster://host:port[,host:port...]
+    redis+sentinel://host:port[,host:port...]/service[/db]
+
+plus ``prefix=`` (the key prefix, default ``aiolease:``), ``fair=`` (``1``/``0``),
+``wait_replicas=`` and ``wait_timeout=`` in the query or as keyword arguments, and
+redis-py's own query options (``socket_timeout``, ``client_name``, ``ssl_cert_reqs``,
+...). A client you already
+have is used as it is, and never closed by the backend::
+
+    backend = RedisBackend(redis.asyncio.Redis(...), prefix="myapp:locks:", fair=True)
+
+**One round trip per operation.** Acquire, renew, release and read are each one Lua
+script (:mod:`aiolease.backends._redis_scripts`), called with EVALSHA and loaded on
+NOSCRIPT. Expiry is Redis's own ``PEXPIRE`` (renew resets it, never adds); the
+fencing token is an ``INCR`` of a per-name counter that never expires. All keys of a
+name share one hash tag, so every script stays in one Cluster slot.
+
+**Wake-ups.** Every grant and release publishes on the name's channel; a task in
+:meth:`RedisBackend.wait_changed` is woken by it, or when the holder's remaining ttl
+(as the server reported it) runs out, whichever comes first.
+
+**Fair mode** (``fair=True``): a refused acquirer joins the name's queue (its entry
+expires ``ttl`` after its latest attempt, so a waiter that died holds nobody up for
+longer than that). Release hands the lease straight to the queue's head, and pushes
+a signal onto that waiter's own list, which it waits on with ``BLPOP``: exactly one
+waiter wakes, and a signal cannot be lost between its attempt and its wait. A
+handed-off lease lasts only what is left of the waiter's entry, until the waiter
+picks it up and resets it to its own ttl. Each waiter retries at least every
+``ttl / 3`` and when the holder's ttl runs out (then all waiters wake: the first
+attempt after a crashed holder's expiry hands the lease to the head).
+
+**Batched renewals.** All leases held through one backend object are renewed in one
+pipelined round trip per renew interval (:mod:`aiolease.backends._redis_batch`).
+
+**Durability.** Tokens live in Redis memory. A Redis restart without persistence
+forgets the counters, and tokens start again at 1. ``DURABLE_TOKENS`` is declared
+only by an instance whose single server persists every write before it answers
+(``appendonly yes``, ``appendfsync always``; see :meth:`RedisBackend.detect_persistence`).
+A failover to a replica that missed the latest writes can forget a counter, and a
+grant: ``wait_replicas=N`` makes each grant and renewal wait (``WAIT``) until N
+replicas have it, and treats a shortfall as unconfirmed.
+
+**Cancellation.** redis-py's asyncio client may let a cancelled command complete
+and return normally; the core checks for a pending cancellation after every grant
+and undoes it, and the scripts make that undo (a release by owner id) safe.
+
+Keys under the prefix that hold anything aiolease did not write raise
+:class:`ForeignDataError`; they are never overwritten.
+
+The backend is asyncio-only (``requires_asyncio``; the core bridges it under trio),
+and so uses asyncio's primitives, never anyio's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast, final
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
+from .._validate import check_seconds
+from ..abc import Backend, Capability, Grant, HolderInfo
+from ._redis_batch import Renewal, RenewalBatcher
+from ._redis_cancel import detached, guarded, wait_event
+from ._redis_clients import (
+    CLUSTER_SCHEMES,
+    SENTINEL_SCHEMES,
+    Client,
+    Made,
+    Replication,
+    connection_kwargs,
+    make_multi,
+    single_server,
+    where,
+)
+from ._redis_pubsub import Subscriptions
+from ._redis_scripts import (
+    ACQUIRE,
+    DEFAULT_PREFIX,
+    FOREIGN,
+    READ,
+    RELEASE,
+    RENEW,
+    Keys,
+    Script,
+    check_prefix,
+)
+
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:  # pragma: no cover
+    from typing_extensions import Self
+
+__all__ = ["ForeignDataError", "RedisBackend", "RedisStatistics"]
+
+SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
+#: Seconds a command may take on a client the backend makes itself.
+DEFAULT_TIMEOUT = 5.0
+#: Seconds a ``WAIT`` for replicas may block, when ``wait_replicas`` is set.
+DEFAULT_WAIT_TIMEOUT = 0.5
+#: Added to a PTTL before waking for the holder's expiry: PTTL is rounded down to whole
+#: milliseconds, and Redis expires a key only once its millisecond clock has passed it.
+EXPIRY_SLACK = 0.002
+#: A fair waiter retries (and so refreshes its queue entry) at least this often, per ttl.
+REFRESH_FRACTION = 1 / 3
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+#: Query options that redis-py takes as strings.
+_REDIS_TEXT_OPTIONS = {
+    "client_name",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_ca_data",
+    "ssl_password",
+}
+_OUR_OPTIONS = ("prefix", "fair", "wait_replicas", "wait_timeout")
+#: What the query of a Cluster or Sentinel URL may also hold.
+_MULTI_OPTIONS = {"socket_timeout", "socket_connect_timeout", "client_name", "sentinel_password"}
+
+
+class ForeignDataError(BackendError):
+    """A key of a lease holds something aiolease did not write; it was left unchanged.
+
+    Another program writes under the same key prefix: choose another ``prefix``.
+
+    :ivar name: the lease name whose keys are affected
+    """
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+@final
+@dataclass(frozen=True)
+class RedisStatistics:
+    """A snapshot of one :class:`RedisBackend`'s renewal batching.
+
+    :param renewing: leases whose keepalive currently renews through this backend
+    :param batches: renewal round trips sent
+    :param renewals: lease renewals carried by them
+    """
+
+    renewing: int
+    batches: int
+    renewals: int
+
+
+def _flag(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise InvalidArgument(f"Redis option {key} must be a bool (1/0, true/false), got {value!r}")
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split a Redis URL into the URL redis-py gets and aiolease's own options.
+
+    :raises InvalidArgument: another scheme, a malformed URL, or an unknown option
+    """
+    try:
+        parts = urlsplit(url)
+        multi = parts.scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES
+        if not multi:
+            parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed Redis URL {url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES or parts.fragment:
+        raise InvalidArgument(
+            "a Redis URL is redis://host[:port][/db], rediss://..., unix:///path,"
+            f" redis+cluster://host:port,... or redis+sentinel://host:port,.../service,"
+            f" got {url!r}"
+        )
+    if scheme == "unix" and parts.path in ("", "/"):
+        raise InvalidArgument(f"Redis URL {url!r} names no socket path")
+    if not multi and scheme != "unix" and parts.path not in ("", "/"):
+        if not parts.path[1:].isdigit():
+            raise InvalidArgument(f"Redis URL {url!r}: the path must be a database number")
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise InvalidArgument(f"Redis URL {url!r} has a malformed query: {exc}") from None
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    known = _MULTI_OPTIONS if multi else set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_TEXT_OPTIONS
+    seen: set[str] = set()
+    for key, value in query:
+        if key in seen or (key not in known and key not in _OUR_OPTIONS):
+            raise InvalidArgument(
+                f"Redis URL option {key!r} is unknown or repeated; aiolease's are "
+                f"{', '.join(_OUR_OPTIONS)}, redis-py's {', '.join(sorted(known))}"
+            )
+        seen.add(key)
+        if key in _OUR_OPTIONS:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    rebuilt = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    if theirs:
+        rebuilt += f"?{urlencode(theirs)}"
+    return rebuilt, ours
+
+
+def _ms(seconds: float) -> int:
+    # Rounded up: the server never lets a lease go before the holder's deadline.
+    return max(math.ceil(seconds * 1000), 1)
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"expected a string reply, got {value!r}")
+
+
+def _config_pairs(reply: object) -> dict[str, str]:
+    """``CONFIG GET``'s reply (a dict from redis-py, or a flat list) as text pairs."""
+    if isinstance(reply, Mapping):
+        items = list(reply.items())
+    elif isinstance(reply, (list, tuple)):
+        items = list(zip(reply[::2], reply[1::2], strict=True))
+    else:
+        return {}
+    return {_text(k).lower(): _text(v).lower() for k, v in items}
+
+
+def _persists(config: Mapping[str, str]) -> bool:
+    return config.get("appendonly") == "yes" and config.get("appendfsync") == "always"
+
+
+def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
+    return None if holder is None else (holder.owner, holder.token)
+
+
+class RedisBackend(Backend):
+    """Leases on one Redis server, a Cluster, or a Sentinel's master (see the module docstring).
+
+    :param client: a ``redis.asyncio.Redis`` client (also one from
+        ``Sentinel.master_for``) or a ``RedisCluster``; the backend never closes it
+    :param prefix: prepended to every key (1-128 printable bytes, no braces or spaces)
+    :param fair: serve waiters first come, first served (adds ``FAIR_QUEUE``)
+    :param timeout: seconds to wait for a subscription or a renewal batch
+    :param wait_replicas: after each grant and renewal, ``WAIT`` for this many replicas;
+        fewer in time means not confirmed (not with a Cluster)
+    :param wait_timeout: seconds that ``WAIT`` may block
+    :raises InvalidArgument: a bad client, prefix, flag or timeout
+    """
+
+    capabilities = frozenset(
+        {
+            Capability.PUSH_WAKEUP,
+            Capability.FAIR_QUEUE,
+            Capability.SERVER_TIME,
+            Capability.MULTI_PROCESS,
+        }
+    )
+    requires_asyncio = True
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        fair: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        wait_replicas: int | str = 0,
+        wait_timeout: float | str = DEFAULT_WAIT_TIMEOUT,
+    ) -> None:
+        if not isinstance(client, (Redis, RedisCluster)):
+            raise InvalidArgument(
+                f"client must be a redis.asyncio.Redis or RedisCluster, not {type(client).__name__}"
+            )
+        self._client = client
+        self._prefix = check_prefix(prefix)
+        self._fair = _flag("fair", fair)
+        self._timeout = check_seconds("timeout", timeout)
+        self._replication = Replication.of(client, wait_replicas, wait_timeout)
+        self._also_close: list[Callable[[], Awaitable[None]]] = []
+        self._durable = False
+        self._declare()
+        self._owns_client = False
+        self._closed = False
+        self._subscriptions = Subscriptions(client, self._timeout)
+        self._batcher = RenewalBatcher(self._send_renewals, self._timeout)
+
+    def _declare(self) -> None:
+        """Set this instance's capabilities from the class's, the mode and the server."""
+        caps = type(self).capabilities - {Capability.FAIR_QUEUE, Capability.DURABLE_TOKENS}
+        if self._fair:
+            caps |= {Capability.FAIR_QUEUE}
+        if self._durable:
+            caps |= {Capability.DURABLE_TOKENS}
+        self.capabilities = caps  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        db = connection_kwargs(self._client).get("db", 0)
+        fair = " fair" if self._fair else ""
+        return f"<RedisBackend {where(self._client)} db={db} prefix={self._prefix!r}{fair}>"
+
+    @property
+    def client(self) -> Client:
+        """The redis-py client the backend talks through."""
+        return self._client
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix."""
+        return self._prefix
+
+    @property
+    def fair(self) -> bool:
+        """Whether waiters are served first come, first served."""
+        return self._fair
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> Self:
+        """Connect to ``redis://``, ``rediss://`` or ``unix://`` (see the module docstring).
+
+        :param options: ``prefix``, ``fair`` or ``timeout`` (not also in the URL)
+        :raises InvalidArgument: a malformed URL or option
+        :raises BackendUnavailable: the server does not answer
+        """
+        redis_url, ours = parse_url(url)
+        for key in options:
+            if key not in (*_OUR_OPTIONS, "timeout") or key in ours:
+                raise InvalidArgument(f"Redis option {key!r} is unknown or given twice")
+        settings: dict[str, Any] = {**ours, **options}
+        timeout = check_seconds("timeout", settings.pop("timeout", DEFAULT_TIMEOUT))
+        defaults: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        query = dict(parse_qsl(urlsplit(redis_url).query))
+        defaults = {k: v for k, v in defaults.items() if k not in query}
+        try:
+            if urlsplit(redis_url).scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
+                made = make_multi(redis_url, defaults)
+            else:
+                made = Made(Redis.from_url(redis_url, **defaults))
+        except InvalidArgument:
+            raise
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"Redis URL {url!r} is not usable: {exc}") from None
+        try:
+            backend = cls(made.client, timeout=timeout, **settings)
+            backend._owns_client = True
+            backend._also_close = made.also_close
+            await backend.ping()
+            await backend.detect_persistence()
+        except BaseException:
+            await asyncio.shield(_close_all(made.client, made.also_close))
+            raise
+        return backend
+
+    async def ping(self) -> None:
+        """One round trip to the server.
+
+        :raises BackendUnavailable: it does not answer
+        """
+        await self._call(None, "PING")
+
+    async def detect_persistence(self) -> bool:
+        """Ask the server whether it writes every change to disk before it answers
+        (``appendonly yes`` with ``appendfsync always``), and declare
+        ``DURABLE_TOKENS`` if so (:meth:`from_url` asks when it connects).
+
+        Then a restart of the server keeps the token counters, and the leases with
+        their expiry: nobody is granted a lease the server confirmed before it died.
+        A server that refuses ``CONFIG`` (managed services often do) counts as not
+        persistent, and so do a Cluster and a Sentinel-managed master.
+
+        :raises BackendUnavailable: the server does not answer
+        """
+        # A Cluster answers for one node, and a Sentinel failover can lose writes
+        # whatever the master's persistence: neither is asked.
+        self._durable = single_server(self._client) and _persists(await self._config("append*"))
+        self._declare()
+        return self._durable
+
+    async def _config(self, pattern: str) -> dict[str, str]:
+        try:
+            reply = await self._call(None, "CONFIG GET", pattern)
+        except BackendError as exc:
+            if isinstance(exc.__cause__, ResponseError):
+                return {}  # CONFIG is disabled or renamed
+            raise
+        return _config_pairs(reply)
+
+    # -- talking to Redis ------------------------------------------------------------
+
+    def _keys(self, name: str) -> Keys:
+        return Keys.of(self._prefix, name)
+
+    def _mapped(self, name: str | None, exc: BaseException) -> BackendError:
+        if isinstance(exc, ResponseError) and str(exc).startswith(FOREIGN):
+            detail = str(exc)[len(FOREIGN) :].split(" script: ")[0].strip()
+            return ForeignDataError(
+                f"Redis key {detail}. aiolease left it unchanged: another program seems to"
+                f" write under the key prefix {self._prefix!r}; give aiolease another prefix",
+                name=name or "",
+            )
+        if isinstance(exc, (RedisTimeoutError, TimeoutError)):
+            return BackendTimeout(f"Redis did not answer in time: {exc}")
+        if isinstance(exc, (RedisConnectionError, OSError)):
+            return BackendUnavailable(f"Redis is unreachable: {exc}")
+        if isinstance(exc, ResponseError):
+            return BackendUnavailable(f"Redis refused the request: {exc}")
+        if not isinstance(exc, RedisError):
+            # redis-py failing in its own code (say, on a connection closed under it):
+            # the command's fate is unknown, as when the server is unreachable.
+            return BackendUnavailable(f"the Redis client failed: {exc!r}")
+        return BackendError(f"Redis failed: {exc!r}")
+
+    async def _call(self, name: str | None, *args: Any) -> Any:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        try:
+            return await guarded(cast(Any, self._client).execute_command(*args))
+        except Exception as exc:  # only the driver runs here: map all it raises
+            raise self._mapped(name, exc) from exc
+
+    async def _eval(self, name: str, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
+        try:
+            return await self._call(name, "EVALSHA", script.sha, len(keys), *keys, *args)
+        except BackendError as exc:
+            if not isinstance(exc.__cause__, NoScriptError):
+                raise
+        await self._call(name, "SCRIPT LOAD", script.source)
+        return await self._call(name, "EVALSHA", script.sha, len(keys), *keys, *args)
+
+    def _holder(self, name: str, reply: Sequence[Any]) -> HolderInfo:
+        _, owner, identity, token, metadata, pttl = reply
+        try:
+            meta = json.loads(_text(metadata))
+            if not isinstance(meta, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+            ):
+                raise ValueError("not a map of strings")
+        except (ValueError, TypeError) as exc:
+            raise ForeignDataError(
+                f"Redis key {self._keys(name).lease!r} holds metadata aiolease did not write"
+                f" ({exc}); it was left unchanged",
+                name=name,
+            ) from exc
+        return HolderInfo(name, _text(owner), _text(identity), int(token), meta, int(pttl) / 1000)
+
+    # -- the contract ----------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        keys = self._keys(name)
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+        fair = "1" if self._fair else "0"
+        args = (
+            owner,
+            _ms(ttl),
+            identity.encode(),
+            meta.encode(),
+            fair,
+            keys.channel,
+            keys.wake_base,
+        )
+        if not self._replication.replicas:
+            reply = await self._eval(name, ACQUIRE, keys.all, *args)
+        else:
+            reply, acked = await self._eval_waited(name, ACQUIRE, keys.all, *args)
+            if int(reply[0]) == 1 and acked < self._replication.replicas:
+                await self.release(name, owner, int(reply[1]))
+                raise self._unreplicated(acked)
+        if int(reply[0]) == 1:
+            return Grant(int(reply[1]), ttl)
+        return self._holder(name, reply)
+
+    def _unreplicated(self, acked: int) -> BackendUnavailable:
+        r = self._replication
+        return BackendUnavailable(
+            f"the write reached {acked} of the {r.replicas} replicas asked for within"
+            f" {r.timeout_ms} ms (wait_replicas); it is not confirmed"
+        )
+
+    async def _eval_waited(
+        self, name: str, script: Script, keys: Sequence[bytes], *args: Any
+    ) -> tuple[Any, int]:
+        """EVALSHA, then ``WAIT`` on the same connection (a pipeline): the reply, and
+        how many replicas acknowledged the write."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        r = self._replication
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            pipe.execute_command("WAIT", r.replicas, r.timeout_ms)
+            try:
+                replies = await guarded(pipe.execute(raise_on_error=False))
+            except Exception as exc:  # only the driver runs here: map all it raises
+                raise self._mapped(name, exc) from exc
+            if attempt == 0 and isinstance(replies[0], NoScriptError):
+                await self._call(name, "SCRIPT LOAD", script.source)
+                continue
+            break
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise self._mapped(name, reply) from reply
+        return replies[0], int(replies[1])
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        sent_at = await self._batcher.renew(name, owner, token, ttl)
+        return Grant(token, ttl, sent_at=sent_at)
+
+    async def _send_renewals(
+        self, leases: Sequence[Renewal], ttls: Sequence[float]
+    ) -> list[bool | BaseException]:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        for attempt in range(2):
+            pipe = self._client.pipeline(transaction=False)
+            for lease, ttl in zip(leases, ttls, strict=True):
+                lease_key = self._keys(lease.name).lease
+                pipe.execute_command(
+                    "EVALSHA", RENEW.sha, 1, lease_key, lease.owner, lease.token, _ms(ttl)
+                )
+            waits = self._replication
+            if waits.replicas:
+                pipe.execute_command("WAIT", waits.replicas, waits.timeout_ms)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except Exception as exc:  # only the driver runs here: map all it raises
+                raise self._mapped(None, exc) from exc
+            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
+                await self._call(None, "SCRIPT LOAD", RENEW.source)
+                continue
+            break
+        if waits.replicas:
+            acked = replies.pop()
+            if isinstance(acked, BaseException):
+                raise self._mapped(None, acked) from acked
+            if int(acked) < waits.replicas:
+                raise self._unreplicated(int(acked))
+        return [
+            self._mapped(lease.name, r) if isinstance(r, BaseException) else int(r) == 1
+            for lease, r in zip(leases, replies, strict=True)
+        ]
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        self._batcher.forget(name, owner)
+        keys = self._keys(name)
+        reply = await self._eval(
+            name,
+            RELEASE,
+            keys.all,
+            owner,
+            "" if token is None else token,
+            keys.channel,
+            keys.wake_base,
+        )
+        return int(reply) == 1
+
+    async def read(self, name: str) -> HolderInfo | None:
+        reply = await self._eval(name, READ, (self._keys(name).lease,))
+        return None if reply is None else self._holder(name, reply)
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Return when ``name``'s holder differs from ``seen``: on the next grant or
+        release anywhere, or when the current holder's server-side ttl runs out.
+
+        :raises BackendError: Redis failed, or did not confirm the subscription in time
+        """
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        try:
+            async with self._subscriptions.watch(self._keys(name).channel) as changed:
+                current = await self.read(name)
+                if _identity_of(current) != _identity_of(seen):
+                    return
+                timeout = None
+                if current is not None and current.remaining is not None:
+                    timeout = current.remaining + EXPIRY_SLACK
+                await wait_event(changed, timeout)
+        except (RedisError, OSError) as exc:
+            raise self._mapped(name, exc) from exc
+        except TimeoutError as exc:
+            raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """In fair mode, wait for this waiter's own hand-off signal, the holder's expiry, or
+        the time to refresh the queue entry; otherwise :meth:`wait_changed`."""
+        if not self._fair:
+            await self.wait_changed(name, seen)
+            return
+        timeout = ttl * REFRESH_FRACTION
+        if seen.remaining is not None:
+            timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
+        socket_timeout = connection_kwargs(self._client).get("socket_timeout")
+        if socket_timeout:
+            timeout = min(timeout, 0.8 * float(socket_timeout))
+        wake = self._keys(name).wake_base + owner.encode()
+        await detached(self._call(name, "BLPOP", wake, f"{_ms(timeout) / 1000:.3f}"))
+
+    def statistics(self) -> RedisStatistics:
+        """A frozen snapshot of the renewal batching."""
+        b = self._batcher
+        return RedisStatistics(len(b), b.batches, b.renewals)
+
+    async def aclose(self) -> None:
+        """Stop listening, and close the client if the backend made it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.shield(self._close())
+
+    async def _close(self) -> None:
+        await self._subscriptions.aclose()
+        if self._owns_client:
+            await _close_all(self._client, self._also_close)
+
+
+async def _close_all(client: Client, also: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    try:
+        await client.aclose()
+    finally:
+        for close in also:
+            await close()
