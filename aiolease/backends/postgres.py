@@ -1,0 +1,694 @@
+"""The PostgreSQL backend (asyncpg): lease rows judged by the server's clock, NOTIFY wake-ups.
+
+URLs are asyncpg's (libpq's) with a few options of ours in the query; anything else
+in the query goes to asyncpg (``sslmode``, or a server setting like
+``application_name``)::
+
+    postgresql://user:password@host:5432/dbname
+    postgresql://host/db?table=leases&schema=app&poll_interval=0.5&max_size=10
+
+or wrap a pool or connection you already have (it is never closed by the backend)::
+
+    backend = PostgresBackend(pool, table="leases")
+
+**The table.** One row per name, created by :meth:`PostgresBackend.setup` or on first
+use (``CREATE TABLE IF NOT EXISTS`` under a transaction-scoped advisory lock, so
+that many processes starting at once do not trip over each other)::
+
+    name text COLLATE "C" PRIMARY KEY, token bigint, owner text, identity text,
+    metadata text, ttl float8, acquired_at timestamptz, expires_at timestamptz
+
+Table and schema names are validated as plain identifiers *and* always quoted;
+values only ever travel as bind parameters.
+
+**One statement per operation.** Acquire is one ``INSERT ... ON CONFLICT (name) DO
+UPDATE ... WHERE <expired or ours> RETURNING``, wrapped in a statement that also
+reports the holder when the name is taken, and sends ``NOTIFY`` on a new grant.
+``clock_timestamp()`` decides expiry, read once per statement; a retry by the
+current owner keeps its token, identity and metadata and resets the expiry, and any
+other grant increments the token. Release clears the owner and keeps the row (and
+its token), and sends ``NOTIFY``. A refusal whose holder is not yet visible to the
+statement's snapshot (a concurrent first grant) is asked again.
+
+**Batched renewals.** All leases renewed through one backend object share one
+``UPDATE ... FROM unnest(...)`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`);
+a renew answered from a statement sent for the batch says so in ``Grant.sent_at``.
+
+**Wake-ups.** One listening connection per backend object (opened on the first
+``wait_changed``) receives ``NOTIFY`` on release and takeover and wakes the waiting
+tasks. Expiry sends nothing: a waiter also wakes when the holder's remaining ttl
+runs out. If the listening connection drops, every waiter wakes, waiting falls back
+to polling every ``poll_interval`` (never later than the holder's expiry), and the
+next wait reconnects.
+
+**Poolers.** Correctness needs no session state, so the lease statements work
+through PgBouncer in transaction mode (give ``statement_cache_size=0`` unless the
+pooler supports prepared statements). ``LISTEN`` does need a session: point
+``listen_url`` at the server directly (or at a session-mode pool), or set
+``listen=false`` to poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+from .._exceptions import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+    NotOwnerError,
+)
+from .._validate import check_seconds
+from ..abc import Backend, Capability, Grant, HolderInfo
+from ._sql import (
+    Key,
+    RenewBatcher,
+    Wakeups,
+    check_identifier,
+    check_owner,
+    encode_metadata,
+    holder,
+    now,
+    parse_bool,
+    parse_count,
+    parse_query,
+    parse_seconds,
+    parse_size,
+    pool_size,
+    wait_event,
+)
+
+__all__ = ["PostgresBackend", "PostgresStatistics"]
+
+logger = logging.getLogger("aiolease.postgres")
+
+#: How many times a refusal whose holder the statement could not see is asked again.
+_RACE_RETRIES = 8
+#: While listening, waits still return this often, and the listener is checked as often.
+LISTEN_CHECK = 10.0
+#: The longest pause between attempts to reconnect the listener.
+_MAX_LISTEN_BACKOFF = 5.0
+#: SQLSTATEs (or their two-character classes) that mean "try again later", not "down".
+_TIMEOUT_STATES = ("57014", "55P03", "40P01", "40001")
+_UNAVAILABLE_STATES = ("08", "53", "57P", "3D000", "28")
+
+_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "table": str,
+    "schema": str,
+    "channel": str,
+    "listen": parse_bool,
+    "listen_url": str,
+    "poll_interval": parse_seconds,
+    "renew_window": parse_seconds,
+    "command_timeout": parse_seconds,
+    "connect_timeout": parse_seconds,
+    "min_size": parse_size,
+    "max_size": parse_count,
+    "statement_cache_size": parse_size,
+}
+_KEYWORD_ONLY = ("connect_options",)
+
+
+@dataclass(frozen=True, slots=True)
+class PostgresStatistics:
+    """What one :class:`PostgresBackend` did so far.
+
+    :param renew_statements: renewal statements sent (each renews a whole batch)
+    :param renewals_shared: renew calls answered from a statement sent for the batch
+    :param listening: whether the listener connection is up now
+    :param listener_connects: how many times the listener (re)connected
+    :param waiting: tasks blocked in ``wait_changed`` now
+    """
+
+    renew_statements: int
+    renewals_shared: int
+    listening: bool
+    listener_connects: int
+    waiting: int
+
+
+class _Sql:
+    """The statements for one table (identifiers validated and quoted)."""
+
+    def __init__(self, schema: str, table: str) -> None:
+        t = f'"{schema}"."{table}"'
+        self.create = (
+            f"CREATE TABLE IF NOT EXISTS {t} ("
+            ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL,'
+            " owner text, identity text, metadata text, ttl double precision,"
+            " acquired_at timestamptz, expires_at timestamptz)"
+        )
+        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel. The clock is
+        # read once (the CTE "now"); excluded.acquired_at carries it into the update.
+        retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
+        self.acquire = (
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            f" granted AS (INSERT INTO {t} AS l"
+            " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
+            " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
+            " ON CONFLICT (name) DO UPDATE SET"
+            f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
+            f" acquired_at = CASE WHEN {retry} THEN l.acquired_at ELSE excluded.acquired_at END,"
+            f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
+            f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
+            " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
+            " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
+            " OR l.owner = excluded.owner"
+            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
+            " SELECT g.token, true AS granted, NULL::text AS owner, NULL::text AS identity,"
+            " NULL::text AS metadata, NULL::float8 AS remaining,"
+            " CASE WHEN g.fresh THEN pg_notify($6, $1) IS NULL END AS notified FROM granted g"
+            " UNION ALL SELECT l.token, false, l.owner, l.identity, l.metadata,"
+            " extract(epoch FROM l.expires_at - n.t)::float8, NULL"
+            f" FROM {t} l, now n WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)"
+        )
+        # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
+        self.renew = (
+            f"UPDATE {t} AS l SET ttl = v.ttl,"
+            " expires_at = clock_timestamp() + make_interval(secs => v.ttl)"
+            " FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
+            " AS v(name, owner, token, ttl)"
+            ' WHERE l.name = v.name COLLATE "C" AND l.owner = v.owner AND l.token = v.token'
+            " AND l.expires_at > clock_timestamp() RETURNING l.name, l.owner, l.token"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel.
+        self.release = (
+            f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
+            " expires_at = NULL WHERE name = $1 AND owner = $2"
+            " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
+            " RETURNING name) SELECT pg_notify($4, r.name) IS NULL AS notified FROM r"
+        )
+        self.read = (
+            "SELECT l.owner, l.identity, l.token, l.metadata,"
+            " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
+            f" FROM {t} l, (SELECT clock_timestamp() AS t) n"
+            " WHERE l.name = $1 AND l.owner IS NOT NULL AND l.expires_at > n.t"
+        )
+
+
+def default_channel(schema: str, table: str) -> str:
+    """The NOTIFY channel of a table: ``aiolease_`` and 16 hex digits of its name's hash."""
+    digest = hashlib.sha256(f"{schema}.{table}".encode()).hexdigest()
+    return f"aiolease_{digest[:16]}"
+
+
+def _advisory_key(schema: str, table: str) -> int:
+    digest = hashlib.sha256(f"aiolease:{schema}.{table}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def map_error(exc: BaseException) -> BackendError:
+    """The aiolease error for an asyncpg or socket error (most specific first)."""
+    import asyncpg
+
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return BackendTimeout(f"PostgreSQL did not answer in time: {exc!r}")
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        text = f"PostgreSQL error {state}: {exc}"
+        if state in _TIMEOUT_STATES:
+            return BackendTimeout(text)
+        if state.startswith(_UNAVAILABLE_STATES):
+            return BackendUnavailable(text)
+        return BackendError(text)
+    return BackendUnavailable(f"PostgreSQL unreachable: {exc!r}")
+
+
+@contextmanager
+def _mapped() -> Iterator[None]:
+    """Raise driver and socket errors as :class:`BackendError` ``from`` the original."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise map_error(exc) from exc
+    except Exception as exc:
+        # Any asyncpg error, including its InternalClientError (seen on a connection
+        # the server killed mid-statement), which derives from none of the others.
+        if type(exc).__module__.startswith("asyncpg"):
+            raise map_error(exc) from exc
+        raise
+
+
+#: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
+_OPENING: Any = object()
+
+
+async def _no_reset(_conn: Any) -> None:
+    """Hand a connection back to our pool without a reset round trip: the statements
+    leave no session state (the only lock is transaction-scoped)."""
+
+
+def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
+    return None if holder is None else (holder.owner, holder.token)
+
+
+class PostgresBackend(Backend):
+    """Leases as rows of a PostgreSQL table, on asyncpg.
+
+    :param db: an ``asyncpg.Pool`` or ``asyncpg.Connection`` (yours: never closed here;
+        a connection is used by one operation at a time)
+    :param table: the table of leases (created on first use)
+    :param schema: the schema of the table (must exist)
+    :param listen: receive NOTIFY for push wake-ups (else poll every ``poll_interval``)
+    :param listen_url: where the listening connection goes (default: from the pool,
+        or the given connection itself)
+    :param poll_interval: how often a waiter looks again while nothing is listening
+    :param renew_window: seconds a renewal waits for others to share its statement
+    :param command_timeout: seconds before a statement is abandoned as a
+        :class:`BackendTimeout` (default: no limit; the core bounds its own calls)
+    :param connect_timeout: seconds to open a connection
+    :param channel: the NOTIFY channel (default: derived from schema and table)
+    :param connect_options: keyword arguments for ``asyncpg.connect`` of the listener
+    :raises InvalidArgument: a bad identifier, number, or ``db``
+    """
+
+    capabilities = frozenset(
+        {
+            Capability.PUSH_WAKEUP,
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
+        }
+    )
+    requires_asyncio = True
+
+    def __init__(
+        self,
+        db: Any,
+        *,
+        table: str = "aiolease_leases",
+        schema: str = "public",
+        listen: bool = True,
+        listen_url: str | None = None,
+        poll_interval: float = 0.5,
+        renew_window: float = 0.0,
+        command_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        channel: str | None = None,
+        connect_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        import asyncpg
+
+        self._table = check_identifier("table", table)
+        self._schema = check_identifier("schema", schema)
+        if channel is None:
+            channel = default_channel(self._schema, self._table)
+        self._channel = check_identifier("channel", channel)
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        window = check_seconds("renew_window", renew_window, allow_zero=True)
+        self._timeout = (
+            None if command_timeout is None else check_seconds("command_timeout", command_timeout)
+        )
+        self._connect_timeout = check_seconds("connect_timeout", connect_timeout)
+        if db is not _OPENING and not isinstance(db, (asyncpg.Pool, asyncpg.Connection)):
+            raise InvalidArgument(
+                f"db must be an asyncpg Pool or Connection, not {type(db).__name__}"
+            )
+        self._db = db
+        self._conn_lock = asyncio.Lock() if isinstance(db, asyncpg.Connection) else None
+        self._owns_db = False
+        self._listen = bool(listen)
+        self._listen_url = listen_url
+        self._connect_options = dict(connect_options or {})
+        if not self._listen:
+            self.capabilities = self.capabilities - {Capability.PUSH_WAKEUP}  # type: ignore[misc]
+        self._sql = _Sql(self._schema, self._table)
+        self._batcher = RenewBatcher(self._renew_batch, window=window)
+        self._wakeups = Wakeups()
+        self._setup_lock = asyncio.Lock()
+        self._listen_lock = asyncio.Lock()
+        self._listener: Any = None
+        self._on_lost: Any = None
+        self._listener_checked = 0.0
+        self._listener_retry_at = -1.0
+        self._listener_backoff = 0.0
+        self._listener_connects = 0
+        self._waiting = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<PostgresBackend {self._schema}.{self._table}>"
+
+    @property
+    def table(self) -> str:
+        """The table the leases live in."""
+        return self._table
+
+    @property
+    def schema(self) -> str:
+        """The schema of :attr:`table`."""
+        return self._schema
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel that releases and takeovers are announced on."""
+        return self._channel
+
+    def statistics(self) -> PostgresStatistics:
+        """Counters of renew statements and the state of the listener."""
+        return PostgresStatistics(
+            renew_statements=self._batcher.statements,
+            renewals_shared=self._batcher.shared,
+            listening=self._listener is not None,
+            listener_connects=self._listener_connects,
+            waiting=self._waiting,
+        )
+
+    # -- opening -------------------------------------------------------------------------
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> PostgresBackend:
+        """Open a pool for a ``postgresql://`` (or ``postgres://``) URL.
+
+        Options come from the URL query or keyword arguments (not both): ``table``,
+        ``schema``, ``channel``, ``listen``, ``listen_url``, ``poll_interval``, ``renew_window``,
+        ``command_timeout``, ``connect_timeout``, ``min_size``, ``max_size``,
+        ``statement_cache_size``; ``connect_options`` (a mapping, keyword only) goes to
+        asyncpg. Other query parameters go to asyncpg as they are.
+
+        :raises InvalidArgument: a malformed URL or option
+        :raises BackendUnavailable: the server cannot be reached
+        """
+        dsn, ours = _parse_url(url)
+        for key in options:
+            if (key not in _URL_OPTIONS and key not in _KEYWORD_ONLY) or key in ours:
+                raise InvalidArgument(f"PostgreSQL option {key!r} is unknown or given twice")
+        ours.update(options)
+        return await cls._open(dsn, ours)
+
+    @classmethod
+    async def _open(cls, dsn: str, options: dict[str, Any]) -> PostgresBackend:
+        import asyncpg
+
+        min_size, max_size = pool_size(options.pop("min_size", 1), options.pop("max_size", 10))
+        connect = dict(options.get("connect_options") or {})
+        if "statement_cache_size" in options:
+            connect["statement_cache_size"] = options.pop("statement_cache_size")
+        options["connect_options"] = connect
+        backend = cls(_OPENING, **options)  # every option is checked before connecting
+        with _mapped():
+            try:
+                backend._db = await asyncpg.create_pool(
+                    dsn,
+                    min_size=min_size,
+                    max_size=max_size,
+                    timeout=backend._connect_timeout,
+                    reset=_no_reset,
+                    **connect,
+                )
+            except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
+                raise InvalidArgument(f"bad PostgreSQL URL or option: {exc}") from exc
+        backend._owns_db = True
+        if backend._listen_url is None:
+            backend._listen_url = dsn
+        return backend
+
+    async def setup(self) -> None:
+        """Create the table if it does not exist (idempotent; safe from many processes).
+
+        :raises BackendError: e.g. the schema does not exist or the role may not create
+        """
+        async with self._setup_lock:
+            with _mapped():
+                if self._conn_lock is not None:
+                    async with self._conn_lock:
+                        await self._create(self._db)
+                else:
+                    async with self._db.acquire() as conn:
+                        await self._create(conn)
+
+    async def _create(self, conn: Any) -> None:
+        async with conn.transaction():
+            # Concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog's unique
+            # index; a transaction-scoped lock serialises it (and suits poolers).
+            key = _advisory_key(self._schema, self._table)
+            await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", key)
+            await conn.execute(self._sql.create)
+
+    # -- running statements ----------------------------------------------------------------
+
+    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+        import asyncpg
+
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        with _mapped():
+            try:
+                return await self._run(sql, args)
+            except asyncpg.UndefinedTableError:
+                pass
+            await self.setup()  # first use: create the table, then ask again
+            return await self._run(sql, args)
+
+    async def _run(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        if self._conn_lock is not None:
+            async with self._conn_lock:
+                rows: list[Any] = await self._db.fetch(sql, *args, timeout=self._timeout)
+                return rows
+        import asyncpg
+
+        conn = await self._db.acquire()
+        try:
+            rows = await conn.fetch(sql, *args, timeout=self._timeout)
+        except asyncpg.PostgresError:
+            # The server answered with an error: the connection is idle and fine.
+            await self._db.release(conn, timeout=self._connect_timeout)
+            raise
+        except BaseException:
+            # An interrupted statement leaves the connection in doubt. Closing it at
+            # once never waits on asyncpg's cancel request, which hangs as long as the
+            # network does (the pool drops a closed connection by itself).
+            conn.terminate()
+            raise
+        await self._db.release(conn, timeout=self._connect_timeout)
+        return rows
+
+    # -- the contract ------------------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        check_owner(owner)
+        meta = encode_metadata(metadata)
+        for _ in range(_RACE_RETRIES):
+            rows = await self._fetch(
+                self._sql.acquire, name, owner, identity, meta, float(ttl), self._channel
+            )
+            row = rows[0] if rows else None
+            if row is not None and row["granted"]:
+                self._wakeups.wake(name)
+                return Grant(int(row["token"]), ttl)
+            if row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
+                return holder(
+                    name,
+                    row["owner"],
+                    row["identity"],
+                    row["token"],
+                    row["metadata"],
+                    row["remaining"],
+                )
+            # Refused by a row this statement's snapshot does not show yet: ask again.
+        raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        sent_at = await self._batcher.renew((name, owner, token), float(ttl))
+        if sent_at is None:
+            raise NotOwnerError(name)
+        return Grant(token, ttl, sent_at=sent_at)
+
+    async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
+        rows = await self._fetch(
+            self._sql.renew,
+            [key[0] for key, _ in items],
+            [key[1] for key, _ in items],
+            [key[2] for key, _ in items],
+            [ttl for _, ttl in items],
+        )
+        return frozenset((row["name"], row["owner"], int(row["token"])) for row in rows)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        self._batcher.forget(name, owner, token)
+        rows = await self._fetch(self._sql.release, name, owner, token, self._channel)
+        if rows:
+            self._wakeups.wake(name)
+        return bool(rows)
+
+    async def read(self, name: str) -> HolderInfo | None:
+        rows = await self._fetch(self._sql.read, name)
+        if not rows:
+            return None
+        row = rows[0]
+        return holder(
+            name, row["owner"], row["identity"], row["token"], row["metadata"], row["remaining"]
+        )
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
+
+        Wakes on NOTIFY of a release or takeover, when the holder's ttl runs out, and,
+        while no listener is up, every :attr:`poll_interval`.
+        """
+        # Listen, and watch, before reading: a change after the read then wakes us. (A
+        # listener that connects wakes every watcher, as notifications were missed.)
+        listening = await self._ensure_listening()
+        with self._wakeups.watching(name) as event:
+            current = await self.read(name)
+            if _key(current) != _key(seen):
+                return
+            timeout = LISTEN_CHECK if listening else self.poll_interval
+            if current is not None and current.remaining is not None:
+                timeout = min(timeout, current.remaining)
+            self._waiting += 1
+            try:
+                await wait_event(event, timeout)
+            finally:
+                self._waiting -= 1
+
+    # -- the listener --------------------------------------------------------------------------
+
+    async def _ensure_listening(self) -> bool:
+        """Whether a listener is up; (re)connect it, or check it, when due. Never raises."""
+        if not self._listen or self._closed:
+            return False
+        at = now()
+        if self._listener is not None and at < self._listener_checked + LISTEN_CHECK:
+            return True
+        if self._listen_lock.locked() or (self._listener is None and at < self._listener_retry_at):
+            return self._listener is not None  # another task is at it, or it is too soon
+        async with self._listen_lock:
+            if self._listener is not None and await self._listener_healthy():
+                return True
+            return await self._connect_listener()
+
+    async def _listener_healthy(self) -> bool:
+        try:
+            await asyncio.wait_for(self._listener.fetchval("SELECT 1"), self._connect_timeout)
+        except Exception as exc:  # any failure (a timeout too): drop it and connect anew
+            logger.info("PostgreSQL listener of %r failed a check: %r", self, exc)
+            await self._drop_listener(terminate=True)
+            return False
+        self._listener_checked = now()
+        return True
+
+    async def _connect_listener(self) -> bool:
+        try:
+            conn = await asyncio.wait_for(self._open_and_listen(), self._connect_timeout)
+        except Exception as exc:  # refused, reset, timed out, ...: poll, and try again later
+            self._listener_backoff = min(
+                max(self._listener_backoff * 2, self.poll_interval), _MAX_LISTEN_BACKOFF
+            )
+            self._listener_retry_at = now() + self._listener_backoff
+            logger.info("PostgreSQL listener of %r cannot connect: %r", self, exc)
+            return False
+        self._on_lost = lambda _conn: self._listener_lost(conn)
+        conn.add_termination_listener(self._on_lost)
+        self._listener = conn
+        self._listener_checked = now()
+        self._listener_backoff = 0.0
+        self._listener_connects += 1
+        self._wakeups.wake_all()  # notifications sent while nobody listened are lost
+        return True
+
+    async def _open_and_listen(self) -> Any:
+        conn = await self._open_listener()
+        try:
+            await conn.add_listener(self._channel, self._notified)
+        except BaseException:
+            await self._give_back(conn, terminate=True)
+            raise
+        return conn
+
+    async def _open_listener(self) -> Any:
+        import asyncpg
+
+        if self._listen_url is not None:
+            return await asyncpg.connect(
+                self._listen_url, timeout=self._connect_timeout, **self._connect_options
+            )
+        if self._conn_lock is not None:
+            if self._db.is_closed():
+                raise BackendUnavailable("the connection given to the backend is closed")
+            return self._db
+        return await self._db.acquire()
+
+    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        self._wakeups.wake(payload)
+
+    def _listener_lost(self, conn: Any) -> None:
+        if conn is self._listener:
+            logger.info("PostgreSQL listener of %r was disconnected", self)
+            self._listener = None
+            self._listener_retry_at = -1.0  # reconnect on the next wait
+            self._wakeups.wake_all()
+
+    async def _drop_listener(self, *, terminate: bool) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            conn.remove_termination_listener(self._on_lost)
+            await self._give_back(conn, terminate=terminate)
+
+    async def _give_back(self, conn: Any, *, terminate: bool) -> None:
+        """Close a listener we opened, hand one back to the user's pool, or just unlisten."""
+        try:
+            if conn is self._db:
+                if not conn.is_closed():
+                    await conn.remove_listener(self._channel, self._notified)
+            elif self._listen_url is not None:
+                if terminate:
+                    conn.terminate()
+                else:
+                    await conn.close(timeout=self._connect_timeout)
+            else:
+                await self._db.release(conn, timeout=self._connect_timeout)
+        except Exception as exc:  # closing a broken connection may fail; it is gone anyway
+            logger.debug("closing the listener of %r: %r", self, exc)
+            if conn is not self._db:
+                conn.terminate()
+
+    async def aclose(self) -> None:
+        """Stop listening and close the pool if this backend opened it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeups.wake_all()
+        try:
+            async with self._listen_lock:
+                await self._drop_listener(terminate=False)
+        finally:
+            if self._owns_db:
+                try:
+                    await asyncio.wait_for(self._db.close(), self._connect_timeout)
+                except BaseException:  # timed out or cancelled: close it the hard way
+                    self._db.terminate()
+                    raise
+
+
+def _parse_url(url: str) -> tuple[str, dict[str, Any]]:
+    """Split a PostgreSQL URL into asyncpg's DSN and our options.
+
+    :raises InvalidArgument: not a postgres(ql) URL, or a bad option
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("postgres", "postgresql") or parts.fragment:
+        raise InvalidArgument(
+            f"a PostgreSQL URL is 'postgresql://user@host:5432/dbname', got {url!r}"
+        )
+    ours, rest = parse_query(parts.query, _URL_OPTIONS, what="PostgreSQL", keep_unknown=True)
+    try:
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError as exc:
+        raise InvalidArgument(f"PostgreSQL URL {url!r}: {exc}") from None
+    dsn = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
+    return dsn, ours

@@ -1,0 +1,591 @@
+"""The PostgreSQL backend on the real server: the contract, NOTIFY, batching, faults, bad input.
+
+Every test uses tables of its own run (dropped at the end), so other users of the
+server are never disturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any, ClassVar
+
+import anyio
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+from sql_support import (
+    HOSTILE_IDENTIFIERS,
+    check_one_winner,
+    eventually,
+    first_use_by_processes,
+    grant,
+    inner,
+    on_asyncio,
+    raises,
+    refused,
+    unique,
+    with_query,
+)
+
+import aiolease
+from aiolease import (
+    AsyncLock,
+    BackendTimeout,
+    BackendUnavailable,
+    Capability,
+    InvalidArgument,
+    LeaseLostError,
+    NotOwnerError,
+)
+from aiolease.abc import Backend, Grant
+from aiolease.backends.postgres import PostgresBackend
+from aiolease.testing import CHECKS, Check
+from aiolease.testing.faults import FaultyBackend
+from aiolease.testing.model import make_model_machine
+from aiolease.testing.proxy import FaultProxy
+from aiolease.testing.servers import server
+
+pytestmark = pytest.mark.anyio
+
+MODEL_SETTINGS = settings(
+    max_examples=12,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# -- fixtures and helpers ------------------------------------------------------------------
+
+
+async def _raw(url: str, sql: str, *args: Any) -> list[Any]:
+    conn = await asyncpg.connect(url)
+    try:
+        rows: list[Any] = await conn.fetch(sql, *args)
+        return rows
+    finally:
+        await conn.close()
+
+
+async def raw(url: str, sql: str, *args: Any) -> list[Any]:
+    """Run one statement on a connection of its own, behind the backend's back."""
+    return await on_asyncio(lambda: _raw(url, sql, *args))
+
+
+@pytest.fixture(scope="module")
+def schema() -> Iterator[str]:
+    """A schema of this run's own; dropped with everything in it at the end."""
+    name = unique("aiolease_test")
+    url = server("postgres").url
+    asyncio.run(_raw(url, f'CREATE SCHEMA "{name}"'))
+    yield name
+    asyncio.run(_raw(url, f'DROP SCHEMA "{name}" CASCADE'))
+
+
+@pytest.fixture
+def pg(aiolease_server: Callable[[str], str]) -> str:
+    """The server's URL (no options of ours), without TLS, which the test server lacks.
+
+    asyncpg's default ``sslmode=prefer`` first asks the server for TLS; a connect
+    cancelled during that exchange leaves a future with an unretrieved exception,
+    which trio-asyncio's default exception handler turns into a crash of its loop.
+    """
+    url = aiolease_server("postgres")
+    return url if "sslmode=" in url else with_query(url, sslmode="disable")
+
+
+@pytest.fixture
+def pg_url(pg: str, schema: str) -> str:
+    """A URL whose leases live in this run's schema."""
+    return with_query(pg, schema=schema)
+
+
+def fresh_table_url(pg: str, schema: str, **options: object) -> tuple[str, str]:
+    table = unique("leases")
+    return with_query(pg, schema=schema, table=table, **options), table
+
+
+@asynccontextmanager
+async def backend(url: str, **options: Any) -> AsyncIterator[Backend]:
+    async with aiolease.open_backend(url, **options) as b:
+        yield b
+
+
+# -- the contract -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("check", [c for _, c in CHECKS], ids=[n for n, _ in CHECKS])
+async def test_conformance(check: Check, pg_url: str) -> None:
+    await check(lambda: aiolease.open_backend(pg_url))
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_agrees_with_model(pg_url: str, loop: str) -> None:
+    machine = make_model_machine(lambda: aiolease.open_backend(pg_url), anyio_backend=loop)
+    run_state_machine_as_test(machine, settings=MODEL_SETTINGS)
+
+
+async def test_capabilities_and_open_backend() -> None:
+    assert PostgresBackend.capabilities == {
+        Capability.PUSH_WAKEUP,
+        Capability.SERVER_TIME,
+        Capability.DURABLE_TOKENS,
+        Capability.MULTI_PROCESS,
+    }
+    assert PostgresBackend.requires_asyncio
+
+
+async def test_released_row_is_kept_with_its_token(pg: str, schema: str) -> None:
+    url, table = fresh_table_url(pg, schema)
+    async with backend(url) as b:
+        first = await grant(b, "job", "owner-1")
+        assert (await grant(b, "job", "owner-1")).token == first.token  # a retry
+        assert await b.release("job", "owner-1", first.token)
+        rows = await raw(pg, f'SELECT token, owner, expires_at FROM "{schema}"."{table}"')
+        assert [tuple(r) for r in rows] == [(first.token, None, None)]
+        assert (await grant(b, "job", "owner-2")).token == first.token + 1
+
+
+async def test_tokens_survive_a_new_backend_and_a_lost_row_owner(pg: str, schema: str) -> None:
+    url, table = fresh_table_url(pg, schema)
+    async with backend(url) as b:
+        token = (await grant(b, "job", "owner-1", ttl=0.2)).token
+    async with backend(url) as b:
+        with anyio.fail_after(10):  # a hang guard: expiry is the server's, 0.2 s
+            while (holder := await b.read("job")) is not None:
+                await b.wait_changed("job", holder)
+        again = await grant(b, "job", "owner-1")  # the same owner after expiry: a new grant
+        assert again.token == token + 1
+
+
+async def test_setup_is_explicit_and_idempotent(pg: str, schema: str) -> None:
+    url, table = fresh_table_url(pg, schema)
+    async with backend(url) as b:
+        pg_backend = inner(b, PostgresBackend)
+        await on_asyncio(pg_backend.setup)
+        await on_asyncio(pg_backend.setup)
+        rows = await raw(pg, "SELECT to_regclass($1) IS NOT NULL AS found", f"{schema}.{table}")
+        assert rows[0]["found"]
+
+
+@pytest.mark.slow
+def test_many_processes_create_the_table_on_first_use(pg: str, schema: str) -> None:
+    url, _ = fresh_table_url(pg, schema, max_size=2)
+    check_one_winner(first_use_by_processes(url, processes=6))
+
+
+# -- identifiers and URLs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "bad"),
+    [
+        (option, bad)
+        for option in ("table", "schema", "channel")
+        for bad in HOSTILE_IDENTIFIERS
+        if not (option == "channel" and bad is None)  # None: the default channel
+    ],
+    ids=repr,
+)
+def test_hostile_identifiers_are_rejected_by_the_constructor(option: str, bad: object) -> None:
+    options: dict[str, Any] = {option: bad}
+    with pytest.raises(InvalidArgument, match=option):
+        PostgresBackend(None, **options)
+
+
+@pytest.mark.parametrize(
+    "bad", [b for b in HOSTILE_IDENTIFIERS if isinstance(b, str) and b], ids=repr
+)
+async def test_hostile_table_names_in_urls_never_reach_the_server(
+    pg: str, schema: str, bad: str
+) -> None:
+    canary = unique("canary")
+    await raw(pg, f'CREATE TABLE "{schema}"."{canary}" (x int)')
+    for url in (with_query(pg, table=bad, schema=schema), with_query(pg, schema=bad)):
+        with raises(InvalidArgument, match="table" if "table=" in url else "schema"):
+            async with backend(url):
+                pass
+    rows = await raw(pg, "SELECT to_regclass($1) IS NOT NULL AS found", f"{schema}.{canary}")
+    assert rows[0]["found"]
+
+
+async def test_identifiers_are_quoted_so_keywords_and_case_work(pg: str, schema: str) -> None:
+    name = unique("job")
+    for table in ("select", "User", "order_"):
+        async with backend(with_query(pg, schema=schema, table=table)) as b:
+            token = (await grant(b, name, unique("owner"))).token
+            assert (await b.read(name)) is not None
+        rows = await raw(pg, f'SELECT token FROM "{schema}"."{table}" WHERE name = $1', name)
+        assert rows[0]["token"] == token
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "table=a&table=b",
+        "poll_interval=-1",
+        "poll_interval=soon",
+        "listen=maybe",
+        "max_size=0",
+        "min_size=-1",
+        "min_size=5&max_size=2",
+        "renew_window=nan",
+        "statement_cache_size=-1",
+        "channel=no-dashes",
+        "target_session_attrs=bogus",  # asyncpg's own: checked by asyncpg
+    ],
+)
+async def test_bad_url_options_are_invalid(pg: str, query: str) -> None:
+    with raises(InvalidArgument):
+        async with backend(f"{pg}&{query}" if "?" in pg else f"{pg}?{query}"):
+            pass
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgresql://127.0.0.1:port/test", "mysql://127.0.0.1/test", "postgresql://h/db#frag"],
+)
+async def test_malformed_urls_are_invalid(url: str) -> None:
+    with pytest.raises(InvalidArgument):
+        await PostgresBackend.from_url(url)
+
+
+async def test_options_given_twice_or_unknown_are_invalid(pg: str) -> None:
+    with raises(InvalidArgument, match="table"):
+        async with backend(with_query(pg, table="a"), table="b"):
+            pass
+    with raises(InvalidArgument, match="nosuch"):
+        async with backend(pg, nosuch=1):
+            pass
+
+
+async def test_an_unreachable_server_is_unavailable() -> None:
+    with raises(BackendUnavailable):
+        async with backend("postgresql://postgres@127.0.0.1:1/test", connect_timeout=5):
+            pass
+
+
+# -- a pool or connection of the user's --------------------------------------------------------
+
+
+async def test_a_users_pool_and_connection_are_used_and_never_closed(pg: str, schema: str) -> None:
+    table = unique("leases")
+
+    async def run() -> None:
+        pool = await asyncpg.create_pool(pg, min_size=1, max_size=2)
+        conn = await asyncpg.connect(pg)
+        try:
+            for db in (pool, conn):
+                async with PostgresBackend(db, schema=schema, table=table) as b:
+                    owner = unique("owner")
+                    granted = await b.try_acquire("job", owner, 30, "me", {})
+                    assert isinstance(granted, Grant)
+                    seen = await b.read("job")
+                    await b.wait_changed("job", None)  # opens the listener, returns at once
+                    assert b.statistics().listening
+                    assert await b.release("job", owner, granted.token)
+                    await b.wait_changed("job", seen)
+            assert await conn.fetchval("SELECT 1") == 1
+            assert await pool.fetchval("SELECT 1") == 1
+        finally:
+            await conn.close()
+            await pool.close()
+
+    await on_asyncio(run)
+
+
+def test_db_must_be_a_pool_or_connection() -> None:
+    with pytest.raises(InvalidArgument, match="Pool or Connection"):
+        PostgresBackend("postgresql://localhost/test")
+
+
+# -- NOTIFY and its fallback ---------------------------------------------------------------------
+
+
+async def _waiting(b: Backend, count: int = 1) -> None:
+    pg_backend = inner(b, PostgresBackend)
+    await eventually(lambda: pg_backend.statistics().waiting >= count, "a blocked wait_changed")
+
+
+async def test_notify_wakes_a_waiter_of_another_backend(pg_url: str) -> None:
+    # With no polling and a long ttl, only a NOTIFY can wake the waiter in time.
+    async with backend(pg_url, poll_interval=60) as waiter, backend(pg_url) as holder_side:
+        name = unique("notify")
+        granted = await grant(holder_side, name, "owner-1", ttl=60)
+        seen = await waiter.read(name)
+        done = anyio.Event()
+
+        async def wait() -> None:
+            await waiter.wait_changed(name, seen)
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await _waiting(waiter)
+            assert inner(waiter, PostgresBackend).statistics().listening
+            assert await holder_side.release(name, "owner-1", granted.token)
+            with anyio.fail_after(5):  # < the 10 s that a listening waiter sleeps at most
+                await done.wait()
+
+
+async def test_notify_on_takeover_wakes_the_old_holders_watch(
+    pg: str, pg_url: str, schema: str
+) -> None:
+    async with backend(pg_url, poll_interval=60) as waiter, backend(pg_url) as other:
+        name = unique("takeover")
+        await grant(other, name, "owner-1", ttl=60)
+        seen = await waiter.read(name)
+        done = anyio.Event()
+
+        async def wait() -> None:
+            await waiter.wait_changed(name, seen)
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await _waiting(waiter)
+            await raw(
+                pg,
+                f'UPDATE "{schema}".aiolease_leases'
+                " SET expires_at = clock_timestamp() WHERE name = $1",
+                name,
+            )
+            await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
+            with anyio.fail_after(5):
+                await done.wait()
+
+
+async def test_a_killed_listener_wakes_waiters_and_reconnects(pg: str, schema: str) -> None:
+    app = unique("aiolease_listener")
+    url = with_query(pg, schema=schema, application_name=app)
+    async with backend(url, poll_interval=60) as waiter, backend(url) as other:
+        name = unique("killed")
+        granted = await grant(other, name, "owner-1", ttl=60)
+        seen = await waiter.read(name)
+        pg_waiter = inner(waiter, PostgresBackend)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter.wait_changed, name, seen)
+            await _waiting(waiter)
+            await raw(
+                pg,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+                app,
+            )
+            # The waiter returns although nothing changed: it never hangs on a dead listener.
+            await eventually(lambda: pg_waiter.statistics().waiting == 0, "the waiter waking")
+            assert not pg_waiter.statistics().listening
+            tg.cancel_scope.cancel()
+        # The next wait listens again, and NOTIFY works as before.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter.wait_changed, name, seen)
+            await _waiting(waiter)
+            assert pg_waiter.statistics().listening
+            assert pg_waiter.statistics().listener_connects == 2
+            assert await other.release(name, "owner-1", granted.token)
+            await eventually(lambda: pg_waiter.statistics().waiting == 0, "NOTIFY after reconnect")
+
+
+async def test_waiting_polls_while_the_listener_cannot_connect(pg: str, schema: str) -> None:
+    host, port = server("postgres").addresses[0]
+    async with FaultProxy(host, port) as proxy:
+        url = with_query(pg, schema=schema)
+        options = {"listen_url": proxy.url_for(pg), "poll_interval": 0.2, "connect_timeout": 2}
+        async with backend(url, **options) as waiter, backend(url) as other:
+            pg_waiter = inner(waiter, PostgresBackend)
+            name = unique("fallback")
+            granted = await grant(other, name, "owner-1", ttl=60)
+            seen = await waiter.read(name)
+            await waiter.wait_changed(name, None)  # listens, returns at once
+            assert pg_waiter.statistics().listening
+            await proxy.reset()  # drops the listener, and every reconnect
+            await eventually(lambda: not pg_waiter.statistics().listening, "the listener dropping")
+            with anyio.fail_after(10):  # polling every 0.2 s notices the release
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter.wait_changed, name, seen)
+                    await _waiting(waiter)
+                    assert await other.release(name, "owner-1", granted.token)
+            await proxy.pass_through()
+            with anyio.fail_after(20):  # reconnects after a back-off of a few polls
+                while not pg_waiter.statistics().listening:
+                    await waiter.wait_changed(name, seen)  # free: returns at once
+            assert pg_waiter.statistics().listener_connects >= 2
+
+
+async def test_without_listen_there_is_no_push(pg_url: str) -> None:
+    async with backend(pg_url, listen=False, poll_interval=0.1) as b:
+        assert Capability.PUSH_WAKEUP not in b.capabilities
+        name = unique("nolisten")
+        granted = await grant(b, name, "owner-1")
+        seen = await b.read(name)
+        assert await b.release(name, "owner-1", granted.token)
+        await b.wait_changed(name, seen)
+        assert not inner(b, PostgresBackend).statistics().listening
+
+
+# -- batched renewals --------------------------------------------------------------------------
+
+
+class Counting(asyncpg.Connection):  # type: ignore[misc]  # asyncpg has no type hints
+    """Counts the renew statements sent on every connection of a pool."""
+
+    renew_statements: ClassVar[int] = 0
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        if "unnest(" in query:
+            Counting.renew_statements += 1
+        return await super().fetch(query, *args, **kwargs)
+
+
+async def test_renewals_of_many_leases_share_one_statement_per_tick(pg_url: str) -> None:
+    leases = 12
+    options = {"connect_options": {"connection_class": Counting}}
+    async with backend(pg_url, **options) as b:
+        spy = FaultyBackend(b)
+        locks = [AsyncLock(spy, unique("batch"), ttl=1.5) for _ in range(leases)]
+
+        async def renewed(rounds: int) -> None:
+            with anyio.fail_after(30):  # a hang guard: 3 renewals a ttl
+                while min(lock.statistics().renewals for lock in locks) < rounds:
+                    await spy.wait_called("renew")
+
+        async with anyio.create_task_group() as tg:
+            for lock in locks:
+                await tg.start(_hold, lock)
+            await renewed(2)  # the first renewal of each lease has nothing to share yet
+            before = Counting.renew_statements
+            await renewed(5)
+            statements = Counting.renew_statements - before
+            tg.cancel_scope.cancel()
+        # 3 more ticks of 12 leases: 36 statements unbatched, about 3 batched.
+        assert statements <= 3 + 2, statements
+        stats = inner(b, PostgresBackend).statistics()
+        assert stats.renewals_shared > 0
+        assert all(lock.statistics().losses == {} for lock in locks)
+
+
+async def _hold(lock: AsyncLock, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async with lock:
+        task_status.started()
+        await anyio.sleep_forever()
+
+
+async def test_each_renewal_of_one_lease_is_a_newer_statement(pg_url: str) -> None:
+    async with backend(pg_url) as b:
+        name = unique("sequential")
+        token = (await grant(b, name, "owner-1")).token
+        pg_backend = inner(b, PostgresBackend)
+        sent: list[float] = []
+        for _ in range(4):
+            called = anyio.current_time()
+            renewed = await b.renew(name, "owner-1", token, 30)
+            assert renewed.sent_at is not None and renewed.sent_at >= called
+            sent.append(renewed.sent_at)
+        assert sent == sorted(set(sent))  # never answered from the previous statement
+        assert pg_backend.statistics().renew_statements == 4
+        with pytest.raises(NotOwnerError):
+            await b.renew(name, "owner-2", token, 30)
+
+
+async def test_concurrent_renewals_share_a_statement(pg_url: str) -> None:
+    async with backend(pg_url) as b:
+        names = [unique("together") for _ in range(10)]
+        tokens = [(await grant(b, name, "owner-1")).token for name in names]
+        async with anyio.create_task_group() as tg:
+            for name, token in zip(names, tokens, strict=True):
+                tg.start_soon(b.renew, name, "owner-1", token, 30.0)
+        assert inner(b, PostgresBackend).statistics().renew_statements <= 2
+
+
+# -- faults -----------------------------------------------------------------------------------
+
+
+async def test_killed_connections_mid_hold_keep_the_lease(pg: str, schema: str) -> None:
+    app = unique("aiolease_kill")
+    url = with_query(pg, schema=schema, application_name=app)
+    async with backend(url) as b, backend(with_query(pg, schema=schema)) as other:
+        spy = FaultyBackend(b)
+        lock = AsyncLock(spy, unique("kill"), ttl=1.5)
+        async with lock as lease:
+            await spy.wait_called("renew")
+            killed = await raw(
+                pg,
+                "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
+                " WHERE application_name = $1",
+                app,
+            )
+            assert killed[0]["n"] >= 1
+            renewals = lock.statistics().renewals
+            with anyio.fail_after(20):
+                while lock.statistics().renewals < renewals + 2:
+                    await spy.wait_called("renew")
+            assert lease.lost is None
+            holder = await refused(other, lease.name, unique("owner"))
+            assert (holder.owner, holder.token) == (lease.owner, lease.token)
+        assert await other.read(lease.name) is None
+
+
+async def test_a_cut_off_holder_stops_before_anyone_else_gets_the_lease(
+    pg: str, schema: str
+) -> None:
+    host, port = server("postgres").addresses[0]
+    name = unique("cutoff")
+    async with FaultProxy(host, port) as proxy:
+        url = with_query(proxy.url_for(pg), schema=schema)
+        async with (
+            backend(url, connect_timeout=2) as cut,
+            backend(with_query(pg, schema=schema)) as b,
+        ):
+            lock = AsyncLock(cut, name, ttl=1.0)
+            stopped_at = None
+            with pytest.raises(LeaseLostError), anyio.fail_after(20):
+                async with lock as lease:
+                    await proxy.blackhole()
+                    try:
+                        await anyio.sleep_forever()
+                    finally:
+                        stopped_at = anyio.current_time()
+            taken = await AsyncLock(b, name, ttl=5.0).acquire(timeout=20)
+            granted_at = anyio.current_time()
+            assert stopped_at is not None and stopped_at < granted_at
+            assert taken.token > lease.token
+            await proxy.pass_through()
+            assert await taken.release()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_statement_that_waits_too_long_is_a_timeout(
+    pg: str, schema: str, anyio_backend: str
+) -> None:
+    url, table = fresh_table_url(pg, schema)
+    async with backend(url, command_timeout=0.3) as b:
+        await grant(b, "locked", "owner-1")
+        conn = await asyncpg.connect(pg)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    f'SELECT 1 FROM "{schema}"."{table}" WHERE name = $1 FOR UPDATE', "locked"
+                )
+                with pytest.raises(BackendTimeout):
+                    await b.try_acquire("locked", "owner-2", 30, "me", {})
+        finally:
+            await conn.close()
+        holder = await b.read("locked")
+        assert holder is not None and holder.owner == "owner-1"
+
+
+async def test_a_closed_backend_is_unavailable(pg_url: str) -> None:
+    async with backend(pg_url) as b:
+        await b.aclose()
+        for call in (
+            b.read("x"),
+            b.renew("x", "owner", 1, 1.0),
+            b.try_acquire("x", "o", 1, "", {}),
+        ):
+            with pytest.raises(BackendUnavailable, match="closed"):
+                await call
+        await b.aclose()  # idempotent; open_backend closes it once more
