@@ -1,0 +1,189 @@
+"""The few asyncio tools the backend needs.
+
+The backend runs only on asyncio (grpc.aio); under trio the core runs it on a
+trio-asyncio loop. There anyio's asyncio backend may hold the ``get_running_loop``
+that trio-asyncio has not patched (it depends on import order), so the backend uses
+asyncio's own primitives, looked up at call time, and never anyio's. Its clock,
+``loop.time()``, is the core's ``anyio.current_time()`` on both: asyncio's loop
+clock, or trio's clock on a trio-asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import math
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar, cast
+
+from ..._exceptions import BackendUnavailable
+
+__all__ = ["CallCancelled", "Tasks", "cancellable", "now", "shielded", "wait_until"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("aiolease.etcd")
+
+#: Set inside :func:`shielded`: nobody cancels the calls made there (see :func:`cancellable`).
+_SHIELDED: contextvars.ContextVar[bool] = contextvars.ContextVar("_SHIELDED", default=False)
+
+
+class CallCancelled(BackendUnavailable):
+    """A gRPC call was cancelled by something other than its caller (a closed channel)."""
+
+
+def now() -> float:
+    """The running loop's clock (the core's ``anyio.current_time()``)."""
+    return asyncio.get_running_loop().time()
+
+
+async def wait_until(event: asyncio.Event, deadline: float) -> None:
+    """Wait until ``event`` is set or the loop's clock reaches ``deadline``."""
+    timeout = deadline - now()
+    if event.is_set() or timeout <= 0:
+        await asyncio.sleep(0)
+    elif math.isinf(timeout):
+        await event.wait()
+    else:
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def shielded(coro: Coroutine[Any, Any, T], grace: float = math.inf) -> T:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile, then re-raise
+    the cancellation: its outcome is seen and recorded by ``coro`` itself.
+
+    A cancelled caller waits at most ``grace`` more seconds (``coro`` goes on in the
+    background); anyio re-delivers its cancellation on every loop turn meanwhile.
+
+    :raises asyncio.CancelledError: the caller's own (anyio tells its scopes' apart)
+    """
+    task = asyncio.ensure_future(_in_shield(coro))
+    cancelled: asyncio.CancelledError | None = None
+    give_up = math.inf
+    while not task.done() and now() < give_up:
+        try:
+            if cancelled is None:
+                await asyncio.shield(task)
+            else:
+                await asyncio.wait({task}, timeout=give_up - now())
+        except asyncio.CancelledError as exc:
+            if cancelled is None:
+                cancelled, give_up = exc, now() + grace
+    if cancelled is not None:
+        # Seen (or to be seen) here: the caller is cancelled, and coro records its outcome.
+        task.add_done_callback(_retrieve)
+        raise cancelled
+    return task.result()
+
+
+async def cancellable(call: Awaitable[T]) -> T:
+    """Await ``call`` (a gRPC call, or a coroutine that drives one); cancel it when the
+    caller is cancelled, and re-raise the caller's own cancellation.
+
+    Awaited directly, grpc.aio turns a cancellation into a *new*, bare ``CancelledError``
+    (``UnaryUnaryCall.__await__`` raises one once the call reports itself cancelled). That
+    loses the message by which anyio tells its cancel scopes' cancellations apart, so a
+    ``move_on_after`` or a shielded scope's deadline would let it escape as a crash. Here
+    the caller waits on a future of its own, whose cancellation is the canceller's: one
+    that the call's done callback resolves (unary calls: no task, no extra loop turn),
+    or a task that runs a coroutine. Inside :func:`shielded`, where nobody cancels the
+    caller, ``call`` is awaited as it is.
+
+    :raises CallCancelled: the call was cancelled, but not by the caller (the channel closed)
+    """
+    current = asyncio.current_task()
+    before = _cancelling(current)
+    if _SHIELDED.get():
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if _cancelling(current) == before:
+                raise CallCancelled("etcd call cancelled: the connection was closed") from None
+            raise
+    if hasattr(call, "add_done_callback") and hasattr(call, "cancel"):
+        return cast(T, await _await_call(call))
+    task = asyncio.ensure_future(call)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled() and _cancelling(current) == before:
+            raise CallCancelled("etcd call cancelled: the connection was closed") from None
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
+
+
+async def _await_call(call: Any) -> Any:
+    """Await a grpc.aio unary call through a future that its done callback resolves."""
+    done = asyncio.get_running_loop().create_future()
+
+    def resolve(_: object) -> None:
+        if not done.done():
+            done.set_result(None)
+
+    call.add_done_callback(resolve)
+    try:
+        await done
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
+    try:
+        return await call  # done: returns (or raises) without waiting
+    except asyncio.CancelledError:
+        raise CallCancelled("etcd call cancelled: the connection was closed") from None
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> int:
+    """How many cancellations of ``task`` are pending (Python 3.11+; else 0)."""
+    count = getattr(task, "cancelling", None)
+    return int(count()) if count is not None else 0
+
+
+async def _in_shield(coro: Coroutine[Any, Any, T]) -> T:
+    _SHIELDED.set(True)  # in this task's own context only
+    return await coro
+
+
+async def _unshielded(coro: Coroutine[Any, Any, None]) -> None:
+    _SHIELDED.set(False)  # a background task is cancelled when the backend closes
+    await coro
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class Tasks:
+    """Background tasks owned by one backend object, cancelled and awaited by :meth:`aclose`."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background (its failure is logged, never lost)."""
+        if self.closed:
+            coro.close()
+            return
+        task = asyncio.get_running_loop().create_task(_unshielded(coro), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("etcd backend task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def aclose(self) -> None:
+        """Cancel every task and wait until all have ended. Idempotent."""
+        self.closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)

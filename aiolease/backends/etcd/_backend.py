@@ -1,0 +1,541 @@
+"""EtcdBackend: the contract of :mod:`aiolease.abc` on etcd v3 (see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, final
+
+from aetcd import rpc
+
+from ..._exceptions import (
+    BackendError,
+    BackendUnavailable,
+    InvalidArgument,
+    LossReason,
+    NotOwnerError,
+)
+from ..._validate import check_seconds
+from ...abc import Backend, Capability, Grant, HolderInfo
+from ._aio import now, shielded
+from ._keys import DEFAULT_PREFIX, Layout, encode_value
+from ._session import Entry, Session, Sessions
+from ._takeover import Takeovers
+from ._url import parse_bool, parse_url
+from ._wire import CHANNEL_OPTIONS, SessionGone, Wire, grpc_target
+
+__all__ = ["EtcdBackend", "EtcdStatistics"]
+
+logger = logging.getLogger("aiolease.etcd")
+
+#: Seconds one request may take, unless ``timeout`` says otherwise.
+DEFAULT_TIMEOUT = 5.0
+#: Seconds a session lease without leases on it is kept before it is revoked.
+DEFAULT_SESSION_IDLE = 30.0
+#: How many names' last seen revisions are remembered for ``wait_changed``.
+SEEN_LIMIT = 4096
+#: A queued attempt (fair mode) is dropped after this many ttls without a retry.
+QUEUE_HORIZON = 2.0
+#: After this many request timeouts, a request whose reply was never seen is taken
+#: to be either applied or dropped by the server (for good).
+LATE_AFTER = 2.0
+#: Seconds a cancelled caller still waits for the reply to a request that may write.
+CANCEL_GRACE = 1.0
+
+T = TypeVar("T")
+
+_Seen = tuple[tuple[str, int] | None, int]
+
+
+def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
+    return None if holder is None else (holder.owner, holder.token)
+
+
+def _any_event(event: Any) -> bool:
+    return True
+
+
+@final
+@dataclass(frozen=True)
+class EtcdStatistics:
+    """A snapshot of one :class:`EtcdBackend`'s sessions.
+
+    :param lease_ids: ids of the session leases that may exist on the server
+    :param entries: grants and queued attempts riding on them
+    :param sessions_granted: session leases granted so far
+    :param sessions_lost: sessions lost (expired, revoked by others, unreachable)
+    :param keepalives: keepalive round trips sent
+    :param keepalive_failures: keepalives that failed (and were retried)
+    :param expired_entries: grants dropped because nobody renewed them within their ttl
+    """
+
+    lease_ids: tuple[int, ...]
+    entries: int
+    sessions_granted: int
+    sessions_lost: int
+    keepalives: int
+    keepalive_failures: int
+    expired_entries: int
+
+
+class EtcdBackend(Backend):
+    """Leases in etcd v3, riding on one session lease per ttl.
+
+    :param client: an ``aetcd.Client`` to talk through (connected on first use; never
+        closed by the backend). :meth:`from_url` builds a connection of its own.
+    :param prefix: the key prefix (default ``aiolease/``)
+    :param fair: grant waiters in arrival order (:attr:`Capability.FAIR_QUEUE`)
+    :param timeout: seconds one request may take
+    :param session_idle: seconds a session lease that carries nothing is kept
+    :raises InvalidArgument: a bad option
+    """
+
+    capabilities = frozenset(
+        {
+            Capability.PUSH_WAKEUP,
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.SESSION,
+            Capability.MULTI_PROCESS,
+        }
+    )
+    requires_asyncio = True
+    reports_takeover = True
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        fair: bool = False,
+        timeout: float = DEFAULT_TIMEOUT,
+        session_idle: float = DEFAULT_SESSION_IDLE,
+    ) -> None:
+        timeout = check_seconds("timeout", timeout)
+        self._setup(Wire.of_client(client, timeout), prefix, fair, session_idle)
+
+    def _setup(self, wire: Wire, prefix: object, fair: object, idle: object) -> None:
+        if not isinstance(prefix, str):
+            raise InvalidArgument(f"etcd prefix must be a str, not {type(prefix).__name__}")
+        self._wire = wire
+        self._prefix = prefix
+        self._layout = Layout(prefix.encode())
+        self._fair = parse_bool("fair", fair)
+        if self._fair:
+            self.capabilities = type(self).capabilities | {Capability.FAIR_QUEUE}  # type: ignore[misc]
+        self._sessions = Sessions(wire, check_seconds("session_idle", idle, allow_zero=True))
+        self._sessions.set_deleter(self._delete_expired)
+        self._takeovers = Takeovers(wire, self._layout, self._sessions.spawn, self._taken)
+        self._sessions.set_dropped(self._takeovers.unwatch)
+        self._seen: dict[str, _Seen] = {}
+        self._values: dict[tuple[str, str], bytes] = {}
+        self._unsure: dict[tuple[str, str], None] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        fair = " fair" if self._fair else ""
+        return f"<EtcdBackend {self._wire.described} prefix={self._prefix!r}{fair}>"
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix."""
+        return self._prefix
+
+    @property
+    def fair(self) -> bool:
+        """Whether waiters are granted in arrival order."""
+        return self._fair
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> EtcdBackend:
+        """Connect to ``etcd://[user[:password]@]host[:port][,host[:port]...][?options]``.
+
+        See :mod:`aiolease.backends.etcd` for the options.
+
+        :raises InvalidArgument: a malformed URL or option
+        :raises BackendUnavailable: no endpoint answers, or the login is refused
+        """
+        parsed = parse_url(url, options)
+        settings = dict(parsed.options)
+        timeout = _seconds("timeout", settings.pop("timeout", DEFAULT_TIMEOUT))
+        idle = _seconds("session_idle", settings.pop("session_idle", DEFAULT_SESSION_IDLE))
+        prefix = settings.pop("prefix", DEFAULT_PREFIX)
+        fair = settings.pop("fair", False)
+        channel = await _channel(parsed.endpoints, settings)
+        wire = Wire.of_channel(channel, timeout, parsed.described(), parsed.user)
+        try:
+            self = cls.__new__(cls)
+            self._setup(wire, prefix, fair, idle)
+            await wire.authenticate()
+            await wire.range(rpc.RangeRequest(key=self._layout.prefix, limit=1, count_only=True))
+        except BaseException:
+            await shielded(wire.aclose())
+            raise
+        return self
+
+    def statistics(self) -> EtcdStatistics:
+        """A frozen snapshot of the sessions and their counters."""
+        s = self._sessions.stats()
+        return EtcdStatistics(
+            tuple(self._sessions.lease_ids()),
+            len(self._sessions.entries),
+            s.granted,
+            s.lost,
+            s.keepalives,
+            s.keepalive_failures,
+            s.expired_entries,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+
+    def _remember(self, name: str, holder: HolderInfo | None, revision: int) -> None:
+        """Note that ``holder`` held ``name`` at ``revision`` (for :meth:`wait_changed`)."""
+        self._seen.pop(name, None)
+        if len(self._seen) >= SEEN_LIMIT:
+            del self._seen[next(iter(self._seen))]
+        self._seen[name] = (_identity_of(holder), int(revision))
+
+    def _grant(self, token: int, ttl: float, session: Session) -> Grant:
+        return Grant(token, session.grant_ttl(ttl), session.effective_sent(ttl))
+
+    # -- the contract -----------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        self._check_open()
+        value = encode_value(identity, metadata)
+        touched = now()
+        for _ in range(2):
+            async with self._sessions.using(ttl) as session:
+                try:
+                    result = await self._guarded(
+                        name, owner, self._acquire(name, owner, ttl, value, session, touched)
+                    )
+                except SessionGone:
+                    self._sessions.lose(session)
+                    continue
+                if result is not None:
+                    return result
+        raise BackendUnavailable(f"etcd: no session lease lasted long enough to grant {name!r}")
+
+    async def _acquire(
+        self, name: str, owner: str, ttl: float, value: bytes, session: Session, touched: float
+    ) -> Grant | HolderInfo | None:
+        """One attempt; ``None`` when the key vanished under it (try again)."""
+        reply = await self._wire.txn(self._layout.acquire(name, owner, value, session.lease_id))
+        self._check_open()
+        if reply.succeeded:
+            token = int(reply.header.revision)
+            self._remember(name, HolderInfo(name, owner, "", token), token)
+            self._values.pop((name, owner), None)
+            entry = Entry(name, owner, token, session, touched + ttl)
+            self._sessions.attach(entry)
+            self._takeovers.watch(entry)
+            return self._grant(token, ttl, session)
+        kv = reply.responses[0].response_range.kvs[0]
+        holder = self._layout.holder(name, kv)
+        self._remember(name, holder, reply.header.revision)
+        if holder.owner != owner:
+            self._note_waiting(name, owner, value, touched + QUEUE_HORIZON * ttl)
+            return holder
+        if (name, owner, holder.token) in self._sessions.doomed:
+            return holder  # expired here; its key is being deleted
+        return await self._regrant(name, owner, ttl, kv, session, touched)
+
+    def _note_waiting(self, name: str, owner: str, value: bytes, horizon: float) -> None:
+        """A refused attempt: keep its value for the queue, and its queued key alive."""
+        if not self._fair:
+            return
+        if len(self._values) >= SEEN_LIMIT and (name, owner) not in self._values:
+            del self._values[next(iter(self._values))]
+        self._values[(name, owner)] = value
+        entry = self._sessions.entries.get((name, owner))
+        if entry is not None and entry.queued:
+            entry.horizon = max(entry.horizon, horizon)
+
+    async def _regrant(
+        self, name: str, owner: str, ttl: float, kv: Any, session: Session, touched: float
+    ) -> Grant | None:
+        """``owner``'s key is first: a retry of a grant, or a queued attempt whose turn came."""
+        token = int(kv.create_revision)
+        if int(kv.lease) != session.lease_id:
+            moved = await self._wire.txn(self._layout.move(name, owner, token, session.lease_id))
+            if not moved.succeeded:
+                return None
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.token != token:
+            entry = Entry(name, owner, token, session, touched + ttl)
+            self._sessions.attach(entry)
+        elif entry.session is not session:
+            self._sessions.move(entry, session)
+        entry.queued = False
+        entry.horizon = touched + ttl
+        session.poke_at(entry.horizon)
+        self._values.pop((name, owner), None)
+        self._takeovers.watch(entry)
+        return self._grant(token, ttl, session)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        self._check_open()
+        touched = now()
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.session.ttl != ttl:
+            return await self._adopt(name, owner, token, ttl, entry, touched)
+        if entry.token != token or entry.queued or entry.horizon <= touched:
+            raise NotOwnerError(name)
+        session = entry.session
+        error = session.error
+        if error is not None:
+            entry.horizon = touched + ttl
+            raise type(error)(f"the keepalive of the session lease is failing: {error}")
+        entry.horizon = touched + ttl
+        return self._grant(token, ttl, session)
+
+    async def _adopt(
+        self, name: str, owner: str, token: int, ttl: float, entry: Entry | None, touched: float
+    ) -> Grant:
+        """Renew with another ttl (or through another backend object): move the key onto
+        the session for ``ttl``. One round trip.
+
+        :raises NotOwnerError: the key is gone, or is not grant ``token``
+        """
+        if entry is not None and (entry.token != token or entry.queued):
+            raise NotOwnerError(name)
+        if (name, owner, token) in self._sessions.doomed:
+            raise NotOwnerError(name)
+        for _ in range(2):
+            async with self._sessions.using(ttl) as session:
+                try:
+                    return await self._guarded(
+                        name, owner, self._move(name, owner, token, ttl, entry, session, touched)
+                    )
+                except SessionGone:
+                    self._sessions.lose(session)
+        raise BackendUnavailable(f"etcd: no session lease lasted long enough to renew {name!r}")
+
+    async def _move(
+        self,
+        name: str,
+        owner: str,
+        token: int,
+        ttl: float,
+        entry: Entry | None,
+        session: Session,
+        touched: float,
+    ) -> Grant:
+        reply = await self._wire.txn(self._layout.move(name, owner, token, session.lease_id))
+        if not reply.succeeded:
+            if entry is not None:
+                self._sessions.end(entry, LossReason.STOLEN)
+            raise NotOwnerError(name)
+        if entry is None:
+            entry = Entry(name, owner, token, session, touched + ttl)
+            self._sessions.attach(entry)
+        else:
+            self._sessions.move(entry, session)
+            entry.horizon = touched + ttl
+            session.poke_at(entry.horizon)
+        self._takeovers.watch(entry)
+        return self._grant(token, ttl, session)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        if self._closed:
+            return False  # closing revoked the sessions, and every key with them
+        entry = self._sessions.entries.get((name, owner))
+        doomed = token is not None and (name, owner, token) in self._sessions.doomed
+        if entry is not None and (token is None or entry.token == token):
+            self._takeovers.unwatch(entry)  # its delete is ours
+        reply = await self._wire.txn(self._layout.delete(name, owner, token))
+        deleted = reply.succeeded and reply.responses[0].response_delete_range.deleted > 0
+        self._values.pop((name, owner), None)
+        if self._unsure.pop((name, owner), False) is None:
+            self._sessions.spawn(self._delete_late(name, owner), f"etcd late delete {name!r}")
+        queued = False
+        if entry is not None and (token is None or entry.token == token):
+            queued = entry.queued
+            self._sessions.end(entry, LossReason.RELEASED)
+        return bool(deleted) and not queued and not doomed
+
+    async def _guarded(self, name: str, owner: str, attempt: Coroutine[Any, Any, T]) -> T:
+        """Run an ``attempt`` that may write ``owner``'s key to its end, and record it.
+
+        A cancelled request may still be applied by etcd *after* a later one (such as
+        the core's compensating release), so the attempt is not cancelled: the caller's
+        cancellation waits for its reply (up to :data:`CANCEL_GRACE`). When the reply is
+        lost anyway (a timeout, a broken connection, that grace), the release of ``owner``
+        deletes the key once more, later.
+        """
+        try:
+            return await shielded(attempt, CANCEL_GRACE)
+        except SessionGone:
+            raise  # the lease is gone: nothing was written
+        except BaseException:
+            if len(self._unsure) >= SEEN_LIMIT:
+                del self._unsure[next(iter(self._unsure))]
+            self._unsure[(name, owner)] = None
+            raise
+
+    async def _delete_late(self, name: str, owner: str) -> None:
+        """Delete ``owner``'s key of ``name`` once a request of it that was never answered
+        can no longer arrive (unless ``owner`` holds it again through this backend)."""
+        await asyncio.sleep(LATE_AFTER * self._wire.timeout)
+        if (name, owner) not in self._sessions.entries:
+            try:
+                await self._wire.txn(self._layout.delete(name, owner, None))
+            except BackendError as exc:
+                logger.info("late delete of %r failed (its session lease ends it): %r", name, exc)
+
+    def _taken(self, entry: Entry) -> None:
+        """The key of a held ``entry`` was deleted on the server: it is lost."""
+        logger.info("etcd key of lease %r (token %d) was deleted", entry.name, entry.token)
+        self._sessions.end(entry, LossReason.STOLEN)
+
+    async def _delete_expired(self, name: str, owner: str, token: int) -> None:
+        """Delete the key of a grant nobody renewed (the sessions' horizon)."""
+        await self._wire.txn(self._layout.delete(name, owner, token))
+
+    async def read(self, name: str) -> HolderInfo | None:
+        self._check_open()
+        reply = await self._wire.range(self._layout.first(name))
+        holder = self._layout.holder(name, reply.kvs[0]) if reply.kvs else None
+        self._remember(name, holder, reply.header.revision)
+        return holder
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Watch from the revision at which ``seen`` was last read: for the holder's
+        key to go (or, when free, for a key to appear). One round trip when ``seen``
+        came from this backend's latest read of ``name``, two otherwise."""
+        self._check_open()
+        expected = _identity_of(seen)
+        known = self._seen.get(name)
+        if known is None or known[0] != expected:
+            if _identity_of(await self.read(name)) != expected:
+                return
+            known = self._seen[name]
+        if seen is None:
+            await self._wire.watch(self._layout.watch_create(name, known[1]), _any_event)
+        else:
+            key = self._layout.key(name, seen.owner)
+            await self._wire.watch(self._layout.watch_delete(key, known[1]), _any_event)
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Fair mode: queue ``owner``'s key, then watch only its predecessor's."""
+        if not self._fair:
+            await self.wait_changed(name, seen)
+            return
+        self._check_open()
+        touched = now()
+        for _ in range(2):
+            async with self._sessions.using(ttl) as session:
+                try:
+                    found = await self._guarded(
+                        name, owner, self._enqueue(name, owner, ttl, session, touched)
+                    )
+                except SessionGone:
+                    self._sessions.lose(session)
+                    continue
+            if found is not None:
+                predecessor, revision = found
+                await self._wire.watch(
+                    self._layout.watch_delete(bytes(predecessor.key), revision), _any_event
+                )
+            return
+        raise BackendUnavailable(f"etcd: no session lease lasted long enough to queue {name!r}")
+
+    async def _enqueue(
+        self, name: str, owner: str, ttl: float, session: Session, touched: float
+    ) -> tuple[Any, int] | None:
+        """Put ``owner``'s queued key unless it exists; its predecessor and the revision
+        at which it was read (``None``: no predecessor, its turn has come)."""
+        value = self._values.get((name, owner)) or encode_value("", {})
+        request = self._layout.enqueue(name, owner, value, session.lease_id)
+        reply = await self._wire.txn(request)
+        horizon = touched + QUEUE_HORIZON * ttl
+        if reply.succeeded:
+            token = int(reply.header.revision)
+            self._sessions.attach(Entry(name, owner, token, session, horizon, queued=True))
+            kvs = reply.responses[1].response_range.kvs
+            return (kvs[1], token) if len(kvs) > 1 else None
+        mine = reply.responses[0].response_range.kvs[0]
+        token = int(mine.create_revision)
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.token != token:
+            self._sessions.attach(Entry(name, owner, token, session, horizon, queued=True))
+        elif entry.queued:
+            entry.horizon = max(entry.horizon, horizon)
+        ahead = await self._wire.range(self._layout.predecessor(name, token))
+        return (ahead.kvs[0], int(ahead.header.revision)) if ahead.kvs else None
+
+    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
+        """Return when ``owner``'s grant of ``name`` ended here: its session was lost,
+        it expired unrenewed, or the backend closed (``SHUTDOWN``)."""
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.token != token:
+            return LossReason.STOLEN
+        return await entry.wait_ended()
+
+    async def aclose(self) -> None:
+        """Revoke the session leases (their keys go with them) and close what the backend
+        opened. Leases still held through it end with ``SHUTDOWN`` first."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._sessions.aclose()
+        finally:
+            await shielded(self._wire.aclose())
+
+
+async def _channel(endpoints: tuple[tuple[str, int], ...], tls: dict[str, Any]) -> Any:
+    """A gRPC channel to ``endpoints``, with TLS if asked for."""
+    import grpc
+
+    target = await grpc_target(endpoints)
+    options = list(CHANNEL_OPTIONS.items())
+    files = {k: tls.pop(k) for k in ("ca_file", "cert_file", "key_file") if k in tls}
+    secure = parse_bool("tls", tls.pop("tls", bool(files)))
+    if not secure:
+        if files:
+            raise InvalidArgument("etcd TLS files were given with tls=0")
+        return rpc.insecure_channel(target, options=options)
+    loaded: dict[str, bytes | None] = {}
+    for key, path in files.items():
+        try:
+            loaded[key] = await asyncio.to_thread(Path(str(path)).read_bytes)
+        except OSError as exc:
+            raise InvalidArgument(f"etcd option {key}={path!r}: {exc}") from None
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=loaded.get("ca_file"),
+        private_key=loaded.get("key_file"),
+        certificate_chain=loaded.get("cert_file"),
+    )
+    host = endpoints[0][0]
+    if len(endpoints) > 1 and not _is_ip(host):
+        # The addresses were resolved here: check the certificate against the name.
+        options.append(("grpc.ssl_target_name_override", host))
+    return rpc.secure_channel(target, credentials, options=options)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _seconds(what: str, value: object) -> float:
+    """:raises InvalidArgument: ``value`` (a number, or a string from a URL) is no duration"""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise InvalidArgument(f"etcd option {what}={value!r} is not a number") from None
+    return check_seconds(what, value, allow_zero=what == "session_idle")
