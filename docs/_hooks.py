@@ -17,6 +17,10 @@ MARKER = "<!-- capability-matrix -->"
 BACKENDS = {
     "memory": "aiolease.backends.memory:MemoryBackend",
     "SQLite": "aiolease.backends.sqlite:SQLiteBackend",
+    "Redis": "aiolease.backends.redis:RedisBackend",
+    "PostgreSQL": "aiolease.backends.postgres:PostgresBackend",
+    "MySQL": "aiolease.backends.mysql:MySQLBackend",
+    "etcd": "aiolease.backends.etcd:EtcdBackend",
 }
 
 
