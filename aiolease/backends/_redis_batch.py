@@ -12,7 +12,8 @@ An answer is used only if it is:
 * **newer than the lease's previous confirmation** (a batch sent before it could
   mask a later "not owner" and would not move the deadline anyway);
 * **for the ttl the caller asks now**;
-* **young**: sent at most ``ttl / 3`` ago (the default renew interval), so the
+* **young**: sent at most ``ttl / 3`` before the call (the default renew interval; a
+  batch sent after the call always qualifies, however long it took), so the
   holder's deadline keeps most of its slack.
 
 A lease joins batches only while its keepalive asks: from its first ``renew`` call
@@ -104,13 +105,15 @@ class RenewalBatcher:
             lease = Renewal(name, owner, token, ttl, now, answered=self._seq)
             self._leases[name, owner] = lease
         lease.ttl, lease.last_call = ttl, now
+        # Judged against the time of this call, not of the answer: a batch that took
+        # long (a loaded machine) still confirms from its send time, which is what
+        # the deadline counts from; answering again from a new one could never end.
         while not self._fresh(lease, ttl, now):
             batch = self._inflight
             if batch is None:
                 await self._run_batch()
             else:
                 await batch.done.wait()
-            now = _now()
         return self._answer(lease)
 
     def forget(self, name: str, owner: str) -> None:
@@ -118,12 +121,12 @@ class RenewalBatcher:
         self._leases.pop((name, owner), None)
 
     @staticmethod
-    def _fresh(lease: Renewal, ttl: float, now: float) -> bool:
+    def _fresh(lease: Renewal, ttl: float, called: float) -> bool:
         if lease.result_seq <= lease.answered:
             return False
         if isinstance(lease.result, BaseException):
             return True  # reported once, then forgotten
-        return lease.result_ttl == ttl and now - lease.result_sent <= ttl * FRESH_FRACTION
+        return lease.result_ttl == ttl and called - lease.result_sent <= ttl * FRESH_FRACTION
 
     def _answer(self, lease: Renewal) -> float:
         lease.answered = lease.result_seq

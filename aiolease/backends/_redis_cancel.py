@@ -24,7 +24,7 @@ import sys
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-__all__ = ["cancel_requests", "detached", "guarded", "wait_event"]
+__all__ = ["cancel_requests", "detached", "guarded", "wait_event", "wait_for_or_none"]
 
 T = TypeVar("T")
 
@@ -95,3 +95,20 @@ async def detached(awaitable: Awaitable[T]) -> T:
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: asyncio does not log it as lost
+
+
+async def wait_for_or_none(awaitable: Awaitable[T], timeout: float) -> T | None:
+    """Await ``awaitable`` for at most ``timeout`` seconds; ``None`` if the time ran out
+    (it is then cancelled)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait([task], timeout=timeout)
+    except BaseException:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        return None
+    return task.result()

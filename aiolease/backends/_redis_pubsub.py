@@ -18,6 +18,15 @@ wanted. Messages can be lost while the connection is down, so a failure wakes ev
 watcher (a spurious wake-up only costs the watcher one read), and fails the
 subscriptions not yet confirmed.
 
+**Lingering, and reads that need no repeating.** A channel stays subscribed for
+:data:`LINGER` seconds after its last watcher left, since a holder's watch and the
+next waiter come back to it at once. Each channel counts the messages it got (a
+failure of the connection counts too). A read of the name sent while the channel
+was confirmed subscribed is recorded with that count (:meth:`Subscriptions.note_read`):
+as long as the count has not moved, nothing has changed since that read on the
+server, and a watcher that starts from it need not read again
+(:meth:`Subscriptions.unchanged_since`).
+
 Like the rest of the backend this module is asyncio-only (the core bridges it under
 trio), so it uses asyncio's primitives, never anyio's.
 """
@@ -44,6 +53,8 @@ __all__ = ["Subscriptions"]
 
 logger = logging.getLogger("aiolease.redis")
 
+#: Seconds a channel stays subscribed after its last watcher left.
+LINGER = 5.0
 #: Seconds between attempts to connect again after the connection failed.
 RETRY_MIN = 0.05
 RETRY_MAX = 1.0
@@ -66,10 +77,21 @@ class _Attempt:
 class _Channel:
     watchers: set[asyncio.Event] = field(default_factory=set)
     attempt: _Attempt = field(default_factory=_Attempt)
+    #: Messages received, plus failures of the connection: any change moves it.
+    messages: int = 0
+    #: The latest read noted: (its result, when it was sent, ``messages`` then).
+    last_read: tuple[object, float, int] | None = None
+    idle_since: float = 0.0
+    prune: asyncio.TimerHandle | None = None
 
     def wake(self) -> None:
+        self.messages += 1
         for event in self.watchers:
             event.set()
+
+    @property
+    def confirmed(self) -> bool:
+        return self.attempt.done.is_set() and self.attempt.error is None
 
 
 def _as_bytes(value: object) -> bytes | None:
@@ -161,8 +183,47 @@ class Subscriptions:
         finally:
             entry.watchers.discard(event)
             if not entry.watchers and self._channels.get(channel) is entry:
-                del self._channels[channel]
-                self._changed.set()
+                entry.idle_since = asyncio.get_running_loop().time()
+                if entry.prune is None:
+                    entry.prune = asyncio.get_running_loop().call_later(
+                        LINGER, self._prune, channel, entry
+                    )
+
+    def _prune(self, channel: bytes, entry: _Channel) -> None:
+        """Unsubscribe ``channel`` if nobody watched it for :data:`LINGER` seconds."""
+        entry.prune = None
+        if entry.watchers or self._channels.get(channel) is not entry:
+            return
+        idle = asyncio.get_running_loop().time() - entry.idle_since
+        if idle < LINGER:
+            entry.prune = asyncio.get_running_loop().call_later(
+                LINGER - idle, self._prune, channel, entry
+            )
+            return
+        del self._channels[channel]
+        self._changed.set()
+
+    def stamp(self, channel: bytes) -> int | None:
+        """A read of the name of ``channel`` is about to be sent: a stamp to give
+        :meth:`noted` with its result, or ``None`` if the channel is not confirmed
+        subscribed (then the read proves nothing about later changes)."""
+        entry = self._channels.get(channel)
+        return entry.messages if entry is not None and entry.confirmed else None
+
+    def noted(self, channel: bytes, result: object, sent_at: float, stamp: int | None) -> None:
+        """Record the result of the read stamped ``stamp``."""
+        entry = self._channels.get(channel)
+        if entry is not None and stamp is not None:
+            entry.last_read = (result, sent_at, stamp)
+
+    def unchanged_since(self, channel: bytes, result: object) -> float | None:
+        """If ``result`` is the latest read noted on ``channel`` and nothing changed since
+        it was sent (the channel stayed subscribed, no message came), its send time."""
+        entry = self._channels.get(channel)
+        if entry is None or entry.last_read is None or not entry.confirmed:
+            return None
+        seen, sent_at, stamp = entry.last_read
+        return sent_at if seen is result and stamp == entry.messages else None
 
     def _start(self) -> None:
         self._changed.set()
@@ -263,12 +324,16 @@ class Subscriptions:
         for entry in self._channels.values():
             old, entry.attempt = entry.attempt, _Attempt()
             old.settle(error)
+            entry.last_read = None
             entry.wake()
 
     async def aclose(self) -> None:
         """Stop the owner and close the connection. Idempotent."""
         self._closed = True
         self._changed.set()
+        for entry in self._channels.values():
+            if entry.prune is not None:
+                entry.prune.cancel()
         owner, self._owner = self._owner, None
         if owner is not None:
             owner.cancel()

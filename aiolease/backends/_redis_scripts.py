@@ -24,7 +24,7 @@ is not a positive integer raises an error starting with :data:`FOREIGN`.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .._exceptions import InvalidArgument
 
@@ -103,15 +103,18 @@ class Keys:
 
 @dataclass(frozen=True)
 class Script:
-    """A Lua script and its SHA-1 (what EVALSHA names it by)."""
+    """A Lua script and its SHA-1 (what EVALSHA names it by).
+
+    :ivar sha: the SHA-1 of the source, as ``SCRIPT LOAD`` reports it
+    """
 
     name: str
     source: str
+    sha: str = field(init=False)
 
-    @property
-    def sha(self) -> str:
-        """The SHA-1 of the source, as ``SCRIPT LOAD`` reports it."""
-        return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+    def __post_init__(self) -> None:
+        digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
+        object.__setattr__(self, "sha", digest)
 
 
 _PRELUDE = r"""
@@ -158,10 +161,20 @@ end
 
 _QUEUE = r"""
 local function next_token(key)
-  if exists_as(key, 'string') and not is_count(redis.call('GET', key)) then
+  local value = redis.pcall('GET', key)  -- an error reply: a key of another type
+  if (type(value) == 'table' and value.err) or (value and not is_count(value)) then
     foreign(key, 'is not an aiolease token counter (a positive integer)')
   end
   return redis.call('INCR', key)
+end
+
+-- Whether the name has a queue or waiters (checked for their types); both are
+-- absent unless somebody waits in fair mode, and then nothing else needs looking at.
+local function has_queue(queue, waiters)
+  if redis.call('EXISTS', queue, waiters) == 0 then return false end
+  exists_as(queue, 'zset')
+  exists_as(waiters, 'hash')
+  return true
 end
 
 local function waiter_entry(waiters, owner)
@@ -228,7 +241,8 @@ local function hand_off(k, head, entry, now, channel, wake_base)
   dequeue(k[3], k[4], head)
   local px = math.max(math.min(entry.t, entry.e - now), 1)
   local token = grant(k, head, entry.i, entry.m, px, channel)
-  signal(wake_base, head, token, px)
+  -- the head's confirmation of the grant: its token and how long the server keeps it
+  signal(wake_base, head, string.format('%d:%d', token, px), px)
   local next_owner, next_entry = queue_head(k[3], k[4], now)
   if next_owner and now + px < next_entry.w then
     signal(wake_base, next_owner, 0, next_entry.e - now)
@@ -246,18 +260,18 @@ ACQUIRE = Script(
 -- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel, wake key base
 local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local fair, channel, wake_base = ARGV[5] == '1', ARGV[6], ARGV[7]
-local now = now_ms()
 local lease = load_lease(KEYS[1])
-exists_as(KEYS[3], 'zset')
-exists_as(KEYS[4], 'hash')
+local queued = has_queue(KEYS[3], KEYS[4])
 if lease and lease.owner == owner then
   -- an idempotent retry, or a hand-off this waiter now picks up: reset the expiry
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('DEL', wake_base .. owner)
   return {1, lease.token}
 end
+local now = (queued or fair) and now_ms()  -- the clock only dates queue entries
 if not lease then
-  local head, entry = queue_head(KEYS[3], KEYS[4], now)
+  local head, entry
+  if queued then head, entry = queue_head(KEYS[3], KEYS[4], now) end
   if not head or head == owner then
     if head then dequeue(KEYS[3], KEYS[4], owner) end
     redis.call('DEL', wake_base .. owner)
@@ -284,22 +298,23 @@ RELEASE = Script(
 -- ARGV: owner, token ('' for any), channel, wake key base
 local owner, token, channel, wake_base = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease = load_lease(KEYS[1])
+local queued = has_queue(KEYS[3], KEYS[4])
 -- also undo a queue entry or signal this owner left behind (a cancelled wait)
-if exists_as(KEYS[3], 'zset') and exists_as(KEYS[4], 'hash') then
-  dequeue(KEYS[3], KEYS[4], owner)
-end
+if queued then dequeue(KEYS[3], KEYS[4], owner) end
 redis.call('DEL', wake_base .. owner)
 if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local now = now_ms()
-local head, entry = queue_head(KEYS[3], KEYS[4], now)
-if head then
-  hand_off(KEYS, head, entry, now, channel, wake_base)
-else
-  redis.call('PUBLISH', channel, '')
+if queued then
+  local now = now_ms()
+  local head, entry = queue_head(KEYS[3], KEYS[4], now)
+  if head then
+    hand_off(KEYS, head, entry, now, channel, wake_base)
+    return 1
+  end
 end
+redis.call('PUBLISH', channel, '')
 return 1
 """,
 )

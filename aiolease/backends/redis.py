@@ -42,6 +42,18 @@ attempt after a crashed holder's expiry hands the lease to the head).
 **Batched renewals.** All leases held through one backend object are renewed in one
 pipelined round trip per renew interval (:mod:`aiolease.backends._redis_batch`).
 
+**A lean connection.** A backend made from a ``redis://`` or ``unix://`` URL sends
+its own commands over one pipelined connection with hiredis's parser, not through
+redis-py's client stack, which costs more CPU per command than the loopback round
+trip (:mod:`aiolease.backends._redis_resp`); pub/sub, TLS, Cluster, Sentinel,
+``wait_replicas`` and clients passed in use redis-py.
+
+**Hand-offs without a round trip.** In fair mode the waiter's wake-up signal carries
+the token and the server-side ttl of the grant handed to it, which confirms it
+(:mod:`aiolease.backends._redis_tickets`). A watched channel stays subscribed a
+while after its last watcher, and a watch that starts from the latest read, with no
+change since, does not read again (:mod:`aiolease.backends._redis_pubsub`).
+
 **Durability.** Tokens live in Redis memory. A Redis restart without persistence
 forgets the counters, and tokens start again at 1. ``DURABLE_TOKENS`` is declared
 only by an instance whose single server persists every write before it answers
@@ -64,12 +76,13 @@ and so uses asyncio's primitives, never anyio's.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast, final
+from typing import TYPE_CHECKING, Any, cast, final
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import Redis
@@ -83,7 +96,7 @@ from .._exceptions import BackendError, BackendTimeout, BackendUnavailable, Inva
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
 from ._redis_batch import Renewal, RenewalBatcher
-from ._redis_cancel import detached, guarded, wait_event
+from ._redis_cancel import detached, guarded, wait_event, wait_for_or_none
 from ._redis_clients import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -107,6 +120,10 @@ from ._redis_scripts import (
     Script,
     check_prefix,
 )
+from ._redis_tickets import Tickets
+
+if TYPE_CHECKING:
+    from ._redis_resp import LeanClient
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -123,6 +140,8 @@ DEFAULT_WAIT_TIMEOUT = 0.5
 #: Added to a PTTL before waking for the holder's expiry: PTTL is rounded down to whole
 #: milliseconds, and Redis expires a key only once its millisecond clock has passed it.
 EXPIRY_SLACK = 0.002
+#: Seconds the server's own timeout of a BLPOP comes after the one aiolease keeps.
+BLOCK_BACKSTOP = 1.0
 #: A fair waiter retries (and so refreshes its queue entry) at least this often, per ttl.
 REFRESH_FRACTION = 1 / 3
 _TRUE = {"1", "true", "yes", "on"}
@@ -308,8 +327,12 @@ class RedisBackend(Backend):
         self._declare()
         self._owns_client = False
         self._closed = False
+        #: The lean client that carries the backend's own commands, when it made the
+        #: redis-py client itself and a lean connection can do what it does.
+        self._lean: LeanClient | None = None
         self._subscriptions = Subscriptions(client, self._timeout)
         self._batcher = RenewalBatcher(self._send_renewals, self._timeout)
+        self._tickets = Tickets()
 
     def _declare(self) -> None:
         """Set this instance's capabilities from the class's, the mode and the server."""
@@ -370,6 +393,8 @@ class RedisBackend(Backend):
             backend = cls(made.client, timeout=timeout, **settings)
             backend._owns_client = True
             backend._also_close = made.also_close
+            if not backend._replication.replicas:  # WAIT would block the shared connection
+                backend._lean = _lean_for(made.client)
             await backend.ping()
             await backend.detect_persistence()
         except BaseException:
@@ -440,9 +465,24 @@ class RedisBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         try:
+            if self._lean is not None:
+                return await self._lean.execute(*args[0].split(), *args[1:])
             return await guarded(cast(Any, self._client).execute_command(*args))
         except Exception as exc:  # only the driver runs here: map all it raises
             raise self._mapped(name, exc) from exc
+
+    async def _pipelined(self, commands: Sequence[Sequence[Any]], *, guard: bool) -> list[Any]:
+        """Commands in one round trip; an error reply comes back as its exception.
+
+        :param guard: raise a cancellation that redis-py let pass (see :func:`guarded`)
+        """
+        if self._lean is not None:
+            return await self._lean.execute_many(commands)
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        sent = pipe.execute(raise_on_error=False)
+        return cast(list[Any], await (guarded(sent) if guard else sent))
 
     async def _eval(self, name: str, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
         try:
@@ -474,6 +514,11 @@ class RedisBackend(Backend):
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
+        if self._fair and not self._replication.replicas:  # a ticket was never WAITed for
+            ticket = self._tickets.take(name, owner)
+            if ticket is not None and ticket.ttl <= ttl:
+                return ticket  # handed over, and confirmed by the wake-up (see _redis_tickets)
+            self._tickets.attempt(name, owner)
         keys = self._keys(name)
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
         fair = "1" if self._fair else "0"
@@ -494,6 +539,7 @@ class RedisBackend(Backend):
                 await self.release(name, owner, int(reply[1]))
                 raise self._unreplicated(acked)
         if int(reply[0]) == 1:
+            self._tickets.forget(name, owner)
             return Grant(int(reply[1]), ttl)
         return self._holder(name, reply)
 
@@ -513,11 +559,10 @@ class RedisBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
         r = self._replication
         for attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            pipe.execute_command("WAIT", r.replicas, r.timeout_ms)
+            commands = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+            commands.append(("WAIT", r.replicas, r.timeout_ms))
             try:
-                replies = await guarded(pipe.execute(raise_on_error=False))
+                replies = await self._pipelined(commands, guard=True)
             except Exception as exc:  # only the driver runs here: map all it raises
                 raise self._mapped(name, exc) from exc
             if attempt == 0 and isinstance(replies[0], NoScriptError):
@@ -538,18 +583,17 @@ class RedisBackend(Backend):
     ) -> list[bool | BaseException]:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
+        waits = self._replication
         for attempt in range(2):
-            pipe = self._client.pipeline(transaction=False)
-            for lease, ttl in zip(leases, ttls, strict=True):
-                lease_key = self._keys(lease.name).lease
-                pipe.execute_command(
-                    "EVALSHA", RENEW.sha, 1, lease_key, lease.owner, lease.token, _ms(ttl)
-                )
-            waits = self._replication
+            commands: list[tuple[Any, ...]] = [
+                ("EVALSHA", RENEW.sha, 1, self._keys(lease.name).lease, lease.owner, lease.token)
+                + (_ms(ttl),)
+                for lease, ttl in zip(leases, ttls, strict=True)
+            ]
             if waits.replicas:
-                pipe.execute_command("WAIT", waits.replicas, waits.timeout_ms)
+                commands.append(("WAIT", waits.replicas, waits.timeout_ms))
             try:
-                replies = await pipe.execute(raise_on_error=False)
+                replies = await self._pipelined(commands, guard=False)
             except Exception as exc:  # only the driver runs here: map all it raises
                 raise self._mapped(None, exc) from exc
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
@@ -569,6 +613,7 @@ class RedisBackend(Backend):
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         self._batcher.forget(name, owner)
+        self._tickets.forget(name, owner)
         keys = self._keys(name)
         reply = await self._eval(
             name,
@@ -582,8 +627,13 @@ class RedisBackend(Backend):
         return int(reply) == 1
 
     async def read(self, name: str) -> HolderInfo | None:
-        reply = await self._eval(name, READ, (self._keys(name).lease,))
-        return None if reply is None else self._holder(name, reply)
+        keys = self._keys(name)
+        stamp = self._subscriptions.stamp(keys.channel)
+        sent_at = asyncio.get_running_loop().time()
+        reply = await self._eval(name, READ, (keys.lease,))
+        holder = None if reply is None else self._holder(name, reply)
+        self._subscriptions.noted(keys.channel, holder, sent_at, stamp)
+        return holder
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen``: on the next grant or
@@ -593,14 +643,22 @@ class RedisBackend(Backend):
         """
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
+        channel = self._keys(name).channel
         try:
-            async with self._subscriptions.watch(self._keys(name).channel) as changed:
-                current = await self.read(name)
-                if _identity_of(current) != _identity_of(seen):
-                    return
+            async with self._subscriptions.watch(channel) as changed:
+                # Nothing to read again if ``seen`` is our latest read and no change
+                # came since it was sent (see _redis_pubsub).
+                sent_at = self._subscriptions.unchanged_since(channel, seen)
+                current = seen
+                if sent_at is None:
+                    sent_at = asyncio.get_running_loop().time()
+                    current = await self.read(name)
+                    if _identity_of(current) != _identity_of(seen):
+                        return
                 timeout = None
                 if current is not None and current.remaining is not None:
-                    timeout = current.remaining + EXPIRY_SLACK
+                    elapsed = asyncio.get_running_loop().time() - sent_at
+                    timeout = max(current.remaining + EXPIRY_SLACK - elapsed, 0.0)
                 await wait_event(changed, timeout)
         except (RedisError, OSError) as exc:
             raise self._mapped(name, exc) from exc
@@ -620,7 +678,23 @@ class RedisBackend(Backend):
         if socket_timeout:
             timeout = min(timeout, 0.8 * float(socket_timeout))
         wake = self._keys(name).wake_base + owner.encode()
-        await detached(self._call(name, "BLPOP", wake, f"{_ms(timeout) / 1000:.3f}"))
+        if self._lean is None:
+            reply = await detached(self._call(name, "BLPOP", wake, f"{_ms(timeout) / 1000:.3f}"))
+            self._tickets.signalled(name, owner, reply)
+            return
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        # Redis times out a blocked client only on its next event-loop turn, up to
+        # 1/hz (100 ms) late: the timeout that matters is kept here, and the server's
+        # is only a backstop. Ending the wait closes its connection, which ends BLPOP.
+        backstop = f"{_ms(timeout + BLOCK_BACKSTOP) / 1000:.3f}"
+        try:
+            reply = await wait_for_or_none(
+                self._lean.blocking(timeout + BLOCK_BACKSTOP, "BLPOP", wake, backstop), timeout
+            )
+        except Exception as exc:  # only the driver runs here: map all it raises
+            raise self._mapped(name, exc) from exc
+        self._tickets.signalled(name, owner, reply)
 
     def statistics(self) -> RedisStatistics:
         """A frozen snapshot of the renewal batching."""
@@ -635,9 +709,25 @@ class RedisBackend(Backend):
         await asyncio.shield(self._close())
 
     async def _close(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._subscriptions.aclose()
         if self._owns_client:
             await _close_all(self._client, self._also_close)
+
+
+def _lean_for(client: Client) -> LeanClient | None:
+    """A lean client to the server ``client`` talks to, if one can stand in for it (and
+    hiredis, which ``aiolease[redis]`` installs, is there)."""
+    if not single_server(client) or isinstance(client, RedisCluster):
+        return None
+    if importlib.util.find_spec("hiredis") is None:  # pragma: no cover
+        return None
+    from ._redis_resp import Endpoint, LeanClient
+
+    pool = client.connection_pool
+    endpoint = Endpoint.of(pool.connection_class.__name__, pool.connection_kwargs)
+    return None if endpoint is None else LeanClient(endpoint)
 
 
 async def _close_all(client: Client, also: Sequence[Callable[[], Awaitable[None]]]) -> None:

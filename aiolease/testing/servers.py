@@ -122,8 +122,21 @@ SERVERS: dict[str, Server] = {
             "AIOLEASE_REDIS_SENTINEL_URL",
             "redis+sentinel://127.0.0.1:26379/aiolease",
         ),
+        Server(
+            "redis-redlock",
+            "AIOLEASE_REDLOCK_URL",
+            "redis+redlock://127.0.0.1:6381,127.0.0.1:6382,127.0.0.1:6383",
+        ),
         Server("postgres", "AIOLEASE_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+        Server(
+            "postgres-restart",
+            "AIOLEASE_POSTGRES_RESTART_URL",
+            "postgresql://postgres@127.0.0.1:5433/test",
+        ),
         Server("mariadb", "AIOLEASE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+        Server(
+            "mariadb-restart", "AIOLEASE_MARIADB_RESTART_URL", "mysql://root@127.0.0.1:3307/test"
+        ),
         Server("etcd", "AIOLEASE_ETCD_URL", "etcd://127.0.0.1:2379"),
         Server(
             "etcd-cluster",

@@ -1,0 +1,842 @@
+"""Redis: aiolease against redis-py's asyncio Lock, python-redis-lock, pottery's
+AIORedlock, aioredlock and a raw floor, in one run.
+
+The floor is ``SET NX PX`` to acquire and a Lua compare-and-delete (EVALSHA) to
+release, through ``redis.asyncio``: 2 round trips. For hand-offs the floor adds
+python-redis-lock's push: the release script also pushes onto a signal list that
+one waiter ``BLPOP``s. Prints, as in issue 4's table, each figure for every
+contender from the same run, with a target and PASS/MISS for aiolease:
+
+* **uncontended acquire+release**: median per cycle as a ratio to the floor, and
+  round trips per cycle, counted by the server (``total_reads_processed``);
+* **hand-offs per second**: 8 tasks in one process, then 4 processes, on one key,
+  each holding it 1 ms; fairness (most / fewest acquisitions per contender) and
+  whether anybody starved (got nothing);
+* **crash failover, ttl 2 s**: a holder process is ``SIGKILL``ed; the time from the
+  server-side expiry of its key (``PTTL`` read right after the kill) to a waiter's
+  acquire;
+* **N leases held** (default 1,000, ttl 3 s, 15 s), each with the renewal its
+  library offers: round trips per second (socket writes, counted in the client; for
+  aiolease also those of its renewals alone), requests per second the server read
+  (``total_reads_processed``: a request over 16 KiB takes several reads), this
+  process's CPU seconds per second, and leases lost.
+
+Usage: ``python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379] [--quick]
+[--skip peer,...] [--spawn-server]``. Server-side counts are only right on a quiet
+server: ``--spawn-server`` runs a private ``redis-server`` on a free port for the
+run. Quote ratios from one run; absolute times depend on the machine. Needs
+``pip install aiolease[bench]`` (or ``--skip`` the peers that are missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
+from typing import Any
+
+import redis
+import redis.asyncio
+import redis.asyncio.connection
+import redis.connection
+
+from aiolease import AsyncLock, Lease, open_backend
+from aiolease.backends._redis_resp import _Connection
+from aiolease.backends._redis_scripts import Keys
+from aiolease.backends.redis import RedisBackend
+
+PREFIX = "aiolease-bench:"
+RUN = uuid.uuid4().hex[:8]
+#: Hold time of each hand-off.
+HOLD = 0.001
+#: Connections a peer's pool may open.
+POOL = 64
+PEERS = ("redis-py", "python-redis-lock", "pottery", "aioredlock")
+#: How each contender waits and renews, printed with the results.
+HOW = {
+    "floor": "SET NX PX + Lua compare-and-delete; waits on BLPOP of a signal list",
+    "aiolease": "one Lua script per op; waits on pub/sub; renewals batched per backend",
+    "aiolease-fair": "fair=1: FIFO queue, release hands over and wakes the head (BLPOP)",
+    "redis-py": "asyncio Lock (thread_local=False); polls every 0.1 s; no auto-renewal"
+    " (a task per lock calls reacquire() every ttl/3)",
+    "python-redis-lock": "sync, threads; BLPOP signal; auto_renewal thread per lock"
+    " (every expire*2/3)",
+    "pottery": "AIORedlock; polls after random 0-0.2 s; no auto-renewal (a task per"
+    " lock calls extend() every ttl/3, num_extensions raised)",
+    "aioredlock": "3 tries 0.1-0.3 s apart, then LockError (retried); watchdog task"
+    " per lock every 0.6*ttl",
+}
+
+UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+UNLOCK_SIGNAL = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('RPUSH', KEYS[2], 1)
+redis.call('PEXPIRE', KEYS[2], 1000)
+return 1
+"""
+RENEW_ALL = """
+local n = 0
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('PEXPIRE', key, ARGV[2]); n = n + 1 end
+end
+return n
+"""
+
+
+# -- counting ------------------------------------------------------------------------------
+
+
+class Sends:
+    """Round trips counted in this process: socket writes of redis-py's connections
+    (sync and asyncio) and of aiolease's lean connections, and aioredis's commands."""
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        lean_send = _Connection.send
+
+        def counted_lean(self: _Connection, payload: bytes, count: int) -> Any:
+            cls.count += 1
+            return lean_send(self, payload, count)
+
+        _Connection.send = counted_lean  # type: ignore[method-assign]
+        async_send = redis.asyncio.connection.AbstractConnection.send_packed_command
+        sync_send: Any = redis.connection.AbstractConnection.send_packed_command
+
+        async def counted_async(self: Any, *args: Any, **kwargs: Any) -> None:
+            cls.count += 1
+            await async_send(self, *args, **kwargs)
+
+        def counted_sync(self: Any, *args: Any, **kwargs: Any) -> None:
+            cls.count += 1
+            sync_send(self, *args, **kwargs)
+
+        async_class: Any = redis.asyncio.connection.AbstractConnection
+        async_class.send_packed_command = counted_async
+        sync_class: Any = redis.connection.AbstractConnection
+        sync_class.send_packed_command = counted_sync
+        try:
+            import aioredis.connection
+        except ImportError:
+            return
+        execute: Any = aioredis.connection.RedisConnection.execute
+
+        def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+            cls.count += 1
+            return execute(self, *args, **kwargs)
+
+        aioredis.connection.RedisConnection.execute = counted_execute
+
+
+_STATS: dict[str, redis.Redis] = {}
+
+
+def server_reads(url: str) -> int:
+    """Requests (socket reads) the server has processed so far, less this asking: all
+    clients, so run on a quiet server. A request of more than 16 KiB takes several."""
+    if url not in _STATS:
+        _STATS[url] = redis.Redis.from_url(url)
+        _STATS[url].ping()
+    return int(_STATS[url].info("stats")["total_reads_processed"])
+
+
+@contextmanager
+def spawned_server() -> Iterator[str]:
+    """A private redis-server (no persistence) on a free port, for the run."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("--spawn-server needs redis-server on PATH")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        command += ["--appendonly", "no", "--dir", tmp, "--maxclients", "4000"]
+        server = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}/0"
+        try:
+            for _ in range(200):
+                try:
+                    redis.Redis.from_url(url).ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            yield url
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(10)
+
+
+# -- the contenders ------------------------------------------------------------------------
+#
+# Each contender kind gives: ``cycle`` (uncontended acquire+release), ``once`` (a
+# blocking acquire, hold, release), a holder for failover, and the key it keeps.
+
+
+def key_of(kind: str, name: str) -> str:
+    """The Redis key that contender ``kind`` keeps the lock ``name`` in."""
+    if kind.startswith("aiolease"):
+        return Keys.of(PREFIX, name).lease.decode()
+    return {
+        "floor": f"bench-floor:{name}",
+        "redis-py": f"bench-redispy:{name}",
+        "python-redis-lock": f"lock:{name}",
+        "pottery": f"redlock:{name}",
+        "aioredlock": f"bench-aioredlock:{name}",
+    }[kind]
+
+
+class Floor:
+    """SET NX PX, Lua compare-and-delete; a signal list for push hand-offs."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.client = client
+        self.unlock = client.register_script(UNLOCK)
+        self.unlock_signal = client.register_script(UNLOCK_SIGNAL)
+
+    async def cycle(self, key: str) -> None:
+        token = uuid.uuid4().hex
+        assert await self.client.set(key, token, nx=True, px=10_000)
+        await self.unlock(keys=[key], args=[token])
+
+    async def acquire(self, key: str, ttl: float) -> str:
+        token = uuid.uuid4().hex
+        while not await self.client.set(key, token, nx=True, px=int(ttl * 1000)):
+            pttl = await self.client.pttl(key)
+            await self.client.blpop([key + ":signal"], max(pttl, 1) / 1000 + 0.002)
+        return token
+
+    async def release(self, key: str, token: str) -> None:
+        await self.unlock_signal(keys=[key, key + ":signal"], args=[token])
+
+
+class Contender:
+    """One library's way to take and give back a lock, driven as its users would."""
+
+    def __init__(self, kind: str, url: str, stack: AsyncExitStack) -> None:
+        self.kind, self.url, self.stack = kind, url, stack
+
+    async def start(self) -> None:
+        kind, url, stack = self.kind, self.url, self.stack
+        # A bounded pool that waits for a free connection, as a service holding 1,000
+        # locks would configure it (redis-py 8's default pool raises past 100, and
+        # opening one per lock at once starves the loop until the locks expire).
+        pool = redis.asyncio.BlockingConnectionPool.from_url(url, max_connections=POOL)
+        self.client = redis.asyncio.Redis(connection_pool=pool)
+        stack.push_async_callback(pool.disconnect)
+        stack.push_async_callback(self.client.aclose)
+        if kind.startswith("aiolease"):
+            fair = kind == "aiolease-fair"
+            self.backend = await stack.enter_async_context(
+                open_backend(url, prefix=PREFIX, fair=fair)
+            )
+        elif kind == "floor":
+            self.floor = Floor(self.client)
+        elif kind == "python-redis-lock":
+            sync_pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL)
+            self.sync = redis.Redis(connection_pool=sync_pool)
+            stack.callback(sync_pool.disconnect)
+            stack.callback(self.sync.close)
+        elif kind == "aioredlock":
+            from aioredlock import Aioredlock
+
+            kwargs = self.client.connection_pool.connection_kwargs
+            self.manager = Aioredlock([{"host": kwargs["host"], "port": kwargs["port"]}])
+            stack.push_async_callback(self.manager.destroy)
+
+    def key(self, name: str) -> str:
+        return key_of(self.kind, name)
+
+    async def acquire(self, name: str, ttl: float, blocking: bool = True) -> Any:
+        """Acquire ``name`` (waiting, unless not ``blocking``): a handle for release."""
+        kind = self.kind
+        if kind.startswith("aiolease"):
+            lock = AsyncLock(self.backend, name, ttl=ttl)
+            return await (lock.acquire() if blocking else lock.acquire_nowait())
+        if kind == "floor":
+            if not blocking:
+                token = uuid.uuid4().hex
+                assert await self.client.set(self.key(name), token, nx=True, px=int(ttl * 1000))
+                return token
+            return await self.floor.acquire(self.key(name), ttl)
+        if kind == "redis-py":
+            rlock = self.client.lock(self.key(name), timeout=ttl, thread_local=False)
+            assert await rlock.acquire(blocking=blocking)
+            return rlock
+        if kind == "python-redis-lock":
+            import redis_lock
+
+            plock = redis_lock.Lock(self.sync, name, expire=max(int(ttl), 1))
+            if blocking:
+                assert await asyncio.to_thread(plock.acquire)
+            else:
+                assert plock.acquire(blocking=False)  # sync: the loop waits, as intended
+            return plock
+        if kind == "pottery":
+            from pottery import AIORedlock
+
+            alock = AIORedlock(key=name, masters={self.client}, auto_release_time=ttl)
+            assert await alock.acquire(blocking=blocking)
+            return alock
+        if kind == "aioredlock":
+            from aioredlock import LockError
+
+            while True:
+                try:
+                    return await self.manager.lock(self.key(name), lock_timeout=ttl)
+                except LockError:
+                    if not blocking:
+                        raise
+        raise ValueError(f"unknown contender {kind!r}")
+
+    async def release(self, name: str, handle: Any) -> None:
+        kind = self.kind
+        if kind.startswith("aiolease"):
+            await handle.release()
+        elif kind == "floor":
+            await self.floor.release(self.key(name), handle)
+        elif kind == "python-redis-lock":
+            handle.release()
+        elif kind == "aioredlock":
+            await self.manager.unlock(handle)
+        else:
+            await handle.release()
+
+    async def once(self, name: str) -> None:
+        """One blocking acquire, a 1 ms hold, a release (``async with`` for aiolease)."""
+        if self.kind.startswith("aiolease"):
+            async with AsyncLock(self.backend, name, ttl=10):
+                await asyncio.sleep(HOLD)
+            return
+        handle = await self.acquire(name, 10)
+        await asyncio.sleep(HOLD)
+        await self.release(name, handle)
+
+
+# -- uncontended ---------------------------------------------------------------------------
+
+
+async def uncontended(
+    url: str, kinds: Sequence[str], cycles: int
+) -> dict[str, tuple[float, float]]:
+    """Median seconds per acquire+release, and requests per cycle the server read, by contender.
+    The contenders take turns, one cycle each, so a busy moment hits them all alike."""
+    found: dict[str, list[float]] = {}
+    async with AsyncExitStack() as stack:
+        cycle: dict[str, Callable[[], Awaitable[object]]] = {}
+        for kind in kinds:
+            contender = Contender(kind, url, stack)
+            await contender.start()
+            cycle[kind] = make_cycle(contender)
+        if "aiolease" in cycle:
+            contender = Contender("aiolease", url, stack)
+            await contender.start()
+            cycle["aiolease async with"] = make_block(contender)
+        pings = redis.asyncio.Redis.from_url(url)
+        stack.push_async_callback(pings.aclose)
+
+        async def two_pings() -> None:
+            await pings.ping()
+            await pings.ping()
+
+        cycle["two PINGs"] = two_pings
+        for _ in range(min(cycles // 10, 50)):
+            for one in cycle.values():
+                await one()
+        for _ in range(cycles):
+            for label, one in cycle.items():
+                start = time.perf_counter()
+                await one()
+                found.setdefault(label, []).append(time.perf_counter() - start)
+        trips: dict[str, float] = {}
+        for label, one in cycle.items():  # alone, so the server's count is this one's
+            before = server_reads(url)
+            for _ in range(20):
+                await one()
+            trips[label] = (server_reads(url) - before - 1) / 20  # less the INFO
+    return {label: (statistics.median(s), trips[label]) for label, s in found.items()}
+
+
+def make_cycle(contender: Contender) -> Callable[[], Awaitable[None]]:
+    name = f"uncontended-{contender.kind}-{RUN}"
+
+    async def cycle() -> None:
+        handle = await contender.acquire(name, 10, blocking=False)
+        await contender.release(name, handle)
+
+    return cycle
+
+
+def make_block(contender: Contender) -> Callable[[], Awaitable[None]]:
+    lock = AsyncLock(contender.backend, f"uncontended-with-{RUN}", ttl=10)
+
+    async def block() -> None:
+        async with lock:
+            pass
+
+    return block
+
+
+# -- hand-offs -----------------------------------------------------------------------------
+
+
+async def handoffs(
+    kind: str,
+    url: str,
+    name: str,
+    tasks: int,
+    seconds: float,
+    start: Callable[[], Awaitable[float]] | None = None,
+) -> list[int]:
+    """Acquisitions per task of ``tasks`` tasks (threads for python-redis-lock) that
+    end within ``seconds`` from the ``time.monotonic()`` that ``start`` returns once
+    connected (default: at once)."""
+    counts = [0] * tasks
+    async with AsyncExitStack() as stack:
+        contender = Contender(kind, url, stack)
+        await contender.start()
+        start_at = time.monotonic() if start is None else await start()
+        await asyncio.sleep(max(start_at - time.monotonic(), 0))
+        end_at = start_at + seconds
+        if kind == "python-redis-lock":
+            return await threaded_handoffs(contender.sync, name, tasks, end_at)
+        stopped = False
+
+        async def loop(i: int) -> None:
+            while not stopped:
+                await contender.once(name)
+                counts[i] += time.monotonic() <= end_at
+
+        # redis-py's asyncio client can swallow a cancel() that arrives while it awaits a
+        # reply: the loops are told to stop, and cancelled only if they do not.
+        runners = [asyncio.ensure_future(loop(i)) for i in range(tasks)]
+        await asyncio.sleep(max(end_at - time.monotonic(), 0))
+        stopped = True
+        _, late = await asyncio.wait(runners, timeout=15)
+        for runner in late:
+            runner.cancel()
+        await asyncio.gather(*runners, return_exceptions=True)
+    return counts
+
+
+async def threaded_handoffs(
+    client: redis.Redis, name: str, threads: int, end_at: float
+) -> list[int]:
+    """python-redis-lock is synchronous: one thread per contender, one client shared."""
+    import redis_lock
+
+    counts = [0] * threads
+
+    def run(i: int) -> None:
+        while time.monotonic() < end_at:
+            lock = redis_lock.Lock(client, name, expire=10)
+            if lock.acquire(timeout=0.5):
+                time.sleep(HOLD)
+                lock.release()
+                counts[i] += time.monotonic() <= end_at
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for thread in workers:
+        await asyncio.to_thread(thread.join)
+    return counts
+
+
+async def handoffs_across_processes(
+    kind: str, url: str, processes: int, seconds: float, delay: float
+) -> list[int]:
+    """Acquisitions per process, ``processes`` processes of one task each."""
+    name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
+    command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
+    command += ["--seconds", repr(seconds)]
+    children = [
+        await asyncio.create_subprocess_exec(
+            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for _ in range(processes)
+    ]
+    for child in children:  # every one connected ...
+        assert child.stdout is not None
+        assert (await child.stdout.readline()).strip() == b"ready"
+    # ... then all count what ends in the same window: on one host, every process reads
+    # the same monotonic clock.
+    start_at = repr(time.monotonic() + delay).encode()
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(start_at + b"\n")
+        await child.stdin.drain()
+    outputs = [await child.communicate() for child in children]
+    return [int(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+async def worker(kind: str, url: str, name: str, seconds: float) -> None:
+    """One process of :func:`handoffs_across_processes`: says it is ready, reads the
+    start time, prints its acquisitions."""
+
+    async def start() -> float:
+        print("ready", flush=True)
+        return float(await asyncio.to_thread(sys.stdin.readline))
+
+    (count,) = await handoffs(kind, url, name, 1, seconds, start)
+    print(count, flush=True)
+
+
+# -- crash failover ------------------------------------------------------------------------
+
+
+async def hold_forever(kind: str, url: str, name: str, ttl: float) -> None:
+    """The holder process of a failover: acquire (with auto-renewal where the library
+    has it), say so, and wait to be killed."""
+    async with AsyncExitStack() as stack:
+        contender = Contender(kind, url, stack)
+        await contender.start()
+        if kind.startswith("aiolease"):
+            await stack.enter_async_context(AsyncLock(contender.backend, name, ttl=ttl))
+        elif kind == "python-redis-lock":
+            import redis_lock
+
+            lock = redis_lock.Lock(contender.sync, name, expire=int(ttl), auto_renewal=True)
+            assert lock.acquire()
+        elif kind == "aioredlock":
+            from aioredlock import Aioredlock
+
+            host = contender.client.connection_pool.connection_kwargs["host"]
+            port = contender.client.connection_pool.connection_kwargs["port"]
+            manager = Aioredlock([{"host": host, "port": port}], internal_lock_timeout=ttl)
+            await manager.lock(contender.key(name))  # no lock_timeout: its watchdog renews
+        else:
+            await contender.acquire(name, ttl)
+        print("held", flush=True)
+        await asyncio.sleep(3600)
+
+
+async def failover(kind: str, url: str, ttl: float) -> float:
+    """One crash failover: seconds from the server-side expiry of the killed holder's
+    key to the waiter's acquire."""
+    name = f"failover-{kind}-{uuid.uuid4().hex[:6]}"
+    command = [sys.executable, __file__, "--url", url, "--worker", f"hold-{kind}"]
+    holder = await asyncio.create_subprocess_exec(
+        *command, "--name", name, "--ttl", repr(ttl), stdout=subprocess.PIPE
+    )
+    assert holder.stdout is not None
+    assert (await holder.stdout.readline()).strip() == b"held"
+    async with AsyncExitStack() as stack:
+        contender = Contender(kind, url, stack)
+        await contender.start()
+        observer = redis.asyncio.Redis.from_url(url)
+        stack.push_async_callback(observer.aclose)
+        await observer.ping()
+
+        async def wait_and_acquire() -> float:
+            handle = await contender.acquire(name, ttl)
+            got = time.monotonic()
+            await contender.release(name, handle)
+            return got
+
+        acquired = asyncio.ensure_future(wait_and_acquire())
+        await asyncio.sleep(0.3)  # the waiter is waiting
+        holder.send_signal(signal.SIGKILL)
+        await holder.wait()
+        sent = time.monotonic()
+        pttl = await observer.pttl(contender.key(name))
+        answered = time.monotonic()
+        assert pttl > 0, f"{kind}: the holder's key {contender.key(name)!r} has PTTL {pttl}"
+        expiry = (sent + answered) / 2 + pttl / 1000
+        return await acquired - expiry
+
+
+# -- many leases held ----------------------------------------------------------------------
+
+
+async def held(
+    kind: str, url: str, count: int, seconds: float, settle: float
+) -> tuple[float, float, float, float, int]:
+    """Hold ``count`` leases (ttl 3 s) for ``seconds``: (round trips per second counted
+    in the client, of them renewals, requests per second read by the server, CPU
+    seconds per second, leases lost)."""
+    ttl = 3
+    async with AsyncExitStack() as stack:
+        contender = Contender(kind, url, stack)
+        await contender.start()
+        names = [f"held-{kind}-{RUN}-{i}" for i in range(count)]
+        lost = await start_holding(contender, names, ttl, stack)
+        await asyncio.sleep(settle)  # every renewal loop is running
+        backend = getattr(contender, "backend", None)
+        stats = backend.statistics if isinstance(backend, RedisBackend) else None
+        batches = stats().batches if stats else 0
+        sends, reads = Sends.count, server_reads(url)
+        cpu, wall = time.process_time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        sends, reads = Sends.count - sends, server_reads(url) - reads - 1
+        batches = stats().batches - batches if stats else sends
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        return sends / wall, batches / wall, reads / wall, cpu / wall, await lost()
+
+
+async def start_holding(
+    contender: Contender, names: Sequence[str], ttl: int, stack: AsyncExitStack
+) -> Callable[[], Awaitable[int]]:
+    """Acquire every name with the library's own renewal running; how to count the lost."""
+    kind, client = contender.kind, contender.client
+    tasks: list[asyncio.Future[Any]] = []
+    stack.callback(lambda: [t.cancel() for t in tasks])
+    if kind == "aiolease":  # each held in a task of its own, as an application would
+        stop, leases = asyncio.Event(), list[Lease]()
+
+        async def hold(name: str) -> None:
+            async with AsyncLock(contender.backend, name, ttl=ttl) as lease:
+                leases.append(lease)
+                await stop.wait()
+
+        holders = [asyncio.ensure_future(hold(name)) for name in names]
+
+        async def release_all() -> None:
+            stop.set()
+            await asyncio.gather(*holders, return_exceptions=True)
+
+        stack.push_async_callback(release_all)
+        while len(leases) < len(names):  # noqa: ASYNC110 - a benchmark's set-up
+            await asyncio.sleep(0.05)
+
+        async def aiolease_lost() -> int:
+            return sum(lease.lost is not None for lease in leases)
+
+        return aiolease_lost
+    if kind == "floor":  # one script renews them all
+        renew_all = client.register_script(RENEW_ALL)
+        keys = [contender.key(name) for name in names]
+        for key in keys:
+            assert await client.set(key, RUN, nx=True, px=ttl * 1000)
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(ttl / 3)
+                await renew_all(keys=keys, args=[RUN, ttl * 1000])
+
+        tasks.append(asyncio.ensure_future(renew()))
+
+        async def floor_lost() -> int:
+            return len(keys) - int(await renew_all(keys=keys, args=[RUN, ttl * 1000]))
+
+        return floor_lost
+    if kind == "python-redis-lock":
+        import redis_lock
+
+        plocks = [redis_lock.Lock(contender.sync, n, expire=ttl, auto_renewal=True) for n in names]
+        for plock in plocks:
+            assert plock.acquire(blocking=False)
+
+        def stop_renewers() -> None:
+            for plock in plocks:
+                plock._stop_lock_renewer()
+
+        stack.callback(stop_renewers)
+
+        async def threads_lost() -> int:
+            owners = await client.mget([contender.key(n) for n in names])
+            return sum(o != p.id.encode() for o, p in zip(owners, plocks, strict=True))
+
+        return threads_lost
+    if kind == "aioredlock":
+        from aioredlock import Aioredlock
+
+        kwargs = client.connection_pool.connection_kwargs
+        manager = Aioredlock(
+            [{"host": kwargs["host"], "port": kwargs["port"]}], internal_lock_timeout=ttl
+        )
+        stack.push_async_callback(manager.destroy)
+        alocks = [await manager.lock(contender.key(n)) for n in names]  # watchdog renews
+
+        async def watchdog_lost() -> int:
+            owners = await client.mget([contender.key(n) for n in names])
+            return sum(o != a.id.encode() for o, a in zip(owners, alocks, strict=True))
+
+        return watchdog_lost
+    # redis-py and pottery have no auto-renewal: a task per lock renews it every ttl/3,
+    # from its own acquisition on.
+    failed: set[int] = set()
+
+    async def renew_one(i: int, handle: Any) -> None:
+        if kind == "pottery":
+            handle.num_extensions = 10**9
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await (handle.reacquire() if kind == "redis-py" else handle.extend())
+            except Exception:
+                failed.add(i)
+
+    for i, name in enumerate(names):
+        handle = await contender.acquire(name, ttl, blocking=False)
+        tasks.append(asyncio.ensure_future(renew_one(i, handle)))
+
+    async def renewer_lost() -> int:
+        return len(failed)
+
+    return renewer_lost
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def fairness(counts: Sequence[int]) -> float:
+    return max(counts) / max(min(counts), 1)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+class Report:
+    """The sections as they are measured, then issue 4's table with the verdicts."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def target(self, figure: str, want: str, got: str, ok: bool) -> None:
+        self.rows.append((figure, want, got, verdict(ok)))
+
+    def print_summary(self) -> None:
+        print(f"\n{'figure':<44} {'target':<36} {'aiolease':<30} verdict")
+        for figure, want, got, ok in self.rows:
+            print(f"{figure:<44} {want:<36} {got:<30} {ok}")
+
+
+async def main(args: argparse.Namespace) -> None:
+    url, skip = args.url, set(args.skip)
+    peers = [p for p in PEERS if p not in skip]
+    report = Report()
+    print(f"Redis benchmarks against {url} (ratios from this run only)")
+    for kind in ("floor", "aiolease", "aiolease-fair", *peers):
+        print(f"  {kind:<18} {HOW[kind]}")
+
+    times = await uncontended(url, ["floor", "aiolease", *peers], args.cycles)
+    floor = times["floor"][0]
+    print(f"\n{'uncontended acquire+release':<36} {'x floor':>8} {'RT/cycle':>9}")
+    for label, (seconds, trips) in times.items():
+        print(f"  {label:<34} {seconds / floor:>8.2f} {trips:>9.1f}")
+    ratio, trips = times["aiolease"][0] / floor, times["aiolease"][1]
+    best = min((times[p][0] / floor, p) for p in peers) if peers else (float("nan"), "-")
+    report.target(
+        "uncontended acquire+release (token incl.)",
+        "<= 1.10 x floor, 2 round trips",
+        f"{ratio:.2f}x, {trips:.1f} RT (best peer {best[0]:.2f}x)",
+        ratio <= 1.10 and trips <= 2.0,
+    )
+
+    kinds = ["floor", "aiolease-fair", "aiolease", *peers]
+    figures: dict[str, dict[str, tuple[float, float, int]]] = {"tasks": {}, "procs": {}}
+    for where, label in (("tasks", "8 tasks"), ("procs", "4 processes")):
+        title = f"hand-offs, {label}, one key, 1 ms"
+        print(f"\n{title:<36} {'per s':>8} {'max/min':>8} {'starved':>8}")
+        for kind in kinds:
+            if where == "tasks":
+                counts = await handoffs(kind, url, f"handoff-{kind}-{RUN}", 8, args.seconds)
+            else:
+                counts = await handoffs_across_processes(
+                    kind, url, 4, args.seconds, args.start_delay
+                )
+            rate, starved = sum(counts) / args.seconds, counts.count(0)
+            figures[where][kind] = (rate, fairness(counts), starved)
+            print(f"  {kind:<34} {rate:>8.0f} {fairness(counts):>8.2f} {starved:>8}")
+        rate, fair, starved = figures[where]["aiolease-fair"]
+        prl = figures[where].get("python-redis-lock", (0.0, 0.0, 0))[0]
+        report.target(
+            f"hand-offs, {label}, fair=True",
+            ">= python-redis-lock, max/min <= 1.5",
+            f"{rate:.0f}/s vs {prl:.0f}/s, {fair:.2f}, {starved} starved",
+            rate >= prl and fair <= 1.5 and starved == 0,
+        )
+
+    label = f"crash failover, ttl {args.failover_ttl:g} s"
+    print(f"\n{label:<36} {'expiry->acquire':>16}")
+    gaps: dict[str, float] = {}
+    for kind in ("floor", "aiolease", "aiolease-fair", *peers):
+        runs = [await failover(kind, url, args.failover_ttl) for _ in range(args.failovers)]
+        gaps[kind] = statistics.median(runs)
+        print(f"  {kind:<34} {gaps[kind] * 1000:>13.1f} ms")
+    worst = max(gaps["aiolease"], gaps["aiolease-fair"])
+    report.target(
+        label,
+        "<= 20 ms after server-side expiry",
+        f"{gaps['aiolease'] * 1000:.1f} ms, fair {gaps['aiolease-fair'] * 1000:.1f} ms",
+        worst <= 0.020,
+    )
+
+    title = f"{args.held} leases held, ttl 3 s, {args.held_seconds:g} s"
+    head = f"{'RT/s':>8} {'renew RT/s':>10} {'reads/s':>8} {'CPU s/s':>8} {'lost':>6}"
+    print(f"\n{title:<36} {head}")
+    found: dict[str, tuple[float, float, float, float, int]] = {}
+    for kind in ("floor", "aiolease", *peers):
+        found[kind] = await held(kind, url, args.held, args.held_seconds, args.settle)
+        rate, renew, reads, cpu, lost = found[kind]
+        print(f"  {kind:<34} {rate:>8.1f} {renew:>10.1f} {reads:>8.1f} {cpu:>8.3f} {lost:>6}")
+    rate, renew, reads, cpu, lost = found["aiolease"]
+    base = found.get("redis-py", (0.0, 0.0, 0.0, float("nan"), 0))[3]
+    report.target(
+        f"{args.held} leases held, ttl 3 s",
+        "<= 2 RT/s; CPU <= 1/3 redis-py's; 0 lost",
+        f"{renew:.1f} renew RT/s ({rate:.0f} all), CPU {cpu / base:.2f}x, {lost} lost",
+        renew <= 2 and cpu <= base / 3 and lost == 0,
+    )
+    report.print_summary()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--url", default=os.environ.get("AIOLEASE_REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument("--cycles", type=int, default=500, help="uncontended cycles")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per hand-off figure")
+    parser.add_argument("--failovers", type=int, default=3, help="crash failovers each")
+    parser.add_argument("--held", type=int, default=1000, help="leases held at once")
+    parser.add_argument("--held-seconds", type=float, default=15.0)
+    parser.add_argument("--failover-ttl", type=float, default=2.0)
+    parser.add_argument("--start-delay", type=float, default=0.3, help=argparse.SUPPRESS)
+    parser.add_argument("--settle", type=float, default=3.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--skip", type=lambda s: s.split(","), default=[], help=f"peers: {','.join(PEERS)}"
+    )
+    parser.add_argument("--spawn-server", action="store_true", help="use a private server")
+    parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--ttl", type=float, default=2.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None and args.worker.startswith("hold-"):
+        asyncio.run(hold_forever(args.worker.removeprefix("hold-"), args.url, args.name, args.ttl))
+    elif args.worker is not None:
+        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
+    else:
+        unknown = set(args.skip) - set(PEERS)
+        if unknown:
+            parser.error(f"--skip: unknown peers {sorted(unknown)}; known: {', '.join(PEERS)}")
+        if args.quick:
+            args.cycles, args.seconds, args.failovers = 100, 0.5, 1
+            args.held, args.held_seconds, args.settle = 100, 1.5, 0.5
+            args.failover_ttl = 1.0
+        Sends.install()
+        if args.spawn_server:
+            with spawned_server() as args.url:
+                asyncio.run(main(args))
+        else:
+            asyncio.run(main(args))
