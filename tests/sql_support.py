@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import anyio
 import pytest
 
+from aiolease import AsyncLock
 from aiolease._bridge import AsyncioBridge, call_asyncio, running_trio
 from aiolease.abc import Backend, Grant, HolderInfo
 
@@ -182,3 +184,37 @@ def check_one_winner(reports: list[dict[str, Any]]) -> None:
     for report in reports:
         if report is not winners[0]:
             assert (report["holder"], report["token"]) == (winners[0]["owner"], 1), reports
+
+
+# -- a cancel that comes together with a wake-up ----------------------------------------------
+
+
+def suspended_in(task: asyncio.Task[Any], function: str) -> bool:
+    """Whether ``task`` is suspended on a future (awaits no coroutine further down)
+    inside a call of ``function``."""
+    names = []
+    awaited: Any = task.get_coro()
+    while hasattr(awaited, "cr_await"):
+        names.append(awaited.cr_code.co_name)
+        awaited = awaited.cr_await
+    return not task.done() and function in names and awaited is not None
+
+
+async def cancel_as_woken(backend: Backend, name: str, owner: str, token: int) -> None:
+    """Check that an asyncio task cancelled in the very step that wakes it is cancelled.
+
+    A task acquires ``name`` (held by ``owner``) with an :class:`~aiolease.AsyncLock`;
+    once it waits, ``owner`` releases through the same backend object, which wakes the
+    waiter, and the task is cancelled before it runs again. ``asyncio.wait_for`` (before
+    Python 3.12) would return the wake-up and drop the cancel: the acquire would go on
+    and hold the lease although its caller was cancelled.
+    """
+    task = asyncio.create_task(AsyncLock(backend, name, ttl=30).acquire())
+    await eventually(lambda: suspended_in(task, "wait_event"), "the acquire waiting")
+    # No await between the wake-up (inside release) and the cancel.
+    assert await backend.release(name, owner, token)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        lease = await task
+        await lease.release()  # the acquire went on: do not leave it held
+    assert await backend.read(name) is None  # and nothing is held in its name

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 from sql_support import (
     HOSTILE_IDENTIFIERS,
+    cancel_as_woken,
     check_one_winner,
     first_use_by_processes,
     grant,
@@ -481,3 +482,16 @@ async def test_a_closed_backend_is_unavailable(my_url: str) -> None:
         with pytest.raises(BackendUnavailable, match="closed"):
             await b.read("x")
         await b.aclose()  # idempotent; open_backend closes it once more
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio's cancel scopes cancel again
+async def test_a_cancel_that_comes_with_the_wake_up_is_not_swallowed(
+    my_url: str, anyio_backend: str
+) -> None:
+    async with backend(my_url, poll_interval=60) as b:
+        name = unique("cancel")
+        granted = await grant(b, name, "owner-1", ttl=60)
+        await cancel_as_woken(b, name, "owner-1", granted.token)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 from sql_support import (
     HOSTILE_IDENTIFIERS,
+    cancel_as_woken,
     check_one_winner,
     eventually,
     first_use_by_processes,
@@ -26,6 +27,7 @@ from sql_support import (
     on_asyncio,
     raises,
     refused,
+    suspended_in,
     unique,
     with_query,
 )
@@ -40,7 +42,8 @@ from aiolease import (
     LeaseLostError,
     NotOwnerError,
 )
-from aiolease.abc import Backend, Grant
+from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.backends._sql import timeout_after, wait_event
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.faults import FaultyBackend
@@ -570,8 +573,12 @@ async def test_a_statement_that_waits_too_long_is_a_timeout(
                 await conn.execute(
                     f'SELECT 1 FROM "{schema}"."{table}" WHERE name = $1 FOR UPDATE', "locked"
                 )
+                # A refusal reads the holder without locking the row: it does not wait.
+                seen = await b.try_acquire("locked", "owner-2", 30, "me", {})
+                assert isinstance(seen, HolderInfo) and seen.owner == "owner-1"
+                # The holder's own retry updates the row, so it waits for the lock.
                 with pytest.raises(BackendTimeout):
-                    await b.try_acquire("locked", "owner-2", 30, "me", {})
+                    await b.try_acquire("locked", "owner-1", 30, "me", {})
         finally:
             await conn.close()
         holder = await b.read("locked")
@@ -589,3 +596,102 @@ async def test_a_closed_backend_is_unavailable(pg_url: str) -> None:
             with pytest.raises(BackendUnavailable, match="closed"):
                 await call
         await b.aclose()  # idempotent; open_backend closes it once more
+
+
+# -- cancellation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio's cancel scopes cancel again
+async def test_a_cancel_that_comes_with_the_wake_up_is_not_swallowed(
+    pg_url: str, anyio_backend: str
+) -> None:
+    async with backend(pg_url, poll_interval=60) as b:
+        name = unique("cancel")
+        granted = await grant(b, name, "owner-1", ttl=60)
+        await cancel_as_woken(b, name, "owner-1", granted.token)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_wait_event_never_swallows_a_cancel(anyio_backend: str) -> None:
+    event = asyncio.Event()
+    task = asyncio.create_task(wait_event(event, 60))
+    await eventually(lambda: suspended_in(task, "wait_event"), "the wait blocking")
+    event.set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wait_event(event, 60)
+    assert not await wait_event(asyncio.Event(), 0.01)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_timeout_after_never_swallows_a_cancel(anyio_backend: str) -> None:
+    async def guarded(future: asyncio.Future[int], seconds: float = 60) -> int:
+        async with timeout_after(seconds):
+            return await future
+
+    future = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(guarded(future))
+    await eventually(lambda: suspended_in(task, "guarded"), "the guarded await blocking")
+    future.set_result(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(asyncio.TimeoutError):
+        await guarded(asyncio.get_running_loop().create_future(), 0.01)
+    async with timeout_after(None):  # no limit
+        await asyncio.sleep(0)
+
+
+# -- hand-offs and reads without statements -------------------------------------------------------
+
+
+async def test_a_release_hands_the_name_to_the_oldest_waiter(pg_url: str) -> None:
+    # Waiters of one backend queue oldest first; each release grants the next in line
+    # in the release statement itself (a herd would wake all, in no set order).
+    async with backend(pg_url, poll_interval=60) as b:
+        name = unique("handoff")
+        first = await AsyncLock(b, name, ttl=30).acquire()
+        order: list[int] = []
+        tokens: list[int] = []
+
+        async def wait(i: int) -> None:
+            lease = await AsyncLock(b, name, ttl=30).acquire()
+            order.append(i)
+            tokens.append(lease.token)
+            assert await lease.release()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(wait, i)
+                    await _waiting(b, i + 1)  # queued before the next one starts
+                assert await first.release()
+        assert order == [0, 1, 2, 3]
+        assert tokens == [first.token + 1, first.token + 2, first.token + 3, first.token + 4]
+        assert await b.read(name) is None
+
+
+async def test_a_cached_read_of_a_held_lease_sees_a_takeover(
+    pg: str, pg_url: str, schema: str
+) -> None:
+    # A read of a lease held through the backend needs no statement while the listener
+    # shows no change; a takeover's NOTIFY must end that at once.
+    async with backend(pg_url, poll_interval=60) as mine, backend(pg_url) as other:
+        with anyio.move_on_after(0.2):  # connects the listener
+            await mine.wait_changed(unique("listen"), None)
+        assert inner(mine, PostgresBackend).statistics().listening
+        name = unique("cached")
+        await grant(mine, name, "owner-1", ttl=60)
+        seen = await mine.read(name)
+        assert seen is not None and seen.owner == "owner-1"
+        await raw(
+            pg,
+            f'UPDATE "{schema}".aiolease_leases SET expires_at = clock_timestamp() WHERE name = $1',
+            name,
+        )
+        await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
+        with anyio.fail_after(5):  # a read still answered from memory would wait 10 s
+            await mine.wait_changed(name, seen)
+        now = await mine.read(name)
+        assert now is not None and now.owner == "owner-2" and now.token == seen.token + 1

@@ -20,8 +20,9 @@ import copy
 import json
 import math
 import re
+import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -48,6 +49,7 @@ __all__ = [
     "parse_seconds",
     "parse_size",
     "pool_size",
+    "timeout_after",
 ]
 
 #: A plain SQL identifier: ASCII letter or ``_`` first, then letters, digits and ``_``;
@@ -202,13 +204,56 @@ def now() -> float:
     return asyncio.get_running_loop().time()
 
 
+def timeout_after(seconds: float | None) -> AbstractAsyncContextManager[object]:
+    """Raise :exc:`asyncio.TimeoutError` out of the block after ``seconds`` (``None``: never).
+
+    Not ``asyncio.wait_for``: up to Python 3.11 it returns the result of an await that
+    completes in the step a cancel arrives in, and drops the cancel, so a cancelled
+    caller ran on (and could go on to take a lease). This runs the block in the
+    caller's own task, where a cancel is always raised: ``asyncio.timeout`` on 3.11+.
+    """
+    if sys.version_info >= (3, 11):
+        return asyncio.timeout(seconds)
+    return _Timeout(seconds)  # pragma: no cover - Python 3.10
+
+
+class _Timeout:  # pragma: no cover - Python 3.10, which lacks asyncio.timeout
+    """``asyncio.timeout`` for Python 3.10. Without ``Task.uncancel``, a cancel that
+    arrives in the very step the timer fires is taken for the timeout."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._fired = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> _Timeout:
+        task = asyncio.current_task()
+        if self._seconds is not None and task is not None:
+            self._handle = asyncio.get_running_loop().call_later(self._seconds, self._fire, task)
+        return self
+
+    def _fire(self, task: asyncio.Task[Any]) -> None:
+        self._fired = True
+        task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._fired and kind is asyncio.CancelledError:
+            raise asyncio.TimeoutError
+
+
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait for ``event`` at most ``timeout`` seconds (``None``: no limit); whether it was set."""
+    """Wait for ``event`` at most ``timeout`` seconds (``None``: no limit); whether it was set.
+
+    A cancel is always raised, also one that comes in the step the event is set in.
+    """
     if timeout is not None and timeout <= 0:
         await asyncio.sleep(0)
         return event.is_set()
     try:
-        await asyncio.wait_for(event.wait(), timeout)
+        async with timeout_after(timeout):
+            await event.wait()
     except asyncio.TimeoutError:
         return False
     return True

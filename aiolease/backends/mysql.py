@@ -68,6 +68,7 @@ from ._sql import (
     parse_seconds,
     parse_size,
     pool_size,
+    timeout_after,
     wait_event,
 )
 
@@ -408,7 +409,8 @@ class MySQLBackend(Backend):
         if self._owns_pool:
             self._pool.close()
             try:
-                await asyncio.wait_for(self._pool.wait_closed(), 10)
+                async with timeout_after(10):
+                    await self._pool.wait_closed()
             except BaseException:  # timed out or cancelled: close it the hard way
                 self._pool.terminate()
                 raise

@@ -41,6 +41,14 @@ runs out. If the listening connection drops, every waiter wakes, waiting falls b
 to polling every ``poll_interval`` (never later than the holder's expiry), and the
 next wait reconnects.
 
+**Hand-offs.** A refused acquire only reads the row (no lock, no WAL). Waiters of
+one backend object queue oldest first (:mod:`aiolease.backends._sql_turns`): a
+release through the backend grants the row to the oldest in the same statement,
+a release seen by NOTIFY wakes only the oldest, and ``read`` of a live lease held
+through the backend is answered without a statement while the listener proves the
+row unchanged (see ``_Held``). All statements but the renewal use at most all but
+one of the pool's connections, so a burst of acquires never starves renewals.
+
 **Poolers.** Correctness needs no session state, so the lease statements work
 through PgBouncer in transaction mode (give ``statement_cache_size=0`` unless the
 pooler supports prepared statements). ``LISTEN`` does need a session: point
@@ -83,8 +91,10 @@ from ._sql import (
     parse_seconds,
     parse_size,
     pool_size,
+    timeout_after,
     wait_event,
 )
+from ._sql_turns import Turn, Turns
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
 
@@ -94,6 +104,8 @@ logger = logging.getLogger("aiolease.postgres")
 _RACE_RETRIES = 8
 #: While listening, waits still return this often, and the listener is checked as often.
 LISTEN_CHECK = 10.0
+#: Names whose latest notification is remembered (see ``_unchanged_since``).
+_MAX_NOTED = 4096
 #: The longest pause between attempts to reconnect the listener.
 _MAX_LISTEN_BACKOFF = 5.0
 #: SQLSTATEs (or their two-character classes) that mean "try again later", not "down".
@@ -149,11 +161,19 @@ class _Sql:
         # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel. The clock is
         # read once (the CTE "now"); excluded.acquired_at carries it into the update.
         retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
+        # "held": the snapshot shows a live holder other than the caller. Then nothing
+        # is inserted, so a refusal takes no row lock, writes no WAL and commits without
+        # a flush (a herd of woken waiters costs reads, not commits). A release that
+        # commits after the snapshot sends a NOTIFY that wakes the refused caller.
         self.acquire = (
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            " held AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
+            " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
+            f" FROM {t} l, now n WHERE l.name = $1 AND l.owner <> $2 AND l.expires_at > n.t),"
             f" granted AS (INSERT INTO {t} AS l"
             " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
             " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
+            " WHERE NOT EXISTS (SELECT 1 FROM held)"
             " ON CONFLICT (name) DO UPDATE SET"
             f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
             f" acquired_at = CASE WHEN {retry} THEN l.acquired_at ELSE excluded.acquired_at END,"
@@ -164,11 +184,14 @@ class _Sql:
             " OR l.owner = excluded.owner"
             " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
             " SELECT g.token, true AS granted, NULL::text AS owner, NULL::text AS identity,"
-            " NULL::text AS metadata, NULL::float8 AS remaining,"
-            " CASE WHEN g.fresh THEN pg_notify($6, $1) IS NULL END AS notified FROM granted g"
+            " NULL::text AS metadata, NULL::float8 AS remaining, CASE WHEN g.fresh"
+            " THEN pg_notify($6, 'g' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
+            " FROM granted g"
+            " UNION ALL SELECT token, false, owner, identity, metadata, remaining, NULL FROM held"
             " UNION ALL SELECT l.token, false, l.owner, l.identity, l.metadata,"
             " extract(epoch FROM l.expires_at - n.t)::float8, NULL"
             f" FROM {t} l, now n WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)"
+            " AND NOT EXISTS (SELECT 1 FROM held)"
         )
         # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
         self.renew = (
@@ -184,7 +207,19 @@ class _Sql:
             f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
             " expires_at = NULL WHERE name = $1 AND owner = $2"
             " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
-            " RETURNING name) SELECT pg_notify($4, r.name) IS NULL AS notified FROM r"
+            " RETURNING name) SELECT pg_notify($4, 'r' || r.name) IS NULL AS notified FROM r"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel, then the next holder's
+        # $5 owner, $6 identity, $7 metadata, $8 ttl: release and grant in one statement.
+        self.hand_off = (
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            f" r AS (UPDATE {t} l SET token = l.token + 1, owner = $5, identity = $6,"
+            " metadata = $7, ttl = $8, acquired_at = now.t,"
+            " expires_at = now.t + make_interval(secs => $8) FROM now"
+            " WHERE l.name = $1 AND l.owner = $2 AND ($3::int8 IS NULL OR l.token = $3::int8)"
+            " AND l.expires_at > now.t RETURNING l.name, l.token)"
+            " SELECT r.token, pg_notify($4, 'g' || length($5) || ':' || $5 || r.name) IS NULL"
+            " AS notified FROM r"
         )
         self.read = (
             "SELECT l.owner, l.identity, l.token, l.metadata,"
@@ -246,6 +281,38 @@ _OPENING: Any = object()
 async def _no_reset(_conn: Any) -> None:
     """Hand a connection back to our pool without a reset round trip: the statements
     leave no session state (the only lock is transaction-scoped)."""
+
+
+def _parse_payload(payload: str) -> tuple[str, str, str | None]:
+    """(kind, name, new owner) of a notification: ``'r' + name`` (released), or ``'g' +
+    len(owner) + ':' + owner + name`` (granted). Anything else counts as a release."""
+    if payload[:1] == "g":
+        size, colon, rest = payload[1:].partition(":")
+        if colon and size.isdigit() and int(size) <= len(rest):
+            return "g", rest[int(size) :], rest[: int(size)]
+    if payload[:1] == "r":
+        return "r", payload[1:], None
+    return "r", payload, None
+
+
+@dataclass(slots=True)
+class _Held:
+    """A grant made through this backend, to answer ``read`` without a statement.
+
+    Valid while the listener has been up since ``mark`` (taken before the statement
+    that granted or confirmed it was sent) with no notification for the name but our
+    own grant's: every release and every takeover notifies, and renewals (which do
+    not) only move the expiry. ``remaining`` is counted from ``sent_at``, the send time
+    of the newest confirming statement, so it never exceeds the server's.
+    """
+
+    owner: str
+    token: int
+    identity: str
+    meta: str
+    ttl: float
+    sent_at: float
+    mark: tuple[int, int] | None
 
 
 def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
@@ -316,6 +383,7 @@ class PostgresBackend(Backend):
             )
         self._db = db
         self._conn_lock = asyncio.Lock() if isinstance(db, asyncpg.Connection) else None
+        self._gate: asyncio.Semaphore | bool | None = None
         self._owns_db = False
         self._listen = bool(listen)
         self._listen_url = listen_url
@@ -325,6 +393,8 @@ class PostgresBackend(Backend):
         self._sql = _Sql(self._schema, self._table)
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
+        self._turns = Turns()
+        self._held: dict[str, _Held] = {}
         self._setup_lock = asyncio.Lock()
         self._listen_lock = asyncio.Lock()
         self._listener: Any = None
@@ -333,6 +403,11 @@ class PostgresBackend(Backend):
         self._listener_retry_at = -1.0
         self._listener_backoff = 0.0
         self._listener_connects = 0
+        #: Notifications received; per name, the count at its latest one and the owner
+        #: it granted to (``None``: released), remembered since the floor.
+        self._notes = 0
+        self._noted: dict[str, tuple[int, str | None]] = {}
+        self._noted_floor = 0
         self._waiting = 0
         self._closed = False
 
@@ -437,18 +512,34 @@ class PostgresBackend(Backend):
 
     # -- running statements ----------------------------------------------------------------
 
-    async def _fetch(self, sql: str, *args: Any) -> list[Any]:
+    async def _fetch(self, sql: str, *args: Any, renewal: bool = False) -> list[Any]:
         import asyncpg
 
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         with _mapped():
             try:
-                return await self._run(sql, args)
+                return await self._gated(sql, args, renewal)
             except asyncpg.UndefinedTableError:
                 pass
             await self.setup()  # first use: create the table, then ask again
+            return await self._gated(sql, args, renewal)
+
+    async def _gated(self, sql: str, args: tuple[Any, ...], renewal: bool) -> list[Any]:
+        gate = None if renewal else self._pool_gate()
+        if gate is None:
             return await self._run(sql, args)
+        async with gate:
+            return await self._run(sql, args)
+
+    def _pool_gate(self) -> asyncio.Semaphore | None:
+        """Other statements use at most all but one of the pool's connections, so the
+        renewal statement (one in flight at a time) never queues behind a burst of
+        acquires until the leases it renews expire."""
+        if self._gate is None:
+            size = 1 if self._conn_lock is not None else int(self._db.get_max_size())
+            self._gate = asyncio.Semaphore(size - 1) if size >= 2 else False
+        return self._gate if isinstance(self._gate, asyncio.Semaphore) else None
 
     async def _run(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         if self._conn_lock is not None:
@@ -480,15 +571,34 @@ class PostgresBackend(Backend):
     ) -> Grant | HolderInfo:
         check_owner(owner)
         meta = encode_metadata(metadata)
+        if self._turns.handed(name, owner):
+            await asyncio.sleep(0)  # a checkpoint; a cancel here leaves it to the caller's release
+            handed = self._turns.take(name, owner)
+            if handed is not None and handed.grant is not None:  # a release here handed it
+                token, sent_at = handed.grant
+                self._held[name] = _Held(
+                    owner, token, handed.identity, handed.metadata, handed.ttl, sent_at,
+                    handed.grant_mark,
+                )  # fmt: skip
+                return Grant(token, handed.ttl, sent_at=sent_at)
         for _ in range(_RACE_RETRIES):
+            asked_at, mark = now(), self._mark()
             rows = await self._fetch(
                 self._sql.acquire, name, owner, identity, meta, float(ttl), self._channel
             )
             row = rows[0] if rows else None
             if row is not None and row["granted"]:
+                self._turns.done(name, owner)
                 self._wakeups.wake(name)
-                return Grant(int(row["token"]), ttl)
+                token = int(row["token"])
+                self._remember(
+                    name, _Held(owner, token, identity, meta, float(ttl), asked_at, mark)
+                )
+                if row["notified"] is None:  # a retry: the row kept its identity and metadata
+                    self._held[name].mark = None  # known again from the next read
+                return Grant(token, ttl)
             if row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
+                self._turns.refused(name, owner, float(ttl), identity, meta, asked_at, mark)
                 return holder(
                     name,
                     row["owner"],
@@ -504,6 +614,12 @@ class PostgresBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         sent_at = await self._batcher.renew((name, owner, token), float(ttl))
+        held = self._held.get(name)
+        if held is not None and (held.owner, held.token) == (owner, token):
+            if sent_at is None:
+                del self._held[name]
+            else:
+                held.ttl, held.sent_at = float(ttl), max(held.sent_at, sent_at)
         if sent_at is None:
             raise NotOwnerError(name)
         return Grant(token, ttl, sent_at=sent_at)
@@ -515,24 +631,75 @@ class PostgresBackend(Backend):
             [key[1] for key, _ in items],
             [key[2] for key, _ in items],
             [ttl for _, ttl in items],
+            renewal=True,
         )
         return frozenset((row["name"], row["owner"], int(row["token"])) for row in rows)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         self._batcher.forget(name, owner, token)
+        self._turns.done(name, owner)
+        held = self._held.get(name)
+        if held is not None and held.owner == owner:
+            del self._held[name]
+        turn = self._turns.next(name)
+        if turn is not None:
+            return await self._hand_off(name, owner, token, turn)
         rows = await self._fetch(self._sql.release, name, owner, token, self._channel)
         if rows:
             self._wakeups.wake(name)
+            self._turns.wake_one(name)
         return bool(rows)
 
+    async def _hand_off(self, name: str, owner: str, token: int | None, turn: Turn) -> bool:
+        """Release ``owner``'s grant to the oldest task waiting here, in one statement."""
+        sent_at = now()
+        turn.grant = (0, sent_at)  # claimed: no other release hands it a second grant
+        turn.grant_mark = self._mark()
+        try:
+            rows = await self._fetch(
+                self._sql.hand_off, name, owner, token, self._channel,
+                turn.owner, turn.identity, turn.metadata, turn.ttl,
+            )  # fmt: skip
+        except BaseException:
+            turn.grant = None
+            raise
+        finally:
+            turn.settled.set()
+            turn.event.set()
+        if not rows:
+            turn.grant = None
+            return False
+        granted = int(rows[0]["token"])
+        turn.grant = (granted, sent_at)
+        self._wakeups.wake(name)
+        if turn.cancelled:  # it stopped waiting meanwhile: give its grant back
+            await self.release(name, turn.owner, granted)
+        return True
+
     async def read(self, name: str) -> HolderInfo | None:
+        """The holder of ``name``. For a live grant made through this backend, answered
+        without a statement while the listener proves the row unchanged (see ``_Held``)."""
+        held = self._held.get(name)
+        if held is not None and self._unchanged_since(name, held.mark, held.owner):
+            remaining = held.sent_at + held.ttl - now()
+            if remaining > 0:
+                await asyncio.sleep(0)
+                return holder(name, held.owner, held.identity, held.token, held.meta, remaining)
+        mark = self._mark()
         rows = await self._fetch(self._sql.read, name)
         if not rows:
             return None
         row = rows[0]
+        held = self._held.get(name)
+        if held is not None and (held.owner, held.token) == (row["owner"], row["token"]):
+            held.identity, held.meta = row["identity"], row["metadata"]
+            held.mark = mark  # seen unchanged: answer from here again
         return holder(
             name, row["owner"], row["identity"], row["token"], row["metadata"], row["remaining"]
         )
+
+    def _remember(self, name: str, held: _Held) -> None:
+        self._held[name] = held  # without a mark, the next read that finds it ours sets one
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
@@ -556,6 +723,58 @@ class PostgresBackend(Backend):
             finally:
                 self._waiting -= 1
 
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait, oldest first among this backend's waiters, for a hand-off or a change.
+
+        Other waiters of this backend are not woken by the same change (wake-one),
+        and a release through this backend hands the name to the oldest waiter.
+        """
+        with self._turns.queued(name, owner) as turn:
+            if turn is None:
+                await self.wait_changed(name, seen)
+                return
+            try:
+                await self._wait_turn(name, seen, turn)
+                if turn.grant is not None:
+                    await turn.settled.wait()  # a hand-off to us is in flight: see it end
+            except BaseException:
+                turn.cancelled = True
+                if turn.grant is not None and turn.grant[0]:  # ours: the caller will not take it
+                    await asyncio.shield(self.release(name, owner, turn.grant[0]))
+                raise
+
+    async def _wait_turn(self, name: str, seen: HolderInfo, turn: Turn) -> None:
+        listening = await self._ensure_listening()  # queued first: a change then wakes us
+        current: HolderInfo | None = seen
+        if not (listening and self._unchanged_since(name, turn.mark, seen.owner)):
+            current = await self.read(name)
+        if turn.grant is not None or _key(current) != _key(seen):
+            return
+        timeout = LISTEN_CHECK if listening else self.poll_interval
+        if current is not None and current.remaining is not None:
+            timeout = min(timeout, current.remaining)
+        self._waiting += 1
+        try:
+            await wait_event(turn.event, timeout)
+        finally:
+            self._waiting -= 1
+
+    def _mark(self) -> tuple[int, int] | None:
+        """Where the listener stands now (``None``: not listening), for ``_unchanged_since``."""
+        return None if self._listener is None else (self._listener_connects, self._notes)
+
+    def _unchanged_since(
+        self, name: str, mark: tuple[int, int] | None, owner: str | None = None
+    ) -> bool:
+        """Whether no notification for ``name`` came since ``mark``, with the listener up
+        all along: then a statement sent at ``mark`` saw the latest release or grant (any
+        later one notifies), and a read would tell nothing new. With ``owner``: or the
+        latest was ``owner``'s own grant (notifications come in commit order)."""
+        if mark is None or self._listener is None or mark[0] != self._listener_connects:
+            return False
+        seq, granted_to = self._noted.get(name, (self._noted_floor, None))
+        return seq <= mark[1] or (owner is not None and granted_to == owner)
+
     # -- the listener --------------------------------------------------------------------------
 
     async def _ensure_listening(self) -> bool:
@@ -574,7 +793,8 @@ class PostgresBackend(Backend):
 
     async def _listener_healthy(self) -> bool:
         try:
-            await asyncio.wait_for(self._listener.fetchval("SELECT 1"), self._connect_timeout)
+            async with timeout_after(self._connect_timeout):
+                await self._listener.fetchval("SELECT 1")
         except Exception as exc:  # any failure (a timeout too): drop it and connect anew
             logger.info("PostgreSQL listener of %r failed a check: %r", self, exc)
             await self._drop_listener(terminate=True)
@@ -584,7 +804,8 @@ class PostgresBackend(Backend):
 
     async def _connect_listener(self) -> bool:
         try:
-            conn = await asyncio.wait_for(self._open_and_listen(), self._connect_timeout)
+            async with timeout_after(self._connect_timeout):
+                conn = await self._open_and_listen()
         except Exception as exc:  # refused, reset, timed out, ...: poll, and try again later
             self._listener_backoff = min(
                 max(self._listener_backoff * 2, self.poll_interval), _MAX_LISTEN_BACKOFF
@@ -599,6 +820,7 @@ class PostgresBackend(Backend):
         self._listener_backoff = 0.0
         self._listener_connects += 1
         self._wakeups.wake_all()  # notifications sent while nobody listened are lost
+        self._turns.wake_all()
         return True
 
     async def _open_and_listen(self) -> Any:
@@ -624,7 +846,17 @@ class PostgresBackend(Backend):
         return await self._db.acquire()
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        self._wakeups.wake(payload)
+        """``'g' + name``: granted (a takeover, or a hand-off), ``'r' + name``: released.
+        Watchers wake on both; the oldest waiter for the name only on a release."""
+        kind, name, owner = _parse_payload(payload)
+        self._notes += 1
+        if len(self._noted) >= _MAX_NOTED:
+            self._noted.clear()
+            self._noted_floor = self._notes
+        self._noted[name] = (self._notes, owner)
+        self._wakeups.wake(name)
+        if kind != "g":
+            self._turns.wake_one(name)
 
     def _listener_lost(self, conn: Any) -> None:
         if conn is self._listener:
@@ -632,6 +864,7 @@ class PostgresBackend(Backend):
             self._listener = None
             self._listener_retry_at = -1.0  # reconnect on the next wait
             self._wakeups.wake_all()
+            self._turns.wake_all()
 
     async def _drop_listener(self, *, terminate: bool) -> None:
         conn, self._listener = self._listener, None
@@ -663,13 +896,15 @@ class PostgresBackend(Backend):
             return
         self._closed = True
         self._wakeups.wake_all()
+        self._turns.wake_all()
         try:
             async with self._listen_lock:
                 await self._drop_listener(terminate=False)
         finally:
             if self._owns_db:
                 try:
-                    await asyncio.wait_for(self._db.close(), self._connect_timeout)
+                    async with timeout_after(self._connect_timeout):
+                        await self._db.close()
                 except BaseException:  # timed out or cancelled: close it the hard way
                     self._db.terminate()
                     raise
