@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from ._exceptions import LossReason, UnsupportedCapability
-from .abc import Backend, Grant, HolderInfo
+from .abc import Backend, Grant, HolderInfo, SessionClock
 
 T = TypeVar("T")
 
@@ -104,6 +104,13 @@ class AsyncioBridge(Backend):
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         return await call_asyncio(self.inner.wait_lost, name, owner, token)
+
+    def hold(
+        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
+    ) -> SessionClock | None:
+        # A plain call: it only records. ``ended`` runs on the trio-asyncio loop, which
+        # runs inside trio, so it may touch trio objects (events, cancel scopes).
+        return self.inner.hold(name, owner, token, ended)
 
     async def aclose(self) -> None:
         await call_asyncio(self.inner.aclose)

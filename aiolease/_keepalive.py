@@ -1,16 +1,20 @@
-"""The coroutines that guard a held lease, and the context that runs them.
+"""What guards a held lease, and the context that runs the guards.
 
-While a lease is held, one task group runs:
+While a lease is held:
 
-* **keepalive**: renews every ``renew_interval`` (measured from the last confirmed
-  send); retries backend errors with back-off until the local deadline; a
-  "not owner" answer ends the lease at once.
-* **expiry watch**: ends the lease at its local safe deadline, and, on backends
-  that push changes, ends it as soon as somebody else takes the name.
-* **session watch** (session backends): ends the lease as soon as the backend
-  reports its session lost, or itself closed (:meth:`Backend.wait_lost`). A
-  session backend that also reports takeovers there (:attr:`Backend.reports_takeover`)
-  needs no takeover watch per lease: it watches all its grants at once.
+* **renewals and the deadline**: the :class:`~aiolease._renewer.Renewer` of the
+  backend (one task per backend object, for all its leases) renews the lease every
+  ``renew_interval`` (measured from the last confirmed send), retries backend
+  errors with back-off until the local deadline, ends the lease at once on a "not
+  owner" answer, and ends it at its local safe deadline. A session backend that
+  keeps the grant itself (:meth:`Backend.hold`) is not asked to renew: the deadline
+  follows its session, and it reports the loss.
+* **takeover watch** (push backends): ends the lease as soon as somebody else
+  takes the name; a session backend that reports takeovers itself
+  (:attr:`Backend.reports_takeover`) needs none.
+* **session watch** (session backends without :meth:`Backend.hold`): ends the lease
+  as soon as the backend reports its session lost, or itself closed
+  (:meth:`Backend.wait_lost`).
 * **health probe** (electors): ends the lease after ``health_failures``
   consecutive failed probes.
 
@@ -21,33 +25,25 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, release_shielded
-from .abc import Capability
+from ._renewer import Counters, Renewer
+from .abc import Capability, SessionClock
+
+__all__ = ["Counters", "HealthCheck", "HealthPolicy", "Holding", "probe"]
 
 logger = logging.getLogger("aiolease")
 
 HealthCheck = Callable[[], "Awaitable[bool] | bool"]
-
-
-@dataclass
-class Counters:
-    """Mutable counters behind the frozen ``statistics()`` snapshots."""
-
-    acquisitions: int = 0
-    renewals: int = 0
-    renew_failures: int = 0
-    losses: dict[LossReason, int] = field(default_factory=dict)
-
-    def lost(self, reason: LossReason) -> None:
-        self.losses[reason] = self.losses.get(reason, 0) + 1
+_Watch = tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
@@ -71,40 +67,6 @@ async def probe(check: HealthCheck, timeout: float) -> bool:
         logger.warning("health probe failed: %r", exc)
         return False
     return bool(result)
-
-
-async def keep_renewing(lease: Lease, counters: Counters) -> None:
-    """Renew ``lease`` every renew interval until it ends."""
-    timing = lease.timing
-    backend = lease.backend
-    next_at = lease.deadline - timing.ttl + timing.margin + timing.renew_interval
-    backoff = min(0.05, timing.renew_interval / 4)
-    while lease.lost is None:
-        await anyio.sleep_until(next_at)
-        sent_at = anyio.current_time()
-        try:
-            with anyio.fail_after(timing.renew_interval):
-                grant = await backend.renew(lease.name, lease.owner, lease.token, timing.ttl)
-        except NotOwnerError:
-            lease.end(LossReason.STOLEN)
-            return
-        except (BackendError, TimeoutError) as exc:
-            counters.renew_failures += 1
-            lease.note_error(exc)
-            logger.info("renewal of lease %r failed, retrying: %r", lease.name, exc)
-            next_at = anyio.current_time() + backoff
-            backoff = min(backoff * 2, timing.renew_interval)
-            continue
-        counters.renewals += 1
-        lease.confirm(sent_at, grant)
-        backoff = min(0.05, timing.renew_interval / 4)
-        next_at = sent_at + timing.renew_interval
-
-
-async def watch_deadline(lease: Lease) -> None:
-    """End ``lease`` at its local safe deadline unless a renewal moved it."""
-    while lease.lost is None:  # noqa: ASYNC110 - the deadline moves with every renewal
-        await anyio.sleep_until(lease.deadline)
 
 
 async def watch_takeover(lease: Lease) -> None:
@@ -150,10 +112,11 @@ async def watch_health(lease: Lease, policy: HealthPolicy) -> None:
 class Holding:
     """The protected block of one held lease.
 
-    Entering starts the guards; the body runs in a cancel scope that the end of the
-    lease cancels. Leaving stops the guards, releases (shielded and bounded), and
-    raises :class:`LeaseLostError` if the lease was lost; outer cancellation and
-    the body's own exceptions propagate unchanged.
+    Entering registers the lease with its backend's renewer and starts the watches
+    it needs; the body runs in a cancel scope that the end of the lease cancels.
+    Leaving releases (shielded and bounded) and raises :class:`LeaseLostError` if the
+    lease was lost; outer cancellation and the body's own exceptions propagate
+    unchanged (a cancellation from outside wins over the loss).
     """
 
     def __init__(
@@ -168,49 +131,92 @@ class Holding:
         self._health = health
         self._on_lost = on_lost
         self._tg: TaskGroup | None = None
+        self._renewer: Renewer | None = None
         self._body = anyio.CancelScope()
+        self._left = False
+        self._watching = False  # whether the task group runs watches of this lease
 
-    async def _guard(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    @property
+    def task_group(self) -> TaskGroup:
+        """The task group of this block (the renewer may run its task in it)."""
+        assert self._tg is not None
+        return self._tg
+
+    def _hold(self) -> SessionClock | None:
+        """Hand the lease to a session backend that keeps it (``None``: renew it)."""
         lease = self.lease
-        capabilities = lease.backend.capabilities
+        try:
+            clock = lease.backend.hold(lease.name, lease.owner, lease.token, lease.end)
+        except NotOwnerError:
+            lease.end(LossReason.STOLEN)
+            return None
+        if clock is not None:
+            lease.follow(clock)
+        return clock
+
+    def _watches(self, clock: SessionClock | None) -> list[_Watch]:
+        lease = self.lease
+        backend = lease.backend
+        capabilities = backend.capabilities
         session = Capability.SESSION in capabilities
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(keep_renewing, lease, self._counters)
-            tg.start_soon(watch_deadline, lease)
-            if Capability.PUSH_WAKEUP in capabilities and not (
-                session and lease.backend.reports_takeover
-            ):
-                tg.start_soon(watch_takeover, lease)
-            if session:
-                tg.start_soon(watch_session, lease)
-            if self._health is not None:
-                tg.start_soon(watch_health, lease, self._health)
-            task_status.started()
-            await lease.wait_lost()
-            tg.cancel_scope.cancel()
+        watches: list[_Watch] = []
+        if Capability.PUSH_WAKEUP in capabilities and not (session and backend.reports_takeover):
+            watches.append((watch_takeover, (lease,)))
+        if session and clock is None:
+            watches.append((watch_session, (lease,)))
+        if self._health is not None:
+            watches.append((watch_health, (lease, self._health)))
+        return watches
+
+    def _guard(self, clock: SessionClock | None, watches: list[_Watch]) -> None:
+        assert self._renewer is not None
+        tg = self._tg
+        self._renewer.add(self, self.lease, self._counters, clock)
+        for fn, args in watches:
+            assert tg is not None
+            tg.start_soon(fn, *args)
+            self._watching = True
+
+    def _unguard(self) -> None:
+        if self._renewer is not None and self._tg is not None:
+            self._renewer.remove(self)
+        if self._watching:
+            assert self._tg is not None
+            self._tg.cancel_scope.cancel()
+
+    async def _release(self) -> None:
+        lease = self.lease
+        await release_shielded(lease.backend, lease.name, lease.owner, lease.token, lease.timing)
+
+    def _end_body(self, reason: LossReason) -> None:
+        if reason is not LossReason.RELEASED or not self._left:
+            self._body.cancel()
 
     async def __aenter__(self) -> Lease:
+        lease = self.lease
+        self._renewer = Renewer.of(lease.backend)
+        clock = self._hold()
+        watches = self._watches(clock)
+        # For the watches, and to run the renewer's task when it is this block's turn.
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
-            await self._tg.start(self._guard)
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            self._guard(clock, watches)
         except BaseException as exc:
-            self._tg.cancel_scope.cancel()
+            lease.end(LossReason.RELEASED)
+            self._watching = True
+            self._unguard()
             try:
-                # Under trio this re-raises the cancellation that got us here.
-                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+                if self._tg is not None:
+                    # Under trio this re-raises the cancellation that got us here.
+                    await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
             finally:
-                await release_shielded(
-                    self.lease.backend,
-                    self.lease.name,
-                    self.lease.owner,
-                    self.lease.token,
-                    self.lease.timing,
-                )
+                await self._release()
             raise
-        self.lease.on_end(lambda _: self._body.cancel())
+        lease.on_end(self._end_body)
         self._body.__enter__()
-        return self.lease
+        return lease
 
     async def __aexit__(
         self,
@@ -218,24 +224,25 @@ class Holding:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        assert self._tg is not None
         lease = self.lease
         cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
+        self._left = True
         reason = lease.lost  # a passed deadline counts even if the body never checkpointed
         if reason is None:
             lease.end(LossReason.RELEASED)
-        self._tg.cancel_scope.cancel()
+        self._unguard()
         try:
-            await self._tg.__aexit__(None, None, None)
+            if self._tg is not None:
+                await self._tg.__aexit__(None, None, None)
         finally:
-            await release_shielded(
-                lease.backend, lease.name, lease.owner, lease.token, lease.timing
-            )
+            await self._release()
         if reason is None or reason is LossReason.RELEASED:
             return cancelled_by_us
         self._counters.lost(reason)
         if self._on_lost is not None:
             await self._on_lost(reason)
         if exc is not None and not cancelled_by_us:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                return False  # cancelled from outside as well: that cancellation goes on
             raise lost_error(lease.name, reason) from exc
         raise lost_error(lease.name, reason)

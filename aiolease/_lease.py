@@ -34,7 +34,7 @@ from ._exceptions import (
     lost_error,
 )
 from ._validate import check_seconds
-from .abc import Backend, Grant
+from .abc import Backend, Grant, SessionClock
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -95,9 +95,19 @@ class Timing:
 
     def deadline_after(self, sent_at: float, grant: Grant) -> float:
         """The local safe deadline for a grant confirmed by a request sent at ``sent_at``."""
-        if grant.sent_at is not None:
-            sent_at = min(sent_at, grant.sent_at)
-        return sent_at + min(self.ttl, grant.ttl) - self.margin
+        return effective_sent(sent_at, grant) + min(self.ttl, grant.ttl) - self.margin
+
+    def renewal_after(self, sent_at: float, grant: Grant) -> float:
+        """When to renew a grant confirmed by a request sent at ``sent_at``: a renew
+        interval after the confirmation's effective send time, shortened in proportion
+        when the server granted less than the ttl asked for."""
+        good_for = min(self.ttl, grant.ttl)
+        return effective_sent(sent_at, grant) + self.renew_interval * min(good_for / self.ttl, 1.0)
+
+
+def effective_sent(sent_at: float, grant: Grant) -> float:
+    """The earlier of the core's own send time and the backend's :attr:`Grant.sent_at`."""
+    return sent_at if grant.sent_at is None else min(sent_at, grant.sent_at)
 
 
 class _NoPublicConstructor(type):
@@ -137,6 +147,8 @@ class Lease(metaclass=_NoPublicConstructor):
         self._timing = timing
         self._token = grant.token
         self._deadline = timing.deadline_after(sent_at, grant)
+        self._next_renewal = timing.renewal_after(sent_at, grant)
+        self._clock: SessionClock | None = None
         self._acquired_at = sent_at
         self._reason: LossReason | None = None
         self._ended = anyio.Event()
@@ -182,6 +194,8 @@ class Lease(metaclass=_NoPublicConstructor):
     @property
     def deadline(self) -> float:
         """The local safe deadline on ``anyio.current_time()``; the lease is lost at it."""
+        if self._clock is not None and self._reason is None:
+            self._follow_clock()
         return self._deadline
 
     @property
@@ -192,10 +206,19 @@ class Lease(metaclass=_NoPublicConstructor):
         the watchdog has not woken up yet.
         """
         if self._reason is None and anyio.current_time() >= self._deadline:
-            # Refused connections mean UNREACHABLE; unanswered renewals mean EXPIRED.
-            unreachable = isinstance(self._last_error, BackendUnavailable)
-            self._end(LossReason.UNREACHABLE if unreachable else LossReason.EXPIRED)
+            error = self._last_error
+            if self._clock is not None:
+                self._follow_clock()
+                error = error or self._clock.error
+            if anyio.current_time() >= self._deadline:
+                # Refused connections mean UNREACHABLE; unanswered renewals mean EXPIRED.
+                unreachable = isinstance(error, BackendUnavailable)
+                self._end(LossReason.UNREACHABLE if unreachable else LossReason.EXPIRED)
         return self._reason
+
+    def _follow_clock(self) -> None:
+        assert self._clock is not None
+        self._deadline = max(self._deadline, self._clock.expires - self._timing.margin)
 
     def remaining(self) -> float:
         """Seconds left before the local safe deadline (0 once lost)."""
@@ -257,8 +280,18 @@ class Lease(metaclass=_NoPublicConstructor):
         """Record a confirmed renewal sent at ``sent_at``; never moves the deadline back."""
         if self._reason is None:
             self._deadline = max(self._deadline, self._timing.deadline_after(sent_at, grant))
+            self._next_renewal = self._timing.renewal_after(sent_at, grant)
             self._last_error = None
             self._renewals += 1
+
+    def next_renewal(self) -> float:
+        """When the last confirmation says to renew next (see :meth:`Timing.renewal_after`)."""
+        return self._next_renewal
+
+    def follow(self, clock: SessionClock) -> None:
+        """From now on, the deadline follows ``clock`` (the session that keeps the grant,
+        :meth:`Backend.hold`): ``clock.expires - margin``, never earlier than it is."""
+        self._clock = clock
 
     def note_error(self, exc: BaseException) -> None:
         """Remember a failed renewal: if the deadline passes after a refused connection

@@ -27,6 +27,11 @@ may carry many leases on one session and renew it once per tick. They report in
 :attr:`Grant.sent_at` the monotonic time at which the confirming request was
 sent; the core takes the earlier of that and its own send time, so a confirmation
 is never counted as younger than it is.
+
+A session backend whose ``renew`` is only local bookkeeping (the session's own
+keepalive is what keeps the keys) implements :meth:`Backend.hold`: the core then
+never renews the leases it holds through it, and their local deadlines follow the
+session's confirmed expiry (:class:`SessionClock`).
 """
 
 from __future__ import annotations
@@ -34,10 +39,10 @@ from __future__ import annotations
 import abc
 import enum
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import anyio
 
@@ -66,6 +71,7 @@ __all__ = [
     "InvalidArgument",
     "LossReason",
     "NotOwnerError",
+    "SessionClock",
 ]
 
 
@@ -119,6 +125,25 @@ class Grant:
     token: int
     ttl: float
     sent_at: float | None = None
+
+
+class SessionClock(Protocol):
+    """How long a session keeps the grants on it (see :meth:`Backend.hold`).
+
+    Read by the core at any time, from any task: both are plain attributes that the
+    backend updates as its keepalives are confirmed or fail.
+    """
+
+    @property
+    def expires(self) -> float:
+        """``anyio.current_time()`` before which the server cannot drop the session:
+        the send time of its last confirmed keepalive (or grant) plus its ttl."""
+        ...  # pragma: no cover
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the latest keepalive failed, or ``None`` if it succeeded."""
+        ...  # pragma: no cover
 
 
 def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
@@ -237,6 +262,28 @@ class Backend(abc.ABC):
         """
         await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def hold(
+        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
+    ) -> SessionClock | None:
+        """Take over keeping ``owner``'s grant ``token`` of ``name`` alive, for the core.
+
+        The core calls this once when it starts holding a lease. A session backend
+        whose :meth:`renew` is only local bookkeeping returns the clock of the session
+        the grant rides on; the core then never calls :meth:`renew` for that lease, and
+        its local deadline is ``clock.expires - margin``. From then until
+        :meth:`release` of the grant, the backend keeps the grant for as long as the
+        session lives (a grant nobody holds still lapses after its ttl), and calls
+        ``ended(reason)`` (a plain function that only records; from any task of the
+        backend) as soon as it knows the grant is gone, with the reasons of
+        :meth:`wait_lost`. It must be a plain synchronous call: the core calls it
+        through the trio bridge too.
+
+        This default returns ``None``: the core renews the lease itself.
+
+        :raises NotOwnerError: the grant is not held through this backend (any more)
+        """
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Close what this backend opened. Idempotent."""

@@ -9,6 +9,10 @@ Faults are set per operation and switched at run time::
     faulty.lose_reply("try_acquire")  # the grant happens; the reply is lost
     faulty.slow_reply("try_acquire", 1.0)  # the grant happens; the reply comes late
     faulty.heal()
+
+A session backend that keeps held grants itself (:meth:`Backend.hold`) is not renewed
+by the core at all; set ``faulty.sessions = False`` to make the core renew through the
+wrapper instead, so that faults on ``renew`` apply.
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from typing import Any, Literal, TypeVar
 
 import anyio
 
-from .._exceptions import BackendTimeout, BackendUnavailable, InvalidArgument
-from ..abc import Backend, Grant, HolderInfo
+from .._exceptions import BackendTimeout, BackendUnavailable, InvalidArgument, LossReason
+from ..abc import Backend, Grant, HolderInfo, SessionClock
 
 __all__ = ["FaultyBackend", "Op"]
 
@@ -48,6 +52,8 @@ class FaultyBackend(Backend):
         self.capabilities = inner.capabilities  # type: ignore[misc]
         self.requires_asyncio = inner.requires_asyncio  # type: ignore[misc]
         self.poll_interval = inner.poll_interval
+        #: Forward :meth:`hold` to ``inner`` (``False``: the core renews through here).
+        self.sessions = True
         self.calls: collections.Counter[str] = collections.Counter()
         self._faults: dict[str, _Fault] = {}
         self._called: dict[str, anyio.Event] = {}
@@ -138,6 +144,14 @@ class FaultyBackend(Backend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         await self._run("wait_changed", lambda: self.inner.wait_changed(name, seen))
+
+    def hold(
+        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
+    ) -> SessionClock | None:
+        if not self.sessions:
+            return None
+        self.calls["hold"] += 1
+        return self.inner.hold(name, owner, token, ended)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -17,7 +17,9 @@ It follows etcd's own Go ``concurrency`` package:
 
 * **One session lease per backend object and ttl**, kept alive by the backend's own
   task every third of its TTL. Every lease held through the backend rides on it, so
-  holding N leases costs one keepalive per tick. When the session is lost, every
+  holding N leases costs one keepalive per tick. The core does not renew the leases
+  it holds (:meth:`EtcdBackend.hold`): their deadlines follow the session's
+  confirmed keepalives. When the session is lost, every
   lease on it ends at once, with its reason; later acquisitions get a new session.
 * **Acquire** is one transaction: if the name has no key, put the owner's key
   (``<prefix><name>/<owner>``) on the session lease; else read the first one. The
@@ -31,8 +33,8 @@ It follows etcd's own Go ``concurrency`` package:
 * **TTLs.** etcd grants whole seconds and at least its minimum (``3/2 x election
   timeout``, rounded up: 2 s with the default 1 s election timeout). A lease's local
   deadline comes from the smaller of the ttl asked for and the TTL granted, counted
-  from the send time of the last confirmed keepalive. A lease nobody renews has its
-  key deleted by the backend once its own ttl passes, and if the process dies, etcd
+  from the send time of the last confirmed keepalive. A grant nobody holds or renews
+  has its key deleted by the backend once its own ttl passes, and if the process dies, etcd
   deletes it when the session's TTL runs out: after at least the minimum.
 * Release deletes the key; closing the backend revokes its session leases.
 """

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 from ..._exceptions import BackendUnavailable
 
-__all__ = ["CallCancelled", "Tasks", "cancellable", "now", "shielded", "wait_until"]
+__all__ = ["CallCancelled", "Tasks", "cancellable", "finishing", "now", "shielded", "wait_until"]
 
 T = TypeVar("T")
 
@@ -27,6 +27,21 @@ logger = logging.getLogger("aiolease.etcd")
 
 #: Set inside :func:`shielded`: nobody cancels the calls made there (see :func:`cancellable`).
 _SHIELDED: contextvars.ContextVar[bool] = contextvars.ContextVar("_SHIELDED", default=False)
+
+
+class _Grace:
+    """The caller's cancellation held back by :func:`finishing`, and until when."""
+
+    __slots__ = ("cancelled", "give_up", "grace")
+
+    def __init__(self, grace: float) -> None:
+        self.grace = grace
+        self.cancelled: asyncio.CancelledError | None = None
+        self.give_up = math.inf
+
+
+#: Set inside :func:`finishing` (see :func:`cancellable`).
+_GRACE: contextvars.ContextVar[_Grace | None] = contextvars.ContextVar("_GRACE", default=None)
 
 
 class CallCancelled(BackendUnavailable):
@@ -80,6 +95,33 @@ async def shielded(coro: Coroutine[Any, Any, T], grace: float = math.inf) -> T:
     return task.result()
 
 
+async def finishing(coro: Coroutine[Any, Any, T], grace: float) -> T:
+    """:func:`shielded` for a coroutine whose only waits are gRPC unary calls made through
+    :func:`cancellable`, run in the caller's own task (no task, no extra loop turn).
+
+    When the caller is cancelled while such a call is in flight, the call goes on and
+    its reply is awaited (at most ``grace`` seconds after the first cancellation), and
+    ``coro`` goes on with it; the cancellation is re-raised when ``coro`` is done. A
+    reply that does not come within ``grace`` cancels the call and ends ``coro`` with
+    the caller's cancellation.
+
+    :raises asyncio.CancelledError: the caller's own (anyio tells its scopes' apart)
+    """
+    state = _Grace(grace)
+    token = _GRACE.set(state)
+    try:
+        result = await coro
+    except BaseException:
+        if state.cancelled is not None:
+            raise state.cancelled from None
+        raise
+    finally:
+        _GRACE.reset(token)
+    if state.cancelled is not None:
+        raise state.cancelled
+    return result
+
+
 async def cancellable(call: Awaitable[T]) -> T:
     """Await ``call`` (a gRPC call, or a coroutine that drives one); cancel it when the
     caller is cancelled, and re-raise the caller's own cancellation.
@@ -117,24 +159,51 @@ async def cancellable(call: Awaitable[T]) -> T:
         raise
 
 
-async def _await_call(call: Any) -> Any:
-    """Await a grpc.aio unary call through a future that its done callback resolves."""
-    done = asyncio.get_running_loop().create_future()
+def _resolver(call: Any) -> asyncio.Future[None]:
+    """A future that ``call``'s done callback resolves."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def resolve(_: object) -> None:
         if not done.done():
             done.set_result(None)
 
     call.add_done_callback(resolve)
+    return done
+
+
+async def _await_call(call: Any) -> Any:
+    """Await a grpc.aio unary call through a future that its done callback resolves."""
     try:
-        await done
-    except asyncio.CancelledError:
-        call.cancel()
-        raise
+        await _resolver(call)
+    except asyncio.CancelledError as exc:
+        state = _GRACE.get()
+        if state is None:
+            call.cancel()
+            raise
+        await _wait_out(call, state, exc)
     try:
         return await call  # done: returns (or raises) without waiting
     except asyncio.CancelledError:
         raise CallCancelled("etcd call cancelled: the connection was closed") from None
+
+
+async def _wait_out(call: Any, state: _Grace, exc: asyncio.CancelledError) -> None:
+    """The caller of :func:`finishing` was cancelled (``exc``): wait for ``call`` as long
+    as the grace allows (anyio re-delivers the cancellation meanwhile; it is held back).
+
+    :raises asyncio.CancelledError: the call did not finish in time (it is cancelled)
+    """
+    if state.cancelled is None:
+        state.cancelled, state.give_up = exc, now() + state.grace
+    while not call.done() and now() < state.give_up:
+        waiter = _resolver(call)
+        try:
+            await asyncio.wait({waiter}, timeout=state.give_up - now())
+        except asyncio.CancelledError:
+            pass  # anyio's re-delivery of the same cancellation: held back
+    if not call.done():
+        call.cancel()
+        raise state.cancelled
 
 
 def _cancelling(task: asyncio.Task[Any] | None) -> int:

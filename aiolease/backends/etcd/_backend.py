@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
-from collections.abc import Coroutine, Mapping
+import math
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, final
@@ -21,7 +22,7 @@ from ..._exceptions import (
 )
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
-from ._aio import now, shielded
+from ._aio import finishing, now, shielded
 from ._keys import DEFAULT_PREFIX, Layout, encode_value
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
@@ -45,6 +46,9 @@ QUEUE_HORIZON = 2.0
 LATE_AFTER = 2.0
 #: Seconds a cancelled caller still waits for the reply to a request that may write.
 CANCEL_GRACE = 1.0
+#: Fair mode: seconds a key queued by a refused ``try_acquire`` is kept unless
+#: ``wait_turn`` follows (the core calls it at once; a bare ``try_acquire`` does not).
+TURN_GRACE = 0.5
 
 T = TypeVar("T")
 
@@ -57,6 +61,12 @@ def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
 
 def _any_event(event: Any) -> bool:
     return True
+
+
+def _touch(entry: Entry, horizon: float) -> None:
+    """Reset the horizon of ``entry`` (not of one the core holds: that has none)."""
+    if entry.horizon != math.inf:
+        entry.horizon = horizon
 
 
 @final
@@ -134,6 +144,9 @@ class EtcdBackend(Backend):
         self._seen: dict[str, _Seen] = {}
         self._values: dict[tuple[str, str], bytes] = {}
         self._unsure: dict[tuple[str, str], None] = {}
+        #: Fair mode: the predecessor of a key queued by a refused ``try_acquire`` (if
+        #: any), and the revision at which it was read (the key's token).
+        self._turns: dict[tuple[str, str], tuple[Any, int]] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -229,7 +242,8 @@ class EtcdBackend(Backend):
         self, name: str, owner: str, ttl: float, value: bytes, session: Session, touched: float
     ) -> Grant | HolderInfo | None:
         """One attempt; ``None`` when the key vanished under it (try again)."""
-        reply = await self._wire.txn(self._layout.acquire(name, owner, value, session.lease_id))
+        request = self._layout.acquire(name, owner, value, session.lease_id, self._fair)
+        reply = await self._wire.txn(request)
         self._check_open()
         if reply.succeeded:
             token = int(reply.header.revision)
@@ -239,15 +253,30 @@ class EtcdBackend(Backend):
             self._sessions.attach(entry)
             self._takeovers.watch(entry)
             return self._grant(token, ttl, session)
-        kv = reply.responses[0].response_range.kvs[0]
+        kv = reply.responses[-1].response_range.kvs[0]
         holder = self._layout.holder(name, kv)
         self._remember(name, holder, reply.header.revision)
         if holder.owner != owner:
-            self._note_waiting(name, owner, value, touched + QUEUE_HORIZON * ttl)
+            if self._fair and reply.responses[0].response_txn.succeeded:
+                self._queued(name, owner, session, touched, reply)
+            else:
+                self._note_waiting(name, owner, value, touched + QUEUE_HORIZON * ttl)
             return holder
         if (name, owner, holder.token) in self._sessions.doomed:
             return holder  # expired here; its key is being deleted
         return await self._regrant(name, owner, ttl, kv, session, touched)
+
+    def _queued(self, name: str, owner: str, session: Session, touched: float, reply: Any) -> None:
+        """A refused attempt whose transaction also queued ``owner``'s key (fair mode):
+        keep the key for :data:`TURN_GRACE` (the core's :meth:`wait_turn` follows at once,
+        and keeps it longer), and its predecessor, so that ``wait_turn`` needs no request."""
+        token = int(reply.header.revision)
+        entry = Entry(name, owner, token, session, touched + TURN_GRACE, queued=True)
+        self._sessions.attach(entry)
+        kvs = reply.responses[0].response_txn.responses[1].response_range.kvs
+        if len(self._turns) >= SEEN_LIMIT:
+            del self._turns[next(iter(self._turns))]
+        self._turns[(name, owner)] = (kvs[1] if len(kvs) > 1 else None, token)
 
     def _note_waiting(self, name: str, owner: str, value: bytes, horizon: float) -> None:
         """A refused attempt: keep its value for the queue, and its queued key alive."""
@@ -276,7 +305,7 @@ class EtcdBackend(Backend):
         elif entry.session is not session:
             self._sessions.move(entry, session)
         entry.queued = False
-        entry.horizon = touched + ttl
+        _touch(entry, touched + ttl)
         session.poke_at(entry.horizon)
         self._values.pop((name, owner), None)
         self._takeovers.watch(entry)
@@ -293,9 +322,9 @@ class EtcdBackend(Backend):
         session = entry.session
         error = session.error
         if error is not None:
-            entry.horizon = touched + ttl
+            _touch(entry, touched + ttl)
             raise type(error)(f"the keepalive of the session lease is failing: {error}")
-        entry.horizon = touched + ttl
+        _touch(entry, touched + ttl)
         return self._grant(token, ttl, session)
 
     async def _adopt(
@@ -340,18 +369,38 @@ class EtcdBackend(Backend):
             self._sessions.attach(entry)
         else:
             self._sessions.move(entry, session)
-            entry.horizon = touched + ttl
+            _touch(entry, touched + ttl)
             session.poke_at(entry.horizon)
         self._takeovers.watch(entry)
         return self._grant(token, ttl, session)
+
+    def hold(
+        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
+    ) -> Session:
+        """The core holds ``owner``'s grant: keep its key for as long as the session
+        lives (no renewals, no horizon), until released; ``ended(reason)`` when lost.
+
+        :raises NotOwnerError: the grant is not (any more) held through this backend
+        """
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.token != token or entry.queued or entry.reason is not None:
+            raise NotOwnerError(name)
+        entry.horizon = math.inf
+        entry.callbacks.append(ended)
+        return entry.session
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         if self._closed:
             return False  # closing revoked the sessions, and every key with them
         entry = self._sessions.entries.get((name, owner))
+        if entry is not None and entry.horizon == math.inf:
+            # Held until now: should the delete fail, the key still lapses after its ttl.
+            entry.horizon = now() + entry.session.ttl
+            entry.session.poke_at(entry.horizon)
         doomed = token is not None and (name, owner, token) in self._sessions.doomed
         if entry is not None and (token is None or entry.token == token):
             self._takeovers.unwatch(entry)  # its delete is ours
+        self._turns.pop((name, owner), None)
         reply = await self._wire.txn(self._layout.delete(name, owner, token))
         deleted = reply.succeeded and reply.responses[0].response_delete_range.deleted > 0
         self._values.pop((name, owner), None)
@@ -370,10 +419,11 @@ class EtcdBackend(Backend):
         the core's compensating release), so the attempt is not cancelled: the caller's
         cancellation waits for its reply (up to :data:`CANCEL_GRACE`). When the reply is
         lost anyway (a timeout, a broken connection, that grace), the release of ``owner``
-        deletes the key once more, later.
+        deletes the key once more, later. The attempt runs in the caller's task: its only
+        waits are unary calls (:func:`finishing`).
         """
         try:
-            return await shielded(attempt, CANCEL_GRACE)
+            return await finishing(attempt, CANCEL_GRACE)
         except SessionGone:
             raise  # the lease is gone: nothing was written
         except BaseException:
@@ -432,6 +482,15 @@ class EtcdBackend(Backend):
             return
         self._check_open()
         touched = now()
+        turn = self._turns.pop((name, owner), None)
+        entry = self._sessions.entries.get((name, owner))
+        if turn is not None and entry is not None and entry.queued and entry.token == turn[1]:
+            # Queued by the refused try_acquire just now: watch its predecessor at once.
+            entry.horizon = max(entry.horizon, touched + QUEUE_HORIZON * ttl)
+            if turn[0] is not None:
+                request = self._layout.watch_delete(bytes(turn[0].key), turn[1])
+                await self._wire.watch(request, _any_event)
+            return
         for _ in range(2):
             async with self._sessions.using(ttl) as session:
                 try:

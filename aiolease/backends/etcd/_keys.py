@@ -110,13 +110,18 @@ class Layout:
         start = self.start(name)
         return _range(start, prefix_end(start), limit=1)
 
-    def acquire(self, name: str, owner: str, value: bytes, lease_id: int) -> Any:
-        """Txn: if ``name`` has no key at all, put ``owner``'s; else read the first key."""
+    def acquire(self, name: str, owner: str, value: bytes, lease_id: int, queue: bool) -> Any:
+        """Txn: if ``name`` has no key at all, put ``owner``'s; else read the first key,
+        and if ``queue`` (fair mode), :meth:`enqueue` ``owner``'s key first (nested)."""
         start = self.start(name)
+        failure = [rpc.RequestOp(request_range=self.first(name))]
+        if queue:
+            nested = self.enqueue(name, owner, value, lease_id)
+            failure.insert(0, rpc.RequestOp(request_txn=nested))
         return rpc.TxnRequest(
             compare=[_compare_create(start, 0, prefix_end(start))],
             success=[_put(self.key(name, owner), value, lease_id)],
-            failure=[rpc.RequestOp(request_range=self.first(name))],
+            failure=failure,
         )
 
     def enqueue(self, name: str, owner: str, value: bytes, lease_id: int) -> Any:

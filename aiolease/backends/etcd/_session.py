@@ -8,13 +8,15 @@ ttl and runs each in a background task of its own, owned by the backend:
 * **keepalive** every ``granted / 3`` seconds (``granted`` is the TTL from the
   server's LeaseGrant reply: whole seconds, at least the server's minimum), with
   quick retries after a failure. Holding N leases costs one keepalive per tick.
-* **horizons**: an entry not renewed within its ttl (a lease nobody renews any
+* **horizons**: an entry not renewed within its ttl (a grant nobody renews any
   more) has its key deleted, so that the name is not held for as long as the
-  session lives.
+  session lives. An entry the core holds (:meth:`EtcdBackend.hold`) has no
+  horizon: it stays as long as the session, until released or lost, and the core
+  does not renew it at all.
 * **loss**: when the server says the lease is gone, or no keepalive is confirmed
   before the server could have expired it, every entry on the session ends, with
-  the reason the core reports (:meth:`Entry.wait_ended`), and later acquisitions
-  get a new session.
+  the reason the core reports (:meth:`Entry.wait_ended`, and the callbacks given to
+  ``hold``), and later acquisitions get a new session.
 
 Timing. The server keeps a session's keys at least until ``confirmed + granted``,
 where ``confirmed`` is the local time at which the last confirmed keepalive (or the
@@ -57,6 +59,7 @@ class Entry:
     """One key on a session: a held grant, or a queued attempt (fair mode).
 
     :param horizon: local time after which the key is deleted unless touched again
+        (``inf`` while the core holds it)
     """
 
     name: str
@@ -67,6 +70,8 @@ class Entry:
     queued: bool = False
     reason: LossReason | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Called with the reason when the entry ends (the core's ``hold``).
+    callbacks: list[Callable[[LossReason], object]] = field(default_factory=list)
 
     async def wait_ended(self) -> LossReason:
         """Wait until the entry ends; why."""
@@ -104,6 +109,11 @@ class Session:
     @property
     def deadline(self) -> float:
         """Local time before which the server cannot have expired the lease."""
+        return self.confirmed + self.granted
+
+    @property
+    def expires(self) -> float:
+        """:attr:`deadline`, as the core's :class:`~aiolease.abc.SessionClock` reads it."""
         return self.confirmed + self.granted
 
     def grant_ttl(self, ttl: float) -> float:
@@ -257,8 +267,7 @@ class Sessions:
         key = (entry.name, entry.owner)
         old = self.entries.get(key)
         if old is not None and old is not entry:
-            old.session.entries.pop(key, None)
-            self._dropped(old)
+            self.end(old, LossReason.STOLEN)  # another grant of the same key replaced it
         self.entries[key] = entry
         entry.session.entries[key] = entry
         entry.session.poke_at(entry.horizon)
@@ -283,6 +292,12 @@ class Sessions:
         if entry.reason is None:
             entry.reason = reason
             entry.ended.set()
+            callbacks, entry.callbacks = entry.callbacks, []
+            for callback in callbacks:
+                try:
+                    callback(reason)
+                except Exception:  # the core's callback only records; never let it stop us
+                    logger.exception("etcd: a loss callback of %r failed", entry.name)
 
     def _note_idle(self, session: Session) -> None:
         if not session.entries:

@@ -14,7 +14,7 @@ hears it through :meth:`EtcdBackend.wait_lost` (:attr:`Backend.reports_takeover`
 Each watcher starts at the revision after the key was created (the grant's token),
 so a delete that happens before the watcher exists is replayed, not missed. That
 lets the requests wait a little (:data:`BATCH`) and go out together: a lease held
-for less than that never costs a message at all. When
+for less than that never costs a message (nor a task) at all. When
 the stream breaks, it is opened again and every watcher is created anew from the
 same revision; if etcd has compacted that history away, the key is read instead.
 """
@@ -44,6 +44,12 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 BATCH = 0.02
 
 
+#: In the queue of requests to send: a watcher's create request, built when sent.
+_CREATE: Any = object()
+#: Not in that queue: the request was sent.
+_SENT: Any = object()
+
+
 class Takeovers:
     """The watchers of one backend's held keys, on one Watch stream.
 
@@ -67,6 +73,7 @@ class Takeovers:
         self._next_id = 1
         self._wake = asyncio.Event()
         self._running = False
+        self._starting: asyncio.TimerHandle | None = None
         #: Watch streams opened so far.
         self.streams = 0
 
@@ -79,8 +86,15 @@ class Takeovers:
         self._ids[id(entry)] = watch_id
         self._watched[watch_id] = entry
         self._after[watch_id] = entry.token
-        self._send(watch_id, self._create(watch_id))
-        if not self._running:
+        self._send(watch_id, _CREATE)  # built when sent: most leases end before that
+        if not self._running and self._starting is None:
+            # The stream's task starts only when a watcher has waited its batch: a lease
+            # held for less than that costs no task either.
+            self._starting = asyncio.get_running_loop().call_later(BATCH, self._start)
+
+    def _start(self) -> None:
+        self._starting = None
+        if self._watched and not self._running:
             self._running = True
             self._spawn(self._run(), "etcd takeover watch")
 
@@ -90,7 +104,7 @@ class Takeovers:
         if watch_id is None:
             return
         del self._watched[watch_id], self._after[watch_id]
-        if self._pending.pop(watch_id, None) is None:  # sent: cancel it on the server
+        if self._pending.pop(watch_id, _SENT) is _SENT:  # sent: cancel it on the server
             request = rpc.WatchRequest(cancel_request=rpc.WatchCancelRequest(watch_id=watch_id))
             self._send(watch_id, request)
 
@@ -141,14 +155,20 @@ class Takeovers:
 
     async def _write(self, call: Any) -> None:
         """Send what :meth:`watch` and :meth:`unwatch` queued, in any order."""
+        batch = 0.0  # a new stream sends what is pending at once: it waited already
         try:
             while True:
                 await self._wake.wait()
-                await asyncio.sleep(BATCH)
+                if batch:
+                    await asyncio.sleep(batch)
+                batch = BATCH
                 self._wake.clear()
                 while self._pending:
                     watch_id = next(iter(self._pending))
-                    await self._wire.write_watch(call, self._pending.pop(watch_id))
+                    request = self._pending.pop(watch_id)
+                    if request is _CREATE:
+                        request = self._create(watch_id)
+                    await self._wire.write_watch(call, request)
         except BackendError as exc:
             logger.info("etcd takeover watch: a write failed: %r", exc)
             call.cancel()  # the reader sees the stream end, and it is reopened

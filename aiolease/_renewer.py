@@ -1,0 +1,334 @@
+"""One renewal scheduler per backend object, for every lease held through it.
+
+Holding a lease starts no timer of its own. Each held lease registers with the
+:class:`Renewer` of its backend: its next renewal time and its local safe deadline
+sit in one heap, and one task per backend wakes at the earliest of them. It then
+
+* starts a renewal of every lease that is due, each in a task of its own and
+  bounded by the renew interval (concurrent calls let backends that batch renewals
+  answer them in one round trip); retries failures with back-off, as long as the
+  deadline allows; a "not owner" answer ends the lease (``STOLEN``);
+* ends every lease whose deadline passed (``EXPIRED``, or ``UNREACHABLE`` after
+  refused connections), whatever its renewal is doing.
+
+Session backends whose renew is only local bookkeeping (:meth:`Backend.hold`) are
+not renewed at all: their leases follow the session's confirmed expiry, and the
+scheduler keeps one deadline per session (and margin) for all of them.
+
+The scheduler's task runs in the task group of one of the holdings (its *host*),
+shielded from cancellations aimed at that holding's caller;
+when the host's block ends, the task moves to another holding's task group, and it
+ends with the last lease. Its state lives here, not in the task, so a move loses
+nothing: a renewal interrupted by the move is due at once again.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._exceptions import BackendError, LossReason, NotOwnerError
+from ._lease import Lease
+from .abc import Backend, SessionClock
+
+__all__ = ["Counters", "Renewer", "RenewerStatistics"]
+
+logger = logging.getLogger("aiolease")
+
+
+@dataclass
+class Counters:
+    """Mutable counters behind the frozen ``statistics()`` snapshots."""
+
+    acquisitions: int = 0
+    renewals: int = 0
+    renew_failures: int = 0
+    losses: dict[LossReason, int] = field(default_factory=dict)
+
+    def lost(self, reason: LossReason) -> None:
+        self.losses[reason] = self.losses.get(reason, 0) + 1
+
+
+class Host(Protocol):
+    """What can run the scheduler's task: a holding, while its block runs."""
+
+    @property
+    def task_group(self) -> TaskGroup: ...
+
+
+@dataclass(frozen=True)
+class RenewerStatistics:
+    """What one backend's scheduler did so far (for tests and tuning).
+
+    :param leases: leases registered now
+    :param wakeups: times its task woke up
+    :param renewals: renewals it started
+    :param hosts: tasks it ran in so far (one per move between holdings)
+    """
+
+    leases: int
+    wakeups: int
+    renewals: int
+    hosts: int
+
+
+class _Renewed:
+    """One lease that the scheduler renews."""
+
+    __slots__ = ("backoff", "counters", "lease", "next_at", "renewing", "version")
+
+    def __init__(self, lease: Lease, counters: Counters) -> None:
+        self.lease = lease
+        self.counters = counters
+        self.next_at = lease.next_renewal()
+        self.backoff = _first_backoff(lease)
+        self.renewing = False
+        self.version = 0
+
+
+class _Group:
+    """The leases riding on one session clock with one margin: one deadline for all."""
+
+    __slots__ = ("clock", "leases", "margin", "version")
+
+    def __init__(self, clock: SessionClock, margin: float) -> None:
+        self.clock = clock
+        self.margin = margin
+        self.leases: dict[Lease, None] = {}
+        self.version = 0
+
+
+_Item = _Renewed | _Group
+_renewers: weakref.WeakKeyDictionary[Backend, Renewer] = weakref.WeakKeyDictionary()
+
+
+def _first_backoff(lease: Lease) -> float:
+    return min(0.05, lease.timing.renew_interval / 4)
+
+
+class Renewer:
+    """The renewal scheduler of one backend object (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int, _Item]] = []
+        self._seq = itertools.count()
+        self._hosts: dict[Host, None] = {}
+        self._host: Host | None = None
+        self._scope: anyio.CancelScope | None = None
+        self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
+        self._wake_at = -math.inf
+        self._renewing: set[_Renewed] = set()  # renewals started by the current task
+        self._groups: dict[tuple[int, float], _Group] = {}
+        self._wakeups = 0
+        self._renewals = 0
+        self._host_count = 0
+        self._leases: dict[Lease, None] = {}
+
+    @classmethod
+    def of(cls, backend: Backend) -> Renewer:
+        """The scheduler of ``backend`` (made on first use)."""
+        renewer = _renewers.get(backend)
+        if renewer is None:
+            renewer = _renewers[backend] = cls()
+        return renewer
+
+    def statistics(self) -> RenewerStatistics:
+        """A snapshot of the counters."""
+        return RenewerStatistics(len(self._leases), self._wakeups, self._renewals, self._host_count)
+
+    # -- registering ------------------------------------------------------------------
+
+    def add(self, host: Host, lease: Lease, counters: Counters, clock: SessionClock | None) -> None:
+        """Keep ``lease`` until it ends; ``host`` may run the scheduler until :meth:`remove`.
+
+        :param clock: the session that keeps the lease (:meth:`Backend.hold`), or ``None``
+            to renew it
+        """
+        self._hosts[host] = None
+        if lease.lost is None:
+            self._leases[lease] = None
+            lease.on_end(lambda _: self._leases.pop(lease, None))
+            if clock is None:
+                renewed = _Renewed(lease, counters)
+                lease.on_end(lambda _: self._forget(renewed))
+                self._push(renewed, min(renewed.next_at, lease.deadline))
+            else:
+                self._join(lease, clock)
+        if self._host is None:
+            self._move()
+
+    def remove(self, host: Host) -> None:
+        """``host``'s lease has ended and its block is being left: it can host no more."""
+        self._hosts.pop(host, None)
+        if self._host is host:
+            self._stop()
+            self._move()
+
+    def _stop(self) -> None:
+        assert self._scope is not None
+        if self._renewing:
+            self._scope.cancel()  # the renewals are due again at once, where it moves
+        elif self._wake is not None:
+            self._wake.set()  # ends the loop: cheaper than a cancellation
+        self._host = self._scope = None
+
+    def _move(self) -> None:
+        """Run the task in any holding's task group, if it runs nowhere."""
+        if self._host is None:
+            for other in self._hosts:
+                self._start(other)
+                break
+
+    def _join(self, lease: Lease, clock: SessionClock) -> None:
+        key = (id(clock), lease.timing.margin)
+        group = self._groups.get(key)
+        if group is None or group.clock is not clock:
+            group = self._groups[key] = _Group(clock, lease.timing.margin)
+            self._push(group, clock.expires - group.margin)
+        group.leases[lease] = None
+        lease.on_end(lambda _: self._leave_group(key, group, lease))
+
+    def _leave_group(self, key: tuple[int, float], group: _Group, lease: Lease) -> None:
+        group.leases.pop(lease, None)
+        if not group.leases and self._groups.get(key) is group:
+            del self._groups[key]
+            group.version += 1  # its heap entry is stale now
+
+    def _forget(self, renewed: _Renewed) -> None:
+        renewed.version += 1
+
+    # -- the heap ---------------------------------------------------------------------
+
+    def _push(self, item: _Item, at: float) -> None:
+        item.version += 1
+        heapq.heappush(self._heap, (at, next(self._seq), item.version, item))
+        if at < self._wake_at and self._wake is not None:
+            self._wake.set()
+
+    def _start(self, host: Host) -> None:
+        self._host = host
+        self._scope = anyio.CancelScope(shield=True)
+        self._host_count += 1
+        host.task_group.start_soon(self._run, self._scope, name="aiolease renewer")
+
+    async def _run(self, scope: anyio.CancelScope) -> None:
+        renewing: set[_Renewed] = set()
+        self._renewing = renewing
+        with scope:
+            try:
+                # Without a task group while nothing needs renewing (session leases, or
+                # leases held for less than a renew interval): cheaper to start and stop.
+                if await self._loop(scope, renewing, None):
+                    async with anyio.create_task_group() as tg:
+                        await self._loop(scope, renewing, tg)
+            finally:
+                # A renewal cancelled before it started never said so: it is due again.
+                for renewed in renewing:
+                    renewed.renewing = False
+                    if renewed.lease.lost is None:
+                        self._push(renewed, -math.inf)
+                renewing.clear()
+
+    async def _loop(
+        self, scope: anyio.CancelScope, renewing: set[_Renewed], tg: TaskGroup | None
+    ) -> bool:
+        """Wake, do what is due, sleep; until the task moves (``False``) or, without a
+        task group ``tg``, until a renewal must start (``True``)."""
+        while scope is self._scope:  # else it moved to another host
+            self._wakeups += 1
+            if not self._due(tg, renewing, anyio.current_time()):
+                return True
+            self._wake = wake = anyio.Event()
+            self._wake_at = self._heap[0][0] if self._heap else math.inf
+            with anyio.move_on_at(self._wake_at):
+                await wake.wait()
+            self._wake_at = -math.inf
+        return False
+
+    def _due(self, tg: TaskGroup | None, renewing: set[_Renewed], now: float) -> bool:
+        """Handle what is due by ``now``; ``False`` if a renewal needs a task group."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, _, version, item = heap[0]
+            if version != item.version:
+                heapq.heappop(heap)
+                continue  # moved or forgotten since
+            if isinstance(item, _Group):
+                heapq.heappop(heap)
+                self._group_due(item, now)
+            elif tg is None and self._renewal_due(item, now):
+                return False
+            else:
+                heapq.heappop(heap)
+                self._lease_due(tg, renewing, item, now)
+        return True
+
+    @staticmethod
+    def _renewal_due(renewed: _Renewed, now: float) -> bool:
+        return renewed.lease.lost is None and not renewed.renewing and now >= renewed.next_at
+
+    def _group_due(self, group: _Group, now: float) -> None:
+        deadline = group.clock.expires - group.margin
+        if now < deadline:
+            self._push(group, deadline)
+            return
+        for lease in list(group.leases):
+            _ = lease.lost  # ends it (the deadline follows the same clock)
+        if group.leases:  # a lease granted after the clock's last confirmation
+            self._push(group, min(lease.deadline for lease in group.leases))
+
+    def _lease_due(
+        self, tg: TaskGroup | None, renewing: set[_Renewed], renewed: _Renewed, now: float
+    ) -> None:
+        lease = renewed.lease
+        if lease.lost is not None:
+            return  # ended at its deadline, by reading it, or before
+        if tg is not None and not renewed.renewing and now >= renewed.next_at:
+            renewed.renewing = True
+            renewing.add(renewed)
+            self._renewals += 1
+            tg.start_soon(self._renew, renewed, renewing)
+        next_at = math.inf if renewed.renewing else renewed.next_at
+        self._push(renewed, min(next_at, lease.deadline))
+
+    async def _renew(self, renewed: _Renewed, renewing: set[_Renewed]) -> None:
+        lease = renewed.lease
+        timing = lease.timing
+        sent_at = anyio.current_time()
+        try:
+            with anyio.fail_after(timing.renew_interval):
+                grant = await lease.backend.renew(lease.name, lease.owner, lease.token, timing.ttl)
+        except NotOwnerError:
+            lease.end(LossReason.STOLEN)
+        except (BackendError, TimeoutError) as exc:
+            self._failed(renewed, exc)
+        except Exception as exc:  # a backend bug must not end other leases' holdings
+            logger.exception("renewal of lease %r raised", lease.name)
+            self._failed(renewed, exc)
+        else:
+            renewed.counters.renewals += 1
+            lease.confirm(sent_at, grant)
+            renewed.backoff = _first_backoff(lease)
+            renewed.next_at = lease.next_renewal()
+        finally:
+            # Also when the scheduler moves: then the renewal is due again at once.
+            renewed.renewing = False
+            renewing.discard(renewed)
+            if lease.lost is None:
+                self._push(renewed, min(renewed.next_at, lease.deadline))
+
+    def _failed(self, renewed: _Renewed, exc: BaseException) -> None:
+        lease = renewed.lease
+        renewed.counters.renew_failures += 1
+        lease.note_error(exc)
+        logger.info("renewal of lease %r failed, retrying: %r", lease.name, exc)
+        renewed.next_at = anyio.current_time() + renewed.backoff
+        renewed.backoff = min(renewed.backoff * 2, lease.timing.renew_interval)

@@ -1,0 +1,296 @@
+"""The renewal scheduler: one task per backend renews every lease held through it.
+
+Exact times come from trio's ``MockClock`` (virtual time, no waiting); the other
+tests wait on events only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import pytest
+from trio.testing import MockClock
+
+from aiolease import AsyncLock, BackendUnavailable, Capability, Lease, LeaseLostError, LossReason
+from aiolease._renewer import Renewer
+from aiolease.abc import Grant, HolderInfo
+from aiolease.backends.memory import MemoryBackend
+from aiolease.testing.faults import FaultyBackend
+
+pytestmark = pytest.mark.anyio
+
+MOCK = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
+)
+
+
+class Quiet(MemoryBackend):
+    """The memory model without push wake-ups (so no takeover watch per lease), whose
+    renewals of some names hang or fail, and which counts renewals and the renewer's
+    tasks seen during them."""
+
+    capabilities = frozenset({Capability.SERVER_TIME})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang: set[str] = set()
+        self.fail: set[str] = set()
+        self.renewed: dict[str, int] = {}
+        self.schedulers_seen: set[int] = set()
+        self.renewed_event = anyio.Event()
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        self.schedulers_seen.add(_renewer_tasks())
+        self.renewed[name] = self.renewed.get(name, 0) + 1
+        self.renewed_event.set()
+        self.renewed_event = anyio.Event()
+        if name in self.hang:
+            await anyio.sleep_forever()
+        if name in self.fail:
+            raise BackendUnavailable(f"renewal of {name} refused")
+        return await super().renew(name, owner, token, ttl)
+
+
+def _renewer_tasks() -> int:
+    return sum(task.name == "aiolease renewer" for task in anyio.get_running_tasks())
+
+
+async def _hold_all(
+    stack: AsyncExitStack, backend: Any, names: list[str], ttl: float
+) -> list[Lease]:
+    return [await stack.enter_async_context(AsyncLock(backend, n, ttl=ttl)) for n in names]
+
+
+@MOCK
+async def test_many_leases_are_renewed_by_one_task(anyio_backend: object) -> None:
+    backend, count = Quiet(), 50
+    async with AsyncExitStack() as stack:
+        leases = await _hold_all(stack, backend, [f"n{i}" for i in range(count)], ttl=3)
+        assert _renewer_tasks() == 1
+        await anyio.sleep(10)  # virtual: renewals at 1, 2, ..., 10 s
+        assert all(lease.lost is None for lease in leases)
+        assert all(lease.renewals >= 9 for lease in leases)
+        stats = Renewer.of(backend).statistics()
+    assert backend.schedulers_seen == {1}
+    assert stats.leases == count and stats.hosts == 1
+    # One wake-up per renew interval for all of them (a timer per lease: 500 and more).
+    assert stats.wakeups <= 2 * 10 + 2, stats
+    assert _renewer_tasks() == 0  # it ended with the last lease
+
+
+async def test_the_renewer_moves_when_its_host_leaves(anyio_backend: str) -> None:
+    backend = Quiet()
+    lock = AsyncLock(backend, "first", ttl=0.6)
+    first_in, first_out, first_left = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def first() -> None:
+        async with lock:  # the first block hosts the renewer
+            first_in.set()
+            await first_out.wait()
+        first_left.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await first_in.wait()
+            async with AsyncLock(backend, "second", ttl=0.6) as second:
+                first_out.set()
+                await first_left.wait()
+                before = backend.renewed.get("second", 0)
+                while backend.renewed.get("second", 0) < before + 2:
+                    await backend.renewed_event.wait()
+                assert second.lost is None
+                assert Renewer.of(backend).statistics().hosts == 2
+    assert second.lost is LossReason.RELEASED
+
+
+@MOCK
+async def test_a_hanging_renewal_delays_no_other_deadline(anyio_backend: object) -> None:
+    backend = Quiet()
+    backend.hang.add("hangs")
+    backend.fail.add("fails")
+    ended: dict[str, tuple[float, LossReason]] = {}
+    leases: dict[str, Lease] = {}
+    start = anyio.current_time()
+
+    async def hold(name: str) -> None:
+        try:
+            async with AsyncLock(backend, name, ttl=3) as lease:
+                leases[name] = lease
+                await anyio.sleep_forever()
+        except LeaseLostError as exc:
+            ended[name] = (round(anyio.current_time() - start, 6), exc.reason)
+
+    async with anyio.create_task_group() as tg:
+        for name in ("hangs", "fails", "fine"):
+            tg.start_soon(hold, name)
+        await anyio.sleep(60)
+        assert leases["fine"].lost is None
+        assert leases["fine"].renewals >= 59
+        tg.cancel_scope.cancel()
+    # Each ends exactly at its deadline (sent at 0, ttl 3, margin 0.3), whatever the
+    # other's renewal does: one hangs (each attempt bounded by the renew interval).
+    assert ended == {"hangs": (2.7, LossReason.EXPIRED), "fails": (2.7, LossReason.UNREACHABLE)}
+    assert backend.renewed["hangs"] == 2  # at 1 s, then at 2 s after the first timed out
+    assert backend.renewed["fails"] > 3  # retried with back-off until the deadline
+
+
+@MOCK
+async def test_next_renewal_counts_from_the_backends_earlier_send_time(
+    anyio_backend: object,
+) -> None:
+    class Early(Quiet):
+        async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+            grant = await super().renew(name, owner, token, ttl)
+            return Grant(grant.token, grant.ttl, anyio.current_time() - 0.5)
+
+    backend = Early()
+    times: list[float] = []
+    async with AsyncLock(backend, "n", ttl=3) as lease:
+        while len(times) < 3:
+            await backend.renewed_event.wait()
+            times.append(anyio.current_time())
+        assert lease.lost is None
+    # Confirmed as sent 0.5 s before each call: the next one comes 1 s after that.
+    assert [round(b - a, 6) for a, b in zip(times, times[1:], strict=False)] == [0.5, 0.5]
+
+
+class Clock:
+    """A session clock the test moves by hand."""
+
+    def __init__(self, expires: float) -> None:
+        self.expires = expires
+        self.error: BaseException | None = None
+
+
+class Held(Quiet):
+    """A session backend that keeps held grants itself (``hold``)."""
+
+    capabilities = frozenset({Capability.SERVER_TIME, Capability.SESSION})
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.ended: dict[str, Any] = {}
+
+    def hold(self, name: str, owner: str, token: int, ended: Any) -> Clock:
+        self.ended[name] = ended
+        return self.clock
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire(name, owner, ttl, identity, metadata)
+        if isinstance(result, Grant):  # a grant on the session: good until it expires
+            return Grant(result.token, ttl, self.clock.expires - ttl)
+        return result
+
+
+@MOCK
+async def test_session_leases_follow_their_session_and_are_never_renewed(
+    anyio_backend: object,
+) -> None:
+    clock = Clock(anyio.current_time() + 3)
+    backend = Held(clock)
+    with pytest.raises(LeaseLostError):  # when the blocks are left, after the loss
+        async with AsyncExitStack() as stack:
+            leases = await _hold_all(stack, backend, [f"n{i}" for i in range(20)], ttl=3)
+            for _ in range(10):  # the session's keepalives, every second
+                await anyio.sleep(1)
+                clock.expires = anyio.current_time() + 3
+            assert all(lease.lost is None for lease in leases)
+            assert leases[0].deadline == clock.expires - leases[0].timing.margin
+            stats = Renewer.of(backend).statistics()
+            assert stats.renewals == 0 and backend.renewed == {}
+            assert stats.wakeups <= 10  # one deadline for the whole session, never per lease
+            with pytest.raises(LeaseLostError) as info:
+                async with AsyncLock(backend, "last", ttl=3) as lease:
+                    clock.error = BackendUnavailable("keepalive refused")
+                    await anyio.sleep_forever()  # the keepalives stopped: ends at the deadline
+            assert info.value.reason is LossReason.UNREACHABLE
+            assert anyio.current_time() == clock.expires - lease.timing.margin
+            assert all(lease.lost is LossReason.UNREACHABLE for lease in leases)
+    assert backend.renewed == {}
+
+
+async def test_a_session_backend_ends_a_held_lease_at_once(anyio_backend: str) -> None:
+    backend = Held(Clock(anyio.current_time() + 30))
+    with anyio.fail_after(10), pytest.raises(LeaseLostError) as info:
+        async with AsyncLock(backend, "n", ttl=30):
+            backend.ended["n"](LossReason.STOLEN)
+            await anyio.sleep_forever()
+    assert info.value.reason is LossReason.STOLEN
+    assert await backend.read("n") is None
+
+
+# -- an outer cancellation at the moment of the loss ---------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_task_cancel_at_the_loss_is_not_swallowed(anyio_backend: str) -> None:
+    backend = Held(Clock(anyio.current_time() + 30))
+    entered = anyio.Event()
+
+    async def holder() -> None:
+        async with AsyncLock(backend, "n", ttl=30):
+            entered.set()
+            await anyio.sleep_forever()
+
+    task = asyncio.ensure_future(holder())
+    await entered.wait()
+    backend.ended["n"](LossReason.STOLEN)  # the loss cancels the block...
+    task.cancel()  # ...and so does the application, at the same moment
+    with anyio.fail_after(10), pytest.raises(asyncio.CancelledError):
+        await task
+    assert await backend.read("n") is None
+
+
+async def test_an_outer_scope_cancelled_at_the_loss_is_not_swallowed(anyio_backend: str) -> None:
+    backend = Held(Clock(anyio.current_time() + 30))
+    with anyio.fail_after(10):
+        with anyio.CancelScope() as outer:
+            async with AsyncLock(backend, "n", ttl=30) as lease:
+                backend.ended["n"](LossReason.STOLEN)
+                outer.cancel()
+                await anyio.sleep_forever()
+    assert outer.cancelled_caught
+    assert lease.lost is LossReason.STOLEN
+    assert await backend.read("n") is None
+
+
+@MOCK
+async def test_a_renewal_interrupted_by_the_move_is_done_again(anyio_backend: object) -> None:
+    """The host's block ends just as the other lease's renewal is due (both at 1 s of
+    virtual time): the renewal, started or not, is made again by the moved task."""
+    backend = Quiet()
+    locks = AsyncLock(backend, "host", ttl=3), AsyncLock(backend, "other", ttl=3)
+    hosting = anyio.Event()
+
+    async def host() -> None:
+        async with locks[0]:
+            hosting.set()
+            await anyio.sleep(1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(host)
+        await hosting.wait()
+        async with locks[1] as other:
+            await anyio.sleep(10)
+            assert other.lost is None
+            assert other.renewals >= 9
+    assert Renewer.of(backend).statistics().hosts >= 2
+
+
+async def test_the_fault_wrapper_forwards_hold_unless_told_not_to(anyio_backend: str) -> None:
+    inner = Held(Clock(anyio.current_time() + 30))
+    faulty = FaultyBackend(inner)
+    async with AsyncLock(faulty, "kept", ttl=30):
+        assert faulty.calls["hold"] == 1 and "kept" in inner.ended
+    faulty.sessions = False  # renewals go through the wrapper, where faults apply
+    async with AsyncLock(faulty, "renewed", ttl=30):
+        assert "renewed" not in inner.ended
