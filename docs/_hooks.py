@@ -18,6 +18,7 @@ BACKENDS = {
     "memory": "aiolease.backends.memory:MemoryBackend",
     "SQLite": "aiolease.backends.sqlite:SQLiteBackend",
     "Redis": "aiolease.backends.redis:RedisBackend",
+    "Redlock": "aiolease.backends.redlock:RedlockBackend",
     "PostgreSQL": "aiolease.backends.postgres:PostgresBackend",
     "MySQL": "aiolease.backends.mysql:MySQLBackend",
     "etcd": "aiolease.backends.etcd:EtcdBackend",
