@@ -102,6 +102,10 @@ async def acquire_lease(
             maybe_held = fair
             if not blocking:
                 raise LeaseHeldError(name, result)
+            # A backend may hand the name to a waiter inside wait_turn (PostgreSQL's
+            # hand-off in the release statement): a wait that ends by an exception
+            # must give back what it may have been given.
+            maybe_held = True
             with anyio.move_on_after(timing.ttl):
                 await backend.wait_turn(name, owner, timing.ttl, result)
     except BaseException:

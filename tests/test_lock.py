@@ -154,6 +154,31 @@ async def test_cancelled_acquire_leaves_nothing_held(
     assert faulty.calls["release"] == 1
 
 
+class HandsOffWhileWaiting(MemoryBackend):
+    """Grants the name to a waiter inside ``wait_turn``, as hand-off backends do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = anyio.Event()
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await self.release(name, seen.owner, None)  # the holder lets go, and the name
+        await self.try_acquire(name, owner, ttl, "waiter", {})  # goes to the waiter
+        self.handed.set()
+        await anyio.sleep_forever()
+
+
+async def test_cancelled_wait_gives_back_a_hand_off() -> None:
+    backend = HandsOffWhileWaiting()
+    await AsyncLock(backend, "job", ttl=5).acquire()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(AsyncLock(backend, "job", ttl=5).acquire)
+        await backend.handed.wait()
+        assert await backend.read("job") is not None
+        tg.cancel_scope.cancel()
+    assert await backend.read("job") is None
+
+
 async def test_lost_reply_leaves_nothing_held(inner: MemoryBackend, faulty: FaultyBackend) -> None:
     faulty.lose_reply("try_acquire")
     with pytest.raises(aiolease.BackendTimeout):
