@@ -7,6 +7,7 @@ the server are never disturbed.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +22,7 @@ from sql_support import (
     HOSTILE_IDENTIFIERS,
     cancel_as_woken,
     check_one_winner,
+    eventually,
     first_use_by_processes,
     grant,
     inner,
@@ -450,8 +452,8 @@ async def test_a_lock_wait_timeout_is_a_timeout(
     table = unique("leases")
     url = with_query(my_url, table=table)
     options = {"connect_options": {"init_command": "SET SESSION innodb_lock_wait_timeout = 1"}}
-    async with backend(url, **options) as b:
-        await grant(b, "locked", "owner-1")
+    async with backend(url, **options) as b, backend(url) as other:
+        await grant(other, "locked", "owner-1")  # elsewhere: b must ask the server
         conn = await asyncmy.connect(**_connect_args(my_url), db=database)
         try:
             await conn.begin()
@@ -495,3 +497,210 @@ async def test_a_cancel_that_comes_with_the_wake_up_is_not_swallowed(
         name = unique("cancel")
         granted = await grant(b, name, "owner-1", ttl=60)
         await cancel_as_woken(b, name, "owner-1", granted.token)
+
+
+# -- batched renewals -----------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def one_connection(url: str) -> AsyncIterator[tuple[MySQLBackend, Callable[[], Any]]]:
+    """A backend on a pool of one connection, and a reader of that connection's count
+    of UPDATE statements (``SHOW SESSION STATUS``: no other client adds to it)."""
+    parts = urlsplit(url)
+    pool = await asyncmy.create_pool(minsize=1, maxsize=1, db=parts.path[1:], **_connect_args(url))
+    b = MySQLBackend(pool, table=unique("batch"))
+
+    async def updates() -> int:
+        async with pool.acquire() as conn, conn.cursor() as cur:
+            await cur.execute("SHOW SESSION STATUS LIKE 'Com_update%'")  # and _multi
+            return sum(int(value) for _, value in await cur.fetchall())
+
+    try:
+        yield b, updates
+    finally:
+        await b.aclose()
+        pool.close()
+        await pool.wait_closed()
+
+
+async def _remaining(url: str, table: str, name: str) -> float:
+    """Seconds until ``name``'s row of ``table`` (qualified) expires, by the server."""
+    sql = f"SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) FROM {table}"
+    sql += " WHERE name = %s"
+    return float((await raw(url, sql, name.encode()))[0][0]) / 1e6
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pool of this loop
+async def test_concurrent_renewals_are_one_statement_with_an_answer_each(
+    my_url: str, database: str, anyio_backend: str
+) -> None:
+    async with one_connection(my_url) as (b, updates):
+        names = [unique("together") for _ in range(20)]
+        tokens = [(await grant(b, name, "owner-1", ttl=2)).token for name in names]
+        # One lease was taken over (by another process), one renewal names a wrong
+        # token: both must come back "not owner", alone, while the others are renewed.
+        qualified = f"`{database}`.`{b.table}`"
+        takeover = f"UPDATE {qualified} SET owner = 'owner-2', token = token + 1 WHERE name = %s"
+        await raw(my_url, takeover, names[3].encode())
+        tokens[5] += 1
+        before = await updates()
+        results: dict[str, Grant | BaseException] = {}
+
+        async def renew(name: str, token: int) -> None:
+            try:
+                results[name] = await b.renew(name, "owner-1", token, 30.0)
+            except NotOwnerError as exc:
+                results[name] = exc
+
+        async with anyio.create_task_group() as tg:
+            for name, token in zip(names, tokens, strict=True):
+                tg.start_soon(renew, name, token)
+        assert await updates() - before == 1  # 20 renewals, one UPDATE
+        assert b.statistics().renew_statements == 1
+        for i, name in enumerate(names):
+            if i in (3, 5):
+                assert isinstance(results[name], NotOwnerError), (i, results[name])
+                continue
+            renewed = results[name]
+            assert isinstance(renewed, Grant) and renewed.token == tokens[i]
+            assert await _remaining(my_url, qualified, name) > 10
+        holder = await b.read(names[3])
+        assert holder is not None and holder.owner == "owner-2"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pool of this loop
+async def test_renewals_of_different_ttls_share_a_statement(
+    my_url: str, database: str, anyio_backend: str
+) -> None:
+    async with one_connection(my_url) as (b, updates):
+        names = [unique("mixed") for _ in range(6)]
+        tokens = [(await grant(b, name, "owner-1", ttl=2)).token for name in names]
+        before = await updates()
+        async with anyio.create_task_group() as tg:
+            for i, (name, token) in enumerate(zip(names, tokens, strict=True)):
+                tg.start_soon(b.renew, name, "owner-1", token, 20.0 + 10 * (i % 2))
+        assert await updates() - before == 1
+        for i, name in enumerate(names):  # each row got its own ttl
+            left = await _remaining(my_url, f"`{database}`.`{b.table}`", name)
+            assert 15 < left <= 20 + 10 * (i % 2), (i, left)
+
+
+async def test_many_held_leases_are_renewed_in_one_statement_per_tick(my_url: str) -> None:
+    leases = 12
+    async with backend(my_url) as b:
+        spy = FaultyBackend(b)
+        locks = [AsyncLock(spy, unique("held"), ttl=1.5) for _ in range(leases)]
+
+        async def renewed(rounds: int) -> None:
+            with anyio.fail_after(30):  # a hang guard: 3 renewals a ttl
+                while min(lock.statistics().renewals for lock in locks) < rounds:
+                    await spy.wait_called("renew")
+
+        async with anyio.create_task_group() as tg:
+            for lock in locks:
+                await tg.start(_hold, lock)
+            await renewed(2)
+            before = inner(b, MySQLBackend).statistics().renew_statements
+            await renewed(5)
+            statements = inner(b, MySQLBackend).statistics().renew_statements - before
+            tg.cancel_scope.cancel()
+        # 3 more ticks of 12 leases: 36 statements unbatched, about 3 batched.
+        assert statements <= 3 + 2, statements
+        assert all(lock.statistics().losses == {} for lock in locks)
+
+
+async def _hold(lock: AsyncLock, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async with lock:
+        task_status.started()
+        await anyio.sleep_forever()
+
+
+async def test_renewals_slower_than_a_third_of_the_ttl_still_confirm(my_url: str) -> None:
+    host, port = server("mariadb").addresses[0]
+    async with FaultProxy(host, port) as proxy:
+        async with backend(proxy.url_for(my_url)) as b:
+            # Round trips of about 2.4 s: longer than ttl / 3 (2 s), shorter than the
+            # renew interval.
+            lock = AsyncLock(b, unique("slow"), ttl=6.0, renew_interval=2.9, margin=0.05)
+            async with lock as lease:
+                await proxy.delay(1.2)
+                with anyio.fail_after(30):
+                    while lock.statistics().renewals < 2:  # noqa: ASYNC110 - time must pass
+                        await anyio.sleep(0.1)
+                assert lease.lost is None
+                await proxy.pass_through()
+
+
+# -- hand-offs -----------------------------------------------------------------------------------
+
+
+async def _waiting(b: Backend, count: int = 1) -> None:
+    my_backend = inner(b, MySQLBackend)
+    await eventually(lambda: my_backend.statistics().waiting >= count, "a blocked wait")
+
+
+async def test_a_release_hands_the_name_to_the_oldest_waiter(my_url: str) -> None:
+    # Waiters of one backend queue oldest first; each release grants the next in line
+    # in the release statement itself, and its try_acquire needs no statement.
+    async with backend(my_url, poll_interval=60) as b:
+        name = unique("handoff")
+        first = await AsyncLock(b, name, ttl=30).acquire()
+        order: list[int] = []
+        tokens: list[int] = []
+
+        async def wait(i: int) -> None:
+            lease = await AsyncLock(b, name, ttl=30).acquire()
+            order.append(i)
+            tokens.append(lease.token)
+            assert await lease.release()
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(wait, i)
+                    await _waiting(b, i + 1)  # queued before the next one starts
+                assert await first.release()
+        assert order == [0, 1, 2, 3]
+        assert tokens == [first.token + 1, first.token + 2, first.token + 3, first.token + 4]
+        assert inner(b, MySQLBackend).statistics().hand_offs == 4
+        assert await b.read(name) is None
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_waiters_cancelled_at_random_points_never_keep_a_grant(
+    my_url: str, seed: int
+) -> None:
+    # Tasks take turns on one name while others give up after random delays: while
+    # queued, while a hand-off to them is in flight, after it, or in their retry.
+    rng = random.Random(seed)
+    async with backend(my_url, poll_interval=60) as b:
+        name = unique("giveup")
+        holding: set[str] = set()
+        held = gave_up = 0
+
+        async def task(i: int) -> None:
+            nonlocal held, gave_up
+            for _ in range(40):
+                lease = None
+                patience = rng.uniform(0, 0.005 if rng.random() < 0.5 else 0.05)
+                with anyio.move_on_after(patience) as scope:
+                    lease = await AsyncLock(b, name, ttl=30).acquire()
+                if lease is None:
+                    assert scope.cancelled_caught
+                    gave_up += 1
+                    continue
+                holding.add(lease.owner)
+                seen = await b.read(name)  # held: by this live owner, none other
+                assert seen is not None and seen.owner == lease.owner
+                held += 1
+                holding.discard(lease.owner)
+                assert await lease.release()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(task, i)
+        assert held > 0 and gave_up > 0, (held, gave_up)
+        assert inner(b, MySQLBackend).statistics().hand_offs > 0
+        # Nobody holds it any more: a grant left to a waiter that gave up would show.
+        assert await b.read(name) is None

@@ -48,6 +48,9 @@ class Turn:
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     #: It left by an exception: a hand-off that ends later gives its grant back.
     cancelled: bool = False
+    #: A hand-off to it failed midway (the statement may have committed): it may hold
+    #: the row, so a waiter that stops gives it back (a backend that checks this).
+    doubt: bool = False
     gone: bool = False
 
 

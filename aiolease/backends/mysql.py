@@ -31,8 +31,19 @@ column asks "is the owner now the caller?". The statement reports its outcome in
 the OK packet: the token column is assigned through ``LAST_INSERT_ID(expr)``, so the
 reply carries the granted token, or 0 when the name is held. Only a refusal is
 followed by a second statement, a plain ``SELECT`` of the holder to report (the
-decision is already made; MySQL has no ``RETURNING`` for this). Renew and release
-are one ``UPDATE`` each, read the same way.
+decision is already made; MySQL has no ``RETURNING`` for this). Release is one
+``UPDATE``, read the same way.
+
+**Batched renewals.** All leases renewed through one backend object share one
+``UPDATE`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`); its
+affected-row count says when every lease of the batch was renewed, else one
+``SELECT`` tells which are still the caller's and live.
+
+**Hand-offs.** Waiters of one backend object queue oldest first
+(:mod:`aiolease.backends._sql_turns`): a release through the backend grants the row
+to the oldest in the release statement itself, and a release with nobody to hand
+to wakes only the oldest. While a grant made here is live (see ``_Held``), other
+callers of this backend are refused without a statement.
 
 **Wake-ups.** There is no push: a waiter wakes when this backend object changes the
 name, when the holder's remaining ttl runs out, and otherwise every
@@ -43,8 +54,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -58,11 +70,14 @@ from .._exceptions import (
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
 from ._sql import (
+    Key,
+    RenewBatcher,
     Wakeups,
     check_identifier,
     check_owner,
     encode_metadata,
     holder,
+    now,
     parse_count,
     parse_query,
     parse_seconds,
@@ -71,8 +86,9 @@ from ._sql import (
     timeout_after,
     wait_event,
 )
+from ._sql_turns import Turn, Turns
 
-__all__ = ["MySQLBackend"]
+__all__ = ["MySQLBackend", "MySQLStatistics"]
 
 logger = logging.getLogger("aiolease.mysql")
 
@@ -86,6 +102,7 @@ _NO_SUCH_TABLE = 1146
 _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "table": str,
     "poll_interval": parse_seconds,
+    "renew_window": parse_seconds,
     "connect_timeout": parse_seconds,
     "min_size": parse_size,
     "max_size": parse_count,
@@ -145,6 +162,47 @@ class _Sql:
             " metadata = NULL, expires_at = NULL WHERE name = %(name)s AND owner = %(owner)s"
             f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
         )
+        # Release and grant to the next holder in one statement (WHERE reads the old row;
+        # the token is assigned first, so LAST_INSERT_ID carries the new one back).
+        self.hand_off = (
+            f"UPDATE {t} SET token = LAST_INSERT_ID(token + 1), owner = %(next)s,"
+            " identity = %(identity)s, metadata = %(metadata)s, ttl = %(ttl)s,"
+            f" acquired_at = {_NOW}, expires_at = {_EXPIRY}"
+            " WHERE name = %(name)s AND owner = %(owner)s"
+            f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
+        )
+        self._table = t
+
+    def renew_many(self, count: int) -> str:
+        """Renew ``count`` leases of one ttl: params ttl, microseconds, then a
+        (name, owner, token) triple per lease."""
+        return (
+            f"UPDATE {self._table} SET ttl = %s, expires_at = {_NOW} + INTERVAL %s MICROSECOND"
+            f" WHERE (name, owner, token) IN ({_triples(count)}) AND expires_at > {_NOW}"
+        )
+
+    def renew_mixed(self, count: int) -> str:
+        """Renew ``count`` leases of different ttls: params (name, owner, token, ttl,
+        microseconds) per lease."""
+        rows = " UNION ALL SELECT %s, %s, %s, %s, %s" * (count - 1)
+        return (
+            f"UPDATE {self._table} AS l JOIN (SELECT %s AS name, %s AS owner, %s AS token,"
+            f" %s AS ttl, %s AS us{rows}) AS v"
+            " ON l.name = v.name AND l.owner = v.owner AND l.token = v.token"
+            f" SET l.ttl = v.ttl, l.expires_at = {_NOW} + INTERVAL v.us MICROSECOND"
+            f" WHERE l.expires_at > {_NOW}"
+        )
+
+    def live(self, count: int) -> str:
+        """Which of ``count`` (name, owner, token) triples hold a live row."""
+        return (
+            f"SELECT name, owner, token FROM {self._table}"
+            f" WHERE (name, owner, token) IN ({_triples(count)}) AND expires_at > {_NOW}"
+        )
+
+
+def _triples(count: int) -> str:
+    return ", ".join(["(%s, %s, %s)"] * count)
 
 
 def _errno(exc: BaseException) -> int | None:
@@ -197,8 +255,53 @@ def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
     return None if holder is None else (holder.owner, holder.token)
 
 
+#: The share of a grant's ttl that a refusal answered from memory leaves unused, for
+#: clock-rate drift between this host and the server.
+_DRIFT = 0.001
+
+
+@dataclass(slots=True)
+class _Held:
+    """A grant made through this backend, to refuse other callers without a statement.
+
+    Until it is released through this backend, the row stays this owner's at least
+    until ``sent_at + ttl`` (``sent_at``: when the newest statement that granted or
+    renewed it was sent, before the server read its clock).
+    """
+
+    owner: str
+    token: int
+    identity: str
+    meta: str
+    ttl: float
+    sent_at: float
+
+    def remaining(self, at: float) -> float:
+        return self.sent_at + self.ttl * (1 - _DRIFT) - at
+
+
+#: What :meth:`MySQLBackend._execute` returns.
+_ID, _ROWS, _COUNT = "id", "rows", "count"
+
+
 def _micros(ttl: float) -> int:
     return max(round(ttl * 1_000_000), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class MySQLStatistics:
+    """What one :class:`MySQLBackend` did so far.
+
+    :param renew_statements: renewal statements sent (each renews a whole batch)
+    :param renewals_shared: renew calls answered from a statement sent for the batch
+    :param hand_offs: releases that granted the name to a waiter in the same statement
+    :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
+    """
+
+    renew_statements: int
+    renewals_shared: int
+    hand_offs: int
+    waiting: int
 
 
 class MySQLBackend(Backend):
@@ -208,6 +311,7 @@ class MySQLBackend(Backend):
         committed even if the pool is not in autocommit mode
     :param table: the table of leases, in the connection's database (created on first use)
     :param poll_interval: the longest a waiter sleeps before looking again
+    :param renew_window: seconds a renewal waits for others to share its statement
     :raises InvalidArgument: a bad table name or number, or ``pool``
     """
 
@@ -217,12 +321,18 @@ class MySQLBackend(Backend):
     requires_asyncio = True
 
     def __init__(
-        self, pool: Any, *, table: str = "aiolease_leases", poll_interval: float = 0.25
+        self,
+        pool: Any,
+        *,
+        table: str = "aiolease_leases",
+        poll_interval: float = 0.25,
+        renew_window: float = 0.0,
     ) -> None:
         from asyncmy.pool import Pool
 
         self._table = check_identifier("table", table)
         self.poll_interval = check_seconds("poll_interval", poll_interval)
+        window = check_seconds("renew_window", renew_window, allow_zero=True)
         if pool is not _OPENING and not isinstance(pool, Pool):
             raise InvalidArgument(f"pool must be an asyncmy Pool, not {type(pool).__name__}")
         self._pool = pool
@@ -230,6 +340,14 @@ class MySQLBackend(Backend):
         self._sql = _Sql(self._table)
         self._setup_lock = asyncio.Lock()
         self._wakeups = Wakeups()
+        self._batcher = RenewBatcher(self._renew_batch, window=window)
+        self._turns = Turns()
+        self._held: dict[str, _Held] = {}
+        #: Grants and releases made through this backend so far (any name): a refusal
+        #: followed by none needs no read before its wait.
+        self._changes = 0
+        self._hand_offs = 0
+        self._waiting = 0
         self._closed = False
 
     def __repr__(self) -> str:
@@ -240,6 +358,15 @@ class MySQLBackend(Backend):
         """The table the leases live in."""
         return self._table
 
+    def statistics(self) -> MySQLStatistics:
+        """Counters of renew statements, hand-offs and waiters."""
+        return MySQLStatistics(
+            renew_statements=self._batcher.statements,
+            renewals_shared=self._batcher.shared,
+            hand_offs=self._hand_offs,
+            waiting=self._waiting,
+        )
+
     # -- opening ---------------------------------------------------------------------------
 
     @classmethod
@@ -247,8 +374,9 @@ class MySQLBackend(Backend):
         """Open a pool for ``mysql://user:password@host:port/database`` (or ``mariadb://``).
 
         Options come from the URL query or keyword arguments (not both): ``table``,
-        ``poll_interval``, ``connect_timeout``, ``min_size``, ``max_size``;
-        ``connect_options`` (a mapping, keyword only) goes to ``asyncmy.create_pool``.
+        ``poll_interval``, ``renew_window``, ``connect_timeout``, ``min_size``,
+        ``max_size``; ``connect_options`` (a mapping, keyword only) goes to
+        ``asyncmy.create_pool``.
 
         :raises InvalidArgument: a malformed URL or option
         :raises BackendUnavailable: the server cannot be reached
@@ -283,44 +411,51 @@ class MySQLBackend(Backend):
         """
         async with self._setup_lock:
             with _mapped():
-                async with self._pool.acquire() as conn, conn.cursor() as cur:
-                    # A concurrent creator leaves a "table exists" note: not worth a warning.
-                    await cur.execute("SET @@session.sql_notes = 0")
+                async with self._pool.acquire() as conn:
                     try:
-                        await cur.execute(self._sql.create)
-                    finally:
-                        await cur.execute("SET @@session.sql_notes = DEFAULT")
+                        async with conn.cursor() as cur:
+                            # A concurrent creator leaves a "table exists" note: not
+                            # worth a warning.
+                            await cur.execute("SET @@session.sql_notes = 0")
+                            await cur.execute(self._sql.create)
+                            await cur.execute("SET @@session.sql_notes = DEFAULT")
+                    except BaseException:
+                        # Interrupted (or refused, with notes still off): a connection
+                        # the pool must not hand out again. A cancel stays a cancel.
+                        conn.close()
+                        raise
 
     # -- running statements ----------------------------------------------------------------
 
     async def _execute(
-        self, sql: str, params: Mapping[str, Any], *, rows: bool = False, then: str | None = None
+        self, sql: str, params: Any, want: str = _ID, then: str | None = None
     ) -> Any:
         """Run ``sql``, creating the table on first use.
 
-        :param rows: return the rows, not the insert id
+        :param want: what to return: the insert id, the rows, or the affected row count
         :param then: a query to run next, for its rows, if ``sql`` left insert id 0
-        :returns: the insert id, or rows
         """
-        from asyncmy import errors
-
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        with _mapped():
-            try:
-                return await self._run(sql, params, rows, then)
-            except errors.ProgrammingError as exc:
-                if _errno(exc) != _NO_SUCH_TABLE:
+        try:  # not ``_mapped()``: a context manager per statement costs more than this
+            return await self._run(sql, params, want, then)
+        except Exception as exc:
+            if _errno(exc) != _NO_SUCH_TABLE or not _answered(exc):
+                with _mapped():
                     raise
+        with _mapped():
             await self.setup()  # first use: create the table, then ask again
-            return await self._run(sql, params, rows, then)
+            return await self._run(sql, params, want, then)
 
-    async def _run(self, sql: str, params: Mapping[str, Any], rows: bool, then: str | None) -> Any:
+    async def _run(self, sql: str, params: Any, want: str, then: str | None) -> Any:
         async with self._pool.acquire() as conn:
             try:
                 async with conn.cursor() as cur:
-                    await cur.execute(sql, params)
-                    result: Any = await cur.fetchall() if rows else cur.lastrowid
+                    count = await cur.execute(sql, params)
+                    if want == _ID:
+                        result: Any = cur.lastrowid
+                    else:
+                        result = await cur.fetchall() if want == _ROWS else count
                     if then is not None and not result:
                         await cur.execute(then, params)
                         result = await cur.fetchall()
@@ -339,46 +474,159 @@ class MySQLBackend(Backend):
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
+        raw_owner = check_owner(owner)
+        meta = encode_metadata(metadata) if metadata else "{}"
+        if self._turns.handed(name, owner):
+            await asyncio.sleep(0)  # a checkpoint; a cancel here leaves it to the caller's release
+            handed = self._turns.take(name, owner)
+            if handed is not None and handed.grant is not None:  # a release here handed it
+                token, sent_at = handed.grant
+                return Grant(token, handed.ttl, sent_at=sent_at)
+        held = self._held.get(name)
+        if held is not None and held.owner != owner:
+            refusal = await self._refuse(name, owner, ttl, identity, meta, held)
+            if refusal is not None:
+                return refusal
         params = {
             "name": name.encode(),
-            "owner": check_owner(owner),
+            "owner": raw_owner,
             "identity": identity.encode(),
-            "metadata": encode_metadata(metadata).encode(),
+            "metadata": meta.encode(),
             "ttl": float(ttl),
             "us": _micros(ttl),
         }
         for _ in range(_RACE_RETRIES):
+            changes, asked_at = self._changes, now()
             result = await self._execute(self._sql.acquire, params, then=self._sql.holder)
             if isinstance(result, int):
-                self._wakeups.wake(name)
+                self._turns.done(name, owner)
+                self._changed(name)
+                self._granted(name, _Held(owner, result, identity, meta, float(ttl), asked_at))
                 return Grant(result, ttl)
-            if result and result[0][0] != params["owner"]:
+            if result and result[0][0] != raw_owner:
+                self._turns.refused(name, owner, float(ttl), identity, meta, now(), (0, changes))
                 return self._holder(name, result[0])
             # The holder let go between the two statements: ask again.
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
+    def _granted(self, name: str, held: _Held) -> None:
+        known = self._held.get(name)
+        if known is not None and (known.owner, known.token) == (held.owner, held.token):
+            # A retry: the row kept the identity and metadata of the first grant.
+            held.identity, held.meta = known.identity, known.meta
+        self._held[name] = held
+
+    async def _refuse(
+        self, name: str, owner: str, ttl: float, identity: str, meta: str, held: _Held
+    ) -> HolderInfo | None:
+        """Refuse ``owner`` without a statement while a grant made here is live
+        (``None``: it may have run out, ask the server)."""
+        at = now()
+        remaining = held.remaining(at)
+        if remaining <= 0:
+            if self._held.get(name) is held:
+                del self._held[name]
+            return None
+        await asyncio.sleep(0)  # a checkpoint, as a statement would be
+        self._turns.refused(name, owner, float(ttl), identity, meta, at, (0, self._changes))
+        return holder(name, held.owner, held.identity, held.token, held.meta, remaining)
+
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        sent_at = None if token < 1 else await self._batcher.renew((name, owner, token), ttl)
+        held = self._held.get(name)
+        if held is not None and (held.owner, held.token) == (owner, token):
+            if sent_at is None:
+                del self._held[name]
+            else:
+                held.ttl, held.sent_at = float(ttl), max(held.sent_at, sent_at)
+        if sent_at is None:
+            raise NotOwnerError(name)
+        return Grant(token, ttl, sent_at=sent_at)
+
+    async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
+        """Renew every lease of ``items`` in one statement; which ones were renewed.
+
+        The statement's affected-row count tells when all were (the usual case: one
+        statement); otherwise a read of which are still ours and live tells which.
+        """
+        triples = [v for (n, o, t), _ in items for v in (n.encode(), o.encode(), t)]
+        ttls = {ttl for _, ttl in items}
+        if len(ttls) == 1:
+            ttl = float(items[0][1])
+            params: list[Any] = [ttl, _micros(ttl), *triples]
+            sql = self._sql.renew_many(len(items))
+        else:
+            params = [
+                v
+                for ((n, o, t), ttl) in items
+                for v in (n.encode(), o.encode(), t, float(ttl), _micros(ttl))
+            ]
+            sql = self._sql.renew_mixed(len(items))
+        if await self._execute(sql, params, _COUNT) == len(items):
+            return frozenset(key for key, _ in items)
+        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS)
+        return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        self._batcher.forget(name, owner, token)
+        self._turns.done(name, owner)
+        held = self._held.get(name)
+        if held is not None and held.owner == owner:
+            del self._held[name]  # before the statement: it may free the row
+        turn = self._turns.next(name)
+        if turn is not None:
+            return await self._hand_off(name, owner, token, turn)
+        params = {"name": name.encode(), "owner": owner.encode(), "token": token}
+        freed = bool(await self._execute(self._sql.release, params))
+        if freed:
+            self._changed(name)
+            self._turns.wake_one(name)
+        return freed
+
+    async def _hand_off(self, name: str, owner: str, token: int | None, turn: Turn) -> bool:
+        """Release ``owner``'s grant to the oldest task waiting here, in one statement."""
         params = {
             "name": name.encode(),
             "owner": owner.encode(),
             "token": token,
-            "ttl": float(ttl),
-            "us": _micros(ttl),
+            "next": turn.owner.encode(),
+            "identity": turn.identity.encode(),
+            "metadata": turn.metadata.encode(),
+            "ttl": turn.ttl,
+            "us": _micros(turn.ttl),
         }
-        # The reply's insert id is the renewed row's token, or 0 when none matched.
-        if token < 1 or await self._execute(self._sql.renew, params) != token:
-            raise NotOwnerError(name)
-        return Grant(token, ttl)
+        sent_at = now()
+        turn.grant = (0, sent_at)  # claimed: no other release hands it a second grant
+        try:
+            granted = int(await self._execute(self._sql.hand_off, params))
+        except BaseException:
+            turn.grant = None
+            turn.doubt = True  # it may hold the row now: it gives it back if it stops
+            raise
+        finally:
+            turn.settled.set()
+            turn.event.set()
+        if not granted:
+            turn.grant = None
+            return False
+        turn.grant = (granted, sent_at)
+        self._held[name] = _Held(
+            turn.owner, granted, turn.identity, turn.metadata, turn.ttl, sent_at
+        )
+        self._hand_offs += 1
+        self._changed(name)
+        if turn.cancelled:  # it stopped waiting meanwhile: give its grant back
+            await self.release(name, turn.owner, granted)
+        return True
 
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        params = {"name": name.encode(), "owner": owner.encode(), "token": token}
-        freed = bool(await self._execute(self._sql.release, params))
-        if freed:
-            self._wakeups.wake(name)
-        return freed
+    def _changed(self, name: str) -> None:
+        self._changes += 1
+        self._wakeups.wake(name)
 
     async def read(self, name: str) -> HolderInfo | None:
-        rows = await self._execute(self._sql.holder, {"name": name.encode()}, rows=True)
+        rows = await self._execute(self._sql.holder, {"name": name.encode()}, _ROWS)
         return None if not rows else self._holder(name, rows[0])
 
     def _holder(self, name: str, row: Any) -> HolderInfo:
@@ -395,10 +643,55 @@ class MySQLBackend(Backend):
             current = await self.read(name)
             if _key(current) != _key(seen):
                 return
-            timeout = self.poll_interval
-            if current is not None and current.remaining is not None:
-                timeout = min(timeout, current.remaining)
+            await self._wait(event, current)
+
+    async def _wait(self, event: asyncio.Event, current: HolderInfo | None) -> None:
+        timeout = self.poll_interval
+        if current is not None and current.remaining is not None:
+            timeout = min(timeout, current.remaining)
+        self._waiting += 1
+        try:
             await wait_event(event, timeout)
+        finally:
+            self._waiting -= 1
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait, oldest first among this backend's waiters, for a hand-off or a change.
+
+        Other waiters of this backend are not woken by the same change (wake-one),
+        and a release through this backend hands the name to the oldest waiter.
+        """
+        with self._turns.queued(name, owner) as turn:
+            if turn is None:
+                await self.wait_changed(name, seen)
+                return
+            try:
+                await self._wait_turn(name, seen, turn)
+                if turn.grant is not None:
+                    await turn.settled.wait()  # a hand-off to us is in flight: see it end
+            except BaseException:
+                await asyncio.shield(self._leave_turn(name, owner, turn))
+                raise
+
+    async def _wait_turn(self, name: str, seen: HolderInfo, turn: Turn) -> None:
+        current: HolderInfo | None = seen
+        if turn.mark != (0, self._changes):  # something changed here since the refusal
+            current = await self.read(name)
+        if turn.grant is not None or _key(current) != _key(seen):
+            return
+        await self._wait(turn.event, current)
+
+    async def _leave_turn(self, name: str, owner: str, turn: Turn) -> None:
+        """A waiter stops (cancelled): never leave a grant handed to it held."""
+        in_flight = turn.grant is not None and not turn.grant[0]
+        turn.cancelled = True  # from here on, a hand-off that succeeds gives it back
+        if in_flight:
+            await turn.settled.wait()
+        elif turn.grant is not None:
+            await self.release(name, owner, turn.grant[0])
+            return
+        if turn.doubt:  # a hand-off to it failed midway: it may hold the row
+            await self.release(name, owner, None)
 
     async def aclose(self) -> None:
         """Close the pool if this backend opened it. Idempotent."""
@@ -406,6 +699,7 @@ class MySQLBackend(Backend):
             return
         self._closed = True
         self._wakeups.wake_all()
+        self._turns.wake_all()
         if self._owns_pool:
             self._pool.close()
             try:
