@@ -51,8 +51,9 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection
 import redis.connection
+from _common import hold_in_tasks, verdict
 
-from aiolease import AsyncLock, Lease, open_backend
+from aiolease import AsyncLock, open_backend
 from aiolease.backends._redis_resp import _Connection
 from aiolease.backends._redis_scripts import Keys
 from aiolease.backends.redis import RedisBackend
@@ -599,22 +600,7 @@ async def start_holding(
     tasks: list[asyncio.Future[Any]] = []
     stack.callback(lambda: [t.cancel() for t in tasks])
     if kind == "aiolease":  # each held in a task of its own, as an application would
-        stop, leases = asyncio.Event(), list[Lease]()
-
-        async def hold(name: str) -> None:
-            async with AsyncLock(contender.backend, name, ttl=ttl) as lease:
-                leases.append(lease)
-                await stop.wait()
-
-        holders = [asyncio.ensure_future(hold(name)) for name in names]
-
-        async def release_all() -> None:
-            stop.set()
-            await asyncio.gather(*holders, return_exceptions=True)
-
-        stack.push_async_callback(release_all)
-        while len(leases) < len(names):  # noqa: ASYNC110 - a benchmark's set-up
-            await asyncio.sleep(0.05)
+        leases = await hold_in_tasks(contender.backend, names, ttl, stack, return_exceptions=True)
 
         async def aiolease_lost() -> int:
             return sum(lease.lost is not None for lease in leases)
@@ -699,10 +685,6 @@ async def start_holding(
 
 def fairness(counts: Sequence[int]) -> float:
     return max(counts) / max(min(counts), 1)
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
 
 
 class Report:

@@ -53,6 +53,8 @@ from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from _common import hold_in_tasks, verdict
+
 from aiolease import AsyncLock, open_backend
 from aiolease.abc import Backend
 from aiolease.backends._sql import timeout_after
@@ -485,22 +487,19 @@ async def uncontended(db: Db, cycles: int, skip: Sequence[str]) -> dict[str, flo
         await db.open()
         stack.push_async_callback(db.close)
 
-        async def floor() -> None:
-            owner = uuid.uuid4().hex
-            token = await db.floor_acquire(f"uncontended-floor-{RUN}", owner, TTL)
-            assert token is not None
-            assert await db.floor_release(f"uncontended-floor-{RUN}", owner, token, False)
-
-        cycle["raw lease-row floor"] = floor
-        if isinstance(db, Postgres):
-
-            async def floor_notify() -> None:
+        def floor(key: str, notify: bool) -> Callable[[], Awaitable[object]]:
+            async def floor_cycle() -> None:
                 owner = uuid.uuid4().hex
-                token = await db.floor_acquire(f"uncontended-notify-{RUN}", owner, TTL)
+                token = await db.floor_acquire(key, owner, TTL)
                 assert token is not None
-                assert await db.floor_release(f"uncontended-notify-{RUN}", owner, token, True)
+                assert await db.floor_release(key, owner, token, notify)
 
-            cycle["raw lease-row floor, NOTIFY on release"] = floor_notify
+            return floor_cycle
+
+        cycle["raw lease-row floor"] = floor(f"uncontended-floor-{RUN}", False)
+        if isinstance(db, Postgres):
+            notify = floor(f"uncontended-notify-{RUN}", True)
+            cycle["raw lease-row floor, NOTIFY on release"] = notify
         advisory = await db.advisory()
         stack.push_async_callback(advisory.close)
 
@@ -847,22 +846,8 @@ async def held(
                 check = lambda: lost[0]  # noqa: E731
             else:  # each held in a task of its own, as an application would
                 backend = await opened_backend(stack, db)
-                stop, leases = asyncio.Event(), []
-
-                async def hold(i: int) -> None:
-                    async with AsyncLock(backend, f"held-{RUN}-{i}", ttl=ttl) as lease:
-                        leases.append(lease)
-                        await stop.wait()
-
-                holders = [asyncio.ensure_future(hold(i)) for i in range(count)]
-
-                async def release_all() -> None:
-                    stop.set()
-                    await asyncio.gather(*holders)
-
-                stack.push_async_callback(release_all)
-                while len(leases) < count:  # noqa: ASYNC110 - a benchmark's set-up
-                    await asyncio.sleep(0.05)
+                names = [f"held-{RUN}-{i}" for i in range(count)]
+                leases = await hold_in_tasks(backend, names, ttl, stack)
                 check = lambda: sum(lease.lost is not None for lease in leases)  # noqa: E731
                 if statistics_of(backend) is not None:
                     renewals = lambda: statistics_of(backend).renew_statements  # noqa: E731
@@ -885,10 +870,6 @@ async def held(
 
 
 # -- the run -----------------------------------------------------------------------------------
-
-
-def verdict(ok: bool | None) -> str:
-    return "" if ok is None else ("PASS" if ok else "MISS")
 
 
 async def print_uncontended(db: Db, args: argparse.Namespace) -> None:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -9,3 +11,9 @@ pytest_plugins = ["pytester"]
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Every async test runs under asyncio and under trio."""
     return str(request.param)
+
+
+@pytest.fixture
+def redis_url(aiolease_server: Callable[[str], str]) -> str:
+    """The URL of the ``redis`` server (tests/test_redis.py, tests/test_redis_lean.py)."""
+    return aiolease_server("redis")

@@ -12,8 +12,8 @@ that host would, while the other workers still reach all of them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
@@ -22,6 +22,7 @@ import anyio
 import redis
 import redis.asyncio
 from anyio.abc import SocketStream, TaskGroup
+from redis_support import delete_under
 
 from aiolease._bridge import call_asyncio, running_trio
 from aiolease.backends.redlock import RedlockBackend
@@ -30,6 +31,7 @@ __all__ = [
     "ROUTE",
     "RespRouter",
     "RoutedRedlock",
+    "instance_clients",
     "instances_of",
     "lease_keys",
     "on_asyncio",
@@ -54,11 +56,20 @@ def lease_keys(endpoints: Sequence[tuple[str, int]], prefix: str) -> dict[int, l
 
 def wipe(endpoints: Sequence[tuple[str, int]], prefix: str) -> None:
     """Delete every key under ``prefix`` on every instance."""
-    for host, port in endpoints:
-        with redis.Redis(host=host, port=port) as client:
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.delete(*keys)
+    delete_under(prefix, (redis.Redis(host=host, port=port) for host, port in endpoints))
+
+
+@asynccontextmanager
+async def instance_clients(
+    endpoints: Sequence[tuple[str, int]],
+) -> AsyncIterator[list[redis.asyncio.Redis]]:
+    """A ``redis.asyncio`` client of each instance (asyncio only), closed afterwards."""
+    clients = [redis.asyncio.Redis(host=host, port=port) for host, port in endpoints]
+    try:
+        yield clients
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 def _first_command(data: bytes) -> list[bytes] | None:

@@ -18,8 +18,8 @@ import anyio
 import pytest
 import redis
 import redis.asyncio
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
+from model_support import agrees_with_the_model
+from redis_support import delete_under, new_prefix
 
 import aiolease
 from aiolease import (
@@ -37,7 +37,6 @@ from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._redis_scripts import RENEW, Keys
 from aiolease.backends.redis import ForeignDataError, RedisBackend, parse_url
 from aiolease.testing import CHECKS, Check
-from aiolease.testing.model import make_model_machine
 
 pytestmark = pytest.mark.anyio
 
@@ -46,19 +45,11 @@ LONG = 30.0
 
 
 @pytest.fixture
-def redis_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis")
-
-
-@pytest.fixture
 def prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this test alone; its keys are deleted afterwards."""
-    prefix = f"aiolease-test-{uuid.uuid4().hex[:12]}:"
+    prefix = new_prefix("test")
     yield prefix
-    with redis.Redis.from_url(redis_url) as client:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
+    delete_under(prefix, [redis.Redis.from_url(redis_url)])
 
 
 Opener = Callable[..., AbstractAsyncContextManager[Backend]]
@@ -208,19 +199,7 @@ async def test_conformance(
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_agrees_with_the_model(redis_url: str, prefix: str, loop: str) -> None:
-    machine = make_model_machine(
-        lambda: aiolease.open_backend(redis_url, prefix=prefix), anyio_backend=loop
-    )
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=30,
-            stateful_step_count=50,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
-    )
+    agrees_with_the_model(lambda: aiolease.open_backend(redis_url, prefix=prefix), loop, 30, 50)
 
 
 async def test_capabilities(anyio_backend: str, open_redis: Opener) -> None:

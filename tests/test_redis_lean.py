@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -19,6 +19,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis_support import delete_under, new_prefix
 
 import aiolease
 from aiolease import AsyncLock
@@ -34,20 +35,11 @@ LONG = 30.0
 
 
 @pytest.fixture
-def redis_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis")
-
-
-@pytest.fixture
 def prefix(redis_url: str) -> Iterator[str]:
     """A key prefix of this test alone; its keys are deleted afterwards."""
-    prefix = f"aiolease-lean-{uuid.uuid4().hex[:12]}:"
+    prefix = new_prefix("lean")
     yield prefix
-    for db in (0, 5):
-        with redis.Redis.from_url(redis_url, db=db) as client:
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.delete(*keys)
+    delete_under(prefix, (redis.Redis.from_url(redis_url, db=db) for db in (0, 5)))
 
 
 @asynccontextmanager

@@ -9,16 +9,12 @@ with SIGKILL and start it again: its tokens survive, so ``server-restart`` appli
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import anyio
 import pytest
+from safety_support import CUT_OFF_FRESH, assert_fault_took_effect, restartable, short_run
 
 from aiolease import (
     AsyncLock,
@@ -28,76 +24,18 @@ from aiolease import (
     open_backend,
 )
 from aiolease.abc import Backend, HolderInfo
-from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.safety import Fault, assert_safe, run_safety
-from aiolease.testing.servers import server, services_dir
-
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover
-    pass
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
-#: As tests/test_safety.py's short runs: the margin covers a holder starved of CPU.
-SHORT: dict[str, Any] = {
-    "ttl": 0.5,
-    "margin": 0.15,
-    "processes": 4,
-    "fault_every": 0.05,
-    "fault_length": 0.75,
-}
 DURATION = {
     Fault.NONE: 1.5,
     Fault.SIGSTOP: 2.5,
     Fault.BLACKHOLE: 2.0,
     Fault.SERVER_RESTART: 3.0,
 }
-
-
-class ServiceRestart:
-    """Kills the ``redis-aof`` service's server with SIGKILL, and starts it with
-    ``scripts/services.sh`` (which finds its append-only file and loads it)."""
-
-    def __init__(self, pidfile: Path) -> None:
-        self._pidfile = pidfile
-        self.kills = 0
-
-    async def kill(self) -> None:
-        pid = int(self._pidfile.read_text())
-        os.kill(pid, signal.SIGKILL)
-        self.kills += 1
-        # Not our child: its exit cannot be awaited; wait until the port is closed.
-        while _port_open(server("redis-aof").addresses[0]):  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-
-    async def start(self) -> None:
-        await anyio.run_process(
-            ["bash", "scripts/services.sh", "start", "redis-aof"],
-            cwd=REPO,
-            stderr=subprocess.PIPE,
-        )
-
-
-def _port_open(address: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(address, timeout=0.5).close()
-    except OSError:
-        return False
-    return True
-
-
-def restartable() -> ServiceRestart:
-    """The control of the ``redis-aof`` server, which must be one services.sh started."""
-    pidfile = services_dir() / "redis-aof" / "redis.pid"
-    if not pidfile.exists():
-        why = (
-            "server-restart needs the redis-aof server that `bash scripts/services.sh start"
-            f" redis-aof` starts (no pidfile at {pidfile})"
-        )
-        server_missing(why)
-    return ServiceRestart(pidfile)
+#: The server that server-restart runs kill: services.sh's ``redis-aof``.
+AOF = ("redis-aof", "redis.pid")
 
 
 async def read_again(backend: Backend, name: str) -> HolderInfo | None:
@@ -109,12 +47,6 @@ async def read_again(backend: Backend, name: str) -> HolderInfo | None:
         except BackendUnavailable:
             pass
     return await backend.read(name)
-
-
-async def short_run(url: str, fault: Fault, loop: str, workdir: Path, **options: Any) -> Any:
-    asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
-    options = {**SHORT, "duration": DURATION[fault], **options}
-    return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
@@ -129,18 +61,9 @@ async def test_redis_is_safe(
     url = aiolease_server("redis") + ("?fair=1" if fair else "")
     options: dict[str, Any] = {}
     if fault is Fault.BLACKHOLE:
-        # Hit a holder right after its grant, with bodies longer than the ttl: it
-        # surely loses its lease while cut off, and must stop in time.
-        options = {"fault_aim": "fresh", "hold": (1.2, 2.0)}
-    report = await short_run(url, fault, anyio_backend, tmp_path, **options)
-    assert_safe(report)
-    if fault is Fault.SIGSTOP:
-        # Frozen holders lost their leases, others took over, the fence refused
-        # what the frozen ones wrote on waking up.
-        assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
-        assert report.stale_rejected >= 1, report.line()
-    if fault is Fault.BLACKHOLE:
-        assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
+        options = dict(CUT_OFF_FRESH)
+    report = await short_run(url, fault, anyio_backend, tmp_path, DURATION, **options)
+    assert_fault_took_effect(report, fault)
 
 
 async def test_restart_of_a_redis_without_persistence_is_not_applicable(
@@ -168,11 +91,11 @@ async def test_a_persistent_redis_is_safe_across_restarts(
     aiolease_server: Callable[[str], str], tmp_path: Path, anyio_backend: str, fair: bool
 ) -> None:
     url = aiolease_server("redis-aof") + ("?fair=1" if fair else "")
-    control = restartable()
+    control = restartable(*AOF)
     # The harness asks the open backend: this Redis fsyncs every write, so its
     # tokens are durable and the fault applies.
     report = await short_run(
-        url, Fault.SERVER_RESTART, anyio_backend, tmp_path, server_control=control
+        url, Fault.SERVER_RESTART, anyio_backend, tmp_path, DURATION, server_control=control
     )
     assert_safe(report)
     assert control.kills >= 1
@@ -184,7 +107,7 @@ async def test_tokens_and_the_holder_survive_a_restart(
     """A grant confirmed before the server died is still there after it starts again:
     nobody else gets the name, and the next token is higher."""
     url = aiolease_server("redis-aof")
-    control = restartable()
+    control = restartable(*AOF)
     name = f"restart-{os.getpid()}-{anyio_backend}"
     async with open_backend(url) as backend:
         lock = AsyncLock(backend, name, ttl=60)
@@ -211,12 +134,13 @@ async def test_restarts_leave_no_driver_error_in_any_worker(
     (``AttributeError`` on a closed writer, ``RuntimeError`` from two reads of one
     stream) crashed about half of such runs instead of surfacing as BackendError.
     """
-    control = restartable()
+    control = restartable(*AOF)
     report = await short_run(
         aiolease_server("redis-aof"),
         Fault.SERVER_RESTART,
         anyio_backend,
         tmp_path,
+        DURATION,
         server_control=control,
         duration=8.0,
         processes=6,

@@ -15,14 +15,22 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
-from redlock_support import RespRouter, instances_of, lease_keys, on_asyncio, wipe
+from model_support import agrees_with_the_model
+from redis_support import new_prefix
+from redlock_support import (
+    RespRouter,
+    instance_clients,
+    instances_of,
+    lease_keys,
+    on_asyncio,
+    wipe,
+)
+from safety_support import CUT_OFF_FRESH, short_run
 
 import aiolease
 from aiolease import (
@@ -37,9 +45,8 @@ from aiolease import (
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.redlock import RedlockBackend
 from aiolease.testing import CHECKS, Check
-from aiolease.testing.model import make_model_machine
 from aiolease.testing.proxy import FaultProxy
-from aiolease.testing.safety import Fault, assert_safe, run_safety
+from aiolease.testing.safety import Fault, assert_safe
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +67,7 @@ def endpoints(redlock_url: str) -> list[tuple[str, int]]:
 @pytest.fixture
 def prefix(endpoints: list[tuple[str, int]]) -> Iterator[str]:
     """A key prefix of this test alone; its keys are deleted on every instance afterwards."""
-    prefix = f"aiolease-redlock-{uuid.uuid4().hex[:12]}:"
+    prefix = new_prefix("redlock")
     yield prefix
     wipe(endpoints, prefix)
 
@@ -121,19 +128,7 @@ async def test_conformance(anyio_backend: str, open_redlock: Opener, check: Chec
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_agrees_with_the_model(redlock_url: str, prefix: str, loop: str) -> None:
-    machine = make_model_machine(
-        lambda: aiolease.open_backend(redlock_url, prefix=prefix), anyio_backend=loop
-    )
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=10,
-            stateful_step_count=30,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow],
-        ),
-    )
+    agrees_with_the_model(lambda: aiolease.open_backend(redlock_url, prefix=prefix), loop, 10, 30)
 
 
 async def test_capabilities_are_honest(anyio_backend: str, open_redlock: Opener) -> None:
@@ -205,8 +200,7 @@ async def test_clients_of_the_user_are_not_closed(
     anyio_backend: str, endpoints: list[tuple[str, int]], prefix: str
 ) -> None:
     async def check() -> None:
-        clients = [redis.asyncio.Redis(host=h, port=p) for h, p in endpoints]
-        try:
+        async with instance_clients(endpoints) as clients:
             async with RedlockBackend(clients, prefix=prefix) as backend:
                 name = new_name()
                 granted = await backend.try_acquire(name, "me", LONG, "i", {})
@@ -214,9 +208,6 @@ async def test_clients_of_the_user_are_not_closed(
                 assert await backend.release(name, "me", granted.token)
             for client in clients:
                 assert await client.ping()
-        finally:
-            for client in clients:
-                await client.aclose()
 
     await on_asyncio(check)
 
@@ -307,8 +298,7 @@ async def test_a_split_vote_waits_for_a_change_not_a_poll(
     refused, and tries again when x's key expires (a few attempts, not a poll loop)."""
 
     async def check() -> None:
-        clients = [redis.asyncio.Redis(host=h, port=p) for h, p in endpoints]
-        try:
+        async with instance_clients(endpoints) as clients:
             one_a = RedlockBackend(clients[:1], prefix=prefix)
             one_b = RedlockBackend(clients[1:2], prefix=prefix)
             name = new_name()
@@ -325,9 +315,6 @@ async def test_a_split_vote_waits_for_a_change_not_a_poll(
                 assert full.attempts <= 4, full.attempts
                 assert await lease.release()
             assert await one_b.release(name, "y", None)
-        finally:
-            for client in clients:
-                await client.aclose()
 
     await on_asyncio(check)
 
@@ -458,13 +445,7 @@ async def test_a_storm_of_cancelled_acquires_leaves_nothing(
 
 # -- safety ---------------------------------------------------------------------------------
 
-SHORT: dict[str, Any] = {
-    "ttl": 0.5,
-    "margin": 0.15,
-    "processes": 4,
-    "fault_every": 0.05,
-    "fault_length": 0.75,
-}
+DURATION = {Fault.NONE: 1.5, Fault.SIGSTOP: 2.5, Fault.BLACKHOLE: 2.5}
 
 
 @pytest.mark.slow
@@ -486,30 +467,28 @@ async def test_redlock_is_safe(
     tmp_path: Path,
     fault: Fault,
 ) -> None:
-    loop: Literal["asyncio", "trio"] = "trio" if anyio_backend == "trio" else "asyncio"
-    options: dict[str, Any] = {**SHORT, "duration": 1.5 if fault is Fault.NONE else 2.5}
     if fault is not Fault.BLACKHOLE:
-        report = await run_safety(redlock_url, fault=fault, loop=loop, workdir=tmp_path, **options)
+        report = await short_run(redlock_url, fault, anyio_backend, tmp_path, DURATION)
     else:
         # Each worker's one proxy leads to a router that joins it to all three
         # instances: the blackhole cuts the holder off from every one of them.
         # The proxies and the router run in this process: a pause of its loop delays
         # every request, and a request may take at most a fifth of the ttl. A ttl of 1 s
         # leaves 200 ms; the blackhole outlasts it.
-        options |= {
-            "fault_aim": "fresh",
-            "hold": (1.2, 2.0),
+        options: dict[str, Any] = {
+            **CUT_OFF_FRESH,
             "ttl": 1.0,
             "margin": 0.3,
             "fault_length": 1.5,
             "duration": 4.0,
         }
         async with RespRouter(endpoints) as router:
-            report = await run_safety(
+            report = await short_run(
                 router.url(),
-                fault=fault,
-                loop=loop,
-                workdir=tmp_path,
+                fault,
+                anyio_backend,
+                tmp_path,
+                DURATION,
                 backend_factory="redlock_support:RoutedRedlock",
                 **options,
             )

@@ -9,17 +9,15 @@ before they answer, and start them again with ``scripts/services.sh``.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import pytest
+from safety_support import CUT_OFF_FRESH, ServiceRestart, assert_fault_took_effect, short_run
+from safety_support import restartable as restart_control
 from sql_support import refused, unique, with_query
 
 from aiolease import (
@@ -34,21 +32,11 @@ from aiolease import (
 )
 from aiolease.abc import Backend, HolderInfo
 from aiolease.testing.faults import FaultyBackend
-from aiolease.testing.pytest_plugin import server_missing
-from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
-from aiolease.testing.servers import server, services_dir
+from aiolease.testing.safety import Fault
+from aiolease.testing.servers import server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
-#: As tests/test_redis_safety.py's short runs: the margin covers a holder starved of CPU.
-SHORT: dict[str, Any] = {
-    "ttl": 0.5,
-    "margin": 0.15,
-    "processes": 4,
-    "fault_every": 0.05,
-    "fault_length": 0.75,
-}
 DURATION = {
     Fault.SIGSTOP: 2.5,
     Fault.BLACKHOLE: 2.0,
@@ -87,57 +75,10 @@ def database(request: pytest.FixtureRequest) -> Database:
     return DATABASES[request.param]
 
 
-class ServiceRestart:
-    """Kills a dedicated server of ``scripts/services.sh`` with SIGKILL, and starts it
-    again with ``bash scripts/services.sh start SERVICE`` (on the same data)."""
-
-    def __init__(self, service: str, pidfile: Path) -> None:
-        self.service = service
-        self._pidfile = pidfile
-        self.kills = 0
-
-    async def kill(self) -> None:
-        pid = int(self._pidfile.read_text())
-        os.kill(pid, signal.SIGKILL)
-        self.kills += 1
-        # Not our child: its exit cannot be awaited; wait until the port is closed.
-        while _port_open(server(self.service).addresses[0]):  # noqa: ASYNC110
-            await anyio.sleep(0.01)
-
-    async def start(self) -> None:
-        await anyio.run_process(
-            ["bash", "scripts/services.sh", "start", self.service],
-            cwd=REPO,
-            stderr=subprocess.PIPE,
-        )
-
-
-def _port_open(address: tuple[str, int]) -> bool:
-    try:
-        socket.create_connection(address, timeout=0.5).close()
-    except OSError:
-        return False
-    return True
-
-
 def restartable(database: Database, aiolease_server: Callable[[str], str]) -> ServiceRestart:
     """The control of ``database``'s dedicated server, which services.sh must have started."""
     aiolease_server(database.restartable)  # reachable, or a failure (a skip if opted out)
-    pidfile = services_dir() / database.restartable / database.pidfile
-    if not pidfile.exists():
-        server_missing(
-            f"server-restart needs the {database.restartable} server that `bash"
-            f" scripts/services.sh start {database.restartable}` starts (no pidfile at {pidfile})"
-        )
-    return ServiceRestart(database.restartable, pidfile)
-
-
-async def short_run(
-    url: str, fault: Fault, loop: str, workdir: Path, **options: Any
-) -> SafetyReport:
-    asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
-    options = {**SHORT, "duration": DURATION[fault], **options}
-    return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
+    return restart_control(database.restartable, database.pidfile)
 
 
 # -- the safety harness ---------------------------------------------------------------------
@@ -174,20 +115,13 @@ async def test_sql_is_safe(
         options["fault_every"] = 1.5  # contention between restarts
     aiolease_server(service)
     if fault is Fault.BLACKHOLE:
-        # Hit a holder right after its grant, with bodies longer than the ttl: it
-        # surely loses its lease while cut off, and must stop in time.
-        options = {"fault_aim": "fresh", "hold": (1.2, 2.0)}
-    report = await short_run(database.url(service), fault, anyio_backend, tmp_path, **options)
+        options = dict(CUT_OFF_FRESH)
+    report = await short_run(
+        database.url(service), fault, anyio_backend, tmp_path, DURATION, **options
+    )
     print(report.line())
     assert report.applicable, report.reason
-    assert_safe(report)
-    if fault is Fault.SIGSTOP:
-        # Frozen holders lost their leases, others took over, the fence refused
-        # what the frozen ones wrote on waking up.
-        assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
-        assert report.stale_rejected >= 1, report.line()
-    if fault is Fault.BLACKHOLE:
-        assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
+    assert_fault_took_effect(report, fault)
     if control is not None:
         assert control.kills >= 1, report.line()
 

@@ -32,7 +32,9 @@ __all__ = [
     "ACQUIRE",
     "DEFAULT_PREFIX",
     "FOREIGN",
+    "LEASE_FUNCTIONS",
     "READ",
+    "READ_BODY",
     "RELEASE",
     "RENEW",
     "Keys",
@@ -117,14 +119,11 @@ class Script:
         object.__setattr__(self, "sha", digest)
 
 
-_PRELUDE = r"""
-local FOREIGN = 'AIOLEASE_FOREIGN'
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
+#: The Lua functions every script that reads a lease uses (the Redlock scripts too):
+#: ``foreign``, ``exists_as``, ``is_count``, ``load_lease`` and ``holder``.
+LEASE_FUNCTIONS = (
+    f"\nlocal FOREIGN = '{FOREIGN}'\n"
+    + r"""
 local function foreign(key, what)
   error({err = FOREIGN .. ' ' .. key .. ' ' .. what})
 end
@@ -157,6 +156,24 @@ end
 local function holder(lease)
   return {0, lease.owner, lease.identity, lease.token, lease.metadata, lease.pttl}
 end
+"""
+)
+
+_PRELUDE = (
+    LEASE_FUNCTIONS
+    + r"""
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+)
+
+#: The body of both backends' READ script (KEYS[1]: the lease).
+READ_BODY = r"""
+local lease = load_lease(KEYS[1])
+if not lease then return false end
+return holder(lease)
 """
 
 _QUEUE = r"""
@@ -331,13 +348,4 @@ return 1
 """,
 )
 
-READ = Script(
-    "read",
-    _PRELUDE
-    + r"""
--- KEYS: lease
-local lease = load_lease(KEYS[1])
-if not lease then return false end
-return holder(lease)
-""",
-)
+READ = Script("read", LEASE_FUNCTIONS + READ_BODY)

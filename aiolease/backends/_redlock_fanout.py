@@ -14,22 +14,19 @@ Asyncio-only, like the backend (the core bridges it under trio).
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError
 
 from .._exceptions import BackendError, BackendTimeout, BackendUnavailable
 from ..abc import HolderInfo
 from ._redis_clients import where
 from ._redis_pubsub import Subscriptions
-from ._redis_scripts import FOREIGN, Script
-from .redis import ForeignDataError
+from ._redis_scripts import Script
+from .redis import ForeignDataError, holder_from, mapped_error
 
 __all__ = ["Fanout", "Instance", "Late", "Outcome", "holder_from", "mapped", "votes"]
 
@@ -40,53 +37,10 @@ _GRACE_TURNS = 4
 Late = Callable[[int, "asyncio.Task[Any]"], None] | None
 
 
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, str):
-        return value
-    raise TypeError(f"expected a string reply, got {value!r}")
-
-
 def mapped(where_: str, name: str | None, exc: BaseException) -> BackendError:
     """A driver exception from one instance as aiolease's error."""
-    if isinstance(exc, BackendError):
-        return exc
-    if isinstance(exc, ResponseError) and str(exc).startswith(FOREIGN):
-        detail = str(exc)[len(FOREIGN) :].split(" script: ")[0].strip()
-        return ForeignDataError(
-            f"Redlock instance {where_}: key {detail}. aiolease left it unchanged: another"
-            " program seems to write under the key prefix; give aiolease another prefix",
-            name=name or "",
-        )
-    if isinstance(exc, (RedisTimeoutError, TimeoutError)):
-        return BackendTimeout(f"Redlock instance {where_} did not answer in time: {exc!r}")
-    if isinstance(exc, (RedisConnectionError, OSError)):
-        return BackendUnavailable(f"Redlock instance {where_} is unreachable: {exc}")
-    if isinstance(exc, ResponseError):
-        return BackendUnavailable(f"Redlock instance {where_} refused the request: {exc}")
-    if not isinstance(exc, RedisError):
-        return BackendUnavailable(f"the Redis client of {where_} failed: {exc!r}")
-    return BackendError(f"Redlock instance {where_} failed: {exc!r}")
-
-
-def holder_from(name: str, reply: Sequence[Any]) -> HolderInfo:
-    """A READ or refused ACQUIRE reply ``{0, owner, identity, token, metadata, pttl}``.
-
-    :raises ForeignDataError: the metadata is not a JSON map of strings
-    """
-    _, owner, identity, token, metadata, pttl = reply
-    try:
-        meta = json.loads(_text(metadata))
-        if not isinstance(meta, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-        ):
-            raise ValueError("not a map of strings")
-    except (ValueError, TypeError) as exc:
-        raise ForeignDataError(
-            f"the lease of {name!r} holds metadata aiolease did not write ({exc})", name=name
-        ) from exc
-    return HolderInfo(name, _text(owner), _text(identity), int(token), meta, int(pttl) / 1000)
+    server = f"Redlock instance {where_}"
+    return mapped_error(exc, name, server=server, client=f"the Redis client of {where_}")
 
 
 class Instance:

@@ -25,40 +25,13 @@ backend's marker, so :class:`~aiolease.backends.redis.ForeignDataError` is raise
 
 from __future__ import annotations
 
-from ._redis_scripts import FOREIGN, Script
+from ._redis_scripts import FOREIGN, LEASE_FUNCTIONS, READ_BODY, Script
 
 __all__ = ["ACQUIRE", "FOREIGN", "READ", "RELEASE", "RENEW"]
 
 _PRELUDE = (
-    f"local FOREIGN = '{FOREIGN}'\n"
+    LEASE_FUNCTIONS
     + r"""
-local function foreign(key, what)
-  error({err = FOREIGN .. ' ' .. key .. ' ' .. what})
-end
-
-local function exists_as(key, want)
-  local kind = redis.call('TYPE', key)['ok']
-  if kind ~= 'none' and kind ~= want then
-    foreign(key, 'holds a ' .. kind .. ', not the ' .. want .. ' aiolease keeps there')
-  end
-  return kind ~= 'none'
-end
-
-local function is_count(value)
-  return type(value) == 'string' and string.match(value, '^[1-9]%d*$') ~= nil
-end
-
-local function load_lease(key)
-  if not exists_as(key, 'hash') then return nil end
-  local f = redis.call('HMGET', key, 'owner', 'identity', 'token', 'metadata')
-  if not f[1] or not f[2] or not is_count(f[3]) or not f[4] then
-    foreign(key, 'is a hash without the fields of an aiolease lease')
-  end
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 then foreign(key, 'has no expiry, which an aiolease lease always has') end
-  return {owner = f[1], identity = f[2], token = tonumber(f[3]), metadata = f[4], pttl = pttl}
-end
-
 local function counter(key)
   if not exists_as(key, 'string') then return 0 end
   local value = redis.call('GET', key)
@@ -80,9 +53,6 @@ local function carry(k, lease, owner, token)
   end
 end
 
-local function holder(lease)
-  return {0, lease.owner, lease.identity, lease.token, lease.metadata, lease.pttl}
-end
 """
 )
 
@@ -152,13 +122,4 @@ return 1
 """,
 )
 
-READ = Script(
-    "redlock-read",
-    _PRELUDE
-    + r"""
--- KEYS: lease, token
-local lease = load_lease(KEYS[1])
-if not lease then return false end
-return holder(lease)
-""",
-)
+READ = Script("redlock-read", _PRELUDE + READ_BODY)  # KEYS: lease, token

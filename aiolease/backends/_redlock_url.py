@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from .._exceptions import InvalidArgument
+from .redis import query_pairs
 
 __all__ = [
     "OPTIONS",
@@ -101,10 +102,7 @@ def parse_url(url: str) -> RedlockURL:
     db = parts.path.strip("/")
     if db and not db.isdigit():
         raise InvalidArgument(f"Redlock URL {url!r}: the path must be a database number")
-    try:
-        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as exc:
-        raise InvalidArgument(f"Redlock URL {url!r} has a malformed query: {exc}") from None
+    query = query_pairs(url, parts.query, "Redlock URL")
     ours: dict[str, str] = {}
     theirs: dict[str, str] = {}
     for key, value in query:

@@ -198,6 +198,17 @@ def _flag(key: str, value: object) -> bool:
     raise InvalidArgument(f"Redis option {key} must be a bool (1/0, true/false), got {value!r}")
 
 
+def query_pairs(url: str, query: str, what: str = "Redis URL") -> list[tuple[str, str]]:
+    """The ``(key, value)`` pairs of ``url``'s query, blank values kept.
+
+    :raises InvalidArgument: a malformed query
+    """
+    try:
+        return parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise InvalidArgument(f"{what} {url!r} has a malformed query: {exc}") from None
+
+
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
     """Split a Redis URL into the URL redis-py gets and aiolease's own options.
 
@@ -222,10 +233,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     if not multi and scheme != "unix" and parts.path not in ("", "/"):
         if not parts.path[1:].isdigit():
             raise InvalidArgument(f"Redis URL {url!r}: the path must be a database number")
-    try:
-        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as exc:
-        raise InvalidArgument(f"Redis URL {url!r} has a malformed query: {exc}") from None
+    query = query_pairs(url, parts.query)
     ours: dict[str, str] = {}
     theirs: list[tuple[str, str]] = []
     known = _MULTI_OPTIONS if multi else set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_TEXT_OPTIONS
@@ -258,6 +266,65 @@ def _text(value: object) -> str:
     if isinstance(value, str):
         return value
     raise TypeError(f"expected a string reply, got {value!r}")
+
+
+def mapped_error(
+    exc: BaseException,
+    name: str | None,
+    *,
+    server: str = "Redis",
+    client: str = "the Redis client",
+    prefix: str | None = None,
+) -> BackendError:
+    """A driver exception as aiolease's error (the Redis and the Redlock backends').
+
+    :param server: who failed, as messages name it (``"Redlock instance host:port"``)
+    :param client: the redis-py client, as messages name it
+    :param prefix: the key prefix, named in a :class:`ForeignDataError`'s message
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    if isinstance(exc, ResponseError) and str(exc).startswith(FOREIGN):
+        detail = str(exc)[len(FOREIGN) :].split(" script: ")[0].strip()
+        named = "" if prefix is None else f" {prefix!r}"
+        return ForeignDataError(
+            f"{server} key {detail}. aiolease left it unchanged: another program seems to"
+            f" write under the key prefix{named}; give aiolease another prefix",
+            name=name or "",
+        )
+    if isinstance(exc, (RedisTimeoutError, TimeoutError)):
+        return BackendTimeout(f"{server} did not answer in time: {exc!r}")
+    if isinstance(exc, (RedisConnectionError, OSError)):
+        return BackendUnavailable(f"{server} is unreachable: {exc}")
+    if isinstance(exc, ResponseError):
+        return BackendUnavailable(f"{server} refused the request: {exc}")
+    if not isinstance(exc, RedisError):
+        # redis-py failing in its own code (say, on a connection closed under it):
+        # the command's fate is unknown, as when the server is unreachable.
+        return BackendUnavailable(f"{client} failed: {exc!r}")
+    return BackendError(f"{server} failed: {exc!r}")
+
+
+def holder_from(name: str, reply: Sequence[Any], place: str | None = None) -> HolderInfo:
+    """A READ or refused ACQUIRE reply ``{0, owner, identity, token, metadata, pttl}``.
+
+    :param place: where the lease is, as the error names it (default: the lease of name)
+    :raises ForeignDataError: the metadata is not a JSON map of strings
+    """
+    _, owner, identity, token, metadata, pttl = reply
+    try:
+        meta = json.loads(_text(metadata))
+        if not isinstance(meta, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
+        ):
+            raise ValueError("not a map of strings")
+    except (ValueError, TypeError) as exc:
+        raise ForeignDataError(
+            f"{place or f'the lease of {name!r}'} holds metadata aiolease did not write"
+            f" ({exc}); it was left unchanged",
+            name=name,
+        ) from exc
+    return HolderInfo(name, _text(owner), _text(identity), int(token), meta, int(pttl) / 1000)
 
 
 def _config_pairs(reply: object) -> dict[str, str]:
@@ -442,24 +509,7 @@ class RedisBackend(Backend):
         return Keys.of(self._prefix, name)
 
     def _mapped(self, name: str | None, exc: BaseException) -> BackendError:
-        if isinstance(exc, ResponseError) and str(exc).startswith(FOREIGN):
-            detail = str(exc)[len(FOREIGN) :].split(" script: ")[0].strip()
-            return ForeignDataError(
-                f"Redis key {detail}. aiolease left it unchanged: another program seems to"
-                f" write under the key prefix {self._prefix!r}; give aiolease another prefix",
-                name=name or "",
-            )
-        if isinstance(exc, (RedisTimeoutError, TimeoutError)):
-            return BackendTimeout(f"Redis did not answer in time: {exc}")
-        if isinstance(exc, (RedisConnectionError, OSError)):
-            return BackendUnavailable(f"Redis is unreachable: {exc}")
-        if isinstance(exc, ResponseError):
-            return BackendUnavailable(f"Redis refused the request: {exc}")
-        if not isinstance(exc, RedisError):
-            # redis-py failing in its own code (say, on a connection closed under it):
-            # the command's fate is unknown, as when the server is unreachable.
-            return BackendUnavailable(f"the Redis client failed: {exc!r}")
-        return BackendError(f"Redis failed: {exc!r}")
+        return mapped_error(exc, name, prefix=self._prefix)
 
     async def _call(self, name: str | None, *args: Any) -> Any:
         if self._closed:
@@ -494,20 +544,7 @@ class RedisBackend(Backend):
         return await self._call(name, "EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _holder(self, name: str, reply: Sequence[Any]) -> HolderInfo:
-        _, owner, identity, token, metadata, pttl = reply
-        try:
-            meta = json.loads(_text(metadata))
-            if not isinstance(meta, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-            ):
-                raise ValueError("not a map of strings")
-        except (ValueError, TypeError) as exc:
-            raise ForeignDataError(
-                f"Redis key {self._keys(name).lease!r} holds metadata aiolease did not write"
-                f" ({exc}); it was left unchanged",
-                name=name,
-            ) from exc
-        return HolderInfo(name, _text(owner), _text(identity), int(token), meta, int(pttl) / 1000)
+        return holder_from(name, reply, f"Redis key {self._keys(name).lease!r}")
 
     # -- the contract ----------------------------------------------------------------
 

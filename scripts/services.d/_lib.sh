@@ -163,6 +163,26 @@ forget_stale_pidfile() {
     rm -f "$file"
 }
 
+# pidfile_status NAME PIDFILE PATTERN HOST PORT READY [HINT]: print NAME's status line
+# and fail unless the command READY succeeds. The server counts as ours while PIDFILE
+# names a live process (forgotten if stale, see forget_stale_pidfile); HINT is added to
+# the line of a server that is running but not ready.
+pidfile_status() {
+    local name="$1" pidfile="$2" pattern="$3" host="$4" port="$5" ready="$6" hint="${7:-}"
+    local ours=""
+    forget_stale_pidfile "$pidfile" "$pattern"
+    pidfile_alive "$pidfile" && ours="started by services.sh, pid $(cat "$pidfile")"
+    if "$ready"; then
+        printf '%s: ready (%s)\n' "$name" "${ours:-not ours}"
+    elif [ -n "$ours" ] || port_open "$port" "$host"; then
+        printf '%s: not ready (%s%s)\n' "$name" "${ours:-not ours}" "${hint:+; $hint}"
+        return 1
+    else
+        printf '%s: not running\n' "$name"
+        return 1
+    fi
+}
+
 # svc_lock NAME: hold an exclusive lock on $state_dir/NAME/.lock until the calling
 # subshell exits, so that two services.sh runs at once (parallel CI jobs, a test
 # restarting a member) never start the same server twice. Waits at most 120 s.

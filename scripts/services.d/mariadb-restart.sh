@@ -65,19 +65,11 @@ svc_mariadb_restart_stop() {
     stop_pidfile "$dir/mariadb.pid" mariadb-restart
 }
 
+mariadb_restart_usable() { mariadb_installed && mariadb_restart_ready; }
+
 svc_mariadb_restart_status() {
-    local dir pidfile ours=""
+    local dir
     dir="$(svc_dir mariadb-restart)"
-    pidfile="$dir/mariadb.pid"
-    forget_stale_pidfile "$pidfile" "--datadir=$dir/data"
-    pidfile_alive "$pidfile" && ours="started by services.sh, pid $(cat "$pidfile")"
-    if mariadb_installed && mariadb_restart_ready; then
-        printf 'mariadb-restart: ready (%s)\n' "${ours:-not ours}"
-    elif [ -n "$ours" ] || port_open "$mariadb_restart_port" "$mariadb_host"; then
-        printf 'mariadb-restart: not ready (%s)\n' "${ours:-not ours}"
-        return 1
-    else
-        printf 'mariadb-restart: not running\n'
-        return 1
-    fi
+    pidfile_status mariadb-restart "$dir/mariadb.pid" "--datadir=$dir/data" "$mariadb_host" \
+        "$mariadb_restart_port" mariadb_restart_usable
 }

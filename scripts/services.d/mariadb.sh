@@ -126,20 +126,11 @@ svc_mariadb_stop() {
     stop_pidfile "$dir/mariadb.pid" mariadb
 }
 
+mariadb_usable() { mariadb_installed && mariadb_ready; }
+
 svc_mariadb_status() {
-    local dir pidfile ours=""
+    local dir
     dir="$(svc_dir mariadb)"
-    pidfile="$dir/mariadb.pid"
-    forget_stale_pidfile "$pidfile" "--datadir=$dir/data"
-    pidfile_alive "$pidfile" && ours="started by services.sh, pid $(cat "$pidfile")"
-    if mariadb_installed && mariadb_ready; then
-        printf 'mariadb: ready (%s)\n' "${ours:-not ours}"
-    elif [ -n "$ours" ] || port_open "$mariadb_port" "$mariadb_host"; then
-        printf 'mariadb: not ready (%s; no passwordless root login to database test)\n' \
-            "${ours:-not ours}"
-        return 1
-    else
-        printf 'mariadb: not running\n'
-        return 1
-    fi
+    pidfile_status mariadb "$dir/mariadb.pid" "--datadir=$dir/data" "$mariadb_host" \
+        "$mariadb_port" mariadb_usable "no passwordless root login to database test"
 }

@@ -179,19 +179,11 @@ svc_postgres_restart_stop() {
     stop_pidfile "$dir/postgres.pid" postgres-restart
 }
 
+pgr_usable() { pg_installed && pgr_ready; }
+
 svc_postgres_restart_status() {
-    local dir pidfile ours=""
+    local dir
     dir="$(svc_dir postgres-restart)"
-    pidfile="$dir/postgres.pid"
-    forget_stale_pidfile "$pidfile" "-p $pgr_port"
-    pidfile_alive "$pidfile" && ours="started by services.sh, pid $(cat "$pidfile")"
-    if pg_installed && pgr_ready; then
-        printf 'postgres-restart: ready (%s)\n' "${ours:-not ours}"
-    elif [ -n "$ours" ] || port_open "$pgr_port" "$pgr_host"; then
-        printf 'postgres-restart: not ready (%s)\n' "${ours:-not ours}"
-        return 1
-    else
-        printf 'postgres-restart: not running\n'
-        return 1
-    fi
+    pidfile_status postgres-restart "$dir/postgres.pid" "-p $pgr_port" "$pgr_host" "$pgr_port" \
+        pgr_usable
 }
