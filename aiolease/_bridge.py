@@ -99,6 +99,9 @@ class AsyncioBridge(Backend):
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         await call_asyncio(self.inner.wait_changed, name, seen)
 
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        await call_asyncio(self.inner.wait_taken, name, held)
+
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         await call_asyncio(self.inner.wait_turn, name, owner, ttl, seen)
 
@@ -111,6 +114,12 @@ class AsyncioBridge(Backend):
         # A plain call: it only records. ``ended`` runs on the trio-asyncio loop, which
         # runs inside trio, so it may touch trio objects (events, cancel scopes).
         return self.inner.hold(name, owner, token, ended)
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        # A plain call, like hold(): ``taken`` only records.
+        return self.inner.on_taken(name, owner, token, taken)
 
     async def aclose(self) -> None:
         await call_asyncio(self.inner.aclose)

@@ -36,7 +36,7 @@ from anyio.abc import TaskGroup
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, release_shielded
 from ._renewer import Counters, Renewer
-from .abc import Capability, SessionClock
+from .abc import Capability, HolderInfo, SessionClock
 
 __all__ = ["Counters", "HealthCheck", "HealthPolicy", "Holding", "probe"]
 
@@ -69,20 +69,34 @@ async def probe(check: HealthCheck, timeout: float) -> bool:
     return bool(result)
 
 
+def _ended(lease: Lease) -> bool:
+    return lease.lost is not None
+
+
 async def watch_takeover(lease: Lease) -> None:
-    """End ``lease`` as soon as the backend shows another holder (push backends only)."""
+    """End ``lease`` as soon as the backend shows another holder (push backends only).
+
+    Waits for the backend's push notifications (:meth:`Backend.wait_taken`) and reads
+    only when one came: no read at the start (the grant says who holds it) and none on
+    a timer of its own (the renewals confirm ownership every renew interval).
+    """
     backend = lease.backend
+    name = lease.name
+    held = HolderInfo(name, lease.owner, lease.identity, lease.token, lease.metadata)
     while lease.lost is None:
         try:
-            holder = await backend.read(lease.name)
-            if holder is None or holder.owner != lease.owner:
-                lease.end(LossReason.STOLEN)
-                return
-            with anyio.move_on_after(lease.timing.ttl):
-                await backend.wait_changed(lease.name, holder)
+            await backend.wait_taken(name, held)
+            if _ended(lease):
+                return  # woken by its own release, say: nothing to read
+            holder = await backend.read(name)
         except BackendError as exc:
-            logger.debug("takeover watch of %r: %r", lease.name, exc)
+            logger.debug("takeover watch of %r: %r", name, exc)
             await anyio.sleep(lease.timing.renew_interval)
+            continue
+        if holder is None or holder.owner != lease.owner:
+            lease.end(LossReason.STOLEN)
+            return
+        held = holder
 
 
 async def watch_session(lease: Lease) -> None:
@@ -135,6 +149,7 @@ class Holding:
         self._body = anyio.CancelScope()
         self._left = False
         self._watching = False  # whether the task group runs watches of this lease
+        self._unsubscribe: Callable[[], None] | None = None  # ends Backend.on_taken
 
     @property
     def task_group(self) -> TaskGroup:
@@ -161,7 +176,10 @@ class Holding:
         session = Capability.SESSION in capabilities
         watches: list[_Watch] = []
         if Capability.PUSH_WAKEUP in capabilities and not (session and backend.reports_takeover):
-            watches.append((watch_takeover, (lease,)))
+            # A backend that reports takeovers by callback needs no task per lease.
+            self._unsubscribe = backend.on_taken(lease.name, lease.owner, lease.token, self._taken)
+            if self._unsubscribe is None:
+                watches.append((watch_takeover, (lease,)))
         if session and clock is None:
             watches.append((watch_session, (lease,)))
         if self._health is not None:
@@ -177,7 +195,14 @@ class Holding:
             tg.start_soon(fn, *args)
             self._watching = True
 
+    def _taken(self, reason: LossReason) -> None:
+        if self.lease.lost is None:  # a passed deadline is EXPIRED, not STOLEN
+            self.lease.end(reason)
+
     def _unguard(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         if self._renewer is not None and self._tg is not None:
             self._renewer.remove(self)
         if self._watching:
@@ -231,11 +256,13 @@ class Holding:
         if reason is None:
             lease.end(LossReason.RELEASED)
         self._unguard()
+        # Release first: the guards' tasks, cancelled above, finish during its round
+        # trip, so leaving their task group then costs no extra wait.
         try:
+            await self._release()
+        finally:
             if self._tg is not None:
                 await self._tg.__aexit__(None, None, None)
-        finally:
-            await self._release()
         if reason is None or reason is LossReason.RELEASED:
             return cancelled_by_us
         self._counters.lost(reason)

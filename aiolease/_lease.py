@@ -151,7 +151,7 @@ class Lease(metaclass=_NoPublicConstructor):
         self._clock: SessionClock | None = None
         self._acquired_at = sent_at
         self._reason: LossReason | None = None
-        self._ended = anyio.Event()
+        self._ended: anyio.Event | None = None  # made by wait_lost(), on first use
         self._on_end: list[Callable[[LossReason], object]] = []
         self._last_error: BaseException | None = None
         self._renewals = 0
@@ -229,6 +229,8 @@ class Lease(metaclass=_NoPublicConstructor):
     async def wait_lost(self) -> LossReason:
         """Wait until the lease ends and return why."""
         while (reason := self.lost) is None:
+            if self._ended is None:
+                self._ended = anyio.Event()
             with anyio.move_on_at(self._deadline):
                 await self._ended.wait()
         return reason
@@ -311,7 +313,8 @@ class Lease(metaclass=_NoPublicConstructor):
         self._reason = reason
         if reason is not LossReason.RELEASED:
             logger.warning("lease %r (token %d) lost: %s", self._name, self._token, reason.value)
-        self._ended.set()
+        if self._ended is not None:
+            self._ended.set()
         callbacks, self._on_end = self._on_end, []
         for callback in callbacks:
             callback(reason)
@@ -349,8 +352,7 @@ async def release_shielded(
     Never raises for backend trouble (it is logged): a release must not mask the
     exception that ended the protected block.
     """
-    with anyio.CancelScope(shield=True) as scope:
-        scope.deadline = anyio.current_time() + timing.release_timeout
+    with anyio.CancelScope(deadline=anyio.current_time() + timing.release_timeout, shield=True):
         try:
             return await adapt(backend).release(name, owner, token)
         except BackendError as exc:

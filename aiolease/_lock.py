@@ -7,6 +7,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import final
@@ -114,6 +115,10 @@ async def acquire_lease(
         raise
 
 
+#: The ``async with lock:`` blocks open in the current task, innermost last.
+_open: ContextVar[tuple[_Acquisition, ...]] = ContextVar("aiolease_open_locks", default=())
+
+
 class _Acquisition(AbstractAsyncContextManager[Lease]):
     """One ``async with lock.hold():`` block."""
 
@@ -185,7 +190,6 @@ class AsyncLock:
         self._metadata = MappingProxyType(check_metadata(metadata))
         self._counters = Counters()
         self._held = 0
-        self._contexts: dict[object, list[_Acquisition]] = {}
 
     def __repr__(self) -> str:
         return f"<AsyncLock {self._name!r} ttl={self._timing.ttl:g}s on {self._backend!r}>"
@@ -252,8 +256,9 @@ class AsyncLock:
     async def __aenter__(self) -> Lease:
         context = _Acquisition(self, None)
         lease = await context.__aenter__()
-        # Pair this enter with its exit per task, so one lock serves many tasks.
-        self._contexts.setdefault(anyio.get_current_task().id, []).append(context)
+        # Pair this enter with its exit per task (a context variable is per task, and
+        # cheaper to read than the task's id), so one lock serves many tasks.
+        _open.set((*_open.get(), context))
         return lease
 
     async def __aexit__(
@@ -262,12 +267,13 @@ class AsyncLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        task = anyio.get_current_task().id
-        stack = self._contexts[task]
-        context = stack.pop()
-        if not stack:
-            del self._contexts[task]
-        return await context.__aexit__(exc_type, exc, tb)
+        stack = _open.get()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i]._lock is self:
+                context = stack[i]
+                _open.set(stack[:i] + stack[i + 1 :])
+                return await context.__aexit__(exc_type, exc, tb)
+        raise RuntimeError(f"{self!r}: __aexit__ without __aenter__ in this task")
 
     def statistics(self) -> LockStatistics:
         """A frozen snapshot of this lock's counters."""

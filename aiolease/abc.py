@@ -234,6 +234,20 @@ class Backend(abc.ABC):
         else:
             await anyio.sleep(self.poll_interval)
 
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        """Return when the server may have released ``name`` or granted it to anyone
+        else, while ``held`` (the caller's own grant, from the grant or a read) holds it.
+
+        The core's takeover watch of a held lease on a :attr:`Capability.PUSH_WAKEUP`
+        backend waits on this, then reads ``name`` to see whether the grant is gone. A
+        backend overrides it to wait for its push notifications only: no read and no
+        timer (the holder's renewals confirm its ownership every renew interval, so a
+        missed notification delays the loss by at most that). May return early. This
+        default is :meth:`wait_changed` (which may also return when ``held``'s
+        server-side ttl, as last read, runs out: a read per ttl).
+        """
+        await self.wait_changed(name, held)
+
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Wait, as the refused acquirer ``owner``, until trying again may succeed.
 
@@ -282,6 +296,23 @@ class Backend(abc.ABC):
         This default returns ``None``: the core renews the lease itself.
 
         :raises NotOwnerError: the grant is not held through this backend (any more)
+        """
+        return None
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        """Call ``taken(LossReason.STOLEN)`` as soon as this backend learns that
+        ``owner``'s grant ``token`` of ``name`` is gone (released by someone else, or
+        granted to another), until the returned function is called.
+
+        The core calls this once when it starts holding a lease on a
+        :attr:`Capability.PUSH_WAKEUP` backend; when it returns a function, the core
+        runs no takeover watch task (:meth:`wait_taken`) for that lease. ``taken`` is a
+        plain function that only records (call it from any task of the backend; the
+        core ignores a call after the lease ended). Like :meth:`hold`, this must be a
+        plain synchronous call. This default returns ``None``: the core watches with
+        :meth:`wait_taken` in a task of its own.
         """
         return None
 

@@ -82,17 +82,22 @@ async def test_cancellation_crosses_the_bridge(anyio_backend: str) -> None:
 async def test_elector_and_observe_across_the_bridge(anyio_backend: str) -> None:
     async with aiolease.open_backend(URL) as backend:
         seen: list[int | None] = []
-        saw_three = anyio.Event()
+        saw_two, saw_three = anyio.Event(), anyio.Event()
 
         async def observe(*, task_status: anyio.abc.TaskStatus[None]) -> None:
             async for leader in Elector(backend, "e", ttl=1).observe():
                 seen.append(None if leader is None else leader.token)
                 if len(seen) == 1:
                     task_status.started()
+                if len(seen) == 2:
+                    saw_two.set()
                 if len(seen) == 3:
                     saw_three.set()
 
         async def work(lease: Lease) -> int:
+            # A term shorter than one read of the observer may go unseen (observe()
+            # coalesces changes closer together than that): end it once it was seen.
+            await saw_two.wait()
             return lease.token
 
         async with anyio.create_task_group() as tg:

@@ -79,11 +79,15 @@ async def test_transient_renewal_errors_are_retried(faulty: FaultyBackend) -> No
     assert lease.lost is LossReason.RELEASED
 
 
-@pytest.mark.parametrize("push", [True, False], ids=["watch", "renewal"])
+@pytest.mark.parametrize(
+    "push", ["callback", "watch", "renewal"], ids=["callback", "watch", "renewal"]
+)
 async def test_stolen_lease_is_detected(
-    inner: MemoryBackend, faulty: FaultyBackend, push: bool
+    inner: MemoryBackend, faulty: FaultyBackend, push: str
 ) -> None:
-    if not push:
+    if push == "watch":
+        faulty.callbacks = False  # the takeover watch task: wait_taken, then a read
+    if push == "renewal":
         faulty.capabilities = frozenset()  # type: ignore[misc]  # only renewals can tell
     thief = AsyncLock(inner, "job", ttl=TTL, identity="thief")
     after_cancel: list[str] = []
@@ -401,3 +405,80 @@ async def test_hour_long_ttl_under_trio_mock_clock(
     assert anyio.current_time() - start == lease.renewals * 1200 + 3600 - 60
     holder = await inner.read("job")
     assert holder is None, "released after the loss"
+
+
+MOCK = pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
+)
+
+
+@MOCK
+@pytest.mark.parametrize("callbacks", [True, False], ids=["on_taken", "wait_taken"])
+async def test_a_held_lease_on_a_push_backend_reads_nothing(
+    anyio_backend: object, faulty: FaultyBackend, callbacks: bool
+) -> None:
+    """No read at the start (the grant tells who holds it) and none on a timer: only
+    renewals, one per renew interval, confirm ownership while nothing is pushed."""
+    faulty.callbacks = callbacks
+    async with AsyncLock(faulty, "job", ttl=3) as lease:
+        await anyio.sleep(30)  # virtual: ten ttls
+        assert lease.lost is None
+    assert faulty.calls["read"] == 0
+    assert faulty.calls["wait_changed"] == 0
+    assert faulty.calls["on_taken"] == (1 if callbacks else 0)
+    assert faulty.calls["wait_taken"] == (0 if callbacks else 1)
+    assert 29 <= faulty.calls["renew"] <= 31  # every ttl / 3
+
+
+@pytest.mark.parametrize("callbacks", [True, False], ids=["on_taken", "wait_taken"])
+async def test_the_takeover_watch_ignores_renewals_and_sees_a_takeover(
+    inner: MemoryBackend, faulty: FaultyBackend, callbacks: bool
+) -> None:
+    faulty.callbacks = callbacks
+    with pytest.raises(LeaseLostError) as info:
+        async with AsyncLock(faulty, "job", ttl=TTL) as lease:
+            await lease.renew()
+            await inner.renew("job", lease.owner, lease.token, TTL)
+            assert faulty.calls["read"] == 0 and lease.lost is None
+            with anyio.CancelScope(shield=True):
+                inner.force_release("job")
+                await inner.try_acquire("job", "thief", TTL, "thief", {})
+            await anyio.sleep_forever()
+    assert info.value.reason is LossReason.STOLEN
+    assert faulty.calls["read"] == (0 if callbacks else 1)
+
+
+async def test_memory_on_taken_reports_release_and_takeover_only(inner: MemoryBackend) -> None:
+    taken: list[LossReason] = []
+    grant = await inner.try_acquire("job", "me", 5, "me", {})
+    assert not isinstance(grant, HolderInfo)
+    stop = inner.on_taken("job", "me", grant.token, taken.append)
+    await inner.renew("job", "me", grant.token, 5)
+    assert isinstance(await inner.try_acquire("job", "other", 5, "other", {}), HolderInfo)
+    assert taken == []
+    inner.force_release("job")
+    assert taken == [LossReason.STOLEN]
+    stop()  # after the report: harmless
+    # Already gone when subscribing: reported at once. Unsubscribed: never.
+    inner.on_taken("job", "me", grant.token, taken.append)
+    assert taken == [LossReason.STOLEN] * 2
+    grant = await inner.try_acquire("job", "me", 5, "me", {})
+    assert not isinstance(grant, HolderInfo)
+    inner.on_taken("job", "me", grant.token, taken.append)()
+    inner.force_release("job")
+    assert taken == [LossReason.STOLEN] * 2
+
+
+async def test_locks_nest_in_one_task_and_exits_pair_per_task(inner: MemoryBackend) -> None:
+    lock, other = AsyncLock(inner, "a", ttl=TTL), AsyncLock(inner, "b", ttl=TTL)
+    async with lock as outer:
+        async with other as middle:
+            async with AsyncLock(inner, "c", ttl=TTL) as inner_lease:
+                pass
+            assert inner_lease.lost is LossReason.RELEASED and middle.lost is None
+        assert middle.lost is LossReason.RELEASED and outer.lost is None
+        with pytest.raises(RuntimeError, match="without __aenter__"):
+            await other.__aexit__(None, None, None)
+    assert outer.lost is LossReason.RELEASED
+    assert lock.statistics().held == 0

@@ -11,7 +11,7 @@ releases the lease (under trio the guards' task group re-raised it first).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -118,15 +118,23 @@ async def test_only_session_backends_are_asked(anyio_backend: str) -> None:
 
 
 class CountingReads(SessionMemory):
-    """Counts ``read`` calls: the core's per-lease takeover watch starts with one."""
+    """Counts ``read`` calls (the core's takeover watch makes none until something is
+    pushed) and takeover subscriptions (:meth:`Backend.on_taken`, one per watched lease)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reads = 0
+        self.subscriptions = 0
 
     async def read(self, name: str) -> HolderInfo | None:
         self.reads += 1
         return await super().read(name)
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None]:
+        self.subscriptions += 1
+        return super().on_taken(name, owner, token, taken)
 
 
 @pytest.mark.parametrize("reports", [True, False], ids=["reports_takeover", "watched"])
@@ -139,7 +147,8 @@ async def test_a_backend_that_reports_takeovers_gets_no_takeover_watch(
     with anyio.fail_after(10), pytest.raises(LeaseLostError) as info:
         async with AsyncLock(backend, "n", ttl=30):
             await anyio.wait_all_tasks_blocked()
-            assert backend.reads == (0 if reports else 1)
+            assert backend.reads == 0
+            assert backend.subscriptions == (0 if reports else 1)
             assert backend.waiting == 1  # the session watch runs either way
             backend.lose(LossReason.STOLEN)
             await anyio.sleep_forever()

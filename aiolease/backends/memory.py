@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from .._exceptions import InvalidArgument, NotOwnerError
+from .._exceptions import InvalidArgument, LossReason, NotOwnerError
 from ..abc import Backend, Capability, Grant, HolderInfo
 
 __all__ = ["MemoryBackend"]
@@ -42,6 +42,7 @@ class MemoryBackend(Backend):
         self._records: dict[str, _Record] = {}
         self._tokens: dict[str, int] = {}
         self._changed: dict[str, anyio.Event] = {}
+        self._takers: dict[str, dict[object, tuple[str, int, Callable[[LossReason], object]]]] = {}
 
     def __repr__(self) -> str:
         return f"<MemoryBackend {len(self._records)} records>"
@@ -58,14 +59,44 @@ class MemoryBackend(Backend):
         record = self._records.get(name)
         if record is not None and record.expires_at <= self._clock():
             del self._records[name]
-            self._notify(name)
+            self._changed_record(name)
             return None
         return record
+
+    def _changed_record(self, name: str) -> None:
+        """The record of ``name`` was granted anew or removed: wake who waits for that."""
+        self._notify(name)
+        takers = self._takers.get(name)
+        if takers:
+            record = self._records.get(name)
+            for key, (owner, token, taken) in list(takers.items()):
+                if record is None or (record.owner, record.token) != (owner, token):
+                    del takers[key]
+                    taken(LossReason.STOLEN)
 
     def _notify(self, name: str) -> None:
         event = self._changed.pop(name, None)
         if event is not None:
             event.set()
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None]:
+        """Call ``taken(STOLEN)`` when ``name`` is released or granted to another."""
+        key = object()
+        takers = self._takers.setdefault(name, {})
+        takers[key] = (owner, token, taken)
+
+        def cancel() -> None:
+            takers.pop(key, None)
+            if not takers and self._takers.get(name) is takers:
+                del self._takers[name]
+
+        record = self._live(name)
+        if record is None or (record.owner, record.token) != (owner, token):
+            cancel()
+            taken(LossReason.STOLEN)
+        return cancel
 
     def _holder(self, name: str, record: _Record) -> HolderInfo:
         remaining = max(record.expires_at - self._clock(), 0.0)
@@ -83,7 +114,7 @@ class MemoryBackend(Backend):
         if record is None:
             token = self._tokens[name] = self._tokens.get(name, 0) + 1
             record = self._records[name] = _Record(owner, identity, token, dict(metadata), 0.0)
-            self._notify(name)
+            self._changed_record(name)
         record.expires_at = self._clock() + ttl
         return Grant(record.token, ttl)
 
@@ -101,7 +132,7 @@ class MemoryBackend(Backend):
         if record is None or record.owner != owner or (token is not None and record.token != token):
             return False
         del self._records[name]
-        self._notify(name)
+        self._changed_record(name)
         return True
 
     async def read(self, name: str) -> HolderInfo | None:
@@ -122,7 +153,17 @@ class MemoryBackend(Backend):
         with anyio.move_on_at(record.expires_at - self._clock() + anyio.current_time()):
             await event.wait()
 
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        """Return when ``held``'s grant is released or taken (renewals do not wake it,
+        nor does a timer: the holder's deadline comes before the record's expiry)."""
+        taken = anyio.Event()
+        cancel = self.on_taken(name, held.owner, held.token, lambda _: taken.set())
+        try:
+            await taken.wait()
+        finally:
+            cancel()
+
     def force_release(self, name: str) -> None:
         """Drop ``name``'s record as an operator would (tests and tools)."""
         if self._records.pop(name, None) is not None:
-            self._notify(name)
+            self._changed_record(name)

@@ -12,7 +12,9 @@ Faults are set per operation and switched at run time::
 
 A session backend that keeps held grants itself (:meth:`Backend.hold`) is not renewed
 by the core at all; set ``faulty.sessions = False`` to make the core renew through the
-wrapper instead, so that faults on ``renew`` apply.
+wrapper instead, so that faults on ``renew`` apply. Likewise a backend that reports
+takeovers by callback (:meth:`Backend.on_taken`) is watched without ``read`` calls; set
+``faulty.callbacks = False`` to make the core's takeover watch go through the wrapper.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from ..abc import Backend, Grant, HolderInfo, SessionClock
 
 __all__ = ["FaultyBackend", "Op"]
 
-Op = Literal["try_acquire", "renew", "release", "read", "wait_changed"]
-OPS: frozenset[str] = frozenset({"try_acquire", "renew", "release", "read", "wait_changed"})
+Op = Literal["try_acquire", "renew", "release", "read", "wait_changed", "wait_taken"]
+OPS: frozenset[str] = frozenset(
+    {"try_acquire", "renew", "release", "read", "wait_changed", "wait_taken"}
+)
 T = TypeVar("T")
 
 
@@ -54,6 +58,9 @@ class FaultyBackend(Backend):
         self.poll_interval = inner.poll_interval
         #: Forward :meth:`hold` to ``inner`` (``False``: the core renews through here).
         self.sessions = True
+        #: Forward :meth:`on_taken` to ``inner`` (``False``: the core's takeover watch
+        #: calls :meth:`wait_taken` and :meth:`read` through here).
+        self.callbacks = True
         self.calls: collections.Counter[str] = collections.Counter()
         self._faults: dict[str, _Fault] = {}
         self._called: dict[str, anyio.Event] = {}
@@ -145,6 +152,9 @@ class FaultyBackend(Backend):
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         await self._run("wait_changed", lambda: self.inner.wait_changed(name, seen))
 
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        await self._run("wait_taken", lambda: self.inner.wait_taken(name, held))
+
     def hold(
         self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
     ) -> SessionClock | None:
@@ -152,6 +162,14 @@ class FaultyBackend(Backend):
             return None
         self.calls["hold"] += 1
         return self.inner.hold(name, owner, token, ended)
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        if not self.callbacks:
+            return None
+        self.calls["on_taken"] += 1
+        return self.inner.on_taken(name, owner, token, taken)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
