@@ -30,6 +30,8 @@ from aiolease import (
     InvalidArgument,
     Lease,
     LeaseHeldError,
+    LeaseLostError,
+    LossReason,
     UnsupportedCapability,
 )
 from aiolease._bridge import adapt, call_asyncio, running_trio
@@ -130,11 +132,17 @@ class Tap(Backend):
         return freed
 
     async def read(self, name: str) -> HolderInfo | None:
-        return await self.inner.read(name)
+        holder = await self.inner.read(name)
+        self._note("read")
+        return holder
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         self._note("wait_changed")
         await self.inner.wait_changed(name, seen)
+
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        self._note("wait_taken")
+        await self.inner.wait_taken(name, held)
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         self._note("wait_turn")
@@ -312,6 +320,34 @@ async def test_release_wakes_a_waiter(anyio_backend: str, open_redis: Opener, fa
         assert got[0].token > holder.token
         assert tap.calls["try_acquire"] == 3  # holder, refused waiter, granted waiter
         await got[0].release()
+
+
+async def test_a_held_lease_is_watched_by_pushes_not_reads(
+    anyio_backend: str, open_redis: Opener
+) -> None:
+    async with open_redis() as backend:
+        redis_backend = inner(backend)
+        reads: list[str] = []
+        read = redis_backend.read
+
+        async def counted_read(name: str) -> HolderInfo | None:  # also the backend's own
+            reads.append(name)
+            return await read(name)
+
+        redis_backend.read = counted_read  # type: ignore[method-assign]
+        tap = Tap(redis_backend)
+        name = new_name()
+        with pytest.raises(LeaseLostError) as info:
+            async with AsyncLock(tap, name, ttl=0.6) as lease:
+                await tap.wait_for(lambda: tap.calls["renew"] >= 4)  # more than a ttl
+                assert reads == [] and tap.calls["wait_changed"] == 0
+                with anyio.CancelScope(shield=True):
+                    await adapt(tap.inner).release(name, lease.owner, None)
+                    await adapt(tap.inner).try_acquire(name, "thief", LONG, "thief", {})
+                await anyio.sleep_forever()
+        assert info.value.reason is LossReason.STOLEN
+        assert tap.calls["wait_taken"] == 1 and reads
+        await adapt(tap.inner).release(name, "thief", None)
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])

@@ -702,6 +702,24 @@ class RedisBackend(Backend):
         except TimeoutError as exc:
             raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
 
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        """Return on the next grant or release of ``name`` announced anywhere: no read and
+        no timer (a renewal does not announce, and the holder's renewals see what a missed
+        announcement would hide).
+
+        :raises BackendError: Redis failed, or did not confirm the subscription in time
+        """
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        channel = self._keys(name).channel
+        try:
+            async with self._subscriptions.watch(channel) as changed:
+                await changed.wait()
+        except (RedisError, OSError) as exc:
+            raise self._mapped(name, exc) from exc
+        except TimeoutError as exc:
+            raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
+
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """In fair mode, wait for this waiter's own hand-off signal, the holder's expiry, or
         the time to refresh the queue entry; otherwise :meth:`wait_changed`."""
