@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ._exceptions import LossReason, UnsupportedCapability
-from .abc import Backend, Grant, HolderInfo, SessionClock
+from .abc import Backend, Grant, HolderInfo, Renewal, RenewResult, SessionClock
 
 T = TypeVar("T")
 
@@ -74,6 +74,7 @@ class AsyncioBridge(Backend):
         self.capabilities = inner.capabilities  # type: ignore[misc]
         self.poll_interval = inner.poll_interval
         self.reports_takeover = inner.reports_takeover
+        self.renews_many = inner.renews_many
 
     def __repr__(self) -> str:
         return f"<AsyncioBridge to {self.inner!r}>"
@@ -89,6 +90,9 @@ class AsyncioBridge(Backend):
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         return await call_asyncio(self.inner.renew, name, owner, token, ttl)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        return await call_asyncio(self.inner.renew_many, renewals)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         return await call_asyncio(self.inner.release, name, owner, token)

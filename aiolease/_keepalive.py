@@ -189,7 +189,7 @@ class Holding:
     def _guard(self, clock: SessionClock | None, watches: list[_Watch]) -> None:
         assert self._renewer is not None
         tg = self._tg
-        self._renewer.add(self, self.lease, self._counters, clock)
+        self._renewer.add(None if tg is None else self, self.lease, self._counters, clock)
         for fn, args in watches:
             assert tg is not None
             tg.start_soon(fn, *args)
@@ -222,15 +222,17 @@ class Holding:
         self._renewer = Renewer.of(lease.backend)
         clock = self._hold()
         watches = self._watches(clock)
-        # For the watches, and to run the renewer's task when it is this block's turn.
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
+        if watches or not self._renewer.served:
+            # For the watches, and to run the renewer's task when it is this block's turn
+            # (a backend from open_backend() runs it in a task group of its own).
+            self._tg = anyio.create_task_group()
+            await self._tg.__aenter__()
         try:
             await anyio.lowlevel.checkpoint_if_cancelled()
             self._guard(clock, watches)
         except BaseException as exc:
             lease.end(LossReason.RELEASED)
-            self._watching = True
+            self._watching = self._tg is not None
             self._unguard()
             try:
                 if self._tg is not None:

@@ -14,8 +14,11 @@ from urllib.parse import urlsplit
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
+import anyio
+
 from ._bridge import adapt, call_asyncio, running_trio
 from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
+from ._renewer import Renewer
 from .abc import Backend, Capability
 
 ENTRY_POINT_GROUP = "aiolease.backends"
@@ -189,6 +192,10 @@ async def _opened(
             backend = await cls.from_url(url, **options)
         bridged = adapt(backend)
         stack.push_async_callback(bridged.aclose)
+        # The renewal scheduler's home while the backend is open: holding a lease then
+        # starts no task. Leases still held when the block ends end with SHUTDOWN.
+        service = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(Renewer.of(bridged).serve(service))
         # Checked on the open instance: a proxy backend (remote://) learns its
         # capabilities from the server it connects to.
         missing = required - bridged.capabilities

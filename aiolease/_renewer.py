@@ -4,10 +4,12 @@ Holding a lease starts no timer of its own. Each held lease registers with the
 :class:`Renewer` of its backend: its next renewal time and its local safe deadline
 sit in one heap, and one task per backend wakes at the earliest of them. It then
 
-* starts a renewal of every lease that is due, each in a task of its own and
-  bounded by the renew interval (concurrent calls let backends that batch renewals
-  answer them in one round trip); retries failures with back-off, as long as the
-  deadline allows; a "not owner" answer ends the lease (``STOLEN``);
+* starts a renewal of every lease that is due, bounded by the renew interval: all of
+  them in one :meth:`Backend.renew_many` call from one task, when the backend
+  :attr:`~Backend.renews_many`; else each in a task of its own (concurrent calls let
+  backends that batch renewals answer them in one round trip); retries failures
+  with back-off, as long as the deadline allows; a "not owner" answer ends the lease
+  (``STOLEN``);
 * ends every lease whose deadline passed (``EXPIRED``, or ``UNREACHABLE`` after
   refused connections), whatever its renewal is doing.
 
@@ -15,11 +17,14 @@ Session backends whose renew is only local bookkeeping (:meth:`Backend.hold`) ar
 not renewed at all: their leases follow the session's confirmed expiry, and the
 scheduler keeps one deadline per session (and margin) for all of them.
 
-The scheduler's task runs in the task group of one of the holdings (its *host*),
-shielded from cancellations aimed at that holding's caller;
-when the host's block ends, the task moves to another holding's task group, and it
-ends with the last lease. Its state lives here, not in the task, so a move loses
-nothing: a renewal interrupted by the move is due at once again.
+The scheduler's task runs in the task group of the backend's *service* when it has
+one (:func:`aiolease.open_backend` opens one for as long as the backend is open:
+:meth:`Renewer.serve`), so that holding a lease starts no task at all. Otherwise it
+runs in the task group of one of the holdings (its *host*), shielded from
+cancellations aimed at that holding's caller; when the host's block ends, the task
+moves to another holding's task group, and it ends with the last lease. Its state
+lives here, not in the task, so a move loses nothing: a renewal interrupted by the
+move is due at once again.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import itertools
 import logging
 import math
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,7 +43,7 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease
-from .abc import Backend, SessionClock
+from .abc import Backend, Grant, SessionClock
 
 __all__ = ["Counters", "Renewer", "RenewerStatistics"]
 
@@ -62,6 +68,15 @@ class Host(Protocol):
 
     @property
     def task_group(self) -> TaskGroup: ...
+
+
+class _Service:
+    """A task group open as long as the backend is: the scheduler's preferred host."""
+
+    __slots__ = ("task_group",)
+
+    def __init__(self, task_group: TaskGroup) -> None:
+        self.task_group = task_group
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,7 @@ class Renewer:
         self._seq = itertools.count()
         self._hosts: dict[Host, None] = {}
         self._host: Host | None = None
+        self._service: _Service | None = None
         self._scope: anyio.CancelScope | None = None
         self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
@@ -146,13 +162,45 @@ class Renewer:
 
     # -- registering ------------------------------------------------------------------
 
-    def add(self, host: Host, lease: Lease, counters: Counters, clock: SessionClock | None) -> None:
+    @property
+    def served(self) -> bool:
+        """Whether a service task group runs the scheduler (holdings need host nothing)."""
+        return self._service is not None
+
+    def serve(self, task_group: TaskGroup) -> Callable[[], None]:
+        """Run the scheduler's task in ``task_group`` (open as long as the backend is)
+        from now on, rather than in the holdings' task groups.
+
+        :returns: the function that ends this service (the backend is closing): every
+            lease still held through the backend ends then (``SHUTDOWN``), and the task
+            stops
+        """
+        service = self._service = _Service(task_group)
+        if self._host is None:
+            self._move()
+
+        def stop() -> None:
+            if self._service is service:
+                self._service = None
+                for lease in list(self._leases):
+                    lease.end(LossReason.SHUTDOWN)
+            if self._host is service:
+                self._stop()
+                self._move()
+
+        return stop
+
+    def add(
+        self, host: Host | None, lease: Lease, counters: Counters, clock: SessionClock | None
+    ) -> None:
         """Keep ``lease`` until it ends; ``host`` may run the scheduler until :meth:`remove`.
 
+        :param host: ``None`` when the scheduler has a service (:attr:`served`)
         :param clock: the session that keeps the lease (:meth:`Backend.hold`), or ``None``
             to renew it
         """
-        self._hosts[host] = None
+        if host is not None:
+            self._hosts[host] = None
         if lease.lost is None:
             self._leases[lease] = None
             lease.on_end(lambda _: self._leases.pop(lease, None))
@@ -181,8 +229,11 @@ class Renewer:
         self._host = self._scope = None
 
     def _move(self) -> None:
-        """Run the task in any holding's task group, if it runs nowhere."""
+        """Run the task in the service, else in any holding's task group, if it runs nowhere."""
         if self._host is None:
+            if self._service is not None:
+                self._start(self._service)
+                return
             for other in self._hosts:
                 self._start(other)
                 break
@@ -256,6 +307,7 @@ class Renewer:
     def _due(self, tg: TaskGroup | None, renewing: set[_Renewed], now: float) -> bool:
         """Handle what is due by ``now``; ``False`` if a renewal needs a task group."""
         heap = self._heap
+        batch: list[_Renewed] | None = None
         while heap and heap[0][0] <= now:
             _, _, version, item = heap[0]
             if version != item.version:
@@ -268,8 +320,44 @@ class Renewer:
                 return False
             else:
                 heapq.heappop(heap)
-                self._lease_due(tg, renewing, item, now)
+                if batch is None and item.lease.backend.renews_many:
+                    batch = []
+                self._lease_due(tg, renewing, item, now, batch)
+        if batch:
+            assert tg is not None
+            self._join_early(batch, renewing, now)
+            self._renewals += len(batch)
+            tg.start_soon(self._renew_many, batch, renewing)
         return True
+
+    def _join_early(self, batch: list[_Renewed], renewing: set[_Renewed], now: float) -> None:
+        """Add to ``batch`` the leases due within half their renew interval.
+
+        Renewed a little early, they share this call, and the backend's leases settle
+        into one call per renew interval however their grants were spread in time.
+        """
+        heap = self._heap
+        horizon = now + batch[0].lease.timing.renew_interval / 2
+        later: list[tuple[float, int, int, _Item]] = []
+        while heap and heap[0][0] <= horizon:
+            entry = heapq.heappop(heap)
+            _, _, version, item = entry
+            if version != item.version:
+                continue  # moved or forgotten since
+            if (
+                isinstance(item, _Renewed)
+                and not item.renewing
+                and item.next_at - now <= item.lease.timing.renew_interval / 2
+                and item.lease.lost is None
+            ):
+                item.renewing = True
+                renewing.add(item)
+                batch.append(item)
+                later.append((item.lease.deadline, next(self._seq), item.version, item))
+            else:
+                later.append(entry)
+        for entry in later:
+            heapq.heappush(heap, entry)
 
     @staticmethod
     def _renewal_due(renewed: _Renewed, now: float) -> bool:
@@ -286,16 +374,26 @@ class Renewer:
             self._push(group, min(lease.deadline for lease in group.leases))
 
     def _lease_due(
-        self, tg: TaskGroup | None, renewing: set[_Renewed], renewed: _Renewed, now: float
+        self,
+        tg: TaskGroup | None,
+        renewing: set[_Renewed],
+        renewed: _Renewed,
+        now: float,
+        batch: list[_Renewed] | None,
     ) -> None:
+        """Start the renewal of ``renewed`` if due: in a task of its own, or as part of
+        ``batch`` (a backend that :attr:`~Backend.renews_many`)."""
         lease = renewed.lease
         if lease.lost is not None:
             return  # ended at its deadline, by reading it, or before
         if tg is not None and not renewed.renewing and now >= renewed.next_at:
             renewed.renewing = True
             renewing.add(renewed)
-            self._renewals += 1
-            tg.start_soon(self._renew, renewed, renewing)
+            if batch is None:
+                self._renewals += 1
+                tg.start_soon(self._renew, renewed, renewing)
+            else:
+                batch.append(renewed)
         next_at = math.inf if renewed.renewing else renewed.next_at
         self._push(renewed, min(next_at, lease.deadline))
 
@@ -303,27 +401,63 @@ class Renewer:
         lease = renewed.lease
         timing = lease.timing
         sent_at = anyio.current_time()
+        result: Grant | BaseException | None = None
         try:
             with anyio.fail_after(timing.renew_interval):
-                grant = await lease.backend.renew(lease.name, lease.owner, lease.token, timing.ttl)
-        except NotOwnerError:
-            lease.end(LossReason.STOLEN)
-        except (BackendError, TimeoutError) as exc:
-            self._failed(renewed, exc)
-        except Exception as exc:  # a backend bug must not end other leases' holdings
-            logger.exception("renewal of lease %r raised", lease.name)
-            self._failed(renewed, exc)
-        else:
+                result = await lease.backend.renew(lease.name, lease.owner, lease.token, timing.ttl)
+        except Exception as exc:
+            result = exc
+        finally:
+            # Also when the scheduler moves (``None``): the renewal is due again at once.
+            self._settle(renewed, renewing, sent_at, result)
+
+    async def _renew_many(self, batch: list[_Renewed], renewing: set[_Renewed]) -> None:
+        """Renew every lease of ``batch`` (one backend's) in one call."""
+        backend = batch[0].lease.backend
+        sent_at = anyio.current_time()
+        results: Sequence[Grant | BaseException | None] = [None] * len(batch)
+        try:
+            with anyio.fail_after(min(r.lease.timing.renew_interval for r in batch)):
+                answers = await backend.renew_many(
+                    [
+                        (r.lease.name, r.lease.owner, r.lease.token, r.lease.timing.ttl)
+                        for r in batch
+                    ]
+                )
+            if len(answers) != len(batch):
+                raise BackendError(f"{len(answers)} answers to {len(batch)} renewals")
+            results = answers
+        except Exception as exc:  # every lease of the batch failed alike
+            results = [exc] * len(batch)
+        finally:
+            for renewed, result in zip(batch, results, strict=True):
+                self._settle(renewed, renewing, sent_at, result)
+
+    def _settle(
+        self,
+        renewed: _Renewed,
+        renewing: set[_Renewed],
+        sent_at: float,
+        result: Grant | BaseException | None,
+    ) -> None:
+        """Apply the outcome of one renewal sent at ``sent_at`` (``None``: interrupted)."""
+        lease = renewed.lease
+        if isinstance(result, Grant):
             renewed.counters.renewals += 1
-            lease.confirm(sent_at, grant)
+            lease.confirm(sent_at, result)
             renewed.backoff = _first_backoff(lease)
             renewed.next_at = lease.next_renewal()
-        finally:
-            # Also when the scheduler moves: then the renewal is due again at once.
-            renewed.renewing = False
-            renewing.discard(renewed)
-            if lease.lost is None:
-                self._push(renewed, min(renewed.next_at, lease.deadline))
+        elif isinstance(result, NotOwnerError):
+            lease.end(LossReason.STOLEN)
+        elif isinstance(result, BackendError | TimeoutError):
+            self._failed(renewed, result)
+        elif result is not None:  # a backend bug must not end other leases' holdings
+            logger.error("renewal of lease %r raised", lease.name, exc_info=result)
+            self._failed(renewed, result)
+        renewed.renewing = False
+        renewing.discard(renewed)
+        if lease.lost is None:
+            self._push(renewed, min(renewed.next_at, lease.deadline))
 
     def _failed(self, renewed: _Renewed, exc: BaseException) -> None:
         lease = renewed.lease

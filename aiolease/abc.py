@@ -39,7 +39,7 @@ from __future__ import annotations
 import abc
 import enum
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Protocol
@@ -71,6 +71,8 @@ __all__ = [
     "InvalidArgument",
     "LossReason",
     "NotOwnerError",
+    "Renewal",
+    "RenewResult",
     "SessionClock",
 ]
 
@@ -127,6 +129,13 @@ class Grant:
     sent_at: float | None = None
 
 
+#: One lease to renew, as :meth:`Backend.renew_many` gets it: ``(name, owner, token, ttl)``.
+Renewal = tuple[str, str, int, float]
+#: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`
+#: would have returned or raised.
+RenewResult = Grant | BackendError | NotOwnerError
+
+
 class SessionClock(Protocol):
     """How long a session keeps the grants on it (see :meth:`Backend.hold`).
 
@@ -168,6 +177,11 @@ class Backend(abc.ABC):
     #: watches all its grants at once). The core then runs no takeover watch of its own
     #: per held lease, which costs a read and a watch per lease and ttl.
     reports_takeover: bool = False
+    #: ``True`` when :meth:`renew_many` renews many leases for about the cost of one
+    #: (one round trip, one statement). The core's scheduler then hands it every
+    #: lease due at once, from one task, instead of a :meth:`renew` call (and a
+    #: task) per lease.
+    renews_many: bool = False
 
     @classmethod
     @abc.abstractmethod
@@ -202,6 +216,24 @@ class Backend(abc.ABC):
 
         :raises NotOwnerError: ``owner`` does not hold ``name`` (any more)
         """
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        """Renew each ``(name, owner, token, ttl)`` as :meth:`renew` would, in one call.
+
+        Used by the core only when :attr:`renews_many` is set. This default renews
+        them one after the other.
+
+        :returns: for each renewal, in order, its :class:`Grant` or the error that
+            :meth:`renew` would have raised (:class:`NotOwnerError` included)
+        :raises BackendError: every renewal failed alike (the call as a whole)
+        """
+        results: list[RenewResult] = []
+        for name, owner, token, ttl in renewals:
+            try:
+                results.append(await self.renew(name, owner, token, ttl))
+            except (BackendError, NotOwnerError) as exc:
+                results.append(exc)
+        return results
 
     @abc.abstractmethod
     async def release(self, name: str, owner: str, token: int | None) -> bool:

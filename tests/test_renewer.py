@@ -7,7 +7,7 @@ tests wait on events only.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -15,9 +15,10 @@ import anyio
 import pytest
 from trio.testing import MockClock
 
+import aiolease
 from aiolease import AsyncLock, BackendUnavailable, Capability, Lease, LeaseLostError, LossReason
 from aiolease._renewer import Renewer
-from aiolease.abc import Grant, HolderInfo
+from aiolease.abc import Backend, Grant, HolderInfo, Renewal, RenewResult
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.faults import FaultyBackend
 
@@ -138,6 +139,43 @@ async def test_a_hanging_renewal_delays_no_other_deadline(anyio_backend: object)
     assert ended == {"hangs": (2.7, LossReason.EXPIRED), "fails": (2.7, LossReason.UNREACHABLE)}
     assert backend.renewed["hangs"] == 2  # at 1 s, then at 2 s after the first timed out
     assert backend.renewed["fails"] > 3  # retried with back-off until the deadline
+
+
+@MOCK
+async def test_a_backend_from_open_backend_runs_the_renewer_for_every_hold(
+    anyio_backend: object,
+) -> None:
+    async with aiolease.open_backend("memory://") as backend:
+        renewer = Renewer.of(backend)
+        assert renewer.served and _renewer_tasks() == 1  # waiting, before any lease
+        for i in range(5):  # one after the other: each hold starts no task of its own
+            async with AsyncLock(backend, f"n{i}", ttl=3) as lease:
+                await anyio.sleep(4)  # virtual: renewed at 1, 2, 3 s
+                assert lease.renewals >= 3 and _renewer_tasks() == 1
+        assert renewer.statistics().hosts == 1
+    assert not renewer.served and _renewer_tasks() == 0
+
+
+async def test_closing_the_backend_ends_the_leases_held_through_it(anyio_backend: str) -> None:
+    entered, lost = anyio.Event(), anyio.Event()
+    reasons: list[LossReason] = []
+
+    async def holder(backend: Backend) -> None:
+        with pytest.raises(LeaseLostError) as info:
+            async with AsyncLock(backend, "held", ttl=30) as lease:
+                entered.set()
+                await anyio.sleep_forever()  # cancelled by the shutdown
+        reasons.append(info.value.reason)
+        assert lease.lost is LossReason.SHUTDOWN
+        lost.set()
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            async with aiolease.open_backend("memory://") as backend:
+                tg.start_soon(holder, backend)
+                await entered.wait()
+            await lost.wait()
+    assert reasons == [LossReason.SHUTDOWN]
 
 
 @MOCK
@@ -294,3 +332,69 @@ async def test_the_fault_wrapper_forwards_hold_unless_told_not_to(anyio_backend:
     faulty.sessions = False  # renewals go through the wrapper, where faults apply
     async with AsyncLock(faulty, "renewed", ttl=30):
         assert "renewed" not in inner.ended
+
+
+# -- backends that renew many leases in one call ---------------------------------------------
+
+
+class Many(Quiet):
+    """Renews through ``renew_many``: records each call's names; a name in ``fail``
+    fails alone, ``fail_call`` fails whole calls."""
+
+    renews_many = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+        self.fail_call = 0
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        self.calls.append([name for name, *_ in renewals])
+        if self.fail_call:
+            self.fail_call -= 1
+            raise BackendUnavailable("the whole call failed")
+        return await super().renew_many(renewals)
+
+
+@MOCK
+async def test_leases_granted_apart_are_renewed_in_one_call_per_interval(
+    anyio_backend: object,
+) -> None:
+    backend, count = Many(), 30
+    async with AsyncExitStack() as stack:
+        leases = []
+        for i in range(count):  # granted over 1.5 s: due at 30 different times
+            leases.append(await stack.enter_async_context(AsyncLock(backend, f"n{i}", ttl=3)))
+            await anyio.sleep(0.05)
+        backend.calls.clear()
+        await anyio.sleep(10)  # virtual: every lease due about 10 times
+        assert all(lease.lost is None and lease.renewals >= 9 for lease in leases)
+        assert _renewer_tasks() == 1
+    # Early renewals align them: about one call per renew interval, not one per lease.
+    assert len(backend.calls) <= 12, [len(c) for c in backend.calls]
+    assert max(len(c) for c in backend.calls) == count
+    assert sum(backend.renewed.values()) >= 9 * count  # through renew_many's default
+
+
+@MOCK
+async def test_one_lease_refused_in_a_call_ends_alone(anyio_backend: object) -> None:
+    backend = Many()
+    with pytest.raises(LeaseLostError) as info:
+        async with AsyncLock(backend, "kept", ttl=3) as kept:
+            async with AsyncLock(backend, "taken", ttl=3) as taken:
+                assert await backend.release("taken", taken.owner, None)  # behind its back
+                await anyio.sleep(10)
+    assert info.value.reason is LossReason.STOLEN
+    assert kept.lost is LossReason.RELEASED and kept.renewals >= 1
+
+
+@MOCK
+async def test_a_failed_call_is_retried_for_every_lease_in_it(anyio_backend: object) -> None:
+    backend = Many()
+    locks = [AsyncLock(backend, f"n{i}", ttl=3) for i in range(5)]
+    async with AsyncExitStack() as stack:
+        leases = [await stack.enter_async_context(lock) for lock in locks]
+        backend.fail_call = 2
+        await anyio.sleep(3)
+        assert all(lease.lost is None and lease.renewals >= 2 for lease in leases)
+    assert all(lock.statistics().renew_failures == 2 for lock in locks)
