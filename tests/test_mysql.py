@@ -706,3 +706,83 @@ async def test_waiters_cancelled_at_random_points_never_keep_a_grant(
         assert inner(b, MySQLBackend).statistics().hand_offs > 0
         # Nobody holds it any more: a grant left to a waiter that gave up would show.
         assert await b.read(name) is None
+
+
+# -- the connections of a backend made from a URL ----------------------------------------------
+
+
+@pytest.fixture
+def own_database(my: str) -> Iterator[str]:
+    """A database of this test's own, so that its connections can be counted."""
+    name = unique("aiolease_pool")
+    asyncio.run(_raw(my, f"CREATE DATABASE `{name}`"))
+    yield name
+    asyncio.run(_raw(my, f"DROP DATABASE `{name}`"))
+
+
+async def _thread_ids(my: str, database: str) -> set[int]:
+    rows = await raw(my, "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s", database)
+    return {int(row[0]) for row in rows}
+
+
+async def _until_ids(
+    my: str, database: str, predicate: Callable[[set[int]], bool], what: str
+) -> set[int]:
+    with anyio.move_on_after(20):  # a hang guard: the server notices closed sockets soon
+        while True:
+            ids = await _thread_ids(my, database)
+            if predicate(ids):
+                return ids
+            await anyio.sleep(0.02)
+    raise AssertionError(f"{what} did not happen")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # holds a row lock on a raw connection
+async def test_an_interrupted_statements_connection_is_never_reused(
+    my: str, own_database: str, anyio_backend: str
+) -> None:
+    table = unique("leases")
+    url = with_query(in_database(my, own_database), table=table, max_size=2)
+    async with backend(url) as b, backend(url) as other:
+        stats = inner(b, MySQLBackend).statistics
+        await grant(other, "locked", "owner-1")  # elsewhere: b must ask the server
+        before = await _thread_ids(my, own_database)
+        conn = await asyncmy.connect(**_connect_args(my), db=own_database)
+        try:
+            await conn.begin()
+            async with conn.cursor() as cur:
+                await cur.execute(f"SELECT 1 FROM `{table}` WHERE name = 'locked' FOR UPDATE")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(b.try_acquire, "locked", "owner-2", 30, "me", {})
+                await eventually(lambda: stats().pool.others == 1, "the acquire waiting")  # type: ignore[union-attr]
+                tg.cancel_scope.cancel()
+            pool = stats().pool
+            assert pool is not None and pool.discarded == 1 and pool.size == 0
+            await conn.rollback()
+        finally:
+            conn.close()
+        holder = await refused(b, "locked", "owner-2")  # on a new connection
+        assert holder.owner == "owner-1"
+        pool = stats().pool
+        assert pool is not None and pool.opened == 2 and pool.size == 1
+        # The interrupted one is gone from the server too (b's first is one of "before").
+        await _until_ids(
+            my,
+            own_database,
+            lambda ids: len(ids - before) == 1 and len(before - ids) == 1,
+            "the old connection closing",
+        )
+
+
+async def test_close_closes_idle_connections_and_refuses_new_use(
+    my: str, own_database: str
+) -> None:
+    url = with_query(in_database(my, own_database), min_size=2)
+    async with backend(url) as b:
+        assert len(await _thread_ids(my, own_database)) == 2  # min_size, opened ahead of use
+        await b.aclose()
+        await _until_ids(my, own_database, lambda ids: not ids, "the idle connections closing")
+        pool = inner(b, MySQLBackend).statistics().pool
+        assert pool is not None and pool.size == 0
+        with raises(BackendUnavailable, match="closed"):
+            await b.read("x")

@@ -40,10 +40,12 @@ from aiolease import (
     Capability,
     InvalidArgument,
     LeaseLostError,
+    LossReason,
     NotOwnerError,
 )
 from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends._sql import timeout_after, wait_event
+from aiolease.backends._sql import Takers, timeout_after, wait_event
+from aiolease.backends._sql_pool import LeanPool
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.faults import FaultyBackend
@@ -287,9 +289,15 @@ async def test_a_users_pool_and_connection_are_used_and_never_closed(pg: str, sc
                     owner = unique("owner")
                     granted = await b.try_acquire("job", owner, 30, "me", {})
                     assert isinstance(granted, Grant)
+                    # Not listening yet: the core's watch task (wait_taken) watches.
+                    assert b.on_taken("job", owner, granted.token, print) is None
                     seen = await b.read("job")
                     await b.wait_changed("job", None)  # opens the listener, returns at once
                     assert b.statistics().listening
+                    assert b.statistics().pool is None  # the user's
+                    unsubscribe = b.on_taken("job", owner, granted.token, print)
+                    assert unsubscribe is not None
+                    unsubscribe()
                     assert await b.release("job", owner, granted.token)
                     await b.wait_changed("job", seen)
             assert await conn.fetchval("SELECT 1") == 1
@@ -695,3 +703,224 @@ async def test_a_cached_read_of_a_held_lease_sees_a_takeover(
             await mine.wait_changed(name, seen)
         now = await mine.read(name)
         assert now is not None and now.owner == "owner-2" and now.token == seen.token + 1
+
+
+# -- takeovers by notification (on_taken) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["steal", "release"])
+async def test_a_takeover_ends_the_holder_at_once_by_notification(
+    pg: str, pg_url: str, schema: str, how: str
+) -> None:
+    async with backend(pg_url) as b, backend(pg_url) as other:
+        spy = FaultyBackend(b)
+        name = unique("taken")
+        # A long ttl: the first renewal is far away, so only the notification can end it.
+        with pytest.raises(LeaseLostError) as caught, anyio.fail_after(20):
+            async with AsyncLock(spy, name, ttl=60) as lease:
+                assert inner(b, PostgresBackend).statistics().listening  # from the start
+                if how == "steal":  # the row expires, and another backend takes it
+                    await raw(
+                        pg,
+                        f'UPDATE "{schema}".aiolease_leases'
+                        " SET expires_at = clock_timestamp() WHERE name = $1",
+                        name,
+                    )
+                    await grant(other, name, "thief")
+                else:  # another backend releases it in the holder's name
+                    assert await other.release(name, lease.owner, lease.token)
+                await anyio.sleep_forever()
+        assert caught.value.reason is LossReason.STOLEN
+        # By callback: no watch task, no read, and no renewal was involved.
+        assert spy.calls["on_taken"] == 1
+        assert spy.calls["wait_taken"] == spy.calls["read"] == spy.calls["renew"] == 0
+
+
+async def test_a_holder_released_normally_is_not_taken(pg_url: str) -> None:
+    async with backend(pg_url) as b:
+        spy = FaultyBackend(b)
+        name = unique("kept")
+        for _ in range(3):  # each grant and release notifies the holder's own listener
+            async with AsyncLock(spy, name, ttl=60) as lease:
+                holder = await b.read(name)
+                assert holder is not None and holder.owner == lease.owner
+            assert lease.lost is LossReason.RELEASED
+        assert spy.calls["on_taken"] == 3
+        assert len(inner(b, PostgresBackend)._takers) == 0  # every one unsubscribed
+
+
+def test_takers_trust_only_notifications_newer_than_the_grant() -> None:
+    takers = Takers()
+    ended: list[LossReason] = []
+    cancel = takers.add("n", "me", ended.append, armed=False)
+    takers.notified("n", None)  # a release from before our grant, delivered late
+    takers.notified("n", "earlier")  # a grant from before ours
+    takers.notified("other", "thief")  # another name
+    assert ended == []
+    takers.notified("n", "me")  # our own grant: what comes after it counts
+    takers.notified("n", "me")  # a grant to the same owner is no loss
+    assert ended == []
+    takers.notified("n", "thief")
+    assert ended == [LossReason.STOLEN]
+    takers.notified("n", None)  # reported once
+    assert ended == [LossReason.STOLEN]
+    cancel()  # after it fired: harmless
+    assert len(takers) == 0
+
+
+def test_takers_are_armed_by_a_listener_that_connects_after_them() -> None:
+    takers = Takers()
+    ended: list[str] = []
+    takers.add("a", "me", lambda _: ended.append("a"), armed=False)
+    mark = takers.mark()  # a listener starts connecting
+    cancel_b = takers.add("b", "me", lambda _: ended.append("b"), armed=False)
+    cancel_c = takers.add("c", "me", lambda _: ended.append("c"), armed=True)
+    takers.arm_before(mark)  # ... and is up: it sees only commits after "a" registered
+    takers.notified("a", None)
+    takers.notified("b", None)  # "b" may have registered after that commit
+    assert ended == ["a"]
+    cancel_c()
+    takers.notified("c", "thief")  # unsubscribed
+    assert ended == ["a"]
+    cancel_b()
+    assert len(takers) == 0
+
+
+# -- the connections of a backend made from a URL ----------------------------------------------
+
+
+async def _server_pids(app: str) -> set[int]:
+    rows = await raw(
+        server("postgres").url, "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app
+    )
+    return {row["pid"] for row in rows}
+
+
+async def _until_pids(app: str, predicate: Callable[[set[int]], bool], what: str) -> set[int]:
+    with anyio.move_on_after(20):  # a hang guard: the server notices closed sockets soon
+        while True:
+            pids = await _server_pids(app)
+            if predicate(pids):
+                return pids
+            await anyio.sleep(0.02)
+    raise AssertionError(f"{what} did not happen")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # holds a row lock on a raw connection
+async def test_a_burst_is_bounded_and_never_delays_the_renewal(
+    pg: str, schema: str, anyio_backend: str
+) -> None:
+    app = unique("aiolease_burst")
+    url, table = fresh_table_url(pg, schema, max_size=3, listen="false", application_name=app)
+    async with backend(url) as b:
+        stats = inner(b, PostgresBackend).statistics
+        await grant(b, "locked", "owner-1")
+        kept = await grant(b, "kept", "owner-2")
+        conn = await asyncpg.connect(pg)
+        try:
+            lock = conn.transaction()
+            await lock.start()
+            await conn.execute(
+                f'SELECT 1 FROM "{schema}"."{table}" WHERE name = $1 FOR UPDATE', "locked"
+            )
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):  # the holder's retries update the row: they wait for the lock
+                    tg.start_soon(b.try_acquire, "locked", "owner-1", 30, "me", {})
+
+                def full() -> bool:
+                    pool = stats().pool
+                    return pool is not None and pool.others == 2 and pool.waiting == 4
+
+                await eventually(full, "the burst filling all but one connection")
+                # The reserved connection renews while the burst waits.
+                renewed = await b.renew("kept", "owner-2", kept.token, 30)
+                assert renewed.token == kept.token
+                pool = stats().pool
+                assert pool is not None and pool.size == 3 and pool.opened == 3
+                assert len(await _server_pids(app)) == 3
+                await lock.rollback()
+            pool = stats().pool
+            assert pool is not None and pool.size <= 3 and pool.opened == 3 and pool.waiting == 0
+        finally:
+            await conn.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # holds a row lock on a raw connection
+async def test_an_interrupted_statements_connection_is_never_reused(
+    pg: str, schema: str, anyio_backend: str
+) -> None:
+    app = unique("aiolease_interrupt")
+    url, table = fresh_table_url(pg, schema, max_size=2, listen="false", application_name=app)
+    async with backend(url) as b:
+        stats = inner(b, PostgresBackend).statistics
+        await grant(b, "locked", "owner-1")
+        (first,) = await _server_pids(app)  # min_size 1: the one connection
+        conn = await asyncpg.connect(pg)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    f'SELECT 1 FROM "{schema}"."{table}" WHERE name = $1 FOR UPDATE', "locked"
+                )
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(b.try_acquire, "locked", "owner-1", 30, "me", {})
+                    await eventually(lambda: stats().pool.others == 1, "the retry waiting")  # type: ignore[union-attr]
+                    tg.cancel_scope.cancel()
+                pool = stats().pool
+                assert pool is not None and pool.discarded == 1 and pool.size == 0
+        finally:
+            await conn.close()
+        holder = await b.read("locked")  # on a new connection
+        assert holder is not None and holder.owner == "owner-1"
+        pids = await _until_pids(app, lambda pids: first not in pids, "the old connection closing")
+        assert len(pids) == 1
+
+
+async def test_close_closes_idle_connections_and_refuses_new_use(pg: str, schema: str) -> None:
+    app = unique("aiolease_close")
+    url, _ = fresh_table_url(pg, schema, min_size=2, listen="false", application_name=app)
+    async with backend(url) as b:
+        assert len(await _server_pids(app)) == 2  # min_size, opened ahead of use
+        await b.aclose()
+        await _until_pids(app, lambda pids: not pids, "the idle connections closing")
+        pool = inner(b, PostgresBackend).statistics().pool
+        assert pool is not None and pool.size == 0
+        with raises(BackendUnavailable, match="closed"):
+            await b.try_acquire("x", "owner", 1, "", {})
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_pool_hands_over_to_waiters_and_closes_what_comes_back(
+    pg: str, anyio_backend: str
+) -> None:
+    pool: LeanPool[Any] = LeanPool(
+        lambda: asyncpg.connect(pg),
+        close=lambda conn: conn.close(),
+        terminate=lambda conn: conn.terminate(),
+        usable=lambda conn: not conn.is_closed(),
+        max_size=2,
+    )
+    first = await pool.acquire()  # other statements may hold 1 of 2
+    waiter = asyncio.ensure_future(pool.acquire())
+    await eventually(lambda: pool.statistics().waiting == 1, "the second caller queued")
+    # Handed over to the waiter, which is cancelled before it runs: it gives it back.
+    pool.release(first)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (pool.statistics().idle, pool.statistics().others) == (1, 0)
+    again = await pool.acquire()
+    assert again is first  # reused: it ended normally
+    queued = asyncio.ensure_future(pool.acquire())
+    await eventually(lambda: pool.statistics().waiting == 1, "a caller queued")
+    renewal = await pool.acquire(renewal=True)  # the reserve, past the queue
+    assert pool.statistics().size == 2
+    await pool.aclose()
+    with pytest.raises(BackendUnavailable):
+        await queued
+    pool.release(again)
+    pool.release(renewal, renewal=True)
+    assert again.is_closed() and renewal.is_closed()
+    await asyncio.sleep(0)  # their transports finish closing
+    assert pool.statistics().size == 0
+    with pytest.raises(BackendUnavailable):
+        await pool.acquire()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .._exceptions import InvalidArgument
+from .._exceptions import InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
 from ..abc import HolderInfo
 
@@ -35,6 +35,7 @@ __all__ = [
     "IDENTIFIER_RE",
     "Key",
     "RenewBatcher",
+    "Takers",
     "Wakeups",
     "check_identifier",
     "now",
@@ -296,6 +297,86 @@ class Wakeups:
         entries, self._waiters = self._waiters, {}
         for entry in entries.values():
             entry.event.set()
+
+
+# -- takeovers by notification ----------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class _Taker:
+    owner: str
+    taken: Callable[[LossReason], object]
+    #: Registered before this many registrations in all (see :meth:`Takers.mark`).
+    seq: int
+    #: Whether every notification seen from now on was committed after the grant.
+    armed: bool
+
+
+class Takers:
+    """Held leases of one backend that notifications of a takeover end (``on_taken``).
+
+    A notification of a release, or of a grant to another owner, ends a holder's
+    lease only when it is known to be committed after the holder's grant: the
+    listener receives notifications late and in commit order, so one that arrives
+    after the grant returned may still be older. A holder is *armed* by its own
+    grant's notification (a grant to its owner id, unique to one acquisition), seen
+    before or after it registered, or by a listener that (re)connected after it
+    registered (that connection sees only later commits). Notifications missed while
+    no listener was up end nothing: the holder's renewals still confirm ownership
+    every renew interval, so such a loss is noticed by the next renewal instead.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, list[_Taker]] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return sum(len(takers) for takers in self._by_name.values())
+
+    def add(
+        self, name: str, owner: str, taken: Callable[[LossReason], object], *, armed: bool
+    ) -> Callable[[], None]:
+        """Watch ``owner``'s grant of ``name``; call the returned function to stop.
+
+        :param armed: the listener already delivered this grant's own notification
+        """
+        self._seq += 1
+        taker = _Taker(owner, taken, self._seq, armed)
+        self._by_name.setdefault(name, []).append(taker)
+
+        def cancel() -> None:
+            takers = self._by_name.get(name)
+            if takers is not None and taker in takers:
+                takers.remove(taker)
+                if not takers:
+                    del self._by_name[name]
+
+        return cancel
+
+    def mark(self) -> int:
+        """Registrations so far: pass to :meth:`arm_before` once a listener connected."""
+        return self._seq
+
+    def arm_before(self, mark: int) -> None:
+        """A listener connected after the first ``mark`` registrations: arm them."""
+        for takers in self._by_name.values():
+            for taker in takers:
+                if taker.seq <= mark:
+                    taker.armed = True
+
+    def notified(self, name: str, granted_to: str | None) -> None:
+        """A notification: ``name`` was granted to ``granted_to`` (``None``: released)."""
+        takers = self._by_name.get(name)
+        if not takers:
+            return
+        for taker in list(takers):
+            if not taker.armed:
+                taker.armed = granted_to == taker.owner  # its own grant: later ones count
+            elif granted_to != taker.owner:
+                takers.remove(taker)
+                taker.taken(LossReason.STOLEN)
+        if not takers and self._by_name.get(name) is takers:
+            del self._by_name[name]
 
 
 # -- batched renewals ------------------------------------------------------------------------

@@ -48,16 +48,23 @@ callers of this backend are refused without a statement.
 **Wake-ups.** There is no push: a waiter wakes when this backend object changes the
 name, when the holder's remaining ttl runs out, and otherwise every
 ``poll_interval`` (a bounded poll that notices releases made elsewhere).
+
+**Connections.** A backend made from a URL runs its statements on a lean pool of
+its own (:mod:`aiolease.backends._sql_pool`), whose connections keep acquire,
+release, hand-off and the holder read as server-side prepared statements where
+asyncmy supports it (``stmt_cache_size``): parsed once per connection, not per call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from .._exceptions import (
@@ -83,9 +90,9 @@ from ._sql import (
     parse_seconds,
     parse_size,
     pool_size,
-    timeout_after,
     wait_event,
 )
+from ._sql_pool import LeanPool, PoolStatistics
 from ._sql_turns import Turn, Turns
 
 __all__ = ["MySQLBackend", "MySQLStatistics"]
@@ -118,6 +125,26 @@ _RETRY = f"(owner <=> %(owner)s AND expires_at > {_NOW})"
 _MINE = "owner <=> %(owner)s"
 
 
+class _Prepared(NamedTuple):
+    """A statement with positional ``%s`` parameters, named in ``names`` (in order).
+
+    Positional parameters let asyncmy run it as a server-side prepared statement
+    (when the connection has a statement cache): the server parses it once per
+    connection, not once per call, which matters for a statement this long.
+    """
+
+    sql: str
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, sql: str) -> _Prepared:
+        """From ``sql`` with ``%(name)s`` parameters (a name may repeat)."""
+        return cls(_NAMED.sub("%s", sql), tuple(_NAMED.findall(sql)))
+
+
+_NAMED = re.compile(r"%\((\w+)\)s")
+
+
 class _Sql:
     """The statements for one table (the identifier validated and quoted)."""
 
@@ -133,7 +160,7 @@ class _Sql:
         # Assignment order matters: token, acquired_at, identity and metadata read the
         # untouched row (a retry keeps them), owner is decided next, and the rest follow
         # the new owner.
-        self.acquire = (
+        self.acquire = _Prepared.of(
             f"INSERT INTO {t} (name, token, owner, identity, metadata, ttl, acquired_at,"
             " expires_at) VALUES (%(name)s, LAST_INSERT_ID(1), %(owner)s, %(identity)s,"
             f" %(metadata)s, %(ttl)s, {_NOW}, {_EXPIRY})"
@@ -147,7 +174,7 @@ class _Sql:
             f" ttl = IF({_MINE}, %(ttl)s, ttl),"
             f" expires_at = IF({_MINE}, {_EXPIRY}, expires_at)"
         )
-        self.holder = (
+        self.holder = _Prepared.of(
             "SELECT owner, identity, token, metadata,"
             f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at) FROM {t}"
             f" WHERE name = %(name)s AND owner IS NOT NULL AND expires_at > {_NOW}"
@@ -157,14 +184,14 @@ class _Sql:
             f" expires_at = {_EXPIRY} WHERE name = %(name)s AND owner = %(owner)s"
             f" AND token = %(token)s AND expires_at > {_NOW}"
         )
-        self.release = (
+        self.release = _Prepared.of(
             f"UPDATE {t} SET token = LAST_INSERT_ID(token), owner = NULL, identity = NULL,"
             " metadata = NULL, expires_at = NULL WHERE name = %(name)s AND owner = %(owner)s"
             f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
         )
         # Release and grant to the next holder in one statement (WHERE reads the old row;
         # the token is assigned first, so LAST_INSERT_ID carries the new one back).
-        self.hand_off = (
+        self.hand_off = _Prepared.of(
             f"UPDATE {t} SET token = LAST_INSERT_ID(token + 1), owner = %(next)s,"
             " identity = %(identity)s, metadata = %(metadata)s, ttl = %(ttl)s,"
             f" acquired_at = {_NOW}, expires_at = {_EXPIRY}"
@@ -284,6 +311,50 @@ class _Held:
 _ID, _ROWS, _COUNT = "id", "rows", "count"
 
 
+async def _exchange(
+    conn: Any, sql: _Prepared | str, params: Any, want: str, then: _Prepared | None
+) -> Any:
+    """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
+
+    A :class:`_Prepared` statement takes its parameters from the mapping ``params``;
+    a plain one (a batch, whose text differs with its size, so preparing it would
+    cost a round trip per new size) goes as text.
+    """
+    async with conn.cursor() as cur:
+        if isinstance(sql, _Prepared):
+            count = await cur.execute(sql.sql, [params[name] for name in sql.names])
+        else:
+            count = await cur.execute(cur.mogrify(sql, params))
+        if want == _ID:
+            result: Any = cur.lastrowid
+        else:
+            result = await cur.fetchall() if want == _ROWS else count
+        if then is not None and not result:
+            await cur.execute(then.sql, [params[name] for name in then.names])
+            result = await cur.fetchall()
+    if not conn.get_autocommit():
+        await conn.commit()
+    return result
+
+
+#: Prepared statements kept per connection (of a backend made from a URL): acquire,
+#: holder, release, hand-off.
+_STATEMENT_CACHE = 8
+
+
+def _statement_cache(asyncmy: Any) -> bool:
+    """Whether this asyncmy prepares positional statements (``stmt_cache_size``)."""
+    try:
+        return "stmt_cache_size" in inspect.signature(asyncmy.connect).parameters
+    except (TypeError, ValueError):  # a signature it does not expose: do without
+        return False
+
+
+def _usable(conn: Any) -> bool:
+    """Whether an idle asyncmy connection is still open (the server may have closed it)."""
+    return bool(conn.connected) and not getattr(conn, "_stream_broken", False)
+
+
 def _micros(ttl: float) -> int:
     return max(round(ttl * 1_000_000), 1)
 
@@ -296,12 +367,14 @@ class MySQLStatistics:
     :param renewals_shared: renew calls answered from a statement sent for the batch
     :param hand_offs: releases that granted the name to a waiter in the same statement
     :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
+    :param pool: the connections of a backend made from a URL (``None``: the user's)
     """
 
     renew_statements: int
     renewals_shared: int
     hand_offs: int
     waiting: int
+    pool: PoolStatistics | None = None
 
 
 class MySQLBackend(Backend):
@@ -336,7 +409,8 @@ class MySQLBackend(Backend):
         if pool is not _OPENING and not isinstance(pool, Pool):
             raise InvalidArgument(f"pool must be an asyncmy Pool, not {type(pool).__name__}")
         self._pool = pool
-        self._owns_pool = False
+        #: Our own connections (a backend made from a URL), else ``None``: ``pool`` is the user's.
+        self._lean: LeanPool[Any] | None = None
         self._sql = _Sql(self._table)
         self._setup_lock = asyncio.Lock()
         self._wakeups = Wakeups()
@@ -365,6 +439,7 @@ class MySQLBackend(Backend):
             renewals_shared=self._batcher.shared,
             hand_offs=self._hand_offs,
             waiting=self._waiting,
+            pool=None if self._lean is None else self._lean.statistics(),
         )
 
     # -- opening ---------------------------------------------------------------------------
@@ -376,7 +451,7 @@ class MySQLBackend(Backend):
         Options come from the URL query or keyword arguments (not both): ``table``,
         ``poll_interval``, ``renew_window``, ``connect_timeout``, ``min_size``,
         ``max_size``; ``connect_options`` (a mapping, keyword only) goes to
-        ``asyncmy.create_pool``.
+        ``asyncmy.connect``.
 
         :raises InvalidArgument: a malformed URL or option
         :raises BackendUnavailable: the server cannot be reached
@@ -388,20 +463,35 @@ class MySQLBackend(Backend):
             if (key not in _URL_OPTIONS and key not in _KEYWORD_ONLY) or key in ours:
                 raise InvalidArgument(f"MySQL option {key!r} is unknown or given twice")
         ours.update(options)
+        if _statement_cache(asyncmy):
+            connect["stmt_cache_size"] = _STATEMENT_CACHE
         connect.update(ours.pop("connect_options", None) or {})
         connect["connect_timeout"] = check_seconds(
             "connect_timeout", ours.pop("connect_timeout", 10.0)
         )
         min_size, max_size = pool_size(ours.pop("min_size", 1), ours.pop("max_size", 10))
         backend = cls(_OPENING, **ours)  # every option is checked before connecting
+
+        async def open_connection() -> Any:
+            return await asyncmy.connect(**connect)
+
+        lean: LeanPool[Any] = LeanPool(
+            open_connection,
+            close=lambda conn: conn.ensure_closed(),
+            terminate=lambda conn: conn.close(),
+            usable=_usable,
+            max_size=max_size,
+            min_size=min_size,
+            close_timeout=connect["connect_timeout"],
+            what=repr(backend),
+        )
         with _mapped():
             try:
-                backend._pool = await asyncmy.create_pool(
-                    minsize=min_size, maxsize=max_size, **connect
-                )
+                await lean.fill()
             except (TypeError, ValueError) as exc:
                 raise InvalidArgument(f"bad MySQL URL or option: {exc}") from exc
-        backend._owns_pool = True
+        backend._pool = None
+        backend._lean = lean
         return backend
 
     async def setup(self) -> None:
@@ -411,63 +501,82 @@ class MySQLBackend(Backend):
         """
         async with self._setup_lock:
             with _mapped():
+                if self._lean is not None:
+                    # Interrupted or refused (with notes still off): never reused.
+                    async with self._lean.connection(reusable=lambda _: False) as conn:
+                        await self._create(conn)
+                    return
                 async with self._pool.acquire() as conn:
                     try:
-                        async with conn.cursor() as cur:
-                            # A concurrent creator leaves a "table exists" note: not
-                            # worth a warning.
-                            await cur.execute("SET @@session.sql_notes = 0")
-                            await cur.execute(self._sql.create)
-                            await cur.execute("SET @@session.sql_notes = DEFAULT")
+                        await self._create(conn)
                     except BaseException:
                         # Interrupted (or refused, with notes still off): a connection
                         # the pool must not hand out again. A cancel stays a cancel.
                         conn.close()
                         raise
 
+    async def _create(self, conn: Any) -> None:
+        async with conn.cursor() as cur:
+            # A concurrent creator leaves a "table exists" note: not worth a warning.
+            await cur.execute("SET @@session.sql_notes = 0")
+            await cur.execute(self._sql.create)
+            await cur.execute("SET @@session.sql_notes = DEFAULT")
+
     # -- running statements ----------------------------------------------------------------
 
     async def _execute(
-        self, sql: str, params: Any, want: str = _ID, then: str | None = None
+        self,
+        sql: _Prepared | str,
+        params: Any,
+        want: str = _ID,
+        then: _Prepared | None = None,
+        renewal: bool = False,
     ) -> Any:
         """Run ``sql``, creating the table on first use.
 
         :param want: what to return: the insert id, the rows, or the affected row count
         :param then: a query to run next, for its rows, if ``sql`` left insert id 0
+        :param renewal: for the renewal statement (may use the pool's reserved connection)
         """
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         try:  # not ``_mapped()``: a context manager per statement costs more than this
-            return await self._run(sql, params, want, then)
+            return await self._run(sql, params, want, then, renewal)
         except Exception as exc:
             if _errno(exc) != _NO_SUCH_TABLE or not _answered(exc):
                 with _mapped():
                     raise
         with _mapped():
             await self.setup()  # first use: create the table, then ask again
-            return await self._run(sql, params, want, then)
+            return await self._run(sql, params, want, then, renewal)
 
-    async def _run(self, sql: str, params: Any, want: str, then: str | None) -> Any:
-        async with self._pool.acquire() as conn:
-            try:
-                async with conn.cursor() as cur:
-                    count = await cur.execute(sql, params)
-                    if want == _ID:
-                        result: Any = cur.lastrowid
-                    else:
-                        result = await cur.fetchall() if want == _ROWS else count
-                    if then is not None and not result:
-                        await cur.execute(then, params)
-                        result = await cur.fetchall()
-                if not conn.get_autocommit():
-                    await conn.commit()
-            except BaseException as exc:
-                if not _answered(exc):
-                    # An interrupted exchange leaves the connection out of step with
-                    # the server: close it, so that the pool never hands it out again.
-                    conn.close()
-                raise
-            return result
+    async def _run(
+        self, sql: _Prepared | str, params: Any, want: str, then: _Prepared | None, renewal: bool
+    ) -> Any:
+        lean = self._lean
+        if lean is None:
+            async with self._pool.acquire() as conn:
+                try:
+                    return await _exchange(conn, sql, params, want, then)
+                except BaseException as exc:
+                    if not _answered(exc):
+                        # An interrupted exchange leaves the connection out of step with
+                        # the server: close it, so that the pool never hands it out again.
+                        conn.close()
+                    raise
+        conn = await lean.acquire(renewal)
+        try:
+            result = await _exchange(conn, sql, params, want, then)
+        except BaseException as exc:
+            if _answered(exc) and _errno(exc) != _NO_SUCH_TABLE:
+                lean.release(conn, renewal)
+            else:
+                # Out of step with the server: never reused. (Also one that met no
+                # table: asyncmy would not try to prepare those statements on it again.)
+                lean.discard(conn, renewal)
+            raise
+        lean.release(conn, renewal)
+        return result
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -564,9 +673,9 @@ class MySQLBackend(Backend):
                 for v in (n.encode(), o.encode(), t, float(ttl), _micros(ttl))
             ]
             sql = self._sql.renew_mixed(len(items))
-        if await self._execute(sql, params, _COUNT) == len(items):
+        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
             return frozenset(key for key, _ in items)
-        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS)
+        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
         return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
@@ -700,14 +809,8 @@ class MySQLBackend(Backend):
         self._closed = True
         self._wakeups.wake_all()
         self._turns.wake_all()
-        if self._owns_pool:
-            self._pool.close()
-            try:
-                async with timeout_after(10):
-                    await self._pool.wait_closed()
-            except BaseException:  # timed out or cancelled: close it the hard way
-                self._pool.terminate()
-                raise
+        if self._lean is not None:
+            await self._lean.aclose()
 
 
 def _parse_url(url: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -34,12 +34,17 @@ statement's snapshot (a concurrent first grant) is asked again.
 ``UPDATE ... FROM unnest(...)`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`);
 a renew answered from a statement sent for the batch says so in ``Grant.sent_at``.
 
-**Wake-ups.** One listening connection per backend object (opened on the first
-``wait_changed``) receives ``NOTIFY`` on release and takeover and wakes the waiting
-tasks. Expiry sends nothing: a waiter also wakes when the holder's remaining ttl
-runs out. If the listening connection drops, every waiter wakes, waiting falls back
-to polling every ``poll_interval`` (never later than the holder's expiry), and the
-next wait reconnects.
+**Wake-ups.** One listening connection per backend object (opened with a backend
+made from a URL, else on the first ``wait_changed``) receives ``NOTIFY`` on release
+and takeover and wakes the waiting tasks. Expiry sends nothing: a waiter also wakes
+when the holder's remaining ttl runs out. If the listening connection drops, every
+waiter wakes, waiting falls back to polling every ``poll_interval`` (never later than
+the holder's expiry), and the next wait reconnects. While it is up, held leases are
+watched by callback (:meth:`PostgresBackend.on_taken`), without a task per lease.
+
+**Connections.** A backend made from a URL runs its statements on a lean pool of
+its own (:mod:`aiolease.backends._sql_pool`: no per-statement timers, proxies or
+reset round trip); one passed in is used as it is.
 
 **Hand-offs.** A refused acquire only reads the row (no lock, no WAL). Waiters of
 one backend object queue oldest first (:mod:`aiolease.backends._sql_turns`): a
@@ -50,16 +55,16 @@ row unchanged (see ``_Held``). All statements but the renewal use at most all bu
 one of the pool's connections, so a burst of acquires never starves renewals.
 
 **Poolers.** Correctness needs no session state, so the lease statements work
-through PgBouncer in transaction mode (give ``statement_cache_size=0`` unless the
-pooler supports prepared statements). ``LISTEN`` does need a session: point
-``listen_url`` at the server directly (or at a session-mode pool), or set
-``listen=false`` to poll.
+through PgBouncer in transaction mode: give ``pooler=transaction``, which turns
+asyncpg's named prepared statements off (``statement_cache_size=0``, unless given)
+and never sends ``LISTEN`` through the pooler, where it would hear nothing. Waiters
+then poll every ``poll_interval``, or, with ``listen_url`` pointing at the server
+directly (or at a session-mode pool), are woken by ``NOTIFY`` as usual.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -72,13 +77,16 @@ from .._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    LossReason,
     NotOwnerError,
 )
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
+from ._pg_sql import Sql, advisory_key, default_channel, parse_payload
 from ._sql import (
     Key,
     RenewBatcher,
+    Takers,
     Wakeups,
     check_identifier,
     check_owner,
@@ -94,6 +102,7 @@ from ._sql import (
     timeout_after,
     wait_event,
 )
+from ._sql_pool import LeanPool, PoolStatistics
 from ._sql_turns import Turn, Turns
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
@@ -108,9 +117,22 @@ LISTEN_CHECK = 10.0
 _MAX_NOTED = 4096
 #: The longest pause between attempts to reconnect the listener.
 _MAX_LISTEN_BACKOFF = 5.0
+#: The SQLSTATE of a statement on a table that does not exist (yet).
+_UNDEFINED_TABLE = "42P01"
 #: SQLSTATEs (or their two-character classes) that mean "try again later", not "down".
 _TIMEOUT_STATES = ("57014", "55P03", "40P01", "40001")
 _UNAVAILABLE_STATES = ("08", "53", "57P", "3D000", "28")
+
+#: What ``pooler`` may say: ``none`` and ``session`` (a session-mode pool) change nothing.
+_POOLERS = ("none", "session", "transaction")
+
+
+def _parse_pooler(value: object) -> str:
+    """:raises InvalidArgument: unless ``value`` is one of :data:`_POOLERS`"""
+    if not isinstance(value, str) or value.strip().lower() not in _POOLERS:
+        raise InvalidArgument(f"pooler must be one of {', '.join(_POOLERS)}; got {value!r}")
+    return value.strip().lower()
+
 
 _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "table": str,
@@ -125,6 +147,7 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "min_size": parse_size,
     "max_size": parse_count,
     "statement_cache_size": parse_size,
+    "pooler": _parse_pooler,
 }
 _KEYWORD_ONLY = ("connect_options",)
 
@@ -138,6 +161,7 @@ class PostgresStatistics:
     :param listening: whether the listener connection is up now
     :param listener_connects: how many times the listener (re)connected
     :param waiting: tasks blocked in ``wait_changed`` now
+    :param pool: the connections of a backend made from a URL (``None``: the user's)
     """
 
     renew_statements: int
@@ -145,99 +169,7 @@ class PostgresStatistics:
     listening: bool
     listener_connects: int
     waiting: int
-
-
-class _Sql:
-    """The statements for one table (identifiers validated and quoted)."""
-
-    def __init__(self, schema: str, table: str) -> None:
-        t = f'"{schema}"."{table}"'
-        self.create = (
-            f"CREATE TABLE IF NOT EXISTS {t} ("
-            ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL,'
-            " owner text, identity text, metadata text, ttl double precision,"
-            " acquired_at timestamptz, expires_at timestamptz)"
-        )
-        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel. The clock is
-        # read once (the CTE "now"); excluded.acquired_at carries it into the update.
-        retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
-        # "held": the snapshot shows a live holder other than the caller. Then nothing
-        # is inserted, so a refusal takes no row lock, writes no WAL and commits without
-        # a flush (a herd of woken waiters costs reads, not commits). A release that
-        # commits after the snapshot sends a NOTIFY that wakes the refused caller.
-        self.acquire = (
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            " held AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
-            " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
-            f" FROM {t} l, now n WHERE l.name = $1 AND l.owner <> $2 AND l.expires_at > n.t),"
-            f" granted AS (INSERT INTO {t} AS l"
-            " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
-            " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
-            " WHERE NOT EXISTS (SELECT 1 FROM held)"
-            " ON CONFLICT (name) DO UPDATE SET"
-            f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
-            f" acquired_at = CASE WHEN {retry} THEN l.acquired_at ELSE excluded.acquired_at END,"
-            f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
-            f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
-            " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
-            " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
-            " OR l.owner = excluded.owner"
-            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
-            " SELECT g.token, true AS granted, NULL::text AS owner, NULL::text AS identity,"
-            " NULL::text AS metadata, NULL::float8 AS remaining, CASE WHEN g.fresh"
-            " THEN pg_notify($6, 'g' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
-            " FROM granted g"
-            " UNION ALL SELECT token, false, owner, identity, metadata, remaining, NULL FROM held"
-            " UNION ALL SELECT l.token, false, l.owner, l.identity, l.metadata,"
-            " extract(epoch FROM l.expires_at - n.t)::float8, NULL"
-            f" FROM {t} l, now n WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM granted)"
-            " AND NOT EXISTS (SELECT 1 FROM held)"
-        )
-        # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
-        self.renew = (
-            f"UPDATE {t} AS l SET ttl = v.ttl,"
-            " expires_at = clock_timestamp() + make_interval(secs => v.ttl)"
-            " FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
-            " AS v(name, owner, token, ttl)"
-            ' WHERE l.name = v.name COLLATE "C" AND l.owner = v.owner AND l.token = v.token'
-            " AND l.expires_at > clock_timestamp() RETURNING l.name, l.owner, l.token"
-        )
-        # $1 name, $2 owner, $3 token or NULL, $4 channel.
-        self.release = (
-            f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
-            " expires_at = NULL WHERE name = $1 AND owner = $2"
-            " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
-            " RETURNING name) SELECT pg_notify($4, 'r' || r.name) IS NULL AS notified FROM r"
-        )
-        # $1 name, $2 owner, $3 token or NULL, $4 channel, then the next holder's
-        # $5 owner, $6 identity, $7 metadata, $8 ttl: release and grant in one statement.
-        self.hand_off = (
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            f" r AS (UPDATE {t} l SET token = l.token + 1, owner = $5, identity = $6,"
-            " metadata = $7, ttl = $8, acquired_at = now.t,"
-            " expires_at = now.t + make_interval(secs => $8) FROM now"
-            " WHERE l.name = $1 AND l.owner = $2 AND ($3::int8 IS NULL OR l.token = $3::int8)"
-            " AND l.expires_at > now.t RETURNING l.name, l.token)"
-            " SELECT r.token, pg_notify($4, 'g' || length($5) || ':' || $5 || r.name) IS NULL"
-            " AS notified FROM r"
-        )
-        self.read = (
-            "SELECT l.owner, l.identity, l.token, l.metadata,"
-            " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
-            f" FROM {t} l, (SELECT clock_timestamp() AS t) n"
-            " WHERE l.name = $1 AND l.owner IS NOT NULL AND l.expires_at > n.t"
-        )
-
-
-def default_channel(schema: str, table: str) -> str:
-    """The NOTIFY channel of a table: ``aiolease_`` and 16 hex digits of its name's hash."""
-    digest = hashlib.sha256(f"{schema}.{table}".encode()).hexdigest()
-    return f"aiolease_{digest[:16]}"
-
-
-def _advisory_key(schema: str, table: str) -> int:
-    digest = hashlib.sha256(f"aiolease:{schema}.{table}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
+    pool: PoolStatistics | None = None
 
 
 def map_error(exc: BaseException) -> BackendError:
@@ -276,23 +208,6 @@ def _mapped() -> Iterator[None]:
 
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
 _OPENING: Any = object()
-
-
-async def _no_reset(_conn: Any) -> None:
-    """Hand a connection back to our pool without a reset round trip: the statements
-    leave no session state (the only lock is transaction-scoped)."""
-
-
-def _parse_payload(payload: str) -> tuple[str, str, str | None]:
-    """(kind, name, new owner) of a notification: ``'r' + name`` (released), or ``'g' +
-    len(owner) + ':' + owner + name`` (granted). Anything else counts as a release."""
-    if payload[:1] == "g":
-        size, colon, rest = payload[1:].partition(":")
-        if colon and size.isdigit() and int(size) <= len(rest):
-            return "g", rest[int(size) :], rest[: int(size)]
-    if payload[:1] == "r":
-        return "r", payload[1:], None
-    return "r", payload, None
 
 
 @dataclass(slots=True)
@@ -383,17 +298,20 @@ class PostgresBackend(Backend):
             )
         self._db = db
         self._conn_lock = asyncio.Lock() if isinstance(db, asyncpg.Connection) else None
+        #: Our own connections (a backend made from a URL), else ``None``: ``db`` is the user's.
+        self._pool: LeanPool[Any] | None = None
+        self._answered = asyncpg.PostgresError
         self._gate: asyncio.Semaphore | bool | None = None
-        self._owns_db = False
         self._listen = bool(listen)
         self._listen_url = listen_url
         self._connect_options = dict(connect_options or {})
         if not self._listen:
             self.capabilities = self.capabilities - {Capability.PUSH_WAKEUP}  # type: ignore[misc]
-        self._sql = _Sql(self._schema, self._table)
+        self._sql = Sql(self._schema, self._table)
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
         self._turns = Turns()
+        self._takers = Takers()
         self._held: dict[str, _Held] = {}
         self._setup_lock = asyncio.Lock()
         self._listen_lock = asyncio.Lock()
@@ -437,6 +355,7 @@ class PostgresBackend(Backend):
             listening=self._listener is not None,
             listener_connects=self._listener_connects,
             waiting=self._waiting,
+            pool=None if self._pool is None else self._pool.statistics(),
         )
 
     # -- opening -------------------------------------------------------------------------
@@ -448,8 +367,8 @@ class PostgresBackend(Backend):
         Options come from the URL query or keyword arguments (not both): ``table``,
         ``schema``, ``channel``, ``listen``, ``listen_url``, ``poll_interval``, ``renew_window``,
         ``command_timeout``, ``connect_timeout``, ``min_size``, ``max_size``,
-        ``statement_cache_size``; ``connect_options`` (a mapping, keyword only) goes to
-        asyncpg. Other query parameters go to asyncpg as they are.
+        ``statement_cache_size``, ``pooler``; ``connect_options`` (a mapping, keyword only)
+        goes to asyncpg. Other query parameters go to asyncpg as they are.
 
         :raises InvalidArgument: a malformed URL or option
         :raises BackendUnavailable: the server cannot be reached
@@ -466,26 +385,59 @@ class PostgresBackend(Backend):
         import asyncpg
 
         min_size, max_size = pool_size(options.pop("min_size", 1), options.pop("max_size", 10))
+        pooled = _parse_pooler(options.pop("pooler", "none")) == "transaction"
         connect = dict(options.get("connect_options") or {})
         if "statement_cache_size" in options:
             connect["statement_cache_size"] = options.pop("statement_cache_size")
+        elif pooled:
+            # A named statement prepared on one server connection is unknown on the next.
+            connect.setdefault("statement_cache_size", 0)
+        if pooled and options.get("listen_url") is None:
+            # LISTEN through a transaction pooler is accepted and then hears nothing.
+            if options.get("listen"):
+                raise InvalidArgument(
+                    "listen=true through a transaction pooler needs listen_url (a direct"
+                    " or session-mode connection); LISTEN through the pooler hears nothing"
+                )
+            options["listen"] = False
         options["connect_options"] = connect
         backend = cls(_OPENING, **options)  # every option is checked before connecting
+        timeout = backend._connect_timeout
+
+        async def open_connection() -> Any:
+            return await asyncpg.connect(dsn, timeout=timeout, **connect)
+
+        pool: LeanPool[Any] = LeanPool(
+            open_connection,
+            close=lambda conn: conn.close(timeout=timeout),
+            terminate=lambda conn: conn.terminate(),
+            usable=lambda conn: not conn.is_closed(),
+            max_size=max_size,
+            min_size=min_size,
+            close_timeout=timeout,
+            what=repr(backend),
+        )
         with _mapped():
             try:
-                backend._db = await asyncpg.create_pool(
-                    dsn,
-                    min_size=min_size,
-                    max_size=max_size,
-                    timeout=backend._connect_timeout,
-                    reset=_no_reset,
-                    **connect,
-                )
+                await pool.fill()
             except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
                 raise InvalidArgument(f"bad PostgreSQL URL or option: {exc}") from exc
-        backend._owns_db = True
+            except TypeError as exc:  # an unknown keyword in connect_options
+                raise InvalidArgument(f"bad PostgreSQL option: {exc}") from exc
+        backend._db = None
+        backend._pool = pool
         if backend._listen_url is None:
             backend._listen_url = dsn
+        if min_size:
+            # Listen from the start (as the pool connects ahead of use), so that held
+            # leases are watched by callback (``on_taken``) from the first one on. A
+            # listener that cannot connect is retried by the next wait, as ever.
+            try:
+                await backend._ensure_listening()
+            except BaseException:  # cancelled: leave no connection open
+                backend._closed = True
+                pool.terminate()
+                raise
         return backend
 
     async def setup(self) -> None:
@@ -495,7 +447,10 @@ class PostgresBackend(Backend):
         """
         async with self._setup_lock:
             with _mapped():
-                if self._conn_lock is not None:
+                if self._pool is not None:
+                    async with self._pool.connection(reusable=self._reusable) as conn:
+                        await self._create(conn)
+                elif self._conn_lock is not None:
                     async with self._conn_lock:
                         await self._create(self._db)
                 else:
@@ -506,24 +461,50 @@ class PostgresBackend(Backend):
         async with conn.transaction():
             # Concurrent CREATE TABLE IF NOT EXISTS can fail on the catalog's unique
             # index; a transaction-scoped lock serialises it (and suits poolers).
-            key = _advisory_key(self._schema, self._table)
+            key = advisory_key(self._schema, self._table)
             await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", key)
             await conn.execute(self._sql.create)
 
     # -- running statements ----------------------------------------------------------------
 
-    async def _fetch(self, sql: str, *args: Any, renewal: bool = False) -> list[Any]:
-        import asyncpg
+    def _reusable(self, exc: BaseException) -> bool:
+        """Whether a connection is in step after ``exc``: the server answered with an error."""
+        return isinstance(exc, self._answered)
 
+    async def _fetch(self, sql: str, *args: Any, renewal: bool = False) -> list[Any]:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        with _mapped():
-            try:
-                return await self._gated(sql, args, renewal)
-            except asyncpg.UndefinedTableError:
-                pass
-            await self.setup()  # first use: create the table, then ask again
+        try:  # not ``_mapped()``: a context manager per statement costs more than this
+            if self._pool is not None:
+                return await self._run_pooled(self._pool, sql, args, renewal)
             return await self._gated(sql, args, renewal)
+        except Exception as exc:
+            if getattr(exc, "sqlstate", None) != _UNDEFINED_TABLE:
+                with _mapped():
+                    raise
+        with _mapped():
+            await self.setup()  # first use: create the table, then ask again
+            if self._pool is not None:
+                return await self._run_pooled(self._pool, sql, args, renewal)
+            return await self._gated(sql, args, renewal)
+
+    async def _run_pooled(
+        self, pool: LeanPool[Any], sql: str, args: tuple[Any, ...], renewal: bool
+    ) -> list[Any]:
+        """Run ``sql`` on a connection of our own pool (its renewal reserve is built in)."""
+        conn = await pool.acquire(renewal)
+        try:
+            rows: list[Any] = await conn.fetch(sql, *args, timeout=self._timeout)
+        except BaseException as exc:
+            if isinstance(exc, self._answered):
+                pool.release(conn, renewal)  # the server answered: the connection is fine
+            else:
+                # An interrupted statement leaves the connection in doubt: closed at
+                # once, never reused, and never waiting on asyncpg's cancel request.
+                pool.discard(conn, renewal)
+            raise
+        pool.release(conn, renewal)
+        return rows
 
     async def _gated(self, sql: str, args: tuple[Any, ...], renewal: bool) -> list[Any]:
         gate = None if renewal else self._pool_gate()
@@ -570,7 +551,7 @@ class PostgresBackend(Backend):
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
         check_owner(owner)
-        meta = encode_metadata(metadata)
+        meta = encode_metadata(metadata) if metadata else "{}"
         if self._turns.handed(name, owner):
             await asyncio.sleep(0)  # a checkpoint; a cancel here leaves it to the caller's release
             handed = self._turns.take(name, owner)
@@ -701,27 +682,55 @@ class PostgresBackend(Backend):
     def _remember(self, name: str, held: _Held) -> None:
         self._held[name] = held  # without a mark, the next read that finds it ours sets one
 
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        """Call ``taken(STOLEN)`` when a notification shows ``name`` released or granted
+        to another owner after ``owner``'s grant: no task and no read per lease.
+
+        Only while the listener is up (else ``None``: the core's watch task waits in
+        :meth:`wait_taken`, which connects it). A notification counts only once it is
+        known to be newer than the grant (see :class:`~aiolease.backends._sql.Takers`).
+        A takeover whose notification is missed (the listener was down, or the name's
+        own grant notification was never seen) ends nothing here: the holder's next
+        renewal finds the row gone, within one renew interval. ``token`` is not
+        checked: the notification names the new owner only, and owner ids are unique
+        per acquisition.
+        """
+        if self._listener is None or self._closed:
+            return None
+        _, granted_to = self._noted.get(name, (0, None))
+        return self._takers.add(name, owner, taken, armed=granted_to == owner)
+
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
 
         Wakes on NOTIFY of a release or takeover, when the holder's ttl runs out, and,
-        while no listener is up, every :attr:`poll_interval`.
+        while no listener is up, every :attr:`poll_interval`. The notification of the
+        very grant it read (which the listener may deliver after the read) is no change.
         """
         # Listen, and watch, before reading: a change after the read then wakes us. (A
         # listener that connects wakes every watcher, as notifications were missed.)
         listening = await self._ensure_listening()
-        with self._wakeups.watching(name) as event:
-            current = await self.read(name)
-            if _key(current) != _key(seen):
-                return
-            timeout = LISTEN_CHECK if listening else self.poll_interval
-            if current is not None and current.remaining is not None:
-                timeout = min(timeout, current.remaining)
-            self._waiting += 1
-            try:
-                await wait_event(event, timeout)
-            finally:
-                self._waiting -= 1
+        self._waiting += 1
+        try:
+            with self._wakeups.watching(name) as event:
+                mark = self._mark()
+                current = await self.read(name)
+                if _key(current) != _key(seen):
+                    return
+                timeout = LISTEN_CHECK if listening else self.poll_interval
+                if current is not None and current.remaining is not None:
+                    timeout = min(timeout, current.remaining)
+                deadline = now() + timeout
+                woken = await wait_event(event, timeout)
+            while woken and current is not None:
+                if not self._unchanged_since(name, mark, current.owner):
+                    return
+                with self._wakeups.watching(name) as event:  # the holder's own grant: wait on
+                    woken = await wait_event(event, deadline - now())
+        finally:
+            self._waiting -= 1
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Wait, oldest first among this backend's waiters, for a hand-off or a change.
@@ -803,6 +812,7 @@ class PostgresBackend(Backend):
         return True
 
     async def _connect_listener(self) -> bool:
+        registered = self._takers.mark()  # these see only later commits on the new listener
         try:
             async with timeout_after(self._connect_timeout):
                 conn = await self._open_and_listen()
@@ -819,6 +829,7 @@ class PostgresBackend(Backend):
         self._listener_checked = now()
         self._listener_backoff = 0.0
         self._listener_connects += 1
+        self._takers.arm_before(registered)
         self._wakeups.wake_all()  # notifications sent while nobody listened are lost
         self._turns.wake_all()
         return True
@@ -848,7 +859,7 @@ class PostgresBackend(Backend):
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         """``'g' + name``: granted (a takeover, or a hand-off), ``'r' + name``: released.
         Watchers wake on both; the oldest waiter for the name only on a release."""
-        kind, name, owner = _parse_payload(payload)
+        kind, name, owner = parse_payload(payload)
         self._notes += 1
         if len(self._noted) >= _MAX_NOTED:
             self._noted.clear()
@@ -857,6 +868,7 @@ class PostgresBackend(Backend):
         self._wakeups.wake(name)
         if kind != "g":
             self._turns.wake_one(name)
+        self._takers.notified(name, owner)
 
     def _listener_lost(self, conn: Any) -> None:
         if conn is self._listener:
@@ -901,13 +913,8 @@ class PostgresBackend(Backend):
             async with self._listen_lock:
                 await self._drop_listener(terminate=False)
         finally:
-            if self._owns_db:
-                try:
-                    async with timeout_after(self._connect_timeout):
-                        await self._db.close()
-                except BaseException:  # timed out or cancelled: close it the hard way
-                    self._db.terminate()
-                    raise
+            if self._pool is not None:
+                await self._pool.aclose()
 
 
 def _parse_url(url: str) -> tuple[str, dict[str, Any]]:
