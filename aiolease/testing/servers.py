@@ -128,6 +128,7 @@ SERVERS: dict[str, Server] = {
             "redis+redlock://127.0.0.1:6381,127.0.0.1:6382,127.0.0.1:6383",
         ),
         Server("postgres", "AIOLEASE_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"),
+        Server("pgbouncer", "AIOLEASE_PGBOUNCER_URL", "postgresql://postgres@127.0.0.1:6432/test"),
         Server(
             "postgres-restart",
             "AIOLEASE_POSTGRES_RESTART_URL",
