@@ -22,7 +22,10 @@ contender from the same run, with a target and PASS/MISS for aiolease:
   process's CPU seconds per second, and leases lost.
 
 Usage: ``python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379] [--quick]
-[--skip peer,...] [--spawn-server]``. Server-side counts are only right on a quiet
+[--skip peer,...] [--only handoffs] [--kinds aiolease-fair,python-redis-lock]
+[--spawn-server]``: ``--only`` runs one figure (``uncontended``, ``handoffs``,
+``failover``, ``held``), ``--kinds`` only the contenders named (the uncontended figure
+always runs the floor and aiolease). Server-side counts are only right on a quiet
 server: ``--spawn-server`` runs a private ``redis-server`` on a free port for the
 run. Quote ratios from one run; absolute times depend on the machine. Needs
 ``pip install aiolease[bench]`` (or ``--skip`` the peers that are missing).
@@ -704,12 +707,32 @@ class Report:
 
 async def main(args: argparse.Namespace) -> None:
     url, skip = args.url, set(args.skip)
-    peers = [p for p in PEERS if p not in skip]
+    peers = wanted(args, [p for p in PEERS if p not in skip])
     report = Report()
     print(f"Redis benchmarks against {url} (ratios from this run only)")
-    for kind in ("floor", "aiolease", "aiolease-fair", *peers):
+    for kind in wanted(args, ["floor", "aiolease", "aiolease-fair", *peers]):
         print(f"  {kind:<18} {HOW[kind]}")
 
+    if args.only in (None, "uncontended"):
+        await uncontended_figure(args, peers, report)
+    if args.only in (None, "handoffs"):
+        await handoff_figures(args, peers, report)
+    if args.only in (None, "failover"):
+        await failover_figure(args, peers, report)
+    if args.only in (None, "held"):
+        await held_figure(args, peers, report)
+    report.print_summary()
+
+
+def wanted(args: argparse.Namespace, kinds: Sequence[str]) -> list[str]:
+    """``kinds`` less those ``--kinds`` leaves out."""
+    return [k for k in kinds if args.kinds is None or k in args.kinds]
+
+
+async def uncontended_figure(
+    args: argparse.Namespace, peers: Sequence[str], report: Report
+) -> None:
+    url = args.url
     times = await uncontended(url, ["floor", "aiolease", *peers], args.cycles)
     floor = times["floor"][0]
     print(f"\n{'uncontended acquire+release':<36} {'x floor':>8} {'RT/cycle':>9}")
@@ -724,7 +747,10 @@ async def main(args: argparse.Namespace) -> None:
         ratio <= 1.10 and trips <= 2.0,
     )
 
-    kinds = ["floor", "aiolease-fair", "aiolease", *peers]
+
+async def handoff_figures(args: argparse.Namespace, peers: Sequence[str], report: Report) -> None:
+    url = args.url
+    kinds = wanted(args, ["floor", "aiolease-fair", "aiolease", *peers])
     figures: dict[str, dict[str, tuple[float, float, int]]] = {"tasks": {}, "procs": {}}
     for where, label in (("tasks", "8 tasks"), ("procs", "4 processes")):
         title = f"hand-offs, {label}, one key, 1 ms"
@@ -739,6 +765,8 @@ async def main(args: argparse.Namespace) -> None:
             rate, starved = sum(counts) / args.seconds, counts.count(0)
             figures[where][kind] = (rate, fairness(counts), starved)
             print(f"  {kind:<34} {rate:>8.0f} {fairness(counts):>8.2f} {starved:>8}")
+        if "aiolease-fair" not in figures[where]:
+            continue
         rate, fair, starved = figures[where]["aiolease-fair"]
         prl = figures[where].get("python-redis-lock", (0.0, 0.0, 0))[0]
         report.target(
@@ -748,6 +776,9 @@ async def main(args: argparse.Namespace) -> None:
             rate >= prl and fair <= 1.5 and starved == 0,
         )
 
+
+async def failover_figure(args: argparse.Namespace, peers: Sequence[str], report: Report) -> None:
+    url = args.url
     label = f"crash failover, ttl {args.failover_ttl:g} s"
     print(f"\n{label:<36} {'expiry->acquire':>16}")
     gaps: dict[str, float] = {}
@@ -763,6 +794,9 @@ async def main(args: argparse.Namespace) -> None:
         worst <= 0.020,
     )
 
+
+async def held_figure(args: argparse.Namespace, peers: Sequence[str], report: Report) -> None:
+    url = args.url
     title = f"{args.held} leases held, ttl 3 s, {args.held_seconds:g} s"
     head = f"{'RT/s':>8} {'renew RT/s':>10} {'reads/s':>8} {'CPU s/s':>8} {'lost':>6}"
     print(f"\n{title:<36} {head}")
@@ -779,7 +813,6 @@ async def main(args: argparse.Namespace) -> None:
         f"{renew:.1f} renew RT/s ({rate:.0f} all), CPU {cpu / base:.2f}x, {lost} lost",
         renew <= 2 and cpu <= base / 3 and lost == 0,
     )
-    report.print_summary()
 
 
 if __name__ == "__main__":
@@ -798,6 +831,16 @@ if __name__ == "__main__":
     parser.add_argument(
         "--skip", type=lambda s: s.split(","), default=[], help=f"peers: {','.join(PEERS)}"
     )
+    parser.add_argument(
+        "--only",
+        choices=("uncontended", "handoffs", "failover", "held"),
+        help="run this figure alone",
+    )
+    parser.add_argument(
+        "--kinds",
+        type=lambda s: s.split(","),
+        help="contenders to run (default all): floor,aiolease,aiolease-fair and peers",
+    )
     parser.add_argument("--spawn-server", action="store_true", help="use a private server")
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -812,6 +855,9 @@ if __name__ == "__main__":
         unknown = set(args.skip) - set(PEERS)
         if unknown:
             parser.error(f"--skip: unknown peers {sorted(unknown)}; known: {', '.join(PEERS)}")
+        unknown = set(args.kinds or ()) - set(HOW)
+        if unknown:
+            parser.error(f"--kinds: unknown {sorted(unknown)}; known: {', '.join(HOW)}")
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 0.5, 1
             args.held, args.held_seconds, args.settle = 100, 1.5, 0.5

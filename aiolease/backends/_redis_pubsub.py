@@ -27,6 +27,18 @@ as long as the count has not moved, nothing has changed since that read on the
 server, and a watcher that starts from it need not read again
 (:meth:`Subscriptions.unchanged_since`).
 
+**Listeners.** A held lease's takeover watch listens to its channel's messages
+without a task (:meth:`Subscriptions.listen`, see
+:mod:`aiolease.backends._redis_takeover`): each channel keeps its latest
+:data:`RECENT` payloads, and a listener gets those since a :class:`Mark` it took
+while the channel was confirmed subscribed, then every later one from the listener's
+dispatch; a listener keeps the channel subscribed, as a watcher does.
+
+**Lean connections.** A backend that talks through a lean client
+(:mod:`aiolease.backends._redis_resp`) subscribes over a lean connection too:
+hiredis parses its messages, dispatched from the protocol callback, without
+redis-py's read path.
+
 Like the rest of the backend this module is asyncio-only (the core bridges it under
 trio), so it uses asyncio's primitives, never anyio's.
 """
@@ -37,10 +49,11 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -49,7 +62,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ._redis_cancel import wait_event
 
-__all__ = ["Subscriptions"]
+if TYPE_CHECKING:
+    from ._redis_resp import LeanClient, Subscriber
+
+__all__ = ["Listener", "Mark", "Subscriptions"]
 
 logger = logging.getLogger("aiolease.redis")
 
@@ -58,6 +74,12 @@ LINGER = 5.0
 #: Seconds between attempts to connect again after the connection failed.
 RETRY_MIN = 0.05
 RETRY_MAX = 1.0
+#: Latest messages each channel keeps, for a listener that starts after them.
+RECENT = 64
+
+#: Given each message's payload; ``None`` when the channel was subscribed again after
+#: the connection failed (messages in between were lost; later ones will come).
+Listener = Callable[[bytes | None], None]
 
 
 @dataclass(eq=False)
@@ -73,21 +95,46 @@ class _Attempt:
             self.done.set()
 
 
+@dataclass(frozen=True, eq=False)
+class Mark:
+    """Where a channel stood at one moment while it was confirmed subscribed (see
+    :meth:`Subscriptions.mark`)."""
+
+    attempt: _Attempt
+    messages: int
+
+
 @dataclass(eq=False)
 class _Channel:
     watchers: set[asyncio.Event] = field(default_factory=set)
+    listeners: list[Listener] = field(default_factory=list)
     attempt: _Attempt = field(default_factory=_Attempt)
     #: Messages received, plus failures of the connection: any change moves it.
     messages: int = 0
+    #: The payloads of the latest messages (a failure clears them).
+    recent: deque[bytes] = field(default_factory=lambda: deque(maxlen=RECENT))
+    #: Whether the listeners must be told, once subscribed again, that messages were lost.
+    gap: bool = False
     #: The latest read noted: (its result, when it was sent, ``messages`` then).
     last_read: tuple[object, float, int] | None = None
     idle_since: float = 0.0
     prune: asyncio.TimerHandle | None = None
 
-    def wake(self) -> None:
+    def wake(self, payload: bytes | None = None) -> None:
+        """A message (``payload``), or a failure (``None``)."""
         self.messages += 1
+        if payload is None:
+            self.recent.clear()
+        else:
+            self.recent.append(payload)
+            for listener in list(self.listeners):
+                listener(payload)
         for event in self.watchers:
             event.set()
+
+    @property
+    def idle(self) -> bool:
+        return not self.watchers and not self.listeners
 
     @property
     def confirmed(self) -> bool:
@@ -101,10 +148,75 @@ def _as_bytes(value: object) -> bytes | None:
 
 
 Release = Callable[[], Awaitable[None]]
+Dispatch = Callable[[object], None]
 
 
-async def _open(client: Redis | RedisCluster) -> tuple[AbstractConnection, Release]:
-    """A connected connection of the client's own, and how to give it back disconnected."""
+class _Wire(Protocol):
+    """One pub/sub connection, as the owner task uses it."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None: ...
+
+    async def listen(self, dispatch: Dispatch) -> None:
+        """Give every reply to ``dispatch`` until the connection fails (raises)."""
+
+    async def release(self) -> None:
+        """Disconnect it (and give it back to its pool)."""
+
+
+class _RedisPyWire:
+    """A connection of redis-py's pool (TLS, Cluster, Sentinel, a client passed in)."""
+
+    def __init__(self, conn: AbstractConnection, release: Release) -> None:
+        self._conn = conn
+        self._release = release
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._conn.is_connected)
+
+    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None:
+        conn = self._conn
+        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+
+    async def listen(self, dispatch: Dispatch) -> None:
+        while True:
+            reply = await self._conn.read_response(
+                timeout=math.inf, disconnect_on_error=False, push_request=True
+            )
+            dispatch(reply)
+
+    async def release(self) -> None:
+        await self._release()
+
+
+class _LeanWire:
+    """A lean connection: hiredis parses, and replies are dispatched from the protocol's
+    callback (a tenth of redis-py's CPU per message)."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self._subscriber = subscriber
+
+    @property
+    def alive(self) -> bool:
+        return self._subscriber.alive
+
+    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None:
+        self._subscriber.write(commands)
+
+    async def listen(self, dispatch: Dispatch) -> None:
+        await self._subscriber.listen(dispatch)
+
+    async def release(self) -> None:
+        self._subscriber.close()
+
+
+async def _open(client: Redis | RedisCluster, lean: LeanClient | None) -> _Wire:
+    """A connected connection (lean if ``lean`` is given, else one of the client's own)."""
+    if lean is not None:
+        return _LeanWire(await lean.subscriber())
     if isinstance(client, RedisCluster):
         # Plain pub/sub messages reach every node of a Cluster: any node will do.
         node = client.get_random_node()
@@ -121,7 +233,7 @@ async def _open(client: Redis | RedisCluster) -> tuple[AbstractConnection, Relea
         except BaseException:
             await asyncio.shield(give_back())
             raise
-        return node_conn, give_back
+        return _RedisPyWire(node_conn, give_back)
     pool = client.connection_pool
     conn: AbstractConnection = await cast(Any, pool).get_connection()
 
@@ -131,7 +243,7 @@ async def _open(client: Redis | RedisCluster) -> tuple[AbstractConnection, Relea
         finally:
             await pool.release(conn)
 
-    return conn, release
+    return _RedisPyWire(conn, release)
 
 
 class Subscriptions:
@@ -150,8 +262,11 @@ class Subscriptions:
         self._pings: dict[bytes, list[tuple[_Channel, _Attempt]]] = {}
         self._changed = asyncio.Event()
         self._owner: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._delay = RETRY_MIN
         self._closed = False
+        #: Connect through this lean client instead of redis-py, when set.
+        self.lean: LeanClient | None = None
 
     @asynccontextmanager
     async def watch(self, channel: bytes) -> AsyncIterator[asyncio.Event]:
@@ -182,17 +297,21 @@ class Subscriptions:
             yield event
         finally:
             entry.watchers.discard(event)
-            if not entry.watchers and self._channels.get(channel) is entry:
-                entry.idle_since = asyncio.get_running_loop().time()
-                if entry.prune is None:
-                    entry.prune = asyncio.get_running_loop().call_later(
-                        LINGER, self._prune, channel, entry
-                    )
+            self._left(channel, entry)
+
+    def _left(self, channel: bytes, entry: _Channel) -> None:
+        """A watcher or listener left ``channel``: unsubscribe it after :data:`LINGER`
+        seconds without any."""
+        loop = self._loop
+        if entry.idle and self._channels.get(channel) is entry and loop is not None:
+            entry.idle_since = loop.time()
+            if entry.prune is None:
+                entry.prune = loop.call_later(LINGER, self._prune, channel, entry)
 
     def _prune(self, channel: bytes, entry: _Channel) -> None:
         """Unsubscribe ``channel`` if nobody watched it for :data:`LINGER` seconds."""
         entry.prune = None
-        if entry.watchers or self._channels.get(channel) is not entry:
+        if not entry.idle or self._channels.get(channel) is not entry:
             return
         idle = asyncio.get_running_loop().time() - entry.idle_since
         if idle < LINGER:
@@ -216,6 +335,40 @@ class Subscriptions:
         if entry is not None and stamp is not None:
             entry.last_read = (result, sent_at, stamp)
 
+    def mark(self, channel: bytes) -> Mark | None:
+        """Where ``channel`` stands now, if it is confirmed subscribed: give it to
+        :meth:`listen` to hear every message from this moment on."""
+        entry = self._channels.get(channel)
+        return (
+            Mark(entry.attempt, entry.messages) if entry is not None and entry.confirmed else None
+        )
+
+    def listen(
+        self, channel: bytes, since: Mark, listener: Listener
+    ) -> tuple[list[bytes], Callable[[], None]] | None:
+        """Call ``listener`` with each message of ``channel`` from now on, keeping the
+        channel subscribed, until the returned function is called; with it, the
+        messages received since ``since``. ``None`` if the channel did not stay
+        subscribed since then, or those messages are no longer kept.
+
+        A plain call: the core makes it from trio's side of the bridge too.
+        """
+        entry = self._channels.get(channel)
+        if entry is None or entry.attempt is not since.attempt or not entry.confirmed:
+            return None
+        count = entry.messages - since.messages
+        if count > len(entry.recent):
+            return None
+        missed = list(entry.recent)[len(entry.recent) - count :] if count else []
+        entry.listeners.append(listener)
+
+        def stop() -> None:
+            if listener in entry.listeners:
+                entry.listeners.remove(listener)
+                self._left(channel, entry)
+
+        return missed, stop
+
     def unchanged_since(self, channel: bytes, result: object) -> float | None:
         """If ``result`` is the latest read noted on ``channel`` and nothing changed since
         it was sent (the channel stayed subscribed, no message came), its send time."""
@@ -228,7 +381,8 @@ class Subscriptions:
     def _start(self) -> None:
         self._changed.set()
         if self._owner is None:
-            self._owner = asyncio.get_running_loop().create_task(self._run())
+            self._loop = asyncio.get_running_loop()
+            self._owner = self._loop.create_task(self._run())
 
     async def _run(self) -> None:
         while not self._closed:
@@ -249,9 +403,9 @@ class Subscriptions:
         """Keep one connection's subscriptions in step with the watched channels, until
         it fails (raises) or the backend closes: the connection is then disconnected,
         never used again."""
-        conn, release = await _open(self._client)
+        wire = await _open(self._client, self.lean)
         self._delay = RETRY_MIN
-        listener = asyncio.get_running_loop().create_task(self._listen(conn))
+        listener = asyncio.get_running_loop().create_task(wire.listen(self._dispatch))
         listener.add_done_callback(lambda _: self._changed.set())
         subscribed: dict[bytes, _Channel] = {}
         try:
@@ -261,10 +415,10 @@ class Subscriptions:
                 if listener.done():
                     listener.result()
                     raise RedisConnectionError("the pub/sub listener stopped")
-                await self._sync(conn, subscribed)
+                await self._sync(wire, subscribed)
                 await self._changed.wait()
         finally:
-            await asyncio.shield(self._end(listener, release))
+            await asyncio.shield(self._end(listener, wire.release))
 
     async def _end(self, listener: asyncio.Task[None], release: Release) -> None:
         """Stop reading, then disconnect and give the connection back: nothing holds it
@@ -276,7 +430,7 @@ class Subscriptions:
         self._pings.clear()
         await release()
 
-    async def _sync(self, conn: AbstractConnection, subscribed: dict[bytes, _Channel]) -> None:
+    async def _sync(self, wire: _Wire, subscribed: dict[bytes, _Channel]) -> None:
         """Send what makes the connection's subscriptions those of ``self._channels``."""
         new = {ch: e for ch, e in self._channels.items() if subscribed.get(ch) is not e}
         gone = [ch for ch in subscribed if ch not in self._channels]
@@ -292,16 +446,9 @@ class Subscriptions:
             token = uuid.uuid4().hex.encode()
             self._pings[token] = [(e, e.attempt) for e in new.values()]
             commands += [("SUBSCRIBE", *new), ("PING", token)]
-        if not conn.is_connected:  # sending would reconnect it
+        if not wire.alive:  # sending would reconnect it
             raise RedisConnectionError("the pub/sub connection was closed")
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-
-    async def _listen(self, conn: AbstractConnection) -> None:
-        while True:
-            reply = await conn.read_response(
-                timeout=math.inf, disconnect_on_error=False, push_request=True
-            )
-            self._dispatch(reply)
+        await wire.write(commands)
 
     def _dispatch(self, reply: object) -> None:
         if isinstance(reply, (bytes, str)):  # a pong outside subscribed mode (RESP3)
@@ -313,10 +460,14 @@ class Subscriptions:
             for entry, attempt in self._pings.pop(_as_bytes(reply[1]) or b"", []):
                 if entry.attempt is attempt:
                     attempt.settle()
+                    if entry.gap:
+                        entry.gap = False
+                        for listener in list(entry.listeners):
+                            listener(None)
             return
         watched = self._channels.get(_as_bytes(reply[1]) or b"")
-        if watched is not None and kind.lower() == b"message":
-            watched.wake()
+        if watched is not None and kind.lower() == b"message" and len(reply) > 2:
+            watched.wake(_as_bytes(reply[2]) or b"")
 
     def _fail(self, error: BaseException) -> None:
         """The connection is gone: fail what it did not confirm, wake every watcher."""
@@ -325,6 +476,7 @@ class Subscriptions:
             old, entry.attempt = entry.attempt, _Attempt()
             old.settle(error)
             entry.last_read = None
+            entry.gap = True
             entry.wake()
 
     async def aclose(self) -> None:

@@ -5,7 +5,8 @@ redis-py's asyncio client spends about 100 µs of CPU per command in its own sta
 round trip to a loopback server, and five times what the same command costs over a
 bare protocol. A backend made from a ``redis://`` or ``unix://`` URL therefore sends
 its commands through this module instead (TLS, RESP3, credential providers, Cluster,
-Sentinel and clients the user passed in keep redis-py). Pub/sub stays on redis-py.
+Sentinel and clients the user passed in keep redis-py). The backend's pub/sub
+connection is a lean one too (:class:`Subscriber`): every reply goes to its listener.
 
 **One shared connection, pipelined.** Every non-blocking command of the backend goes
 over one connection: each caller writes its command and waits for its own reply, in
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Endpoint", "LeanClient"]
+__all__ = ["Endpoint", "LeanClient", "Subscriber"]
 
 #: Idle connections kept for blocking commands.
 MAX_IDLE = 32
@@ -117,6 +118,10 @@ class _Connection(asyncio.Protocol):
         self.pending: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        #: Given every reply nobody waits for (a subscriber's messages), when set.
+        self.push: Callable[[Any], None] | None = None
+        #: Fails when the connection is lost or closed (a subscriber awaits it).
+        self.ended: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -124,7 +129,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
-        while self.pending:
+        while self.pending or self.push is not None:
             try:
                 reply = self.reader.gets()
             except hiredis.ProtocolError as exc:
@@ -132,6 +137,10 @@ class _Connection(asyncio.Protocol):
                 return
             if reply is False:
                 return
+            if not self.pending:
+                assert self.push is not None
+                self.push(reply)
+                continue
             future = self.pending.popleft()
             if not future.done():
                 future.set_result(reply)
@@ -141,6 +150,9 @@ class _Connection(asyncio.Protocol):
         self._fail(RedisConnectionError(f"Connection to Redis lost: {exc or 'closed'}"))
 
     def _fail(self, error: BaseException) -> None:
+        if self.ended is not None and not self.ended.done():
+            self.ended.set_exception(error)
+            self.ended.add_done_callback(_drop)
         while self.pending:
             future = self.pending.popleft()
             if not future.done():
@@ -159,14 +171,76 @@ class _Connection(asyncio.Protocol):
 
     def close(self, error: BaseException | None = None) -> None:
         self.closed = True
+        self.push = None
         self._fail(error or RedisConnectionError("the Redis connection was closed"))
         if self.transport is not None:
             self.transport.close()
 
 
-def _expire(future: asyncio.Future[Any]) -> None:
+class Subscriber:
+    """A lean connection in pub/sub mode: commands are written without waiting, and
+    every reply (confirmations, messages, pongs) goes to the listener.
+
+    Made by :meth:`LeanClient.subscriber`; never reconnects.
+    """
+
+    def __init__(self, client: LeanClient, conn: _Connection) -> None:
+        self._client = client
+        self._conn = conn
+
+    @property
+    def alive(self) -> bool:
+        """Whether the connection is still open."""
+        return not self._conn.closed
+
+    def write(self, commands: Sequence[Sequence[Any]]) -> None:
+        """Send ``commands`` (their replies go to the listener).
+
+        :raises redis.exceptions.ConnectionError: the connection is closed
+        """
+        conn = self._conn
+        if conn.closed or conn.transport is None:
+            raise RedisConnectionError("the Redis connection is closed")
+        conn.transport.write(b"".join(hiredis.pack_command(tuple(c)) for c in commands))
+
+    async def listen(self, dispatch: Callable[[Any], None]) -> None:
+        """Give each reply to ``dispatch`` (in the protocol's callback: no task hop)
+        until the connection fails, which this raises.
+
+        :raises redis.exceptions.ConnectionError: the connection was lost or closed
+        :raises redis.exceptions.ResponseError: the server refused a command (the
+            connection is then closed)
+        """
+        conn = self._conn
+        conn.ended = asyncio.get_running_loop().create_future()
+        if conn.closed:
+            raise RedisConnectionError("the Redis connection is closed")
+
+        def deliver(reply: Any) -> None:
+            if isinstance(reply, hiredis.ReplyError):  # a refused SUBSCRIBE, say: give up
+                conn.close(_error(reply))
+            else:
+                dispatch(reply)
+
+        conn.push = deliver
+        conn.data_received(b"")  # replies that came before the listener
+        try:
+            await conn.ended
+        finally:
+            conn.push = None
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        self._client._discard(self._conn)
+
+
+class _RanOut(Exception):
+    """A blocking command's own time limit (``within``) passed: not an error."""
+
+
+def _expire(future: asyncio.Future[Any], expiry: type[Exception]) -> None:
     if not future.done():
-        future.set_exception(RedisTimeoutError("Timeout reading from Redis"))
+        future.set_exception(expiry("Timeout reading from Redis"))
 
 
 class LeanClient:
@@ -230,19 +304,27 @@ class LeanClient:
             self._shared = None
 
     async def _send(
-        self, conn: _Connection, commands: Sequence[Sequence[Any]], timeout: float | None
+        self,
+        conn: _Connection,
+        commands: Sequence[Sequence[Any]],
+        timeout: float | None,
+        expiry: type[Exception] = RedisTimeoutError,
     ) -> list[Any]:
         """Send ``commands`` in one write; their replies (an error reply as a
-        :class:`ResponseError` value). A timeout closes the connection."""
-        payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
+        :class:`ResponseError` value). A timeout raises ``expiry`` and closes the
+        connection."""
+        if len(commands) == 1:
+            payload = hiredis.pack_command(tuple(commands[0]))
+        else:
+            payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
         futures = conn.send(payload, len(commands))
         last = futures[-1]
         timer = None
         if timeout is not None:
-            timer = asyncio.get_running_loop().call_later(timeout, _expire, last)
+            timer = asyncio.get_running_loop().call_later(timeout, _expire, last, expiry)
         try:
             await last  # replies come in order: the others are in by now
-        except RedisTimeoutError:
+        except expiry:
             self._discard(conn)
             raise
         except asyncio.CancelledError:
@@ -274,7 +356,12 @@ class LeanClient:
 
         :raises redis.exceptions.RedisError: an error reply, a timeout, a lost connection
         """
-        (reply,) = await self.execute_many([args], raise_on_error=True)
+        conn = self._shared
+        if conn is None or conn.closed:
+            conn = await self._shared_connection()
+        (reply,) = await self._send(conn, [args], self._endpoint.timeout)
+        if isinstance(reply, ResponseError):
+            raise reply
         return reply
 
     async def execute_many(
@@ -290,16 +377,32 @@ class LeanClient:
                     raise reply
         return replies
 
-    async def blocking(self, block: float, *args: Any) -> Any:
+    async def subscriber(self) -> Subscriber:
+        """A new connection for pub/sub.
+
+        :raises redis.exceptions.RedisError: it could not connect
+        """
+        return Subscriber(self, await self._connect())
+
+    async def blocking(self, block: float, *args: Any, within: float | None = None) -> Any:
         """A blocking command that the server ends within ``block`` seconds, on a
         connection of its own.
 
+        :param within: give up after this many seconds, and return ``None`` (the
+            connection is closed, which ends the command on the server); no task is
+            made for it, so a reply reaches the caller without a hop through another
         :raises redis.exceptions.RedisError: as :meth:`execute`
         """
         conn = self._idle.pop() if self._idle else await self._connect()
         timeout = None if self._endpoint.timeout is None else block + self._endpoint.timeout
+        limit = None
+        if within is not None and (timeout is None or within < timeout):
+            timeout, limit = within, _RanOut
         try:
-            (reply,) = await self._send(conn, [args], timeout)
+            (reply,) = await self._send(conn, [args], timeout, limit or RedisTimeoutError)
+        except _RanOut:
+            self._discard(conn)
+            return None
         except BaseException:
             self._discard(conn)  # a reply may still be on its way: never reuse it
             raise

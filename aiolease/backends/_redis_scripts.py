@@ -23,6 +23,7 @@ is not a positive integer raises an error starting with :data:`FOREIGN`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ __all__ = [
     "Keys",
     "Script",
     "check_prefix",
+    "keys_of",
 ]
 
 #: The key prefix used when none is given.
@@ -103,6 +105,12 @@ class Keys:
         return (self.lease, self.token, self.queue, self.waiters)
 
 
+@functools.lru_cache(maxsize=1024)
+def keys_of(prefix: str, name: str) -> Keys:
+    """:meth:`Keys.of`, remembered for the names used most recently."""
+    return Keys.of(prefix, name)
+
+
 @dataclass(frozen=True)
 class Script:
     """A Lua script and its SHA-1 (what EVALSHA names it by).
@@ -141,11 +149,14 @@ local function is_count(value)
   return type(value) == 'string' and string.match(value, '^[1-9]%d*$') ~= nil
 end
 
--- The live lease under key, or nil.
+-- The live lease under key, or nil. (HMGET first: a held lease, the common case,
+-- costs no TYPE; an error or nothing found tells to look at the type.)
 local function load_lease(key)
-  if not exists_as(key, 'hash') then return nil end
-  local f = redis.call('HMGET', key, 'owner', 'identity', 'token', 'metadata')
-  if not f[1] or not f[2] or not is_count(f[3]) or not f[4] then
+  local f = redis.pcall('HMGET', key, 'owner', 'identity', 'token', 'metadata')
+  if f.err or not (f[1] or f[2] or f[3] or f[4]) then
+    if not exists_as(key, 'hash') then return nil end
+  end
+  if f.err or not f[1] or not f[2] or not is_count(f[3]) or not f[4] then
     foreign(key, 'is a hash without the fields of an aiolease lease')
   end
   local pttl = redis.call('PTTL', key)
@@ -316,21 +327,22 @@ RELEASE = Script(
 local owner, token, channel, wake_base = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local lease = load_lease(KEYS[1])
 local queued = has_queue(KEYS[3], KEYS[4])
--- also undo a queue entry or signal this owner left behind (a cancelled wait)
-if queued then dequeue(KEYS[3], KEYS[4], owner) end
+-- also undo a queue entry or signal this owner left behind (a cancelled wait); a
+-- queue member without a waiter entry is dropped when it comes to the head
+if queued and redis.call('HDEL', KEYS[4], owner) == 1 then redis.call('ZREM', KEYS[3], owner) end
 redis.call('DEL', wake_base .. owner)
 if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
   return 0
 end
-redis.call('DEL', KEYS[1])
 if queued then
   local now = now_ms()
   local head, entry = queue_head(KEYS[3], KEYS[4], now)
   if head then
-    hand_off(KEYS, head, entry, now, channel, wake_base)
+    hand_off(KEYS, head, entry, now, channel, wake_base)  -- rewrites every field
     return 1
   end
 end
+redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', channel, '')
 return 1
 """,

@@ -12,7 +12,10 @@ ran that attempt, and so after it was sent. The core counts the lease's deadline
 from there (:attr:`Grant.sent_at`) with the shorter ttl, and renews it early.
 
 A plain wake-up (``0``, or a signal from an older aiolease) only wakes the waiter,
-which then asks the server as before. Asyncio-only, like the backend.
+which then asks the server as before. Each attempt also keeps where the name's
+channel stood when it was sent (a :class:`~aiolease.backends._redis_pubsub.Mark`),
+from which a takeover watch of the grant can count (see
+:mod:`aiolease.backends._redis_takeover`). Asyncio-only, like the backend.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 
 from ..abc import Grant
+from ._redis_pubsub import Mark
 
 __all__ = ["Tickets"]
 
@@ -28,21 +32,29 @@ class Tickets:
     """The attempts of fair waiters through one backend, and the hand-offs they got."""
 
     def __init__(self) -> None:
-        self._attempts: dict[tuple[str, str], float] = {}
+        self._attempts: dict[tuple[str, str], tuple[float, Mark | None]] = {}
         self._tickets: dict[tuple[str, str], Grant] = {}
 
-    def attempt(self, name: str, owner: str) -> None:
-        """``owner`` is about to send an attempt on ``name``: older hand-offs are void."""
+    def attempt(self, name: str, owner: str, mark: Mark | None) -> None:
+        """``owner`` is about to send an attempt on ``name``, its channel being at
+        ``mark``: older hand-offs are void."""
         key = (name, owner)
         self._tickets.pop(key, None)
-        self._attempts[key] = asyncio.get_running_loop().time()
+        self._attempts[key] = (asyncio.get_running_loop().time(), mark)
+
+    def mark(self, name: str, owner: str, default: Mark | None) -> Mark | None:
+        """The channel's mark at ``owner``'s latest attempt on ``name`` (``default`` if
+        it made none)."""
+        attempt = self._attempts.get((name, owner))
+        return default if attempt is None else attempt[1]
 
     def signalled(self, name: str, owner: str, reply: object) -> None:
         """``owner``'s ``BLPOP`` on ``name`` returned ``reply``: keep the hand-off it
         confirms, if it is one."""
-        sent_at = self._attempts.get((name, owner))
-        if sent_at is None or not isinstance(reply, (list, tuple)) or len(reply) != 2:
+        attempt = self._attempts.get((name, owner))
+        if attempt is None or not isinstance(reply, (list, tuple)) or len(reply) != 2:
             return
+        sent_at = attempt[0]
         value = reply[1]
         if isinstance(value, str):
             value = value.encode()

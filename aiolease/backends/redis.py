@@ -45,14 +45,17 @@ pipelined round trip per renew interval (:mod:`aiolease.backends._redis_batch`).
 **A lean connection.** A backend made from a ``redis://`` or ``unix://`` URL sends
 its own commands over one pipelined connection with hiredis's parser, not through
 redis-py's client stack, which costs more CPU per command than the loopback round
-trip (:mod:`aiolease.backends._redis_resp`); pub/sub, TLS, Cluster, Sentinel,
-``wait_replicas`` and clients passed in use redis-py.
+trip (:mod:`aiolease.backends._redis_resp`); its pub/sub connection is a lean one
+too. TLS, Cluster, Sentinel, ``wait_replicas`` and clients passed in use redis-py.
 
 **Hand-offs without a round trip.** In fair mode the waiter's wake-up signal carries
 the token and the server-side ttl of the grant handed to it, which confirms it
 (:mod:`aiolease.backends._redis_tickets`). A watched channel stays subscribed a
 while after its last watcher, and a watch that starts from the latest read, with no
-change since, does not read again (:mod:`aiolease.backends._redis_pubsub`).
+change since, does not read again (:mod:`aiolease.backends._redis_pubsub`). A lease
+granted while its channel was subscribed is watched for a takeover from the messages
+the backend receives anyway: no task and no read per held lease
+(:meth:`RedisBackend.on_taken`, :mod:`aiolease.backends._redis_takeover`).
 
 **Durability.** Tokens live in Redis memory. A Redis restart without persistence
 forgets the counters, and tokens start again at 1. ``DURABLE_TOKENS`` is declared
@@ -92,9 +95,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
+from .._exceptions import (
+    BackendError,
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+    NotOwnerError,
+)
 from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo
+from ..abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
+from ..abc import Renewal as LeaseRenewal
 from ._redis_batch import Renewal, RenewalBatcher
 from ._redis_cancel import detached, guarded, wait_event, wait_for_or_none
 from ._redis_clients import (
@@ -119,7 +129,9 @@ from ._redis_scripts import (
     Keys,
     Script,
     check_prefix,
+    keys_of,
 )
+from ._redis_takeover import Followers
 from ._redis_tickets import Tickets
 
 if TYPE_CHECKING:
@@ -313,7 +325,7 @@ def holder_from(name: str, reply: Sequence[Any], place: str | None = None) -> Ho
     """
     _, owner, identity, token, metadata, pttl = reply
     try:
-        meta = json.loads(_text(metadata))
+        meta = {} if metadata == b"{}" else json.loads(_text(metadata))
         if not isinstance(meta, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
         ):
@@ -400,6 +412,9 @@ class RedisBackend(Backend):
         self._subscriptions = Subscriptions(client, self._timeout)
         self._batcher = RenewalBatcher(self._send_renewals, self._timeout)
         self._tickets = Tickets()
+        self._followers = Followers(self._subscriptions)
+        socket_timeout = connection_kwargs(client).get("socket_timeout")
+        self._socket_timeout = float(socket_timeout) if socket_timeout else None
 
     def _declare(self) -> None:
         """Set this instance's capabilities from the class's, the mode and the server."""
@@ -461,7 +476,7 @@ class RedisBackend(Backend):
             backend._owns_client = True
             backend._also_close = made.also_close
             if not backend._replication.replicas:  # WAIT would block the shared connection
-                backend._lean = _lean_for(made.client)
+                backend._lean = backend._subscriptions.lean = _lean_for(made.client)
             await backend.ping()
             await backend.detect_persistence()
         except BaseException:
@@ -506,7 +521,7 @@ class RedisBackend(Backend):
     # -- talking to Redis ------------------------------------------------------------
 
     def _keys(self, name: str) -> Keys:
-        return Keys.of(self._prefix, name)
+        return keys_of(self._prefix, name)
 
     def _mapped(self, name: str | None, exc: BaseException) -> BackendError:
         return mapped_error(exc, name, prefix=self._prefix)
@@ -551,13 +566,20 @@ class RedisBackend(Backend):
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
+        keys = self._keys(name)
+        # Where the channel stands before the attempt (for on_taken): a hand-off comes
+        # after the waiter's latest attempt ran. (Fair with WAIT: no ticket, no mark.)
+        since = mark = self._subscriptions.mark(keys.channel)
         if self._fair and not self._replication.replicas:  # a ticket was never WAITed for
+            since = self._tickets.mark(name, owner, mark)
             ticket = self._tickets.take(name, owner)
             if ticket is not None and ticket.ttl <= ttl:
+                self._followers.granted(name, owner, since)
                 return ticket  # handed over, and confirmed by the wake-up (see _redis_tickets)
-            self._tickets.attempt(name, owner)
-        keys = self._keys(name)
-        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+            self._tickets.attempt(name, owner, mark)
+        elif self._fair:
+            since = None
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
         fair = "1" if self._fair else "0"
         args = (
             owner,
@@ -577,6 +599,7 @@ class RedisBackend(Backend):
                 raise self._unreplicated(acked)
         if int(reply[0]) == 1:
             self._tickets.forget(name, owner)
+            self._followers.granted(name, owner, since)
             return Grant(int(reply[1]), ttl)
         return self._holder(name, reply)
 
@@ -615,6 +638,27 @@ class RedisBackend(Backend):
         sent_at = await self._batcher.renew(name, owner, token, ttl)
         return Grant(token, ttl, sent_at=sent_at)
 
+    renews_many = True
+
+    async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> list[RenewResult]:
+        """Every lease the core's scheduler finds due, in one pipelined round trip."""
+        leases = [Renewal(n, o, token, ttl, 0.0, answered=0) for n, o, token, ttl in renewals]
+        ttls = [lease.ttl for lease in leases]
+        replies = await wait_for_or_none(self._send_renewals(leases, ttls), self._timeout)
+        if replies is None:
+            raise BackendTimeout(f"renewal batch took over {self._timeout:g}s")
+        results: list[RenewResult] = []
+        for lease, reply in zip(leases, replies, strict=True):
+            if isinstance(reply, bool):
+                results.append(
+                    Grant(lease.token, lease.ttl) if reply else NotOwnerError(lease.name)
+                )
+            elif isinstance(reply, BackendError):
+                results.append(reply)
+            else:
+                results.append(BackendError(f"renewal of {lease.name!r}: {reply!r}"))
+        return results
+
     async def _send_renewals(
         self, leases: Sequence[Renewal], ttls: Sequence[float]
     ) -> list[bool | BaseException]:
@@ -651,6 +695,7 @@ class RedisBackend(Backend):
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         self._batcher.forget(name, owner)
         self._tickets.forget(name, owner)
+        self._followers.forget(name, owner)
         keys = self._keys(name)
         reply = await self._eval(
             name,
@@ -720,6 +765,16 @@ class RedisBackend(Backend):
         except TimeoutError as exc:
             raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
 
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        """Report a takeover from the name's pub/sub messages: no task and no read per
+        lease (see :mod:`aiolease.backends._redis_takeover`); ``None`` (the core's watch
+        task) unless the channel was subscribed since before the grant's attempt."""
+        if self._closed:
+            return None
+        return self._followers.follow(name, owner, self._keys(name).channel, taken)
+
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """In fair mode, wait for this waiter's own hand-off signal, the holder's expiry, or
         the time to refresh the queue entry; otherwise :meth:`wait_changed`."""
@@ -729,9 +784,8 @@ class RedisBackend(Backend):
         timeout = ttl * REFRESH_FRACTION
         if seen.remaining is not None:
             timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
-        socket_timeout = connection_kwargs(self._client).get("socket_timeout")
-        if socket_timeout:
-            timeout = min(timeout, 0.8 * float(socket_timeout))
+        if self._socket_timeout:
+            timeout = min(timeout, 0.8 * self._socket_timeout)
         wake = self._keys(name).wake_base + owner.encode()
         if self._lean is None:
             reply = await detached(self._call(name, "BLPOP", wake, f"{_ms(timeout) / 1000:.3f}"))
@@ -744,8 +798,8 @@ class RedisBackend(Backend):
         # is only a backstop. Ending the wait closes its connection, which ends BLPOP.
         backstop = f"{_ms(timeout + BLOCK_BACKSTOP) / 1000:.3f}"
         try:
-            reply = await wait_for_or_none(
-                self._lean.blocking(timeout + BLOCK_BACKSTOP, "BLPOP", wake, backstop), timeout
+            reply = await self._lean.blocking(
+                timeout + BLOCK_BACKSTOP, "BLPOP", wake, backstop, within=timeout
             )
         except Exception as exc:  # only the driver runs here: map all it raises
             raise self._mapped(name, exc) from exc
