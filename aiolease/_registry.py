@@ -18,7 +18,7 @@ import anyio
 
 from ._bridge import adapt, call_asyncio, running_trio
 from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
-from ._renewer import Renewer
+from ._renewer import AsyncioTasks, Renewer
 from .abc import Backend, Capability
 
 ENTRY_POINT_GROUP = "aiolease.backends"
@@ -194,8 +194,13 @@ async def _opened(
         stack.push_async_callback(bridged.aclose)
         # The renewal scheduler's home while the backend is open: holding a lease then
         # starts no task. Leases still held when the block ends end with SHUTDOWN.
-        service = await stack.enter_async_context(anyio.create_task_group())
-        stack.callback(Renewer.of(bridged).serve(service))
+        renewer = Renewer.of(bridged)
+        if running_trio():
+            service = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(renewer.serve(service))
+        else:
+            # Not a task group: on asyncio, another task may close the backend.
+            stack.callback(renewer.serve(AsyncioTasks()))
         # Checked on the open instance: a proxy backend (remote://) learns its
         # capabilities from the server it connects to.
         missing = required - bridged.capabilities

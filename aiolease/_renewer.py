@@ -29,14 +29,15 @@ move is due at once again.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import logging
 import math
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -45,7 +46,7 @@ from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease
 from .abc import Backend, Grant, SessionClock
 
-__all__ = ["Counters", "Renewer", "RenewerStatistics"]
+__all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
 
 logger = logging.getLogger("aiolease")
 
@@ -67,15 +68,34 @@ class Host(Protocol):
     """What can run the scheduler's task: a holding, while its block runs."""
 
     @property
-    def task_group(self) -> TaskGroup: ...
+    def task_group(self) -> TaskGroup | AsyncioTasks: ...
+
+
+class AsyncioTasks:
+    """Starts plain asyncio tasks: a "task group" that is not bound to the task that
+    made it, for a backend that one task opens and another closes (pytest-asyncio's
+    fixtures, aiohttp's cleanup contexts). The scheduler's task ends by itself when
+    its service stops; a task still running when the loop closes is cancelled by it."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start_soon(
+        self, func: Callable[..., Awaitable[Any]], *args: object, name: object = None
+    ) -> None:
+        task = asyncio.ensure_future(func(*args))
+        if name is not None:
+            task.set_name(str(name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 class _Service:
-    """A task group open as long as the backend is: the scheduler's preferred host."""
+    """Open as long as the backend is: the scheduler's preferred host."""
 
     __slots__ = ("task_group",)
 
-    def __init__(self, task_group: TaskGroup) -> None:
+    def __init__(self, task_group: TaskGroup | AsyncioTasks) -> None:
         self.task_group = task_group
 
 
@@ -167,7 +187,7 @@ class Renewer:
         """Whether a service task group runs the scheduler (holdings need host nothing)."""
         return self._service is not None
 
-    def serve(self, task_group: TaskGroup) -> Callable[[], None]:
+    def serve(self, task_group: TaskGroup | AsyncioTasks) -> Callable[[], None]:
         """Run the scheduler's task in ``task_group`` (open as long as the backend is)
         from now on, rather than in the holdings' task groups.
 
