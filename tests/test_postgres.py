@@ -7,6 +7,7 @@ server are never disturbed.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar
@@ -847,8 +848,10 @@ async def test_a_burst_is_bounded_and_never_delays_the_renewal(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # holds a row lock on a raw connection
 async def test_an_interrupted_statements_connection_is_never_reused(
-    pg: str, schema: str, anyio_backend: str
+    pg: str, schema: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # An acquire's statement is waited for after a cancel (``finished``): not this one.
+    monkeypatch.setattr("aiolease.backends._sql.FINISH_GRACE", 0.0)
     app = unique("aiolease_interrupt")
     url, table = fresh_table_url(pg, schema, max_size=2, listen="false", application_name=app)
     async with backend(url) as b:
@@ -924,3 +927,47 @@ async def test_the_pool_hands_over_to_waiters_and_closes_what_comes_back(
     assert pool.statistics().size == 0
     with pytest.raises(BackendUnavailable):
         await pool.acquire()
+
+
+# -- a cancelled acquire whose statement is still running on the server ---------------------
+
+
+async def test_a_cancelled_acquire_waits_for_its_statement_before_giving_back(
+    pg: str, schema: str
+) -> None:
+    """Closing the connection of an interrupted acquire does not stop the server from
+    committing it: the compensating release must come after that commit, or the grant
+    stays held until its ttl runs out. A trigger holds the acquire on the server."""
+    url, table = fresh_table_url(pg, schema)
+    name = unique("slow")
+    async with backend(url) as b:
+        first = uuid.uuid4().hex
+        await grant(b, name, first)  # creates the table, and a row to update
+        assert await b.release(name, first, None)
+        await raw(
+            pg,
+            f'CREATE FUNCTION "{schema}"."slow_{table}"() RETURNS trigger LANGUAGE plpgsql'
+            " AS $$ BEGIN IF NEW.identity = 'slow' THEN PERFORM pg_sleep(0.5); END IF;"
+            " RETURN NEW; END $$",
+        )
+        await raw(
+            pg,
+            f'CREATE TRIGGER slow BEFORE INSERT OR UPDATE ON "{schema}"."{table}"'
+            f' FOR EACH ROW EXECUTE FUNCTION "{schema}"."slow_{table}"()',
+        )
+        lease = None
+        with anyio.move_on_after(0.1) as scope:
+            lease = await AsyncLock(b, name, ttl=30, identity="slow").acquire()
+        assert lease is None and scope.cancelled_caught
+        # Wait for every statement on the table to end (the lock waits for them), then look.
+        await on_asyncio(lambda: _lock_table(pg, f'"{schema}"."{table}"'))
+        assert await b.read(name) is None
+
+
+async def _lock_table(url: str, table: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            await conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+    finally:
+        await conn.close()

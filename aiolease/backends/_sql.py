@@ -24,12 +24,14 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from .._exceptions import InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
 from ..abc import HolderInfo
+
+T = TypeVar("T")
 
 __all__ = [
     "IDENTIFIER_RE",
@@ -43,6 +45,7 @@ __all__ = [
     "check_owner",
     "decode_metadata",
     "encode_metadata",
+    "finished",
     "holder",
     "parse_bool",
     "parse_count",
@@ -242,6 +245,56 @@ class _Timeout:  # pragma: no cover - Python 3.10, which lacks asyncio.timeout
             self._handle.cancel()
         if self._fired and kind is asyncio.CancelledError:
             raise asyncio.TimeoutError
+
+
+#: Seconds a cancelled caller still waits for its statement that may grant a lease.
+FINISH_GRACE = 5.0
+
+
+async def finished(statement: Awaitable[T], grace: float | None = None) -> T:
+    """Await ``statement`` (one that may grant a lease) in a task of its own; if the
+    caller is cancelled meanwhile, wait up to ``grace`` more seconds (default
+    :data:`FINISH_GRACE`) for it to end, then re-raise the caller's cancellation.
+
+    Interrupting the statement at once would only close its connection: the server
+    still runs it to its commit, possibly *after* the compensating release that the
+    cancelled caller sends next on another connection, and the grant would stay held
+    until its ttl ran out. anyio re-delivers the cancellation on every loop turn
+    meanwhile; it is held back until the statement ended. A statement still running
+    after ``grace`` is interrupted (its connection closed) before the cancellation
+    is re-raised.
+
+    :raises asyncio.CancelledError: the caller's own (anyio tells its scopes' apart)
+    """
+    task = asyncio.ensure_future(statement)
+    cancelled: asyncio.CancelledError | None = None
+    give_up = math.inf
+    while not task.done() and now() < give_up:
+        try:
+            if cancelled is None:
+                await asyncio.shield(task)
+            else:
+                await asyncio.wait({task}, timeout=give_up - now())
+        except asyncio.CancelledError as exc:
+            if cancelled is None:
+                cancelled = exc
+                give_up = now() + (FINISH_GRACE if grace is None else grace)
+    if cancelled is None:
+        return task.result()
+    task.cancel()
+    while not task.done():  # it winds down at once: its connection is closed
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            pass
+    task.add_done_callback(_retrieve)
+    raise cancelled
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a task's outcome seen (nobody awaits it any more)."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:

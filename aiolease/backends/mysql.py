@@ -83,6 +83,7 @@ from ._sql import (
     check_identifier,
     check_owner,
     encode_metadata,
+    finished,
     holder,
     now,
     parse_count,
@@ -606,7 +607,8 @@ class MySQLBackend(Backend):
         }
         for _ in range(_RACE_RETRIES):
             changes, asked_at = self._changes, now()
-            result = await self._execute(self._sql.acquire, params, then=self._sql.holder)
+            # Seen to its end even if the caller is cancelled (see ``finished``).
+            result = await finished(self._execute(self._sql.acquire, params, then=self._sql.holder))
             if isinstance(result, int):
                 self._turns.done(name, owner)
                 self._changed(name)

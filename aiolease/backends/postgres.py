@@ -91,6 +91,7 @@ from ._sql import (
     check_identifier,
     check_owner,
     encode_metadata,
+    finished,
     holder,
     now,
     parse_bool,
@@ -564,8 +565,11 @@ class PostgresBackend(Backend):
                 return Grant(token, handed.ttl, sent_at=sent_at)
         for _ in range(_RACE_RETRIES):
             asked_at, mark = now(), self._mark()
-            rows = await self._fetch(
-                self._sql.acquire, name, owner, identity, meta, float(ttl), self._channel
+            # Seen to its end even if the caller is cancelled (see ``finished``).
+            rows = await finished(
+                self._fetch(
+                    self._sql.acquire, name, owner, identity, meta, float(ttl), self._channel
+                )
             )
             row = rows[0] if rows else None
             if row is not None and row["granted"]:
