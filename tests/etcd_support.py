@@ -145,6 +145,15 @@ class Gateway:
             for kv in found
         ]
 
+    async def owners(self, prefix: str) -> dict[str, str]:
+        """The owner of every key under ``prefix``, by key: the value names it, or (a key
+        whose value does not: fair mode) the key ends with it."""
+        found = {}
+        for kv in await self.keys(prefix):
+            owner = json.loads(kv["value"]).get("owner")
+            found[kv["key"]] = owner if owner is not None else kv["key"].rpartition("/")[2]
+        return found
+
     async def lease_ttl(self, lease_id: int) -> tuple[int, int]:
         """``(remaining TTL, granted TTL)``; remaining is -1 when the lease does not exist."""
         answer = await self.post("/v3/lease/timetolive", {"ID": lease_id})

@@ -207,11 +207,118 @@ async def test_keys_layout(anyio_backend: str, single_url: str) -> None:
         assert isinstance(grant, Grant)
         await backend.try_acquire("a", "owner-2", 30, "host-2", {})
         keys = {kv["key"]: kv for kv in await gateway.keys(open_.prefix)}  # type: ignore[attr-defined]
-        mine = keys[f"{open_.prefix}a%2Fb%25c/owner-1"]  # type: ignore[attr-defined]
-        assert set(keys) == {mine["key"], f"{open_.prefix}a/owner-2"}  # type: ignore[attr-defined]
+        owners = await gateway.owners(open_.prefix)  # type: ignore[attr-defined]
+        (mine,) = [kv for key, kv in keys.items() if owners[key] == "owner-1"]
+        (theirs,) = [key for key in keys if owners[key] == "owner-2"]
+        assert mine["key"].startswith(f"{open_.prefix}a%2Fb%25c/")  # type: ignore[attr-defined]
+        assert theirs.startswith(f"{open_.prefix}a/")  # type: ignore[attr-defined]
         assert mine["create_revision"] == grant.token
-        assert json.loads(mine["value"]) == {"identity": "host-1", "metadata": {"k": "v"}}
+        value = {"owner": "owner-1", "identity": "host-1", "metadata": {"k": "v"}}
+        assert json.loads(mine["value"]) == value
         assert mine["lease"] in inner(backend).statistics().lease_ids
+
+
+async def test_a_released_key_is_reused_and_names_its_owner(
+    anyio_backend: str, single_url: str
+) -> None:
+    """Non-fair mode writes the next attempt into a key it saw deleted (etcd keeps every
+    deleted key in its index until it compacts, and each acquire ranges over them);
+    its value names the owner, which other backend objects read, watch and release."""
+    open_ = opener(single_url)
+    gateway = Gateway(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    async with open_() as backend, open_() as other:
+        first = await backend.try_acquire("n", "owner-1", 30, "host-1", {})
+        assert isinstance(first, Grant)
+        (key,) = await gateway.owners(prefix)
+        assert await backend.release("n", "owner-1", first.token) is True
+        second = await backend.try_acquire("n", "owner-2", 30, "host-2", {"k": "v"})
+        assert isinstance(second, Grant) and second.token > first.token
+        (kv,) = await gateway.keys(prefix)
+        assert kv["key"] == key
+        value = {"owner": "owner-2", "identity": "host-2", "metadata": {"k": "v"}}
+        assert json.loads(kv["value"]) == value
+        holder = await other.read("n")
+        assert holder is not None and (holder.owner, holder.token) == ("owner-2", second.token)
+        refused = await other.try_acquire("n", "owner-3", 30, "host-3", {})
+        assert isinstance(refused, HolderInfo) and refused.owner == "owner-2"
+        assert await other.release("n", "owner-1", None) is False  # the key's first owner
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other.wait_changed, "n", holder)  # watches the reused key
+                assert await backend.release("n", "owner-2", second.token) is True
+        assert await gateway.keys(prefix) == []
+        # Released through another backend object, which finds the key by its value.
+        third = await backend.try_acquire("n", "owner-4", 30, "host-4", {})
+        assert isinstance(third, Grant)
+        assert await gateway.owners(prefix) == {key: "owner-4"}
+        assert await other.release("n", "owner-4", third.token + 1) is False
+        assert await other.release("n", "owner-4", None) is True
+        assert await gateway.keys(prefix) == []
+
+
+async def test_keys_are_never_another_owners(anyio_backend: str, single_url: str) -> None:
+    """A backend object's keys are its own: an owner id used again, or by another
+    backend object, never names a key that another owner holds."""
+    open_ = opener(single_url)
+    gateway = Gateway(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    async with open_() as backend, open_() as other:
+        for owner in ("owner-1", "owner-2", "owner-1"):
+            grant = await backend.try_acquire("n", owner, 30, "me", {})
+            assert isinstance(grant, Grant)
+            assert await backend.release("n", owner, grant.token) is True
+        held = await backend.try_acquire("n", "owner-2", 30, "me", {})
+        assert isinstance(held, Grant)
+        for owner in ("owner-1", "owner-2"):
+            assert await other.release("n", owner, None) is (owner == "owner-2")
+        assert await gateway.keys(prefix) == []
+
+
+async def test_fair_mode_keys_are_owner_ids(anyio_backend: str, single_url: str) -> None:
+    open_ = opener(single_url, fair=True)
+    gateway = Gateway(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    async with open_() as backend:
+        for owner in ("owner-1", "owner-2"):
+            grant = await backend.try_acquire("n", owner, 30, "me", {})
+            assert isinstance(grant, Grant)
+            (kv,) = await gateway.keys(prefix)
+            assert kv["key"] == f"{prefix}n/{owner}"
+            assert json.loads(kv["value"]) == {"identity": "me", "metadata": {}}
+            assert await backend.release("n", owner, grant.token) is True
+
+
+async def test_a_refused_attempt_gives_its_key_back(anyio_backend: str, single_url: str) -> None:
+    """A refused attempt wrote nothing: its compensating release leaves the holder
+    alone, and a later attempt reuses its key."""
+    open_ = opener(single_url)
+    gateway = Gateway(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    async with open_() as backend, open_() as other:
+        held = await other.try_acquire("n", "holder", 30, "them", {})
+        assert isinstance(held, Grant)
+        (theirs,) = await gateway.owners(prefix)
+        for owner in ("owner-1", "owner-2"):
+            refused = await backend.try_acquire("n", owner, 30, "me", {})
+            assert isinstance(refused, HolderInfo) and refused.owner == "holder"
+            assert await backend.release("n", owner, None) is False
+        assert await gateway.owners(prefix) == {theirs: "holder"}
+        assert await other.release("n", "holder", held.token) is True
+        again = await backend.try_acquire("n", "owner-3", 30, "me", {})
+        assert isinstance(again, Grant)
+        (mine,) = await gateway.owners(prefix)
+        assert mine != theirs
+        assert await backend.release("n", "owner-3", again.token) is True
+        refused = await other.try_acquire("n", "holder", 30, "them", {})  # takes theirs again
+        assert isinstance(refused, Grant)
+        assert await gateway.owners(prefix) == {theirs: "holder"}
+        for owner in ("owner-4", "owner-5"):
+            assert isinstance(await backend.try_acquire("n", owner, 30, "me", {}), HolderInfo)
+        assert await other.release("n", "holder", refused.token) is True
+        last = await backend.try_acquire("n", "owner-5", 30, "me", {})
+        assert isinstance(last, Grant)
+        assert await gateway.owners(prefix) == {mine: "owner-5"}  # one key per backend so far
 
 
 @pytest.mark.parametrize(("ttl", "granted"), [(0.5, 2), (2.5, 3), (7.0, 7)])
@@ -316,7 +423,9 @@ async def test_a_deleted_key_ends_its_lease_at_once(anyio_backend: str, single_u
         async with Holding(other, Counters()):
             with anyio.fail_after(WAIT), pytest.raises(LeaseLostError) as info:
                 async with AsyncLock(backend, "victim", ttl=30) as lease:
-                    await gateway.delete(f"{prefix}victim/{lease.owner}")
+                    owners = await gateway.owners(f"{prefix}victim/")
+                    (key,) = [key for key, owner in owners.items() if owner == lease.owner]
+                    await gateway.delete(key)
                     await anyio.sleep_forever()
             assert info.value.reason is LossReason.STOLEN
             assert other.lost is None
@@ -514,7 +623,7 @@ async def test_a_cancelled_campaign_leaves_no_key(
             else:
                 await anyio.wait_all_tasks_blocked()
             tg.cancel_scope.cancel()
-        assert [kv["key"] for kv in await gateway.keys(prefix)] == [f"{prefix}e/{holder.owner}"]
+        assert list((await gateway.owners(prefix)).values()) == [holder.owner]
         await holder.release()
         assert await gateway.keys(prefix) == []
 
@@ -647,6 +756,34 @@ async def test_cancelling_calls_on_a_silent_connection_is_clean(
         # The release held by the blackhole may arrive now: either way the name is freed.
         await backend.release("n", "o", grant.token)
         assert await backend.read("n") is None
+
+
+async def test_a_key_whose_delete_went_unanswered_is_never_reused(
+    anyio_backend: str, single_url: str
+) -> None:
+    """A delete held up on the way may reach etcd after anything sent later: the key it
+    names must never be another attempt's."""
+    host, port = addresses(single_url)[0]
+    gateway = Gateway(single_url)
+    prefix = unique_prefix()
+    async with (
+        FaultProxy(host, port) as proxy,
+        open_etcd(proxy.url_for(single_url), prefix=prefix) as backend,
+    ):
+        grant = await backend.try_acquire("n", "o1", 30, "me", {})
+        assert isinstance(grant, Grant)
+        (first,) = await gateway.owners(prefix)
+        await proxy.blackhole()
+        with anyio.move_on_after(0.2) as scope:
+            await backend.release("n", "o1", grant.token)
+        assert scope.cancelled_caught
+        await proxy.pass_through()
+        await backend.release("n", "o1", grant.token)
+        again = await backend.try_acquire("n", "o2", 30, "me", {})
+        assert isinstance(again, Grant)
+        owners = await gateway.owners(prefix)
+        assert first not in owners and list(owners.values()) == ["o2"]
+        assert await backend.release("n", "o2", again.token) is True
 
 
 async def test_a_release_that_times_out_on_a_silent_connection_reports_false(

@@ -24,7 +24,11 @@ It follows etcd's own Go ``concurrency`` package:
 * **Acquire** is one transaction: if the name has no key, put the owner's key
   (``<prefix><name>/<owner>``) on the session lease; else read the first one. The
   token is the key's create revision, which only grows (also across restarts).
-  A retry after a lost reply finds its own key and never adds a second one.
+  A retry after a lost reply finds its own key and never adds a second one. In
+  non-fair mode the key is ``<prefix><name>/<slot>`` instead, a slot of the backend
+  object's that it reuses once the key is deleted, and the value names the owner:
+  etcd keeps deleted keys in its index until it compacts, and every acquire ranges
+  over the name's keys.
 * **Fair mode** queues a waiter's key under the name and watches only the key
   created just before it, as etcd's Mutex does; the holder is always the key with
   the lowest create revision.

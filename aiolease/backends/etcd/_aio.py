@@ -19,7 +19,16 @@ from typing import Any, TypeVar, cast
 
 from ..._exceptions import BackendUnavailable
 
-__all__ = ["CallCancelled", "Tasks", "cancellable", "finishing", "now", "shielded", "wait_until"]
+__all__ = [
+    "CallCancelled",
+    "Tasks",
+    "await_unary",
+    "cancellable",
+    "finishing",
+    "now",
+    "shielded",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -61,10 +70,13 @@ async def wait_until(event: asyncio.Event, deadline: float) -> None:
     elif math.isinf(timeout):
         await event.wait()
     else:
+        # Not asyncio.wait_for: before Python 3.12 it returns if the event is set in the
+        # step a cancel arrives in, and drops the cancel (trio-asyncio sends it once).
+        waiter = asyncio.ensure_future(event.wait())
         try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+            await asyncio.wait([waiter], timeout=timeout)
+        finally:
+            waiter.cancel()
 
 
 async def shielded(coro: Coroutine[Any, Any, T], grace: float = math.inf) -> T:
@@ -147,7 +159,7 @@ async def cancellable(call: Awaitable[T]) -> T:
                 raise CallCancelled("etcd call cancelled: the connection was closed") from None
             raise
     if hasattr(call, "add_done_callback") and hasattr(call, "cancel"):
-        return cast(T, await _await_call(call))
+        return cast(T, await await_unary(call))
     task = asyncio.ensure_future(call)
     try:
         return await asyncio.shield(task)
@@ -159,20 +171,11 @@ async def cancellable(call: Awaitable[T]) -> T:
         raise
 
 
-def _resolver(call: Any) -> asyncio.Future[None]:
-    """A future that ``call``'s done callback resolves."""
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def resolve(_: object) -> None:
-        if not done.done():
-            done.set_result(None)
-
-    call.add_done_callback(resolve)
-    return done
-
-
-async def _await_call(call: Any) -> Any:
-    """Await a grpc.aio unary call through a future that its done callback resolves."""
+async def await_unary(call: Any) -> Any:
+    """:func:`cancellable` for a grpc.aio unary call (the hot path, without its checks):
+    awaited through a future that the call's done callback resolves."""
+    if _SHIELDED.get():
+        return await cancellable(call)
     try:
         await _resolver(call)
     except asyncio.CancelledError as exc:
@@ -185,6 +188,18 @@ async def _await_call(call: Any) -> Any:
         return await call  # done: returns (or raises) without waiting
     except asyncio.CancelledError:
         raise CallCancelled("etcd call cancelled: the connection was closed") from None
+
+
+def _resolver(call: Any) -> asyncio.Future[None]:
+    """A future that ``call``'s done callback resolves."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def resolve(_: object) -> None:
+        if not done.done():
+            done.set_result(None)
+
+    call.add_done_callback(resolve)
+    return done
 
 
 async def _wait_out(call: Any, state: _Grace, exc: asyncio.CancelledError) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import logging
 import math
+import random
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from ..._exceptions import (
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from ._aio import finishing, now, shielded
-from ._keys import DEFAULT_PREFIX, Layout, encode_value
+from ._keys import DEFAULT_PREFIX, Layout, encode_value, with_owner
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
 from ._url import parse_bool, parse_url
@@ -49,10 +51,13 @@ CANCEL_GRACE = 1.0
 #: Fair mode: seconds a key queued by a refused ``try_acquire`` is kept unless
 #: ``wait_turn`` follows (the core calls it at once; a bare ``try_acquire`` does not).
 TURN_GRACE = 0.5
+#: Non-fair mode: how many deleted keys' slots are kept per name, to be reused.
+SPARE_SLOTS = 4
 
 T = TypeVar("T")
 
-_Seen = tuple[tuple[str, int] | None, int]
+#: What was last read of a name: the holder's identity, the revision, the holder's key.
+_Seen = tuple[tuple[str, int] | None, int, bytes]
 
 
 def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
@@ -142,6 +147,15 @@ class EtcdBackend(Backend):
         self._takeovers = Takeovers(wire, self._layout, self._sessions.spawn, self._taken)
         self._sessions.set_dropped(self._takeovers.unwatch)
         self._seen: dict[str, _Seen] = {}
+        #: Non-fair mode: the slot (see :mod:`._keys`) of each attempt made here whose
+        #: key may exist, until it is released; ``""``: the attempt was refused (wrote nothing).
+        self._slots: dict[tuple[str, str], str] = {}
+        #: Non-fair mode: slots of each name whose keys are known to be deleted, to reuse.
+        self._spare: dict[str, list[str]] = {}
+        #: Non-fair mode: new slots are ``<this>.<n>``, apart from any other backend's.
+        self._slot_base = f"{random.getrandbits(64):016x}."
+        self._slot_ids = itertools.count()
+        self._reuse = not self._fair
         self._values: dict[tuple[str, str], bytes] = {}
         self._unsure: dict[tuple[str, str], None] = {}
         #: Fair mode: the predecessor of a key queued by a refused ``try_acquire`` (if
@@ -207,12 +221,83 @@ class EtcdBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
 
-    def _remember(self, name: str, holder: HolderInfo | None, revision: int) -> None:
-        """Note that ``holder`` held ``name`` at ``revision`` (for :meth:`wait_changed`)."""
+    def _remember(self, name: str, holder: HolderInfo | None, revision: int, key: bytes) -> None:
+        """Note that ``holder`` (its key ``key``) held ``name`` at ``revision`` (for
+        :meth:`wait_changed`)."""
+        self._remember_identity(name, _identity_of(holder), int(revision), key)
+
+    def _remember_identity(
+        self, name: str, identity: tuple[str, int] | None, revision: int, key: bytes
+    ) -> None:
         self._seen.pop(name, None)
         if len(self._seen) >= SEEN_LIMIT:
             del self._seen[next(iter(self._seen))]
-        self._seen[name] = (_identity_of(holder), int(revision))
+        self._seen[name] = (identity, revision, key)
+
+    # -- slots: which key an attempt writes (see :mod:`._keys`) -----------------------------
+
+    def _known_slot(self, name: str, owner: str) -> str | None:
+        """The slot of ``owner``'s key of ``name``, if this backend knows it (``""`` or
+        ``None``: it does not)."""
+        entry = self._sessions.entries.get((name, owner))
+        if entry is not None:
+            return entry.slot
+        if self._fair:
+            return owner  # slots are owner ids only: never reused
+        return self._slots.get((name, owner))
+
+    def _take_slot(self, name: str, owner: str) -> str:
+        """The slot for an attempt of ``owner``: the one it has (fair mode: its owner id),
+        else a spare one, else a new one.
+
+        Slots are this backend's own (never an owner id, which another attempt could use
+        as well), and each is ``owner``'s alone from here until :meth:`release` sees its
+        key deleted: only then may another attempt write it."""
+        known = self._known_slot(name, owner)
+        if known:
+            return known
+        spare = self._spare.get(name)
+        if spare and (name, owner) not in self._unsure:
+            slot = spare.pop()
+        else:
+            slot = f"{self._slot_base}{next(self._slot_ids)}"
+        if len(self._slots) >= SEEN_LIMIT:
+            del self._slots[next(iter(self._slots))]
+        self._slots[(name, owner)] = slot
+        return slot
+
+    def _refused(self, name: str, owner: str) -> None:
+        """Non-fair mode: ``owner``'s attempt was refused, and wrote nothing: its slot is
+        free again."""
+        if (name, owner) in self._unsure or (name, owner) in self._sessions.entries:
+            return
+        slot = self._slots.get((name, owner))
+        if slot:
+            self._spare_slot(name, slot)
+            self._slots[(name, owner)] = ""
+
+    def _spare_slot(self, name: str, slot: str) -> None:
+        """``slot``'s key of ``name`` is deleted, and nothing can write it any more."""
+        if not self._reuse:
+            return
+        spare = self._spare.get(name)
+        if spare is None:
+            if len(self._spare) >= SEEN_LIMIT:
+                del self._spare[next(iter(self._spare))]
+            spare = self._spare[name] = []
+        if len(spare) < SPARE_SLOTS and slot not in spare:
+            spare.append(slot)
+
+    async def _find(self, name: str, owner: str, token: int | None) -> Any:
+        """``owner``'s key of ``name`` (grant ``token``, if given) as the server has it, or
+        ``None``: for a grant made through another backend object, whose slot is unknown."""
+        reply = await self._wire.range(self._layout.every(name))
+        for kv in reply.kvs:
+            if self._layout.holder(name, kv).owner == owner and (
+                token is None or int(kv.create_revision) == token
+            ):
+                return kv
+        return None
 
     def _grant(self, token: int, ttl: float, session: Session) -> Grant:
         return Grant(token, session.grant_ttl(ttl), session.effective_sent(ttl))
@@ -226,38 +311,45 @@ class EtcdBackend(Backend):
         value = encode_value(identity, metadata)
         touched = now()
         for _ in range(2):
-            async with self._sessions.using(ttl) as session:
-                try:
-                    result = await self._guarded(
-                        name, owner, self._acquire(name, owner, ttl, value, session, touched)
-                    )
-                except SessionGone:
-                    self._sessions.lose(session)
-                    continue
-                if result is not None:
-                    return result
+            session = await self._sessions.enter(ttl)  # the hot path: no context manager
+            try:
+                result = await self._guarded(
+                    name, owner, self._acquire(name, owner, ttl, value, session, touched)
+                )
+            except SessionGone:
+                self._sessions.lose(session)
+                continue
+            finally:
+                self._sessions.leave(session)
+            if result is not None:
+                return result
         raise BackendUnavailable(f"etcd: no session lease lasted long enough to grant {name!r}")
 
     async def _acquire(
         self, name: str, owner: str, ttl: float, value: bytes, session: Session, touched: float
     ) -> Grant | HolderInfo | None:
         """One attempt; ``None`` when the key vanished under it (try again)."""
-        request = self._layout.acquire(name, owner, value, session.lease_id, self._fair)
+        slot = self._take_slot(name, owner)
+        if slot != owner:
+            value = with_owner(value, owner)
+        request = self._layout.acquire(name, slot, value, session.lease_id, self._fair)
         reply = await self._wire.txn(request)
         self._check_open()
         if reply.succeeded:
             token = int(reply.header.revision)
-            self._remember(name, HolderInfo(name, owner, "", token), token)
+            self._remember_identity(name, (owner, token), token, self._layout.key(name, slot))
             self._values.pop((name, owner), None)
-            entry = Entry(name, owner, token, session, touched + ttl)
+            entry = Entry(name, owner, token, session, touched + ttl, slot=slot)
             self._sessions.attach(entry)
             self._takeovers.watch(entry)
             return self._grant(token, ttl, session)
         kv = reply.responses[-1].response_range.kvs[0]
         holder = self._layout.holder(name, kv)
-        self._remember(name, holder, reply.header.revision)
+        self._remember(name, holder, reply.header.revision, bytes(kv.key))
         if holder.owner != owner:
-            if self._fair and reply.responses[0].response_txn.succeeded:
+            if not self._fair:
+                self._refused(name, owner)
+            elif reply.responses[0].response_txn.succeeded:
                 self._queued(name, owner, session, touched, reply)
             else:
                 self._note_waiting(name, owner, value, touched + QUEUE_HORIZON * ttl)
@@ -294,13 +386,14 @@ class EtcdBackend(Backend):
     ) -> Grant | None:
         """``owner``'s key is first: a retry of a grant, or a queued attempt whose turn came."""
         token = int(kv.create_revision)
+        slot = self._layout.slot(name, kv)
         if int(kv.lease) != session.lease_id:
-            moved = await self._wire.txn(self._layout.move(name, owner, token, session.lease_id))
+            moved = await self._wire.txn(self._layout.move(name, slot, token, session.lease_id))
             if not moved.succeeded:
                 return None
         entry = self._sessions.entries.get((name, owner))
         if entry is None or entry.token != token:
-            entry = Entry(name, owner, token, session, touched + ttl)
+            entry = Entry(name, owner, token, session, touched + ttl, slot=slot)
             self._sessions.attach(entry)
         elif entry.session is not session:
             self._sessions.move(entry, session)
@@ -359,13 +452,20 @@ class EtcdBackend(Backend):
         session: Session,
         touched: float,
     ) -> Grant:
-        reply = await self._wire.txn(self._layout.move(name, owner, token, session.lease_id))
-        if not reply.succeeded:
+        slot = self._known_slot(name, owner)
+        reply = None
+        if slot:
+            reply = await self._wire.txn(self._layout.move(name, slot, token, session.lease_id))
+        elif (kv := await self._find(name, owner, token)) is not None:
+            # A grant made through another backend object, whose slot is not known here.
+            slot = self._layout.slot(name, kv)
+            reply = await self._wire.txn(self._layout.move(name, slot, token, session.lease_id))
+        if reply is None or not reply.succeeded or not slot:
             if entry is not None:
                 self._sessions.end(entry, LossReason.STOLEN)
             raise NotOwnerError(name)
         if entry is None:
-            entry = Entry(name, owner, token, session, touched + ttl)
+            entry = Entry(name, owner, token, session, touched + ttl, slot=slot)
             self._sessions.attach(entry)
         else:
             self._sessions.move(entry, session)
@@ -401,15 +501,39 @@ class EtcdBackend(Backend):
         if entry is not None and (token is None or entry.token == token):
             self._takeovers.unwatch(entry)  # its delete is ours
         self._turns.pop((name, owner), None)
-        reply = await self._wire.txn(self._layout.delete(name, owner, token))
-        deleted = reply.succeeded and reply.responses[0].response_delete_range.deleted > 0
+        slot = self._known_slot(name, owner)
+        try:
+            if slot and (token is None or (entry is not None and entry.token == token)):
+                # The key in the slot can only be this grant: only owner's attempts write
+                # there, and the entry is the latest of them. No compare needed.
+                reply = await self._wire.delete(self._layout.delete_key(name, slot))
+                deleted, gone = reply.deleted > 0, True
+            elif slot:
+                reply = await self._wire.txn(self._layout.delete(name, slot, token))
+                deleted = reply.succeeded and reply.responses[0].response_delete_range.deleted > 0
+                gone = bool(reply.succeeded)  # the delete ran: the key is gone
+            else:
+                deleted, gone = await self._release_unknown(name, owner, token), False
+        except BaseException:
+            # The delete may still arrive, later than anything sent after it: the
+            # slot must never hold another attempt's key.
+            self._note_unsure(name, owner)
+            raise
         self._values.pop((name, owner), None)
+        reuse = False
         if self._unsure.pop((name, owner), False) is None:
-            self._sessions.spawn(self._delete_late(name, owner), f"etcd late delete {name!r}")
+            late = self._delete_late(name, owner, slot or None)
+            self._sessions.spawn(late, f"etcd late delete {name!r}")
+        else:
+            reuse = gone and not self._fair
         queued = False
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
             self._sessions.end(entry, LossReason.RELEASED)
+        if reuse and slot and (name, owner) not in self._sessions.entries:
+            # Deleted, and no request of the attempt can still arrive: reuse its key.
+            self._slots.pop((name, owner), None)
+            self._spare_slot(name, slot)
         return bool(deleted) and not queued and not doomed
 
     async def _guarded(self, name: str, owner: str, attempt: Coroutine[Any, Any, T]) -> T:
@@ -427,18 +551,43 @@ class EtcdBackend(Backend):
         except SessionGone:
             raise  # the lease is gone: nothing was written
         except BaseException:
-            if len(self._unsure) >= SEEN_LIMIT:
-                del self._unsure[next(iter(self._unsure))]
-            self._unsure[(name, owner)] = None
+            self._note_unsure(name, owner)
             raise
 
-    async def _delete_late(self, name: str, owner: str) -> None:
-        """Delete ``owner``'s key of ``name`` once a request of it that was never answered
-        can no longer arrive (unless ``owner`` holds it again through this backend)."""
+    def _note_unsure(self, name: str, owner: str) -> None:
+        """A request for ``owner``'s key of ``name`` may still arrive: its slot is never
+        reused, and its release deletes the key once more, later."""
+        if len(self._unsure) >= SEEN_LIMIT:
+            del self._unsure[next(iter(self._unsure))]
+            self._reuse = False  # that attempt's slot could be reused: reuse none from now on
+        self._unsure[(name, owner)] = None
+
+    async def _release_unknown(self, name: str, owner: str, token: int | None) -> bool:
+        """Release a grant whose slot this backend does not know (made through another
+        backend object, or refused here): by fenced deletes only, as a slot that is not
+        ``owner``'s may be another owner's now."""
+        if token is not None:
+            reply = await self._wire.txn(self._layout.delete(name, owner, token))
+            if reply.succeeded and reply.responses[0].response_delete_range.deleted > 0:
+                return True
+        kv = await self._find(name, owner, token)
+        if kv is None:
+            return False
+        request = self._layout.delete(name, self._layout.slot(name, kv), int(kv.create_revision))
+        reply = await self._wire.txn(request)
+        return bool(reply.succeeded and reply.responses[0].response_delete_range.deleted > 0)
+
+    async def _delete_late(self, name: str, owner: str, slot: str | None) -> None:
+        """Delete ``owner``'s key of ``name`` (in ``slot``, if known) once a request of it
+        that was never answered can no longer arrive (unless ``owner`` holds it again
+        through this backend). A slot with such a request is never reused."""
         await asyncio.sleep(LATE_AFTER * self._wire.timeout)
         if (name, owner) not in self._sessions.entries:
             try:
-                await self._wire.txn(self._layout.delete(name, owner, None))
+                if slot:
+                    await self._wire.txn(self._layout.delete(name, slot, None))
+                else:
+                    await self._release_unknown(name, owner, None)
             except BackendError as exc:
                 logger.info("late delete of %r failed (its session lease ends it): %r", name, exc)
 
@@ -447,15 +596,16 @@ class EtcdBackend(Backend):
         logger.info("etcd key of lease %r (token %d) was deleted", entry.name, entry.token)
         self._sessions.end(entry, LossReason.STOLEN)
 
-    async def _delete_expired(self, name: str, owner: str, token: int) -> None:
+    async def _delete_expired(self, name: str, slot: str, token: int) -> None:
         """Delete the key of a grant nobody renewed (the sessions' horizon)."""
-        await self._wire.txn(self._layout.delete(name, owner, token))
+        await self._wire.txn(self._layout.delete(name, slot, token))
 
     async def read(self, name: str) -> HolderInfo | None:
         self._check_open()
         reply = await self._wire.range(self._layout.first(name))
         holder = self._layout.holder(name, reply.kvs[0]) if reply.kvs else None
-        self._remember(name, holder, reply.header.revision)
+        key = bytes(reply.kvs[0].key) if reply.kvs else b""
+        self._remember(name, holder, reply.header.revision, key)
         return holder
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
@@ -472,7 +622,7 @@ class EtcdBackend(Backend):
         if seen is None:
             await self._wire.watch(self._layout.watch_create(name, known[1]), _any_event)
         else:
-            key = self._layout.key(name, seen.owner)
+            key = known[2] or self._layout.key(name, seen.owner)
             await self._wire.watch(self._layout.watch_delete(key, known[1]), _any_event)
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:

@@ -2,31 +2,39 @@
 
 Every attempt to take a name has a key of its own::
 
-    <prefix><name, with % and / escaped>/<owner id>  ->  {"identity": ..., "metadata": {...}}
+    <prefix><name, with % and / escaped>/<slot>  ->  {"identity": ..., "metadata": {...}}
 
-attached to the session lease of the backend that wrote it. The **holder** of a
-name is the key with the lowest create revision under ``<prefix><name>/``, and the
+attached to the session lease of the backend that wrote it. In fair mode the
+**slot** is the owner id of the attempt. In non-fair mode it is an id of the backend
+object that wrote it (``<random>.<n>``), which that backend reuses for later attempts
+once it has seen the key deleted, and the value names the owner (``"owner": ...``):
+etcd keeps every deleted key in its index until the history is compacted, and the
+acquire transaction ranges over all of a name's keys, deleted ones included, so a
+fresh key per attempt would make every acquire slower. The **holder** of a name
+is the key with the lowest create revision under ``<prefix><name>/``, and the
 **token** is that create revision: etcd's revision counter never goes back, so each
 grant's token is greater than every earlier grant's of any name (and it survives a
-restart of the server). Escaping ``/`` keeps ``a`` and ``a/b`` apart; the owner id
-in the key is what makes a retry after a lost reply find its own key.
+restart of the server). Escaping ``/`` keeps ``a`` and ``a/b`` apart; the slot in
+the key is what makes a retry after a lost reply find its own key.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aetcd import rpc
 
 from ...abc import HolderInfo
 
-__all__ = ["DEFAULT_PREFIX", "Layout", "decode_value", "encode_value"]
+__all__ = ["DEFAULT_PREFIX", "Layout", "decode_value", "encode_value", "with_owner"]
 
 #: The key prefix used when none is given.
 DEFAULT_PREFIX = "aiolease/"
+#: How many names' request templates a :class:`Layout` keeps.
+CACHED_NAMES = 1024
 
 
 def _escape(name: str) -> str:
@@ -39,21 +47,51 @@ def prefix_end(prefix: bytes) -> bytes:
     return body[:-1] + bytes([body[-1] + 1]) if body else b"\x00"
 
 
-def encode_value(identity: str, metadata: Mapping[str, str]) -> bytes:
-    """The value of a lease key: identity and metadata as compact JSON."""
-    document = {"identity": identity, "metadata": dict(metadata)}
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+#: Values without metadata, by identity (most leases have none).
+_PLAIN: dict[str, bytes] = {}
 
 
-def decode_value(raw: bytes) -> tuple[str, dict[str, str]]:
-    """Identity and metadata from a key's value (empty for a value aiolease did not write)."""
+def encode_value(identity: str, metadata: Mapping[str, str], owner: str | None = None) -> bytes:
+    """The value of a lease key: identity and metadata as compact JSON, and the owner
+    id when it is not the key's slot."""
+    plain = not metadata and owner is None
+    if plain and (value := _PLAIN.get(identity)) is not None:
+        return value
+    document: dict[str, object] = {"identity": identity, "metadata": dict(metadata)}
+    if owner is not None:
+        document["owner"] = owner
+    value = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    if plain:
+        if len(_PLAIN) >= CACHED_NAMES:
+            _PLAIN.clear()
+        _PLAIN[identity] = value
+    return value
+
+
+def with_owner(value: bytes, owner: str) -> bytes:
+    """``value`` (from :func:`encode_value` without an owner) naming ``owner``."""
+    if owner.isascii() and owner.isalnum():  # the core's owner ids: nothing to escape
+        quoted = b'"' + owner.encode() + b'"'
+    else:
+        quoted = json.dumps(owner, ensure_ascii=False).encode()
+    return b'{"owner":' + quoted + b"," + value[1:]
+
+
+def _decode(raw: bytes) -> tuple[str, dict[str, str], str | None]:
     try:
         document = json.loads(raw)
         identity = document["identity"]
         metadata = {str(k): str(v) for k, v in dict(document["metadata"]).items()}
     except (ValueError, TypeError, KeyError):
-        return "", {}
-    return str(identity), metadata
+        return "", {}, None
+    owner = document.get("owner")
+    return str(identity), metadata, None if owner is None else str(owner)
+
+
+def decode_value(raw: bytes) -> tuple[str, dict[str, str]]:
+    """Identity and metadata from a key's value (empty for a value aiolease did not write)."""
+    identity, metadata, _ = _decode(raw)
+    return identity, metadata
 
 
 def _compare_create(key: bytes, revision: int, range_end: bytes = b"") -> Any:
@@ -83,24 +121,56 @@ def _put(key: bytes, value: bytes, lease_id: int) -> Any:
     return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease_id))
 
 
+class _Name:
+    """One name's key range, and templates of its most frequent requests."""
+
+    __slots__ = ("acquire", "delete", "start")
+
+    def __init__(self, layout: Layout, start: bytes) -> None:
+        self.start = start
+        end = prefix_end(start)
+        self.acquire = rpc.TxnRequest(
+            compare=[_compare_create(start, 0, end)],
+            success=[_put(start, b"", 0)],
+            failure=[rpc.RequestOp(request_range=_range(start, end, limit=1))],
+        )
+        delete = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=start))
+        self.delete = rpc.TxnRequest(compare=[_compare_create(start, 1)], success=[delete])
+
+
 @dataclass(frozen=True)
 class Layout:
     """The keys of one backend (one prefix)."""
 
     prefix: bytes
+    _names: dict[str, _Name] = field(default_factory=dict, compare=False, repr=False)
+
+    def _name(self, name: str) -> _Name:
+        cached = self._names.get(name)
+        if cached is None:
+            if len(self._names) >= CACHED_NAMES:
+                del self._names[next(iter(self._names))]
+            start = self.prefix + _escape(name).encode() + b"/"
+            cached = self._names[name] = _Name(self, start)
+        return cached
 
     def start(self, name: str) -> bytes:
         """``<prefix><escaped name>/``: every key of ``name`` starts with it."""
-        return self.prefix + _escape(name).encode() + b"/"
+        return self._name(name).start
 
-    def key(self, name: str, owner: str) -> bytes:
-        """The key of ``owner``'s attempt at ``name``."""
-        return self.start(name) + owner.encode()
+    def key(self, name: str, slot: str) -> bytes:
+        """The key of the attempt at ``name`` in ``slot`` (an owner id)."""
+        return self.start(name) + slot.encode()
+
+    def slot(self, name: str, kv: Any) -> str:
+        """The slot of the key-value ``kv`` of ``name`` (the end of its key)."""
+        return bytes(kv.key)[len(self.start(name)) :].decode(errors="replace")
 
     def holder(self, name: str, kv: Any) -> HolderInfo:
         """The :class:`HolderInfo` that the key-value ``kv`` of ``name`` stands for."""
-        identity, metadata = decode_value(kv.value)
-        owner = bytes(kv.key)[len(self.start(name)) :].decode(errors="replace")
+        identity, metadata, owner = _decode(kv.value)
+        if owner is None:
+            owner = self.slot(name, kv)
         return HolderInfo(name, owner, identity, int(kv.create_revision), metadata, None)
 
     # -- requests -------------------------------------------------------------------
@@ -110,17 +180,29 @@ class Layout:
         start = self.start(name)
         return _range(start, prefix_end(start), limit=1)
 
-    def acquire(self, name: str, owner: str, value: bytes, lease_id: int, queue: bool) -> Any:
-        """Txn: if ``name`` has no key at all, put ``owner``'s; else read the first key,
-        and if ``queue`` (fair mode), :meth:`enqueue` ``owner``'s key first (nested)."""
+    def every(self, name: str) -> Any:
+        """Range: every key of ``name``, oldest first."""
         start = self.start(name)
+        return _range(start, prefix_end(start))
+
+    def acquire(self, name: str, slot: str, value: bytes, lease_id: int, queue: bool) -> Any:
+        """Txn: if ``name`` has no key at all, put the key of ``slot``; else read the first
+        key, and if ``queue`` (fair mode), :meth:`enqueue` ``slot``'s key first (nested)."""
+        cached = self._name(name)
+        if not queue:
+            request = rpc.TxnRequest()
+            request.CopyFrom(cached.acquire)
+            put = request.success[0].request_put
+            put.key, put.value, put.lease = cached.start + slot.encode(), value, lease_id
+            return request
+        start = cached.start
         failure = [rpc.RequestOp(request_range=self.first(name))]
         if queue:
-            nested = self.enqueue(name, owner, value, lease_id)
+            nested = self.enqueue(name, slot, value, lease_id)
             failure.insert(0, rpc.RequestOp(request_txn=nested))
         return rpc.TxnRequest(
             compare=[_compare_create(start, 0, prefix_end(start))],
-            success=[_put(self.key(name, owner), value, lease_id)],
+            success=[_put(self.key(name, slot), value, lease_id)],
             failure=failure,
         )
 
@@ -144,9 +226,9 @@ class Layout:
         request.max_create_revision = revision - 1
         return request
 
-    def move(self, name: str, owner: str, token: int, lease_id: int) -> Any:
-        """Txn: attach ``owner``'s key (if it is still grant ``token``) to ``lease_id``."""
-        key = self.key(name, owner)
+    def move(self, name: str, slot: str, token: int, lease_id: int) -> Any:
+        """Txn: attach ``slot``'s key (if it is still grant ``token``) to ``lease_id``."""
+        key = self.key(name, slot)
         put = rpc.PutRequest(key=key, lease=lease_id, ignore_value=True)
         exists = rpc.Compare(
             key=key, target=rpc.Compare.VERSION, result=rpc.Compare.GREATER, version=0
@@ -156,13 +238,22 @@ class Layout:
             success=[rpc.RequestOp(request_put=put)],
         )
 
-    def delete(self, name: str, owner: str, token: int | None) -> Any:
-        """Txn: delete ``owner``'s key of ``name`` (only if it is grant ``token``, if given)."""
-        key = self.key(name, owner)
-        delete = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+    def delete_key(self, name: str, slot: str) -> Any:
+        """DeleteRange: delete ``slot``'s key of ``name``, whatever grant it is."""
+        return rpc.DeleteRangeRequest(key=self.key(name, slot))
+
+    def delete(self, name: str, slot: str, token: int | None) -> Any:
+        """Txn: delete ``slot``'s key of ``name`` (only if it is grant ``token``, if given)."""
+        key = self.key(name, slot)
         if token is None:
+            delete = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
             return rpc.TxnRequest(success=[delete])
-        return rpc.TxnRequest(compare=[_compare_create(key, token)], success=[delete])
+        request = rpc.TxnRequest()
+        request.CopyFrom(self._name(name).delete)
+        compare = request.compare[0]
+        compare.key, compare.create_revision = key, token
+        request.success[0].request_delete_range.key = key
+        return request
 
     def watch_delete(self, key: bytes, after: int) -> Any:
         """Watch for the deletion of ``key`` after revision ``after``."""

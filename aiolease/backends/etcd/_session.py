@@ -60,6 +60,7 @@ class Entry:
 
     :param horizon: local time after which the key is deleted unless touched again
         (``inf`` while the core holds it)
+    :param slot: the end of its key (see :mod:`._keys`; the owner id unless given)
     """
 
     name: str
@@ -72,6 +73,11 @@ class Entry:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     #: Called with the reason when the entry ends (the core's ``hold``).
     callbacks: list[Callable[[LossReason], object]] = field(default_factory=list)
+    slot: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.slot:
+            self.slot = self.owner
 
     async def wait_ended(self) -> LossReason:
         """Wait until the entry ends; why."""
@@ -182,7 +188,7 @@ class Sessions:
         return sorted(s.lease_id for s in self._all)
 
     def set_deleter(self, delete: Callable[[str, str, int], Awaitable[object]]) -> None:
-        """``await delete(name, owner, token)`` removes one key (the backend's release)."""
+        """``await delete(name, slot, token)`` removes one key (the backend's release)."""
         self._delete = delete
 
     def set_dropped(self, dropped: Callable[[Entry], object]) -> None:
@@ -204,14 +210,25 @@ class Sessions:
 
         :raises BackendError: the grant failed
         """
-        session = await self._session(ttl)
-        session.users += 1
+        session = await self.enter(ttl)
         try:
             yield session
         finally:
-            session.users -= 1
-            if not session.users and not session.entries:
-                session.poke_at(-math.inf if session.retired else session.idle_since + self._idle)
+            self.leave(session)
+
+    async def enter(self, ttl: float) -> Session:
+        """:meth:`using` without a context manager: :meth:`leave` it when done."""
+        session = self._by_ttl.get(ttl)
+        if session is None or not session.usable(now()):
+            session = await self._session(ttl)
+        session.users += 1
+        return session
+
+    def leave(self, session: Session) -> None:
+        """The end of :meth:`enter`."""
+        session.users -= 1
+        if not session.users and not session.entries:
+            session.poke_at(-math.inf if session.retired else session.idle_since + self._idle)
 
     async def _session(self, ttl: float) -> Session:
         current = self._by_ttl.get(ttl)
@@ -350,7 +367,7 @@ class Sessions:
             while entry.session.lost is None and not self._closed:
                 try:
                     assert self._delete is not None
-                    await self._delete(entry.name, entry.owner, entry.token)
+                    await self._delete(entry.name, entry.slot, entry.token)
                     return
                 except BackendError as exc:
                     logger.info("deleting the expired key of %r failed: %r", entry.name, exc)

@@ -110,7 +110,7 @@ class Takeovers:
 
     def _create(self, watch_id: int) -> Any:
         entry = self._watched[watch_id]
-        key = self._layout.key(entry.name, entry.owner)
+        key = self._layout.key(entry.name, entry.slot)
         create = self._layout.watch_delete(key, self._after[watch_id])
         create.watch_id = watch_id
         return rpc.WatchRequest(create_request=create)
@@ -193,7 +193,7 @@ class Takeovers:
         """The history since the grant is compacted: read the key instead, and watch on
         from the revision read (retried until answered, or the entry is unwatched)."""
         delay = RETRY_MIN
-        key = self._layout.key(entry.name, entry.owner)
+        key = self._layout.key(entry.name, entry.slot)
         while self._watched.get(watch_id) is entry:
             try:
                 reply = await self._wire.range(rpc.RangeRequest(key=key))

@@ -26,7 +26,7 @@ import grpc
 from aetcd import rpc
 
 from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
-from ._aio import cancellable
+from ._aio import await_unary, cancellable
 
 __all__ = ["LeaseIdTaken", "SessionGone", "Wire", "grpc_target", "map_rpc_error", "mapped"]
 
@@ -142,6 +142,18 @@ class _Stubs:
     watch: Any
 
 
+def _txn(stubs: _Stubs) -> Any:
+    return stubs.kv.Txn
+
+
+def _range(stubs: _Stubs) -> Any:
+    return stubs.kv.Range
+
+
+def _delete(stubs: _Stubs) -> Any:
+    return stubs.kv.DeleteRange
+
+
 def _stubs(channel: Any) -> _Stubs:
     return _Stubs(channel, rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel))
 
@@ -178,6 +190,11 @@ class Wire:
         wire._user = user
         wire.described = described
         return wire
+
+    @property
+    def _plain(self) -> bool:
+        """A channel of our own without credentials: no metadata to send, nothing to connect."""
+        return self._client is None and self._user is None
 
     @property
     def owns_channel(self) -> bool:
@@ -251,15 +268,31 @@ class Wire:
 
     async def txn(self, request: Any) -> Any:
         """One ``Txn`` round trip."""
-        return await self.unary("txn", lambda s: s.kv.Txn, request)
+        stubs = self._stubs
+        if stubs is None or not self._plain:
+            return await self.unary("txn", _txn, request)
+        try:  # the hot path: a channel of our own, no token
+            return await await_unary(stubs.kv.Txn(request, timeout=self.timeout))
+        except rpc.AioRpcError as exc:
+            raise map_rpc_error(exc, "txn") from exc
+        except (grpc.aio.UsageError, OSError) as exc:
+            raise BackendUnavailable(f"etcd txn: {exc!r}") from exc
 
     async def range(self, request: Any) -> Any:
         """One ``Range`` round trip."""
-        return await self.unary("range", lambda s: s.kv.Range, request)
+        return await self.unary("range", _range, request)
 
     async def delete(self, request: Any) -> Any:
         """One ``DeleteRange`` round trip."""
-        return await self.unary("delete", lambda s: s.kv.DeleteRange, request)
+        stubs = self._stubs
+        if stubs is None or not self._plain:
+            return await self.unary("delete", _delete, request)
+        try:  # the hot path, as in txn
+            return await await_unary(stubs.kv.DeleteRange(request, timeout=self.timeout))
+        except rpc.AioRpcError as exc:
+            raise map_rpc_error(exc, "delete") from exc
+        except (grpc.aio.UsageError, OSError) as exc:
+            raise BackendUnavailable(f"etcd delete: {exc!r}") from exc
 
     async def lease_grant(self, ttl: int, lease_id: int, timeout: float) -> int:
         """Grant lease ``lease_id`` for ``ttl`` seconds; the TTL the server granted.
