@@ -71,11 +71,14 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
         except TimeoutError:
             return False
         return True
-    try:  # pragma: no cover - Python 3.10
-        await asyncio.wait_for(event.wait(), timeout)
-    except asyncio.TimeoutError:
-        return False
-    return True
+    # Python 3.10: not asyncio.wait_for, which returns if the event is set in the step
+    # a cancel arrives in, and drops the cancel (a trio cancellation comes only once).
+    waiter = asyncio.ensure_future(event.wait())  # pragma: no cover - Python 3.10
+    try:  # pragma: no cover
+        done, _ = await asyncio.wait([waiter], timeout=timeout)
+    finally:
+        waiter.cancel()
+    return bool(done)  # pragma: no cover
 
 
 async def detached(awaitable: Awaitable[T]) -> T:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -41,7 +42,13 @@ try:
     # session that runs both loops, trio-asyncio must come first, or anyio calls
     # made inside a bridged asyncio-only backend fail under trio with "no running
     # event loop". A plugin loads before any test module, so import it here.
-    import trio_asyncio  # noqa: F401
+    with warnings.catch_warnings():
+        # trio-asyncio (0.16) subclasses asyncio.AbstractChildWatcher, deprecated on
+        # Python 3.12+: a warnings-as-errors run would fail to load this plugin.
+        warnings.filterwarnings(
+            "ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning
+        )
+        import trio_asyncio  # noqa: F401
 except ImportError:  # pragma: no cover - the [trio] extra is not installed
     pass
 

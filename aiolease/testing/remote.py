@@ -659,7 +659,9 @@ def _parse_url(url: str) -> tuple[str, int, dict[str, str]]:
     if port is None or port == 0 or parts.path not in ("", "/") or parts.fragment:
         raise InvalidArgument(usage)
     try:
-        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True))
+        # Python 3.10's strict parse rejects an empty query; 3.11+ returns no pairs.
+        pairs = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        query = dict(pairs)
     except ValueError:
         raise InvalidArgument(f"{usage}: bad query {parts.query!r}") from None
     return parts.hostname, port, query
