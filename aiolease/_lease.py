@@ -25,6 +25,7 @@ from typing import Any, NoReturn, final
 import anyio
 
 from ._bridge import adapt
+from ._clock import current_time
 from ._exceptions import (
     BackendError,
     BackendUnavailable,
@@ -205,12 +206,12 @@ class Lease(metaclass=_NoPublicConstructor):
         Reading this after the deadline reports :attr:`LossReason.EXPIRED` even if
         the watchdog has not woken up yet.
         """
-        if self._reason is None and anyio.current_time() >= self._deadline:
+        if self._reason is None and current_time() >= self._deadline:
             error = self._last_error
             if self._clock is not None:
                 self._follow_clock()
                 error = error or self._clock.error
-            if anyio.current_time() >= self._deadline:
+            if current_time() >= self._deadline:
                 # Refused connections mean UNREACHABLE; unanswered renewals mean EXPIRED.
                 unreachable = isinstance(error, BackendUnavailable)
                 self._end(LossReason.UNREACHABLE if unreachable else LossReason.EXPIRED)
@@ -224,7 +225,7 @@ class Lease(metaclass=_NoPublicConstructor):
         """Seconds left before the local safe deadline (0 once lost)."""
         if self.lost is not None:
             return 0.0
-        return max(self._deadline - anyio.current_time(), 0.0)
+        return max(self._deadline - current_time(), 0.0)
 
     async def wait_lost(self) -> LossReason:
         """Wait until the lease ends and return why."""
@@ -242,7 +243,7 @@ class Lease(metaclass=_NoPublicConstructor):
         :raises BackendError: the renewal failed; the lease stays valid until its deadline
         """
         self._raise_if_lost()
-        sent_at = anyio.current_time()
+        sent_at = current_time()
         try:
             grant = await self._backend.renew(
                 self._name, self._owner, self._token, self._timing.ttl
@@ -352,7 +353,7 @@ async def release_shielded(
     Never raises for backend trouble (it is logged): a release must not mask the
     exception that ended the protected block.
     """
-    with anyio.CancelScope(deadline=anyio.current_time() + timing.release_timeout, shield=True):
+    with anyio.CancelScope(deadline=current_time() + timing.release_timeout, shield=True):
         try:
             return await adapt(backend).release(name, owner, token)
         except BackendError as exc:

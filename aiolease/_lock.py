@@ -15,16 +15,24 @@ from typing import final
 import anyio
 
 from ._bridge import adapt
+from ._clock import current_time
 from ._exceptions import BackendTimeout, LeaseHeldError, LossReason
 from ._keepalive import Counters, Holding
 from ._lease import Lease, Timing, release_shielded
 from ._validate import check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, Capability, Grant
 
+_identity: tuple[int, str] = (-1, "")
+
 
 def default_identity() -> str:
-    """``host:pid``, what the holder shows when it gives no identity."""
-    return f"{socket.gethostname()}:{os.getpid()}"[:255]
+    """``host:pid``, what the holder shows when it gives no identity (worked out once
+    per process: a lock is often made per use)."""
+    global _identity
+    pid = os.getpid()
+    if _identity[0] != pid:  # first use, or a forked child
+        _identity = (pid, f"{socket.gethostname()}:{pid}"[:255])
+    return _identity[1]
 
 
 @final
@@ -81,14 +89,14 @@ async def acquire_lease(
     maybe_held = False
     try:
         while True:
-            sent_at = anyio.current_time()
+            sent_at = current_time()
             maybe_held = True
             result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
             if isinstance(result, Grant):
                 # A driver may swallow a cancellation that arrived while it awaited the
                 # reply (redis-py's asyncio client can): never hand a cancelled caller a lease.
                 await anyio.lowlevel.checkpoint_if_cancelled()
-                if timing.deadline_after(sent_at, result) > anyio.current_time():
+                if timing.deadline_after(sent_at, result) > current_time():
                     counters.acquisitions += 1
                     lease: Lease = Lease._create(
                         backend, name, owner, identity, metadata, timing, sent_at, result

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
+from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease
 from .abc import Backend, Grant, SessionClock
@@ -315,7 +316,7 @@ class Renewer:
         task group ``tg``, until a renewal must start (``True``)."""
         while scope is self._scope:  # else it moved to another host
             self._wakeups += 1
-            if not self._due(tg, renewing, anyio.current_time()):
+            if not self._due(tg, renewing, current_time()):
                 return True
             self._wake = wake = anyio.Event()
             self._wake_at = self._heap[0][0] if self._heap else math.inf
@@ -420,7 +421,7 @@ class Renewer:
     async def _renew(self, renewed: _Renewed, renewing: set[_Renewed]) -> None:
         lease = renewed.lease
         timing = lease.timing
-        sent_at = anyio.current_time()
+        sent_at = current_time()
         result: Grant | BaseException | None = None
         try:
             with anyio.fail_after(timing.renew_interval):
@@ -434,7 +435,7 @@ class Renewer:
     async def _renew_many(self, batch: list[_Renewed], renewing: set[_Renewed]) -> None:
         """Renew every lease of ``batch`` (one backend's) in one call."""
         backend = batch[0].lease.backend
-        sent_at = anyio.current_time()
+        sent_at = current_time()
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
         try:
             with anyio.fail_after(min(r.lease.timing.renew_interval for r in batch)):
@@ -484,5 +485,5 @@ class Renewer:
         renewed.counters.renew_failures += 1
         lease.note_error(exc)
         logger.info("renewal of lease %r failed, retrying: %r", lease.name, exc)
-        renewed.next_at = anyio.current_time() + renewed.backoff
+        renewed.next_at = current_time() + renewed.backoff
         renewed.backoff = min(renewed.backoff * 2, lease.timing.renew_interval)
