@@ -12,23 +12,21 @@ Every test uses tables in a schema of this run (dropped at the end).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
-import asyncpg
 import pytest
-from sql_support import eventually, grant, inner, on_asyncio, raises, refused, unique, with_query
+from pg_support import no_tls, raw, schema_of_run
+from sql_support import eventually, grant, inner, raises, refused, unique, with_query
 
 import aiolease
 from aiolease import AsyncLock, Capability, InvalidArgument
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.postgres import LISTEN_CHECK, PostgresBackend
 from aiolease.testing import CHECKS, Check
-from aiolease.testing.servers import server
 
 pytestmark = pytest.mark.anyio
 
@@ -40,46 +38,22 @@ MODES = ["poll", "listen_url"]
 # -- fixtures and helpers ------------------------------------------------------------------
 
 
-async def _raw(url: str, sql: str, *args: Any) -> list[Any]:
-    conn = await asyncpg.connect(url)
-    try:
-        rows: list[Any] = await conn.fetch(sql, *args)
-        return rows
-    finally:
-        await conn.close()
-
-
-async def raw(url: str, sql: str, *args: Any) -> list[Any]:
-    """Run one statement on a direct connection of its own, behind the backend's back."""
-    return await on_asyncio(lambda: _raw(url, sql, *args))
-
-
 @pytest.fixture(scope="module")
 def schema() -> Iterator[str]:
     """A schema of this run's own (made on the server directly); dropped at the end."""
-    name = unique("aiolease_pgbouncer")
-    url = server("postgres").url
-    asyncio.run(_raw(url, f'CREATE SCHEMA "{name}"'))
-    yield name
-    asyncio.run(_raw(url, f'DROP SCHEMA "{name}" CASCADE'))
-
-
-def _no_tls(url: str) -> str:
-    # As in tests/test_postgres.py: a connect cancelled during asyncpg's TLS request
-    # crashes trio-asyncio's loop; neither server here has TLS.
-    return url if "sslmode=" in url else with_query(url, sslmode="disable")
+    yield from schema_of_run("aiolease_pgbouncer")
 
 
 @pytest.fixture
 def direct(aiolease_server: Callable[[str], str]) -> str:
     """The PostgreSQL server itself (no options of ours)."""
-    return _no_tls(aiolease_server("postgres"))
+    return no_tls(aiolease_server("postgres"))
 
 
 @pytest.fixture
 def bouncer(aiolease_server: Callable[[str], str]) -> str:
     """PgBouncer in front of it (no options of ours)."""
-    return _no_tls(aiolease_server("pgbouncer"))
+    return no_tls(aiolease_server("pgbouncer"))
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from pg_support import no_tls, raw, schema_of_run
 from sql_support import (
     HOSTILE_IDENTIFIERS,
     cancel_as_woken,
@@ -68,40 +69,16 @@ MODEL_SETTINGS = settings(
 # -- fixtures and helpers ------------------------------------------------------------------
 
 
-async def _raw(url: str, sql: str, *args: Any) -> list[Any]:
-    conn = await asyncpg.connect(url)
-    try:
-        rows: list[Any] = await conn.fetch(sql, *args)
-        return rows
-    finally:
-        await conn.close()
-
-
-async def raw(url: str, sql: str, *args: Any) -> list[Any]:
-    """Run one statement on a connection of its own, behind the backend's back."""
-    return await on_asyncio(lambda: _raw(url, sql, *args))
-
-
 @pytest.fixture(scope="module")
 def schema() -> Iterator[str]:
     """A schema of this run's own; dropped with everything in it at the end."""
-    name = unique("aiolease_test")
-    url = server("postgres").url
-    asyncio.run(_raw(url, f'CREATE SCHEMA "{name}"'))
-    yield name
-    asyncio.run(_raw(url, f'DROP SCHEMA "{name}" CASCADE'))
+    yield from schema_of_run("aiolease_test")
 
 
 @pytest.fixture
 def pg(aiolease_server: Callable[[str], str]) -> str:
-    """The server's URL (no options of ours), without TLS, which the test server lacks.
-
-    asyncpg's default ``sslmode=prefer`` first asks the server for TLS; a connect
-    cancelled during that exchange leaves a future with an unretrieved exception,
-    which trio-asyncio's default exception handler turns into a crash of its loop.
-    """
-    url = aiolease_server("postgres")
-    return url if "sslmode=" in url else with_query(url, sslmode="disable")
+    """The server's URL (no options of ours), without TLS (see ``no_tls``)."""
+    return no_tls(aiolease_server("postgres"))
 
 
 @pytest.fixture

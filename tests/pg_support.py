@@ -1,0 +1,48 @@
+"""What the PostgreSQL tests share: statements behind the backend's back, a schema
+per run, and server URLs without TLS."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+from sql_support import on_asyncio, unique, with_query
+
+from aiolease.testing.servers import server
+
+
+async def raw_on_asyncio(url: str, sql: str, *args: Any) -> list[Any]:
+    """Run one statement on a connection of its own (asyncio only)."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows: list[Any] = await conn.fetch(sql, *args)
+        return rows
+    finally:
+        await conn.close()
+
+
+async def raw(url: str, sql: str, *args: Any) -> list[Any]:
+    """Run one statement on a connection of its own, behind the backend's back."""
+    return await on_asyncio(lambda: raw_on_asyncio(url, sql, *args))
+
+
+def schema_of_run(prefix: str) -> Iterator[str]:
+    """Make a schema of this run's own on the server itself; drop it, with everything
+    in it, at the end (the body of a module-scoped fixture)."""
+    name = unique(prefix)
+    url = server("postgres").url
+    asyncio.run(raw_on_asyncio(url, f'CREATE SCHEMA "{name}"'))
+    yield name
+    asyncio.run(raw_on_asyncio(url, f'DROP SCHEMA "{name}" CASCADE'))
+
+
+def no_tls(url: str) -> str:
+    """``url`` without TLS, which the test servers lack.
+
+    asyncpg's default ``sslmode=prefer`` first asks the server for TLS; a connect
+    cancelled during that exchange leaves a future with an unretrieved exception,
+    which trio-asyncio's default exception handler turns into a crash of its loop.
+    """
+    return url if "sslmode=" in url else with_query(url, sslmode="disable")
