@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl
 from .._exceptions import InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
 from ..abc import HolderInfo
+from ._shield import run_to_end
 
 T = TypeVar("T")
 
@@ -252,49 +253,17 @@ FINISH_GRACE = 5.0
 
 
 async def finished(statement: Awaitable[T], grace: float | None = None) -> T:
-    """Await ``statement`` (one that may grant a lease) in a task of its own; if the
-    caller is cancelled meanwhile, wait up to ``grace`` more seconds (default
-    :data:`FINISH_GRACE`) for it to end, then re-raise the caller's cancellation.
+    """Await ``statement`` (one that may grant a lease) to its end even if the caller is
+    cancelled meanwhile (for at most ``grace`` more seconds, default
+    :data:`FINISH_GRACE`), then re-raise the cancellation (see
+    :func:`~aiolease.backends._shield.run_to_end`).
 
     Interrupting the statement at once would only close its connection: the server
     still runs it to its commit, possibly *after* the compensating release that the
     cancelled caller sends next on another connection, and the grant would stay held
-    until its ttl ran out. anyio re-delivers the cancellation on every loop turn
-    meanwhile; it is held back until the statement ended. A statement still running
-    after ``grace`` is interrupted (its connection closed) before the cancellation
-    is re-raised.
-
-    :raises asyncio.CancelledError: the caller's own (anyio tells its scopes' apart)
+    until its ttl ran out.
     """
-    task = asyncio.ensure_future(statement)
-    cancelled: asyncio.CancelledError | None = None
-    give_up = math.inf
-    while not task.done() and now() < give_up:
-        try:
-            if cancelled is None:
-                await asyncio.shield(task)
-            else:
-                await asyncio.wait({task}, timeout=give_up - now())
-        except asyncio.CancelledError as exc:
-            if cancelled is None:
-                cancelled = exc
-                give_up = now() + (FINISH_GRACE if grace is None else grace)
-    if cancelled is None:
-        return task.result()
-    task.cancel()
-    while not task.done():  # it winds down at once: its connection is closed
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            pass
-    task.add_done_callback(_retrieve)
-    raise cancelled
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a task's outcome seen (nobody awaits it any more)."""
-    if not task.cancelled():
-        task.exception()
+    return await run_to_end(statement, FINISH_GRACE if grace is None else grace)
 
 
 async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar, cast
 
 from ..._exceptions import BackendUnavailable
+from .._shield import retrieve, run_to_end
 
 __all__ = [
     "CallCancelled",
@@ -83,28 +84,12 @@ async def shielded(coro: Coroutine[Any, Any, T], grace: float = math.inf) -> T:
     """Run ``coro`` to its end even if the caller is cancelled meanwhile, then re-raise
     the cancellation: its outcome is seen and recorded by ``coro`` itself.
 
-    A cancelled caller waits at most ``grace`` more seconds (``coro`` goes on in the
-    background); anyio re-delivers its cancellation on every loop turn meanwhile.
+    A cancelled caller waits at most ``grace`` more seconds (then ``coro`` is
+    cancelled); anyio re-delivers its cancellation on every loop turn meanwhile.
 
     :raises asyncio.CancelledError: the caller's own (anyio tells its scopes' apart)
     """
-    task = asyncio.ensure_future(_in_shield(coro))
-    cancelled: asyncio.CancelledError | None = None
-    give_up = math.inf
-    while not task.done() and now() < give_up:
-        try:
-            if cancelled is None:
-                await asyncio.shield(task)
-            else:
-                await asyncio.wait({task}, timeout=give_up - now())
-        except asyncio.CancelledError as exc:
-            if cancelled is None:
-                cancelled, give_up = exc, now() + grace
-    if cancelled is not None:
-        # Seen (or to be seen) here: the caller is cancelled, and coro records its outcome.
-        task.add_done_callback(_retrieve)
-        raise cancelled
-    return task.result()
+    return await run_to_end(_in_shield(coro), grace)
 
 
 async def finishing(coro: Coroutine[Any, Any, T], grace: float) -> T:
@@ -167,7 +152,7 @@ async def cancellable(call: Awaitable[T]) -> T:
         if task.cancelled() and _cancelling(current) == before:
             raise CallCancelled("etcd call cancelled: the connection was closed") from None
         task.cancel()
-        task.add_done_callback(_retrieve)
+        task.add_done_callback(retrieve)
         raise
 
 
@@ -235,11 +220,6 @@ async def _in_shield(coro: Coroutine[Any, Any, T]) -> T:
 async def _unshielded(coro: Coroutine[Any, Any, None]) -> None:
     _SHIELDED.set(False)  # a background task is cancelled when the backend closes
     await coro
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 class Tasks:
