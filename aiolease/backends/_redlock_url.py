@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from .._exceptions import InvalidArgument
-from .redis import query_pairs
+from ._redis_url import query_pairs
 
 __all__ = [
     "OPTIONS",

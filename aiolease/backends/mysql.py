@@ -60,11 +60,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._exceptions import (
@@ -76,6 +75,7 @@ from .._exceptions import (
 )
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
+from ._my_sql import Prepared, Sql
 from ._sql import (
     Key,
     RenewBatcher,
@@ -116,121 +116,6 @@ _URL_OPTIONS: dict[str, Callable[[str], Any]] = {
     "max_size": parse_count,
 }
 _KEYWORD_ONLY = ("connect_options",)
-
-_NOW = "UTC_TIMESTAMP(6)"
-_EXPIRY = f"{_NOW} + INTERVAL %(us)s MICROSECOND"
-#: The row may be granted to the caller: free, expired, or the caller's.
-_GRANTABLE = f"(owner IS NULL OR expires_at <= {_NOW} OR owner = %(owner)s)"
-#: The caller already holds it, live: an idempotent retry.
-_RETRY = f"(owner <=> %(owner)s AND expires_at > {_NOW})"
-_MINE = "owner <=> %(owner)s"
-
-
-class _Prepared(NamedTuple):
-    """A statement with positional ``%s`` parameters, named in ``names`` (in order).
-
-    Positional parameters let asyncmy run it as a server-side prepared statement
-    (when the connection has a statement cache): the server parses it once per
-    connection, not once per call, which matters for a statement this long.
-    """
-
-    sql: str
-    names: tuple[str, ...]
-
-    @classmethod
-    def of(cls, sql: str) -> _Prepared:
-        """From ``sql`` with ``%(name)s`` parameters (a name may repeat)."""
-        return cls(_NAMED.sub("%s", sql), tuple(_NAMED.findall(sql)))
-
-
-_NAMED = re.compile(r"%\((\w+)\)s")
-
-
-class _Sql:
-    """The statements for one table (the identifier validated and quoted)."""
-
-    def __init__(self, table: str) -> None:
-        t = f"`{table}`"
-        self.create = (
-            f"CREATE TABLE IF NOT EXISTS {t} ("
-            " name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL,"
-            " owner VARBINARY(255) NULL, identity VARBINARY(1024) NULL, metadata BLOB NULL,"
-            " ttl DOUBLE NULL, acquired_at DATETIME(6) NULL, expires_at DATETIME(6) NULL"
-            ") ENGINE=InnoDB"
-        )
-        # Assignment order matters: token, acquired_at, identity and metadata read the
-        # untouched row (a retry keeps them), owner is decided next, and the rest follow
-        # the new owner.
-        self.acquire = _Prepared.of(
-            f"INSERT INTO {t} (name, token, owner, identity, metadata, ttl, acquired_at,"
-            " expires_at) VALUES (%(name)s, LAST_INSERT_ID(1), %(owner)s, %(identity)s,"
-            f" %(metadata)s, %(ttl)s, {_NOW}, {_EXPIRY})"
-            " ON DUPLICATE KEY UPDATE"
-            f" token = IF({_GRANTABLE}, LAST_INSERT_ID(IF({_RETRY}, token, token + 1)),"
-            " token + LAST_INSERT_ID(0)),"
-            f" acquired_at = IF({_GRANTABLE} AND NOT {_RETRY}, {_NOW}, acquired_at),"
-            f" identity = IF({_GRANTABLE} AND NOT {_RETRY}, %(identity)s, identity),"
-            f" metadata = IF({_GRANTABLE} AND NOT {_RETRY}, %(metadata)s, metadata),"
-            f" owner = IF({_GRANTABLE}, %(owner)s, owner),"
-            f" ttl = IF({_MINE}, %(ttl)s, ttl),"
-            f" expires_at = IF({_MINE}, {_EXPIRY}, expires_at)"
-        )
-        self.holder = _Prepared.of(
-            "SELECT owner, identity, token, metadata,"
-            f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at) FROM {t}"
-            f" WHERE name = %(name)s AND owner IS NOT NULL AND expires_at > {_NOW}"
-        )
-        self.renew = (
-            f"UPDATE {t} SET token = LAST_INSERT_ID(token), ttl = %(ttl)s,"
-            f" expires_at = {_EXPIRY} WHERE name = %(name)s AND owner = %(owner)s"
-            f" AND token = %(token)s AND expires_at > {_NOW}"
-        )
-        self.release = _Prepared.of(
-            f"UPDATE {t} SET token = LAST_INSERT_ID(token), owner = NULL, identity = NULL,"
-            " metadata = NULL, expires_at = NULL WHERE name = %(name)s AND owner = %(owner)s"
-            f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
-        )
-        # Release and grant to the next holder in one statement (WHERE reads the old row;
-        # the token is assigned first, so LAST_INSERT_ID carries the new one back).
-        self.hand_off = _Prepared.of(
-            f"UPDATE {t} SET token = LAST_INSERT_ID(token + 1), owner = %(next)s,"
-            " identity = %(identity)s, metadata = %(metadata)s, ttl = %(ttl)s,"
-            f" acquired_at = {_NOW}, expires_at = {_EXPIRY}"
-            " WHERE name = %(name)s AND owner = %(owner)s"
-            f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
-        )
-        self._table = t
-
-    def renew_many(self, count: int) -> str:
-        """Renew ``count`` leases of one ttl: params ttl, microseconds, then a
-        (name, owner, token) triple per lease."""
-        return (
-            f"UPDATE {self._table} SET ttl = %s, expires_at = {_NOW} + INTERVAL %s MICROSECOND"
-            f" WHERE (name, owner, token) IN ({_triples(count)}) AND expires_at > {_NOW}"
-        )
-
-    def renew_mixed(self, count: int) -> str:
-        """Renew ``count`` leases of different ttls: params (name, owner, token, ttl,
-        microseconds) per lease."""
-        rows = " UNION ALL SELECT %s, %s, %s, %s, %s" * (count - 1)
-        return (
-            f"UPDATE {self._table} AS l JOIN (SELECT %s AS name, %s AS owner, %s AS token,"
-            f" %s AS ttl, %s AS us{rows}) AS v"
-            " ON l.name = v.name AND l.owner = v.owner AND l.token = v.token"
-            f" SET l.ttl = v.ttl, l.expires_at = {_NOW} + INTERVAL v.us MICROSECOND"
-            f" WHERE l.expires_at > {_NOW}"
-        )
-
-    def live(self, count: int) -> str:
-        """Which of ``count`` (name, owner, token) triples hold a live row."""
-        return (
-            f"SELECT name, owner, token FROM {self._table}"
-            f" WHERE (name, owner, token) IN ({_triples(count)}) AND expires_at > {_NOW}"
-        )
-
-
-def _triples(count: int) -> str:
-    return ", ".join(["(%s, %s, %s)"] * count)
 
 
 def _errno(exc: BaseException) -> int | None:
@@ -313,16 +198,16 @@ _ID, _ROWS, _COUNT = "id", "rows", "count"
 
 
 async def _exchange(
-    conn: Any, sql: _Prepared | str, params: Any, want: str, then: _Prepared | None
+    conn: Any, sql: Prepared | str, params: Any, want: str, then: Prepared | None
 ) -> Any:
     """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
 
-    A :class:`_Prepared` statement takes its parameters from the mapping ``params``;
-    a plain one (a batch, whose text differs with its size, so preparing it would
-    cost a round trip per new size) goes as text.
+    A :class:`~aiolease.backends._my_sql.Prepared` statement takes its parameters from
+    the mapping ``params``; a plain one (a batch, whose text differs with its size, so
+    preparing it would cost a round trip per new size) goes as text.
     """
     async with conn.cursor() as cur:
-        if isinstance(sql, _Prepared):
+        if isinstance(sql, Prepared):
             count = await cur.execute(sql.sql, [params[name] for name in sql.names])
         else:
             count = await cur.execute(cur.mogrify(sql, params))
@@ -412,7 +297,7 @@ class MySQLBackend(Backend):
         self._pool = pool
         #: Our own connections (a backend made from a URL), else ``None``: ``pool`` is the user's.
         self._lean: LeanPool[Any] | None = None
-        self._sql = _Sql(self._table)
+        self._sql = Sql(self._table)
         self._setup_lock = asyncio.Lock()
         self._wakeups = Wakeups()
         self._batcher = RenewBatcher(self._renew_batch, window=window)
@@ -527,10 +412,10 @@ class MySQLBackend(Backend):
 
     async def _execute(
         self,
-        sql: _Prepared | str,
+        sql: Prepared | str,
         params: Any,
         want: str = _ID,
-        then: _Prepared | None = None,
+        then: Prepared | None = None,
         renewal: bool = False,
     ) -> Any:
         """Run ``sql``, creating the table on first use.
@@ -552,7 +437,7 @@ class MySQLBackend(Backend):
             return await self._run(sql, params, want, then, renewal)
 
     async def _run(
-        self, sql: _Prepared | str, params: Any, want: str, then: _Prepared | None, renewal: bool
+        self, sql: Prepared | str, params: Any, want: str, then: Prepared | None, renewal: bool
     ) -> Any:
         lean = self._lean
         if lean is None:

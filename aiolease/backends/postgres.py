@@ -65,15 +65,11 @@ directly (or at a session-mode pool), are woken by ``NOTIFY`` as usual.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
 
 from .._exceptions import (
-    BackendError,
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
@@ -82,7 +78,12 @@ from .._exceptions import (
 )
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
-from ._pg_sql import Sql, advisory_key, default_channel, parse_payload
+from ._pg_errors import map_error as map_error
+from ._pg_errors import mapped
+from ._pg_listener import LISTEN_CHECK as LISTEN_CHECK
+from ._pg_listener import Listening
+from ._pg_sql import Sql, advisory_key, default_channel
+from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 from ._sql import (
     Key,
     RenewBatcher,
@@ -94,13 +95,7 @@ from ._sql import (
     finished,
     holder,
     now,
-    parse_bool,
-    parse_count,
-    parse_query,
-    parse_seconds,
-    parse_size,
     pool_size,
-    timeout_after,
     wait_event,
 )
 from ._sql_pool import LeanPool, PoolStatistics
@@ -108,49 +103,10 @@ from ._sql_turns import Turn, Turns
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
 
-logger = logging.getLogger("aiolease.postgres")
-
 #: How many times a refusal whose holder the statement could not see is asked again.
 _RACE_RETRIES = 8
-#: While listening, waits still return this often, and the listener is checked as often.
-LISTEN_CHECK = 10.0
-#: Names whose latest notification is remembered (see ``_unchanged_since``).
-_MAX_NOTED = 4096
-#: The longest pause between attempts to reconnect the listener.
-_MAX_LISTEN_BACKOFF = 5.0
 #: The SQLSTATE of a statement on a table that does not exist (yet).
 _UNDEFINED_TABLE = "42P01"
-#: SQLSTATEs (or their two-character classes) that mean "try again later", not "down".
-_TIMEOUT_STATES = ("57014", "55P03", "40P01", "40001")
-_UNAVAILABLE_STATES = ("08", "53", "57P", "3D000", "28")
-
-#: What ``pooler`` may say: ``none`` and ``session`` (a session-mode pool) change nothing.
-_POOLERS = ("none", "session", "transaction")
-
-
-def _parse_pooler(value: object) -> str:
-    """:raises InvalidArgument: unless ``value`` is one of :data:`_POOLERS`"""
-    if not isinstance(value, str) or value.strip().lower() not in _POOLERS:
-        raise InvalidArgument(f"pooler must be one of {', '.join(_POOLERS)}; got {value!r}")
-    return value.strip().lower()
-
-
-_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "table": str,
-    "schema": str,
-    "channel": str,
-    "listen": parse_bool,
-    "listen_url": str,
-    "poll_interval": parse_seconds,
-    "renew_window": parse_seconds,
-    "command_timeout": parse_seconds,
-    "connect_timeout": parse_seconds,
-    "min_size": parse_size,
-    "max_size": parse_count,
-    "statement_cache_size": parse_size,
-    "pooler": _parse_pooler,
-}
-_KEYWORD_ONLY = ("connect_options",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,40 +127,6 @@ class PostgresStatistics:
     listener_connects: int
     waiting: int
     pool: PoolStatistics | None = None
-
-
-def map_error(exc: BaseException) -> BackendError:
-    """The aiolease error for an asyncpg or socket error (most specific first)."""
-    import asyncpg
-
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        return BackendTimeout(f"PostgreSQL did not answer in time: {exc!r}")
-    if isinstance(exc, asyncpg.PostgresError):
-        state = str(getattr(exc, "sqlstate", "") or "")
-        text = f"PostgreSQL error {state}: {exc}"
-        if state in _TIMEOUT_STATES:
-            return BackendTimeout(text)
-        if state.startswith(_UNAVAILABLE_STATES):
-            return BackendUnavailable(text)
-        return BackendError(text)
-    return BackendUnavailable(f"PostgreSQL unreachable: {exc!r}")
-
-
-@contextmanager
-def _mapped() -> Iterator[None]:
-    """Raise driver and socket errors as :class:`BackendError` ``from`` the original."""
-    try:
-        yield
-    except BackendError:
-        raise
-    except (OSError, asyncio.TimeoutError) as exc:
-        raise map_error(exc) from exc
-    except Exception as exc:
-        # Any asyncpg error, including its InternalClientError (seen on a connection
-        # the server killed mid-statement), which derives from none of the others.
-        if type(exc).__module__.startswith("asyncpg"):
-            raise map_error(exc) from exc
-        raise
 
 
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
@@ -235,7 +157,7 @@ def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
     return None if holder is None else (holder.owner, holder.token)
 
 
-class PostgresBackend(Backend):
+class PostgresBackend(Listening, Backend):
     """Leases as rows of a PostgreSQL table, on asyncpg.
 
     :param db: an ``asyncpg.Pool`` or ``asyncpg.Connection`` (yours: never closed here;
@@ -374,9 +296,9 @@ class PostgresBackend(Backend):
         :raises InvalidArgument: a malformed URL or option
         :raises BackendUnavailable: the server cannot be reached
         """
-        dsn, ours = _parse_url(url)
+        dsn, ours = parse_url(url)
         for key in options:
-            if (key not in _URL_OPTIONS and key not in _KEYWORD_ONLY) or key in ours:
+            if (key not in URL_OPTIONS and key not in KEYWORD_ONLY) or key in ours:
                 raise InvalidArgument(f"PostgreSQL option {key!r} is unknown or given twice")
         ours.update(options)
         return await cls._open(dsn, ours)
@@ -386,7 +308,7 @@ class PostgresBackend(Backend):
         import asyncpg
 
         min_size, max_size = pool_size(options.pop("min_size", 1), options.pop("max_size", 10))
-        pooled = _parse_pooler(options.pop("pooler", "none")) == "transaction"
+        pooled = parse_pooler(options.pop("pooler", "none")) == "transaction"
         connect = dict(options.get("connect_options") or {})
         if "statement_cache_size" in options:
             connect["statement_cache_size"] = options.pop("statement_cache_size")
@@ -418,7 +340,7 @@ class PostgresBackend(Backend):
             close_timeout=timeout,
             what=repr(backend),
         )
-        with _mapped():
+        with mapped():
             try:
                 await pool.fill()
             except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
@@ -447,7 +369,7 @@ class PostgresBackend(Backend):
         :raises BackendError: e.g. the schema does not exist or the role may not create
         """
         async with self._setup_lock:
-            with _mapped():
+            with mapped():
                 if self._pool is not None:
                     async with self._pool.connection(reusable=self._reusable) as conn:
                         await self._create(conn)
@@ -475,15 +397,15 @@ class PostgresBackend(Backend):
     async def _fetch(self, sql: str, *args: Any, renewal: bool = False) -> list[Any]:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        try:  # not ``_mapped()``: a context manager per statement costs more than this
+        try:  # not ``mapped()``: a context manager per statement costs more than this
             if self._pool is not None:
                 return await self._run_pooled(self._pool, sql, args, renewal)
             return await self._gated(sql, args, renewal)
         except Exception as exc:
             if getattr(exc, "sqlstate", None) != _UNDEFINED_TABLE:
-                with _mapped():
+                with mapped():
                     raise
-        with _mapped():
+        with mapped():
             await self.setup()  # first use: create the table, then ask again
             if self._pool is not None:
                 return await self._run_pooled(self._pool, sql, args, renewal)
@@ -788,124 +710,6 @@ class PostgresBackend(Backend):
         seq, granted_to = self._noted.get(name, (self._noted_floor, None))
         return seq <= mark[1] or (owner is not None and granted_to == owner)
 
-    # -- the listener --------------------------------------------------------------------------
-
-    async def _ensure_listening(self) -> bool:
-        """Whether a listener is up; (re)connect it, or check it, when due. Never raises."""
-        if not self._listen or self._closed:
-            return False
-        at = now()
-        if self._listener is not None and at < self._listener_checked + LISTEN_CHECK:
-            return True
-        if self._listen_lock.locked() or (self._listener is None and at < self._listener_retry_at):
-            return self._listener is not None  # another task is at it, or it is too soon
-        async with self._listen_lock:
-            if self._listener is not None and await self._listener_healthy():
-                return True
-            return await self._connect_listener()
-
-    async def _listener_healthy(self) -> bool:
-        try:
-            async with timeout_after(self._connect_timeout):
-                await self._listener.fetchval("SELECT 1")
-        except Exception as exc:  # any failure (a timeout too): drop it and connect anew
-            logger.info("PostgreSQL listener of %r failed a check: %r", self, exc)
-            await self._drop_listener(terminate=True)
-            return False
-        self._listener_checked = now()
-        return True
-
-    async def _connect_listener(self) -> bool:
-        registered = self._takers.mark()  # these see only later commits on the new listener
-        try:
-            async with timeout_after(self._connect_timeout):
-                conn = await self._open_and_listen()
-        except Exception as exc:  # refused, reset, timed out, ...: poll, and try again later
-            self._listener_backoff = min(
-                max(self._listener_backoff * 2, self.poll_interval), _MAX_LISTEN_BACKOFF
-            )
-            self._listener_retry_at = now() + self._listener_backoff
-            logger.info("PostgreSQL listener of %r cannot connect: %r", self, exc)
-            return False
-        self._on_lost = lambda _conn: self._listener_lost(conn)
-        conn.add_termination_listener(self._on_lost)
-        self._listener = conn
-        self._listener_checked = now()
-        self._listener_backoff = 0.0
-        self._listener_connects += 1
-        self._takers.arm_before(registered)
-        self._wakeups.wake_all()  # notifications sent while nobody listened are lost
-        self._turns.wake_all()
-        return True
-
-    async def _open_and_listen(self) -> Any:
-        conn = await self._open_listener()
-        try:
-            await conn.add_listener(self._channel, self._notified)
-        except BaseException:
-            await self._give_back(conn, terminate=True)
-            raise
-        return conn
-
-    async def _open_listener(self) -> Any:
-        import asyncpg
-
-        if self._listen_url is not None:
-            return await asyncpg.connect(
-                self._listen_url, timeout=self._connect_timeout, **self._connect_options
-            )
-        if self._conn_lock is not None:
-            if self._db.is_closed():
-                raise BackendUnavailable("the connection given to the backend is closed")
-            return self._db
-        return await self._db.acquire()
-
-    def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        """``'g' + name``: granted (a takeover, or a hand-off), ``'r' + name``: released.
-        Watchers wake on both; the oldest waiter for the name only on a release."""
-        kind, name, owner = parse_payload(payload)
-        self._notes += 1
-        if len(self._noted) >= _MAX_NOTED:
-            self._noted.clear()
-            self._noted_floor = self._notes
-        self._noted[name] = (self._notes, owner)
-        self._wakeups.wake(name)
-        if kind != "g":
-            self._turns.wake_one(name)
-        self._takers.notified(name, owner)
-
-    def _listener_lost(self, conn: Any) -> None:
-        if conn is self._listener:
-            logger.info("PostgreSQL listener of %r was disconnected", self)
-            self._listener = None
-            self._listener_retry_at = -1.0  # reconnect on the next wait
-            self._wakeups.wake_all()
-            self._turns.wake_all()
-
-    async def _drop_listener(self, *, terminate: bool) -> None:
-        conn, self._listener = self._listener, None
-        if conn is not None:
-            conn.remove_termination_listener(self._on_lost)
-            await self._give_back(conn, terminate=terminate)
-
-    async def _give_back(self, conn: Any, *, terminate: bool) -> None:
-        """Close a listener we opened, hand one back to the user's pool, or just unlisten."""
-        try:
-            if conn is self._db:
-                if not conn.is_closed():
-                    await conn.remove_listener(self._channel, self._notified)
-            elif self._listen_url is not None:
-                if terminate:
-                    conn.terminate()
-                else:
-                    await conn.close(timeout=self._connect_timeout)
-            else:
-                await self._db.release(conn, timeout=self._connect_timeout)
-        except Exception as exc:  # closing a broken connection may fail; it is gone anyway
-            logger.debug("closing the listener of %r: %r", self, exc)
-            if conn is not self._db:
-                conn.terminate()
-
     async def aclose(self) -> None:
         """Stop listening and close the pool if this backend opened it. Idempotent."""
         if self._closed:
@@ -919,22 +723,3 @@ class PostgresBackend(Backend):
         finally:
             if self._pool is not None:
                 await self._pool.aclose()
-
-
-def _parse_url(url: str) -> tuple[str, dict[str, Any]]:
-    """Split a PostgreSQL URL into asyncpg's DSN and our options.
-
-    :raises InvalidArgument: not a postgres(ql) URL, or a bad option
-    """
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("postgres", "postgresql") or parts.fragment:
-        raise InvalidArgument(
-            f"a PostgreSQL URL is 'postgresql://user@host:5432/dbname', got {url!r}"
-        )
-    ours, rest = parse_query(parts.query, _URL_OPTIONS, what="PostgreSQL", keep_unknown=True)
-    try:
-        parts.port  # noqa: B018 - raises on a malformed port
-    except ValueError as exc:
-        raise InvalidArgument(f"PostgreSQL URL {url!r}: {exc}") from None
-    dsn = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
-    return dsn, ours

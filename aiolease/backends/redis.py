@@ -86,11 +86,10 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast, final
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -133,6 +132,9 @@ from ._redis_scripts import (
 )
 from ._redis_takeover import Followers
 from ._redis_tickets import Tickets
+from ._redis_url import OUR_OPTIONS, flag
+from ._redis_url import SCHEMES as SCHEMES
+from ._redis_url import parse_url as parse_url
 
 if TYPE_CHECKING:
     from ._redis_resp import LeanClient
@@ -144,7 +146,6 @@ else:  # pragma: no cover
 
 __all__ = ["ForeignDataError", "RedisBackend", "RedisStatistics"]
 
-SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 #: Seconds a command may take on a client the backend makes itself.
 DEFAULT_TIMEOUT = 5.0
 #: Seconds a ``WAIT`` for replicas may block, when ``wait_replicas`` is set.
@@ -156,22 +157,6 @@ EXPIRY_SLACK = 0.002
 BLOCK_BACKSTOP = 1.0
 #: A fair waiter retries (and so refreshes its queue entry) at least this often, per ttl.
 REFRESH_FRACTION = 1 / 3
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-#: Query options that redis-py takes as strings.
-_REDIS_TEXT_OPTIONS = {
-    "client_name",
-    "ssl_keyfile",
-    "ssl_certfile",
-    "ssl_cert_reqs",
-    "ssl_ca_certs",
-    "ssl_ca_path",
-    "ssl_ca_data",
-    "ssl_password",
-}
-_OUR_OPTIONS = ("prefix", "fair", "wait_replicas", "wait_timeout")
-#: What the query of a Cluster or Sentinel URL may also hold.
-_MULTI_OPTIONS = {"socket_timeout", "socket_connect_timeout", "client_name", "sentinel_password"}
 
 
 class ForeignDataError(BackendError):
@@ -200,71 +185,6 @@ class RedisStatistics:
     renewing: int
     batches: int
     renewals: int
-
-
-def _flag(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
-        return value.lower() in _TRUE
-    raise InvalidArgument(f"Redis option {key} must be a bool (1/0, true/false), got {value!r}")
-
-
-def query_pairs(url: str, query: str, what: str = "Redis URL") -> list[tuple[str, str]]:
-    """The ``(key, value)`` pairs of ``url``'s query, blank values kept.
-
-    :raises InvalidArgument: a malformed query
-    """
-    try:
-        return parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError as exc:
-        raise InvalidArgument(f"{what} {url!r} has a malformed query: {exc}") from None
-
-
-def parse_url(url: str) -> tuple[str, dict[str, str]]:
-    """Split a Redis URL into the URL redis-py gets and aiolease's own options.
-
-    :raises InvalidArgument: another scheme, a malformed URL, or an unknown option
-    """
-    try:
-        parts = urlsplit(url)
-        multi = parts.scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES
-        if not multi:
-            parts.port  # noqa: B018 - raises ValueError for a malformed port
-    except ValueError as exc:
-        raise InvalidArgument(f"malformed Redis URL {url!r}: {exc}") from None
-    scheme = parts.scheme.lower()
-    if scheme not in SCHEMES or parts.fragment:
-        raise InvalidArgument(
-            "a Redis URL is redis://host[:port][/db], rediss://..., unix:///path,"
-            f" redis+cluster://host:port,... or redis+sentinel://host:port,.../service,"
-            f" got {url!r}"
-        )
-    if scheme == "unix" and parts.path in ("", "/"):
-        raise InvalidArgument(f"Redis URL {url!r} names no socket path")
-    if not multi and scheme != "unix" and parts.path not in ("", "/"):
-        if not parts.path[1:].isdigit():
-            raise InvalidArgument(f"Redis URL {url!r}: the path must be a database number")
-    query = query_pairs(url, parts.query)
-    ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    known = _MULTI_OPTIONS if multi else set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_TEXT_OPTIONS
-    seen: set[str] = set()
-    for key, value in query:
-        if key in seen or (key not in known and key not in _OUR_OPTIONS):
-            raise InvalidArgument(
-                f"Redis URL option {key!r} is unknown or repeated; aiolease's are "
-                f"{', '.join(_OUR_OPTIONS)}, redis-py's {', '.join(sorted(known))}"
-            )
-        seen.add(key)
-        if key in _OUR_OPTIONS:
-            ours[key] = value
-        else:
-            theirs.append((key, value))
-    rebuilt = f"{parts.scheme}://{parts.netloc}{parts.path}"
-    if theirs:
-        rebuilt += f"?{urlencode(theirs)}"
-    return rebuilt, ours
 
 
 def _ms(seconds: float) -> int:
@@ -398,7 +318,7 @@ class RedisBackend(Backend):
             )
         self._client = client
         self._prefix = check_prefix(prefix)
-        self._fair = _flag("fair", fair)
+        self._fair = flag("fair", fair)
         self._timeout = check_seconds("timeout", timeout)
         self._replication = Replication.of(client, wait_replicas, wait_timeout)
         self._also_close: list[Callable[[], Awaitable[None]]] = []
@@ -455,7 +375,7 @@ class RedisBackend(Backend):
         """
         redis_url, ours = parse_url(url)
         for key in options:
-            if key not in (*_OUR_OPTIONS, "timeout") or key in ours:
+            if key not in (*OUR_OPTIONS, "timeout") or key in ours:
                 raise InvalidArgument(f"Redis option {key!r} is unknown or given twice")
         settings: dict[str, Any] = {**ours, **options}
         timeout = check_seconds("timeout", settings.pop("timeout", DEFAULT_TIMEOUT))

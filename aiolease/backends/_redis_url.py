@@ -1,0 +1,103 @@
+"""Redis URLs: what goes to redis-py, and the options that are aiolease's own.
+
+See :mod:`aiolease.backends.redis` for the URL forms, and
+:mod:`aiolease.backends._redis_clients` for the Cluster and Sentinel ones.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+from .._exceptions import InvalidArgument
+from ._redis_clients import CLUSTER_SCHEMES, SENTINEL_SCHEMES
+
+__all__ = ["OUR_OPTIONS", "SCHEMES", "flag", "parse_url", "query_pairs"]
+
+SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+#: Query options that redis-py takes as strings.
+_REDIS_TEXT_OPTIONS = {
+    "client_name",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_ca_data",
+    "ssl_password",
+}
+OUR_OPTIONS = ("prefix", "fair", "wait_replicas", "wait_timeout")
+#: What the query of a Cluster or Sentinel URL may also hold.
+_MULTI_OPTIONS = {"socket_timeout", "socket_connect_timeout", "client_name", "sentinel_password"}
+
+
+def flag(key: str, value: object) -> bool:
+    """``value`` as a bool (a bool, or ``1``/``0``, ``true``/``false``, ...).
+
+    :raises InvalidArgument: anything else
+    """
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise InvalidArgument(f"Redis option {key} must be a bool (1/0, true/false), got {value!r}")
+
+
+def query_pairs(url: str, query: str, what: str = "Redis URL") -> list[tuple[str, str]]:
+    """The ``(key, value)`` pairs of ``url``'s query, blank values kept.
+
+    :raises InvalidArgument: a malformed query
+    """
+    try:
+        return parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise InvalidArgument(f"{what} {url!r} has a malformed query: {exc}") from None
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """Split a Redis URL into the URL redis-py gets and aiolease's own options.
+
+    :raises InvalidArgument: another scheme, a malformed URL, or an unknown option
+    """
+    try:
+        parts = urlsplit(url)
+        multi = parts.scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES
+        if not multi:
+            parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError as exc:
+        raise InvalidArgument(f"malformed Redis URL {url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in SCHEMES or parts.fragment:
+        raise InvalidArgument(
+            "a Redis URL is redis://host[:port][/db], rediss://..., unix:///path,"
+            f" redis+cluster://host:port,... or redis+sentinel://host:port,.../service,"
+            f" got {url!r}"
+        )
+    if scheme == "unix" and parts.path in ("", "/"):
+        raise InvalidArgument(f"Redis URL {url!r} names no socket path")
+    if not multi and scheme != "unix" and parts.path not in ("", "/"):
+        if not parts.path[1:].isdigit():
+            raise InvalidArgument(f"Redis URL {url!r}: the path must be a database number")
+    query = query_pairs(url, parts.query)
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    known = _MULTI_OPTIONS if multi else set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_TEXT_OPTIONS
+    seen: set[str] = set()
+    for key, value in query:
+        if key in seen or (key not in known and key not in OUR_OPTIONS):
+            raise InvalidArgument(
+                f"Redis URL option {key!r} is unknown or repeated; aiolease's are "
+                f"{', '.join(OUR_OPTIONS)}, redis-py's {', '.join(sorted(known))}"
+            )
+        seen.add(key)
+        if key in OUR_OPTIONS:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    rebuilt = f"{parts.scheme}://{parts.netloc}{parts.path}"
+    if theirs:
+        rebuilt += f"?{urlencode(theirs)}"
+    return rebuilt, ours
