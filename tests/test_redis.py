@@ -672,7 +672,9 @@ async def test_watchers_outlive_their_connections_being_killed(
                         await anyio.sleep(0.01)
                     killed += found
                 tg.cancel_scope.cancel()
-        assert failed >= 1
+        # Whether a wait saw a kill as a BackendError (``failed``) depends on timing: the
+        # lean pub/sub connection reconnects under its waiters without failing them.
+        # What must hold: nothing but BackendError escaped, and the wake-ups below.
 
         # Pooled connections killed while idle fail one command each (BackendUnavailable),
         # which the core would retry: so do these calls.
