@@ -18,7 +18,7 @@ Driver-free and asyncio-only, like :mod:`aiolease.backends._sql`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -49,7 +49,7 @@ class Turn:
     #: It left by an exception: a hand-off that ends later gives its grant back.
     cancelled: bool = False
     #: A hand-off to it failed midway (the statement may have committed): it may hold
-    #: the row, so a waiter that stops gives it back (a backend that checks this).
+    #: the row, so a waiter that stops gives it back.
     doubt: bool = False
     gone: bool = False
 
@@ -113,6 +113,32 @@ class Turns:
         if turn.grant is not None and turn.grant[0]:
             self._handed[(name, owner)] = turn
 
+    async def wait(
+        self,
+        name: str,
+        owner: str,
+        turn_wait: Callable[[Turn], Awaitable[None]],
+        change_wait: Callable[[], Awaitable[None]],
+        give_back: Callable[[int | None], Awaitable[object]],
+    ) -> None:
+        """A backend's ``wait_turn``: queued oldest first, wait with ``turn_wait`` (or,
+        when ``owner`` was not refused here, ``change_wait``); a hand-off to it that is
+        in flight is seen to its end. A wait that ends by an exception never leaves a
+        grant handed to it held: ``give_back(token)`` releases it (``None``: a hand-off
+        failed midway and may have committed).
+        """
+        with self.queued(name, owner) as turn:
+            if turn is None:
+                await change_wait()
+                return
+            try:
+                await turn_wait(turn)
+                if turn.grant is not None:
+                    await turn.settled.wait()  # a hand-off to us is in flight: see it end
+            except BaseException:
+                await asyncio.shield(_leave(turn, give_back))
+                raise
+
     def next(self, name: str) -> Turn | None:
         """The oldest waiter for ``name`` that has no grant yet."""
         for turn in self._queues.get(name, ()):
@@ -142,3 +168,16 @@ class Turns:
         for queue in self._queues.values():
             for turn in queue:
                 turn.event.set()
+
+
+async def _leave(turn: Turn, give_back: Callable[[int | None], Awaitable[object]]) -> None:
+    """A waiter stops by an exception: never leave a grant handed to it held."""
+    in_flight = turn.grant is not None and not turn.grant[0]
+    turn.cancelled = True  # from here on, a hand-off that succeeds gives it back itself
+    if in_flight:
+        await turn.settled.wait()
+    elif turn.grant is not None:
+        await give_back(turn.grant[0])
+        return
+    if turn.doubt:  # a hand-off to it failed midway: it may hold the row
+        await give_back(None)

@@ -657,17 +657,13 @@ class MySQLBackend(Backend):
         Other waiters of this backend are not woken by the same change (wake-one),
         and a release through this backend hands the name to the oldest waiter.
         """
-        with self._turns.queued(name, owner) as turn:
-            if turn is None:
-                await self.wait_changed(name, seen)
-                return
-            try:
-                await self._wait_turn(name, seen, turn)
-                if turn.grant is not None:
-                    await turn.settled.wait()  # a hand-off to us is in flight: see it end
-            except BaseException:
-                await asyncio.shield(self._leave_turn(name, owner, turn))
-                raise
+        await self._turns.wait(
+            name,
+            owner,
+            lambda turn: self._wait_turn(name, seen, turn),
+            lambda: self.wait_changed(name, seen),
+            lambda token: self.release(name, owner, token),
+        )
 
     async def _wait_turn(self, name: str, seen: HolderInfo, turn: Turn) -> None:
         current: HolderInfo | None = seen
@@ -676,18 +672,6 @@ class MySQLBackend(Backend):
         if turn.grant is not None or _key(current) != _key(seen):
             return
         await self._wait(turn.event, current)
-
-    async def _leave_turn(self, name: str, owner: str, turn: Turn) -> None:
-        """A waiter stops (cancelled): never leave a grant handed to it held."""
-        in_flight = turn.grant is not None and not turn.grant[0]
-        turn.cancelled = True  # from here on, a hand-off that succeeds gives it back
-        if in_flight:
-            await turn.settled.wait()
-        elif turn.grant is not None:
-            await self.release(name, owner, turn.grant[0])
-            return
-        if turn.doubt:  # a hand-off to it failed midway: it may hold the row
-            await self.release(name, owner, None)
 
     async def aclose(self) -> None:
         """Close the pool if this backend opened it. Idempotent."""

@@ -569,6 +569,7 @@ class PostgresBackend(Listening, Backend):
             )  # fmt: skip
         except BaseException:
             turn.grant = None
+            turn.doubt = True  # it may hold the row now: it gives it back if it stops
             raise
         finally:
             turn.settled.set()
@@ -664,19 +665,13 @@ class PostgresBackend(Listening, Backend):
         Other waiters of this backend are not woken by the same change (wake-one),
         and a release through this backend hands the name to the oldest waiter.
         """
-        with self._turns.queued(name, owner) as turn:
-            if turn is None:
-                await self.wait_changed(name, seen)
-                return
-            try:
-                await self._wait_turn(name, seen, turn)
-                if turn.grant is not None:
-                    await turn.settled.wait()  # a hand-off to us is in flight: see it end
-            except BaseException:
-                turn.cancelled = True
-                if turn.grant is not None and turn.grant[0]:  # ours: the caller will not take it
-                    await asyncio.shield(self.release(name, owner, turn.grant[0]))
-                raise
+        await self._turns.wait(
+            name,
+            owner,
+            lambda turn: self._wait_turn(name, seen, turn),
+            lambda: self.wait_changed(name, seen),
+            lambda token: self.release(name, owner, token),
+        )
 
     async def _wait_turn(self, name: str, seen: HolderInfo, turn: Turn) -> None:
         listening = await self._ensure_listening()  # queued first: a change then wakes us
