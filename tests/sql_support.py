@@ -103,6 +103,34 @@ async def refused(backend: Backend, name: str, owner: str) -> HolderInfo:
     return result
 
 
+async def check_oldest_waiter_gets_it(
+    b: Backend, waiting: Callable[[int], Awaitable[None]]
+) -> None:
+    """Waiters of one backend queue oldest first; each release grants the next in line
+    in the release statement itself (a herd would wake all, in no set order), with
+    tokens one apart. ``waiting(n)`` returns once ``n`` waits are blocked."""
+    name = unique("handoff")
+    first = await AsyncLock(b, name, ttl=30).acquire()
+    order: list[int] = []
+    tokens: list[int] = []
+
+    async def wait(i: int) -> None:
+        lease = await AsyncLock(b, name, ttl=30).acquire()
+        order.append(i)
+        tokens.append(lease.token)
+        assert await lease.release()
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(wait, i)
+                await waiting(i + 1)  # queued before the next one starts
+            assert await first.release()
+    assert order == [0, 1, 2, 3]
+    assert tokens == [first.token + 1, first.token + 2, first.token + 3, first.token + 4]
+    assert await b.read(name) is None
+
+
 async def eventually(predicate: Callable[[], bool], what: str, within: float = 20.0) -> None:
     """Wait until ``predicate()`` holds (a state of another loop no event reports).
 

@@ -21,6 +21,7 @@ from pg_support import no_tls, raw, schema_of_run
 from sql_support import (
     HOSTILE_IDENTIFIERS,
     cancel_as_woken,
+    check_oldest_waiter_gets_it,
     check_one_winner,
     eventually,
     first_use_by_processes,
@@ -633,29 +634,8 @@ async def test_timeout_after_never_swallows_a_cancel(anyio_backend: str) -> None
 
 
 async def test_a_release_hands_the_name_to_the_oldest_waiter(pg_url: str) -> None:
-    # Waiters of one backend queue oldest first; each release grants the next in line
-    # in the release statement itself (a herd would wake all, in no set order).
     async with backend(pg_url, poll_interval=60) as b:
-        name = unique("handoff")
-        first = await AsyncLock(b, name, ttl=30).acquire()
-        order: list[int] = []
-        tokens: list[int] = []
-
-        async def wait(i: int) -> None:
-            lease = await AsyncLock(b, name, ttl=30).acquire()
-            order.append(i)
-            tokens.append(lease.token)
-            assert await lease.release()
-
-        with anyio.fail_after(20):
-            async with anyio.create_task_group() as tg:
-                for i in range(4):
-                    tg.start_soon(wait, i)
-                    await _waiting(b, i + 1)  # queued before the next one starts
-                assert await first.release()
-        assert order == [0, 1, 2, 3]
-        assert tokens == [first.token + 1, first.token + 2, first.token + 3, first.token + 4]
-        assert await b.read(name) is None
+        await check_oldest_waiter_gets_it(b, lambda n: _waiting(b, n))
 
 
 async def test_a_cached_read_of_a_held_lease_sees_a_takeover(
