@@ -1,16 +1,18 @@
-"""What the benchmarks share: leases held the way an application holds them, and the
-PASS/MISS column."""
+"""What the benchmarks share: leases held the way an application holds them, threads
+for the synchronous peers, and the PASS/MISS column."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
 
-__all__ = ["hold_in_tasks", "verdict"]
+__all__ = ["add_figure_arguments", "hold_in_tasks", "run_threads", "verdict"]
 
 
 async def hold_in_tasks(
@@ -49,3 +51,27 @@ async def hold_in_tasks(
 def verdict(ok: bool | None) -> str:
     """``PASS`` or ``MISS`` for a figure with a target, ``""`` for one without."""
     return "" if ok is None else ("PASS" if ok else "MISS")
+
+
+async def run_threads(
+    run: Callable[[int], object], threads: int, stop: threading.Event | None, seconds: float
+) -> None:
+    """Run ``run(i)`` in ``threads`` threads (a synchronous peer's contenders); set
+    ``stop`` after ``seconds`` (``None``: they stop by themselves), then join them."""
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    if stop is not None:
+        await asyncio.sleep(seconds)
+        stop.set()
+    for thread in workers:
+        await asyncio.to_thread(thread.join)
+
+
+def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that size the figures every benchmark prints."""
+    parser.add_argument("--cycles", type=int, default=500, help="uncontended cycles")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per hand-off figure")
+    parser.add_argument("--failovers", type=int, default=3, help="crash failovers each")
+    parser.add_argument("--held", type=int, default=1000, help="leases held at once")
+    parser.add_argument("--held-seconds", type=float, default=15.0)

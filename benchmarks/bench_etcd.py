@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from _common import add_figure_arguments, run_threads
 from aetcd import Client, rpc
 
 from aiolease import AsyncLock, open_backend
@@ -369,13 +370,7 @@ async def tooz_handoffs(url: str, name: str, threads: int, seconds: float) -> li
         finally:
             coordinator.stop()
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    await asyncio.sleep(seconds)
-    stop.set()
-    for thread in workers:
-        await asyncio.to_thread(thread.join)
+    await run_threads(run, threads, stop, seconds)
     return counts
 
 
@@ -622,11 +617,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--url", default=os.environ.get("AIOLEASE_ETCD_URL", "etcd://127.0.0.1:2379")
     )
-    parser.add_argument("--cycles", type=int, default=500, help="uncontended cycles")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per hand-off figure")
-    parser.add_argument("--failovers", type=int, default=3, help="crash failovers each")
-    parser.add_argument("--held", type=int, default=1000, help="leases held at once")
-    parser.add_argument("--held-seconds", type=float, default=15.0)
+    add_figure_arguments(parser)
     parser.add_argument("--skip", action="append", default=[], choices=["tooz"])
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
     parser.add_argument(

@@ -43,7 +43,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -54,7 +53,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection
 import redis.connection
-from _common import hold_in_tasks, verdict
+from _common import add_figure_arguments, hold_in_tasks, run_threads, verdict
 
 from aiolease import AsyncLock, open_backend
 from aiolease.backends._redis_resp import _Connection
@@ -456,11 +455,7 @@ async def threaded_handoffs(
                 lock.release()
                 counts[i] += time.monotonic() <= end_at
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for thread in workers:
-        await asyncio.to_thread(thread.join)
+    await run_threads(run, threads, None, 0.0)
     return counts
 
 
@@ -820,11 +815,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--url", default=os.environ.get("AIOLEASE_REDIS_URL", "redis://127.0.0.1:6379/0")
     )
-    parser.add_argument("--cycles", type=int, default=500, help="uncontended cycles")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per hand-off figure")
-    parser.add_argument("--failovers", type=int, default=3, help="crash failovers each")
-    parser.add_argument("--held", type=int, default=1000, help="leases held at once")
-    parser.add_argument("--held-seconds", type=float, default=15.0)
+    add_figure_arguments(parser)
     parser.add_argument("--failover-ttl", type=float, default=2.0)
     parser.add_argument("--start-delay", type=float, default=0.3, help=argparse.SUPPRESS)
     parser.add_argument("--settle", type=float, default=3.0, help=argparse.SUPPRESS)

@@ -53,7 +53,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from _common import hold_in_tasks, verdict
+from _common import add_figure_arguments, hold_in_tasks, run_threads, verdict
 
 from aiolease import AsyncLock, open_backend
 from aiolease.abc import Backend
@@ -651,13 +651,7 @@ async def tooz_handoffs(db: Db, name: str, threads: int, seconds: float) -> list
         finally:
             coordinator.stop()
 
-    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    await asyncio.sleep(seconds)
-    stop.set()
-    for thread in workers:
-        await asyncio.to_thread(thread.join)
+    await run_threads(run, threads, stop, seconds)
     return records
 
 
@@ -969,11 +963,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", choices=["postgres", "mysql", "both"], default="both")
     parser.add_argument("--url", help="the database (default: the test servers')")
-    parser.add_argument("--cycles", type=int, default=500, help="uncontended cycles")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per hand-off figure")
-    parser.add_argument("--failovers", type=int, default=3, help="crash failovers each")
-    parser.add_argument("--held", type=int, default=1000, help="leases held at once")
-    parser.add_argument("--held-seconds", type=float, default=15.0)
+    add_figure_arguments(parser)
     parser.add_argument(
         "--skip", action="append", default=[], choices=["tooz", *FIGURES], help="repeatable"
     )
