@@ -116,6 +116,12 @@ class RenewalBatcher:
                 await batch.done.wait()
         return self._answer(lease)
 
+    def counted(self, renewals: int) -> None:
+        """Count a round trip of ``renewals`` sent for the core's scheduler directly
+        (``Backend.renew_many``), with this batcher's own in the statistics."""
+        self.batches += 1
+        self.renewals += renewals
+
     def forget(self, name: str, owner: str) -> None:
         """Stop renewing ``owner``'s lease on ``name`` (it was released)."""
         self._leases.pop((name, owner), None)

@@ -567,8 +567,7 @@ class RedisBackend(Backend):
         replies = await wait_for_or_none(self._send_renewals(leases, ttls), self._timeout)
         if replies is None:
             raise BackendTimeout(f"renewal batch took over {self._timeout:g}s")
-        self._batcher.batches += 1  # counted with the batcher's, in statistics()
-        self._batcher.renewals += len(leases)
+        self._batcher.counted(len(leases))
         results: list[RenewResult] = []
         for lease, reply in zip(leases, replies, strict=True):
             if isinstance(reply, bool):
