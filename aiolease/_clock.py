@@ -2,10 +2,13 @@
 
 ``anyio.current_time()`` finds the running async library (sniffio), then anyio's
 backend class for it, then asks that backend. On the hot path (every acquire,
-release, renewal and deadline check) this reads the running asyncio loop's clock
-directly, which is what anyio's asyncio backend returns too (also on a trio-asyncio
-loop, whose clock is trio's); under trio it asks anyio as before, so trio's clock
-(``MockClock`` included) decides.
+release, renewal and deadline check) this asks for the running asyncio loop first
+and reads its clock, which is what anyio's asyncio backend returns too (also on a
+trio-asyncio loop, whose clock is trio's, ``MockClock`` included). With no asyncio
+loop running (trio), it asks anyio as before, so trio's clock decides.
+
+``asyncio._get_running_loop`` is looked up on every call: trio-asyncio replaces it
+with one that also knows trio's tasks (whose loop is not the thread's).
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ from __future__ import annotations
 import asyncio
 
 import anyio
-import sniffio
 
 __all__ = ["current_time"]
 
 
 def current_time() -> float:
     """``anyio.current_time()``: the running event loop's monotonic clock, in seconds."""
-    if sniffio.current_async_library() == "asyncio":
-        return asyncio.get_running_loop().time()
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop.time()
     return anyio.current_time()

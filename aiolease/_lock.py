@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
@@ -84,7 +83,7 @@ async def acquire_lease(
     :raises BackendError: the backend failed; nothing is held
     """
     backend = adapt(backend)
-    owner = uuid.uuid4().hex
+    owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
     fair = Capability.FAIR_QUEUE in backend.capabilities
     maybe_held = False
     try:

@@ -319,7 +319,7 @@ class Renewer:
             if not self._due(tg, renewing, current_time()):
                 return True
             self._wake = wake = anyio.Event()
-            self._wake_at = self._heap[0][0] if self._heap else math.inf
+            self._wake_at = self._next_live()
             with anyio.move_on_at(self._wake_at):
                 await wake.wait()
             self._wake_at = -math.inf
@@ -350,6 +350,20 @@ class Renewer:
             self._renewals += len(batch)
             tg.start_soon(self._renew_many, batch, renewing)
         return True
+
+    def _next_live(self) -> float:
+        """When the task must wake next: the earliest entry still in force.
+
+        Entries of leases released since are dropped from the top first. When none is
+        left in force, the task still wakes at the last dropped one's time rather than
+        at the next grant's push: a backend that grants and releases short leases in a
+        row then wakes the task about once per renew interval, not once per lease.
+        """
+        heap = self._heap
+        last = math.inf
+        while heap and heap[0][2] != heap[0][3].version:
+            last = heapq.heappop(heap)[0]
+        return heap[0][0] if heap else last
 
     def _join_early(self, batch: list[_Renewed], renewing: set[_Renewed], now: float) -> None:
         """Add to ``batch`` the leases due within half their renew interval.
