@@ -47,6 +47,7 @@ from aiolease import (
     NotOwnerError,
 )
 from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.backends._pg_sql import grants_channel, parse_payload
 from aiolease.backends._sql import Takers, timeout_after, wait_event
 from aiolease.backends._sql_pool import LeanPool
 from aiolease.backends.postgres import PostgresBackend
@@ -347,6 +348,50 @@ async def test_notify_on_takeover_wakes_the_old_holders_watch(
             await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
             with anyio.fail_after(5):
                 await done.wait()
+
+
+@pytest.mark.parametrize("free", ["never held", "released"])
+async def test_notify_of_a_grant_wakes_a_wait_for_a_holder_to_appear(
+    pg_url: str, free: str
+) -> None:
+    # Grants of a free name go to the grants channel, which a wait for a holder listens to.
+    async with backend(pg_url, poll_interval=60) as watcher, backend(pg_url) as other:
+        name = unique("appear")
+        if free == "released":
+            granted = await grant(other, name, "owner-0", ttl=60)
+            assert await other.release(name, "owner-0", granted.token)
+        done = anyio.Event()
+
+        async def wait() -> None:
+            await watcher.wait_changed(name, None)
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await _waiting(watcher)
+            await grant(other, name, "owner-1", ttl=60)
+            with anyio.fail_after(5):  # < the 10 s that a listening waiter sleeps at most
+                await done.wait()
+        holder = await watcher.read(name)
+        assert holder is not None and holder.owner == "owner-1"
+
+
+async def test_holders_do_not_hear_grants_of_free_names(pg_url: str) -> None:
+    async with backend(pg_url) as b, backend(pg_url) as other:
+        pg_b = inner(b, PostgresBackend)
+        async with AsyncLock(b, unique("held"), ttl=60):  # connects the listener
+            assert pg_b.statistics().listening
+            heard = pg_b._notes
+            for i in range(3):  # each a grant of a free name, then a release
+                name = unique(f"free-{i}")
+                granted = await grant(other, name, "owner-1", ttl=60)
+                assert await other.release(name, "owner-1", granted.token)
+            await _heard_more_than(pg_b, heard + 2)  # the three releases arrive ...
+            assert pg_b._notes == heard + 3  # ... and no grant did
+
+
+async def _heard_more_than(pg_backend: PostgresBackend, count: int) -> None:
+    await eventually(lambda: pg_backend._notes > count, "notifications delivered")
 
 
 async def test_a_killed_listener_wakes_waiters_and_reconnects(pg: str, schema: str) -> None:
@@ -710,38 +755,58 @@ async def test_a_holder_released_normally_is_not_taken(pg_url: str) -> None:
 def test_takers_trust_only_notifications_newer_than_the_grant() -> None:
     takers = Takers()
     ended: list[LossReason] = []
-    cancel = takers.add("n", "me", ended.append, armed=False)
-    takers.notified("n", None)  # a release from before our grant, delivered late
-    takers.notified("n", "earlier")  # a grant from before ours
-    takers.notified("other", "thief")  # another name
+    cancel = takers.add("n", "me", 7, ended.append)
+    takers.notified("n", None, 6)  # a release from before our grant, delivered late
+    takers.notified("n", "earlier", 6)  # a grant from before ours
+    takers.notified("n", "me", 7)  # our own grant
+    takers.notified("n", None, None)  # a notification of an unknown token
+    takers.notified("other", "thief", 8)  # another name
     assert ended == []
-    takers.notified("n", "me")  # our own grant: what comes after it counts
-    takers.notified("n", "me")  # a grant to the same owner is no loss
-    assert ended == []
-    takers.notified("n", "thief")
+    takers.notified("n", "thief", 8)
     assert ended == [LossReason.STOLEN]
-    takers.notified("n", None)  # reported once
+    takers.notified("n", None, 8)  # reported once
     assert ended == [LossReason.STOLEN]
     cancel()  # after it fired: harmless
     assert len(takers) == 0
 
 
-def test_takers_are_armed_by_a_listener_that_connects_after_them() -> None:
+def test_takers_end_on_a_release_of_their_token_by_somebody_else() -> None:
     takers = Takers()
     ended: list[str] = []
-    takers.add("a", "me", lambda _: ended.append("a"), armed=False)
-    mark = takers.mark()  # a listener starts connecting
-    cancel_b = takers.add("b", "me", lambda _: ended.append("b"), armed=False)
-    cancel_c = takers.add("c", "me", lambda _: ended.append("c"), armed=True)
-    takers.arm_before(mark)  # ... and is up: it sees only commits after "a" registered
-    takers.notified("a", None)
-    takers.notified("b", None)  # "b" may have registered after that commit
-    assert ended == ["a"]
-    cancel_c()
-    takers.notified("c", "thief")  # unsubscribed
+    takers.add("a", "me", 3, lambda _: ended.append("a"))
+    cancel_b = takers.add("b", "me", 3, lambda _: ended.append("b"))
+    takers.notified("a", None, 3)  # released in our name (our own release unsubscribes first)
+    takers.notified("b", None, 2)  # an older token's release
     assert ended == ["a"]
     cancel_b()
+    takers.notified("b", "thief", 4)  # unsubscribed
+    assert ended == ["a"]
     assert len(takers) == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "parsed"),
+    [
+        ("r12:name", ("r", "name", None, 12)),
+        ("r12:a:b", ("r", "a:b", None, 12)),
+        ("g3:5:ownerna:me", ("g", "na:me", "owner", 3)),
+        ("g3:0:x", ("g", "x", "", 3)),
+        ("g3:9:short", ("r", "g3:9:short", None, None)),  # a length past the end
+        ("gx:1:ab", ("r", "gx:1:ab", None, None)),
+        ("rname", ("r", "rname", None, None)),  # the old format: a release, token unknown
+        ("", ("r", "", None, None)),
+    ],
+)
+def test_payloads_parse_or_count_as_releases_of_unknown_tokens(
+    payload: str, parsed: tuple[str, str, str | None, int | None]
+) -> None:
+    assert parse_payload(payload) == parsed
+
+
+def test_grants_of_free_names_have_a_channel_of_their_own() -> None:
+    assert grants_channel("aiolease_0123") == "aiolease_0123_g"
+    long = "c" * 63
+    assert grants_channel(long) != long and len(grants_channel(long)) <= 63
 
 
 # -- the connections of a backend made from a URL ----------------------------------------------

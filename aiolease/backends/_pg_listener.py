@@ -34,6 +34,9 @@ class Listening:
     _db: Any
     _conn_lock: asyncio.Lock | None
     _channel: str
+    _grants_channel: str
+    _want_grants: bool
+    _grants_on: Any
     _connect_timeout: float
     _connect_options: dict[str, Any]
     poll_interval: float
@@ -79,7 +82,6 @@ class Listening:
         return True
 
     async def _connect_listener(self) -> bool:
-        registered = self._takers.mark()  # these see only later commits on the new listener
         try:
             async with timeout_after(self._connect_timeout):
                 conn = await self._open_and_listen()
@@ -96,7 +98,6 @@ class Listening:
         self._listener_checked = now()
         self._listener_backoff = 0.0
         self._listener_connects += 1
-        self._takers.arm_before(registered)
         self._wakeups.wake_all()  # notifications sent while nobody listened are lost
         self._turns.wake_all()
         return True
@@ -104,11 +105,44 @@ class Listening:
     async def _open_and_listen(self) -> Any:
         conn = await self._open_listener()
         try:
-            await conn.add_listener(self._channel, self._notified)
+            await self._listen_on(conn, self._channel)
+            if self._want_grants:
+                await self._listen_on(conn, self._grants_channel)
+                self._grants_on = conn
         except BaseException:
             await self._give_back(conn, terminate=True)
             raise
         return conn
+
+    async def _listen_on(self, conn: Any, channel: str) -> None:
+        if conn is self._db and self._conn_lock is not None:
+            async with self._conn_lock:  # the user's one connection: no statement meanwhile
+                await conn.add_listener(channel, self._notified)
+        else:
+            await conn.add_listener(channel, self._notified)
+
+    async def _listen_for_grants(self) -> bool:
+        """:meth:`_ensure_listening`, and listen to grants of free names too (from now on,
+        on every listener): what a wait for a holder to appear needs. Never raises."""
+        self._want_grants = True
+        if not await self._ensure_listening():
+            return False
+        if self._grants_on is self._listener:
+            return True
+        async with self._listen_lock:
+            conn = self._listener
+            if conn is None or self._grants_on is conn:
+                return conn is not None
+            try:
+                async with timeout_after(self._connect_timeout):
+                    await self._listen_on(conn, self._grants_channel)
+            except Exception as exc:  # as a failed check: drop it, connect anew later
+                logger.info("PostgreSQL listener of %r cannot listen: %r", self, exc)
+                await self._drop_listener(terminate=True)
+                return False
+            self._grants_on = conn
+            self._wakeups.wake_all()  # a grant just before may have been missed
+        return True
 
     async def _open_listener(self) -> Any:
         import asyncpg
@@ -124,9 +158,10 @@ class Listening:
         return await self._db.acquire()
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        """``'g' + name``: granted (a takeover, or a hand-off), ``'r' + name``: released.
-        Watchers wake on both; the oldest waiter for the name only on a release."""
-        kind, name, owner = parse_payload(payload)
+        """A grant (a takeover or a hand-off; on the grants channel, of a free name) or a
+        release (see :func:`parse_payload`). Watchers wake on both; the oldest waiter for
+        the name only on a release."""
+        kind, name, owner, token = parse_payload(payload)
         self._notes += 1
         if len(self._noted) >= _MAX_NOTED:
             self._noted.clear()
@@ -135,7 +170,7 @@ class Listening:
         self._wakeups.wake(name)
         if kind != "g":
             self._turns.wake_one(name)
-        self._takers.notified(name, owner)
+        self._takers.notified(name, owner, token)
 
     def _listener_lost(self, conn: Any) -> None:
         if conn is self._listener:
@@ -147,6 +182,7 @@ class Listening:
 
     async def _drop_listener(self, *, terminate: bool) -> None:
         conn, self._listener = self._listener, None
+        self._grants_on = None
         if conn is not None:
             conn.remove_termination_listener(self._on_lost)
             await self._give_back(conn, terminate=terminate)
@@ -157,6 +193,7 @@ class Listening:
             if conn is self._db:
                 if not conn.is_closed():
                     await conn.remove_listener(self._channel, self._notified)
+                    await conn.remove_listener(self._grants_channel, self._notified)
             elif self._listen_url is not None:
                 if terminate:
                     conn.terminate()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["Sql", "advisory_key", "default_channel", "parse_payload"]
+__all__ = ["Payload", "Sql", "advisory_key", "default_channel", "grants_channel", "parse_payload"]
 
 
 class Sql:
@@ -21,8 +21,9 @@ class Sql:
             " owner text, identity text, metadata text, ttl double precision,"
             " acquired_at timestamptz, expires_at timestamptz)"
         )
-        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel. The clock is
-        # read once (the CTE "now"); excluded.acquired_at carries it into the update.
+        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
+        # channel. The clock is read once (the CTE "now"); excluded.acquired_at carries it
+        # into the update.
         retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
         # "held": the snapshot shows a live holder other than the caller. Then nothing
         # is inserted, so a refusal takes no row lock, writes no WAL and commits without
@@ -30,11 +31,16 @@ class Sql:
         # commits after the snapshot sends a NOTIFY that wakes the refused caller. No
         # row at all: the update's WHERE saw a newer version than the snapshot (a
         # concurrent grant): the snapshot could not name that holder, so ask again.
+        # A grant that takes the name from another owner (whose lease expired) is
+        # announced on the channel; one of a free name only on the grants channel,
+        # which only listeners that wait for a holder to appear listen to.
         self.acquire = (
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            " held AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
-            " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
-            f" FROM {t} l, now n WHERE l.name = $1 AND l.owner <> $2 AND l.expires_at > n.t),"
+            " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
+            f" l.expires_at FROM {t} l WHERE l.name = $1),"
+            " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
+            " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
+            " FROM cur c, now n WHERE c.owner <> $2 AND c.expires_at > n.t),"
             f" granted AS (INSERT INTO {t} AS l"
             " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
             " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
@@ -48,11 +54,14 @@ class Sql:
             " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
             " OR l.owner = excluded.owner"
             " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
-            " SELECT g.token, true AS granted, NULL::text AS owner, NULL::text AS identity,"
-            " NULL::text AS metadata, NULL::float8 AS remaining, CASE WHEN g.fresh"
-            " THEN pg_notify($6, 'g' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
+            " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
+            " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
+            " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
+            " WHERE c.owner <> $2) THEN $6 ELSE $7 END,"
+            " 'g' || g.token || ':' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
             " FROM granted g"
-            " UNION ALL SELECT token, false, owner, identity, metadata, remaining, NULL FROM held"
+            " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
+            " FROM held"
         )
         # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
         self.renew = (
@@ -68,7 +77,8 @@ class Sql:
             f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
             " expires_at = NULL WHERE name = $1 AND owner = $2"
             " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
-            " RETURNING name) SELECT pg_notify($4, 'r' || r.name) IS NULL AS notified FROM r"
+            " RETURNING name, token)"
+            " SELECT pg_notify($4, 'r' || r.token || ':' || r.name) IS NULL AS notified FROM r"
         )
         # $1 name, $2 owner, $3 token or NULL, $4 channel, then the next holder's
         # $5 owner, $6 identity, $7 metadata, $8 ttl: release and grant in one statement.
@@ -79,7 +89,8 @@ class Sql:
             " expires_at = now.t + make_interval(secs => $8) FROM now"
             " WHERE l.name = $1 AND l.owner = $2 AND ($3::int8 IS NULL OR l.token = $3::int8)"
             " AND l.expires_at > now.t RETURNING l.name, l.token)"
-            " SELECT r.token, pg_notify($4, 'g' || length($5) || ':' || $5 || r.name) IS NULL"
+            " SELECT r.token, pg_notify($4, 'g' || r.token || ':' || length($5) || ':' || $5"
+            " || r.name) IS NULL"
             " AS notified FROM r"
         )
         self.read = (
@@ -102,13 +113,27 @@ def advisory_key(schema: str, table: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def parse_payload(payload: str) -> tuple[str, str, str | None]:
-    """(kind, name, new owner) of a notification: ``'r' + name`` (released), or ``'g' +
-    len(owner) + ':' + owner + name`` (granted). Anything else counts as a release."""
-    if payload[:1] == "g":
-        size, colon, rest = payload[1:].partition(":")
+def grants_channel(channel: str) -> str:
+    """The channel that grants of a free name are announced on (beside ``channel``)."""
+    if len(channel) <= 61:
+        return f"{channel}_g"
+    return f"aiolease_g{hashlib.sha256(channel.encode()).hexdigest()[:16]}"
+
+
+#: What a notification says: (kind, name, owner granted to or ``None``, token or ``None``).
+Payload = tuple[str, str, str | None, int | None]
+
+
+def parse_payload(payload: str) -> Payload:
+    """Read a notification: ``'r' + token + ':' + name`` (released), or ``'g' + token +
+    ':' + len(owner) + ':' + owner + name`` (granted). Anything else counts as a
+    release of an unknown token."""
+    kind = payload[:1]
+    token, colon, rest = payload[1:].partition(":")
+    if kind in ("g", "r") and colon and token.isdigit():
+        if kind == "r":
+            return "r", rest, None, int(token)
+        size, colon, rest = rest.partition(":")
         if colon and size.isdigit() and int(size) <= len(rest):
-            return "g", rest[int(size) :], rest[: int(size)]
-    if payload[:1] == "r":
-        return "r", payload[1:], None
-    return "r", payload, None
+            return "g", rest[int(size) :], rest[: int(size)], int(token)
+    return "r", payload, None, None

@@ -327,43 +327,35 @@ class Wakeups:
 @dataclass(eq=False, slots=True)
 class _Taker:
     owner: str
+    token: int
     taken: Callable[[LossReason], object]
-    #: Registered before this many registrations in all (see :meth:`Takers.mark`).
-    seq: int
-    #: Whether every notification seen from now on was committed after the grant.
-    armed: bool
 
 
 class Takers:
     """Held leases of one backend that notifications of a takeover end (``on_taken``).
 
-    A notification of a release, or of a grant to another owner, ends a holder's
-    lease only when it is known to be committed after the holder's grant: the
-    listener receives notifications late and in commit order, so one that arrives
-    after the grant returned may still be older. A holder is *armed* by its own
-    grant's notification (a grant to its owner id, unique to one acquisition), seen
-    before or after it registered, or by a listener that (re)connected after it
-    registered (that connection sees only later commits). Notifications missed while
-    no listener was up end nothing: the holder's renewals still confirm ownership
-    every renew interval, so such a loss is noticed by the next renewal instead.
+    Notifications carry the token they grant or release, and tokens only grow, so
+    a late one is told from a new one by its token alone (the listener receives
+    notifications late and in commit order: one that arrives after the grant
+    returned may still be older). A holder of token ``t`` is taken by a grant of a
+    greater token, or by a release of ``t`` or greater (its own release unsubscribes
+    it first, so that is somebody else's, in its name). A notification whose token is
+    unknown ends nothing; nor do notifications missed while no listener was up: the
+    holder's renewals still confirm ownership every renew interval, so such a loss
+    is noticed by the next renewal instead.
     """
 
     def __init__(self) -> None:
         self._by_name: dict[str, list[_Taker]] = {}
-        self._seq = 0
 
     def __len__(self) -> int:
         return sum(len(takers) for takers in self._by_name.values())
 
     def add(
-        self, name: str, owner: str, taken: Callable[[LossReason], object], *, armed: bool
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
     ) -> Callable[[], None]:
-        """Watch ``owner``'s grant of ``name``; call the returned function to stop.
-
-        :param armed: the listener already delivered this grant's own notification
-        """
-        self._seq += 1
-        taker = _Taker(owner, taken, self._seq, armed)
+        """Watch ``owner``'s grant of ``name`` (``token``); call the returned function to stop."""
+        taker = _Taker(owner, token, taken)
         self._by_name.setdefault(name, []).append(taker)
 
         def cancel() -> None:
@@ -375,26 +367,14 @@ class Takers:
 
         return cancel
 
-    def mark(self) -> int:
-        """Registrations so far: pass to :meth:`arm_before` once a listener connected."""
-        return self._seq
-
-    def arm_before(self, mark: int) -> None:
-        """A listener connected after the first ``mark`` registrations: arm them."""
-        for takers in self._by_name.values():
-            for taker in takers:
-                if taker.seq <= mark:
-                    taker.armed = True
-
-    def notified(self, name: str, granted_to: str | None) -> None:
-        """A notification: ``name`` was granted to ``granted_to`` (``None``: released)."""
+    def notified(self, name: str, granted_to: str | None, token: int | None) -> None:
+        """A notification: ``name``'s ``token`` was granted to ``granted_to`` (``None``:
+        released)."""
         takers = self._by_name.get(name)
-        if not takers:
+        if not takers or token is None:
             return
         for taker in list(takers):
-            if not taker.armed:
-                taker.armed = granted_to == taker.owner  # its own grant: later ones count
-            elif granted_to != taker.owner:
+            if token > taker.token or (granted_to is None and token == taker.token):
                 takers.remove(taker)
                 taker.taken(LossReason.STOLEN)
         if not takers and self._by_name.get(name) is takers:

@@ -23,7 +23,12 @@ values only ever travel as bind parameters.
 
 **One statement per operation.** Acquire is one ``INSERT ... ON CONFLICT (name) DO
 UPDATE ... WHERE <expired or ours> RETURNING``, wrapped in a statement that also
-reports the holder when the name is taken, and sends ``NOTIFY`` on a new grant.
+reports the holder when the name is taken, and sends ``NOTIFY`` on a new grant: on
+the table's channel when it takes the name from another owner, else on the grants
+channel (the channel's name and ``_g``), which a listener hears only while some wait
+of its backend waits for a holder to appear (``wait_changed(name, None)``, as
+``observe()`` does), so that holders are not woken by every grant of a free name.
+Every notification carries its token (see :func:`~aiolease.backends._pg_sql.parse_payload`).
 ``clock_timestamp()`` decides expiry, read once per statement; a retry by the
 current owner keeps its token, identity and metadata and resets the expiry, and any
 other grant increments the token. Release clears the owner and keeps the row (and
@@ -82,7 +87,7 @@ from ._pg_errors import map_error as map_error
 from ._pg_errors import mapped
 from ._pg_listener import LISTEN_CHECK as LISTEN_CHECK
 from ._pg_listener import Listening
-from ._pg_sql import Sql, advisory_key, default_channel
+from ._pg_sql import Sql, advisory_key, default_channel, grants_channel
 from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 from ._sql import (
     Key,
@@ -209,6 +214,9 @@ class PostgresBackend(Listening, Backend):
         if channel is None:
             channel = default_channel(self._schema, self._table)
         self._channel = check_identifier("channel", channel)
+        self._grants_channel = grants_channel(self._channel)
+        self._want_grants = False  # once a wait for a holder to appear asked for them
+        self._grants_on: Any = None  # the listener that listens to the grants channel
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         window = check_seconds("renew_window", renew_window, allow_zero=True)
         self._timeout = (
@@ -490,7 +498,14 @@ class PostgresBackend(Listening, Backend):
             # Seen to its end even if the caller is cancelled (see ``finished``).
             rows = await finished(
                 self._fetch(
-                    self._sql.acquire, name, owner, identity, meta, float(ttl), self._channel
+                    self._sql.acquire,
+                    name,
+                    owner,
+                    identity,
+                    meta,
+                    float(ttl),
+                    self._channel,
+                    self._grants_channel,
                 )
             )
             row = rows[0] if rows else None
@@ -501,7 +516,7 @@ class PostgresBackend(Listening, Backend):
                 self._remember(
                     name, _Held(owner, token, identity, meta, float(ttl), asked_at, mark)
                 )
-                if row["notified"] is None:  # a retry: the row kept its identity and metadata
+                if not row["fresh"]:  # a retry: the row kept its identity and metadata
                     self._held[name].mark = None  # known again from the next read
                 return Grant(token, ttl)
             if row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
@@ -612,22 +627,19 @@ class PostgresBackend(Listening, Backend):
     def on_taken(
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
     ) -> Callable[[], None] | None:
-        """Call ``taken(STOLEN)`` when a notification shows ``name`` released or granted
-        to another owner after ``owner``'s grant: no task and no read per lease.
+        """Call ``taken(STOLEN)`` when a notification shows ``name``'s ``token`` released
+        by somebody else, or a newer token granted: no task and no read per lease.
 
         Only while the listener is up (else ``None``: the core's watch task waits in
-        :meth:`wait_taken`, which connects it). A notification counts only once it is
-        known to be newer than the grant (see :class:`~aiolease.backends._sql.Takers`).
-        A takeover whose notification is missed (the listener was down, or the name's
-        own grant notification was never seen) ends nothing here: the holder's next
-        renewal finds the row gone, within one renew interval. ``token`` is not
-        checked: the notification names the new owner only, and owner ids are unique
-        per acquisition.
+        :meth:`wait_taken`, which connects it). Notifications carry their token, so a
+        late one from before the grant ends nothing (see
+        :class:`~aiolease.backends._sql.Takers`). A takeover whose notification is
+        missed (the listener was down) ends nothing here: the holder's next renewal
+        finds the row gone, within one renew interval.
         """
         if self._listener is None or self._closed:
             return None
-        _, granted_to = self._noted.get(name, (0, None))
-        return self._takers.add(name, owner, taken, armed=granted_to == owner)
+        return self._takers.add(name, owner, token, taken)
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
@@ -638,7 +650,8 @@ class PostgresBackend(Listening, Backend):
         """
         # Listen, and watch, before reading: a change after the read then wakes us. (A
         # listener that connects wakes every watcher, as notifications were missed.)
-        listening = await self._ensure_listening()
+        # A grant of a free name is announced only to listeners that ask for it.
+        listening = await (self._listen_for_grants() if seen is None else self._ensure_listening())
         self._waiting += 1
         try:
             with self._wakeups.watching(name) as event:
