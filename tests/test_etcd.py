@@ -517,6 +517,64 @@ async def test_fair_mode_grants_in_arrival_order_and_wakes_one(
     assert sorted(CALLS.values()) == [1] + [2] * waiters
 
 
+async def test_fair_mode_hands_off_between_tasks_of_one_backend_without_a_request(
+    anyio_backend: str, single_url: str
+) -> None:
+    prefix, waiters = unique_prefix(), 4
+    gateway = Gateway(single_url)
+    order: list[int] = []
+    tokens: list[int] = []
+    CALLS.clear()
+    async with open_etcd(single_url, CountingEtcd, prefix=prefix, fair=True) as backend:
+        holder = await AsyncLock(backend, "q", ttl=5).acquire()
+
+        async def wait_in_line(i: int) -> None:
+            async with AsyncLock(backend, "q", ttl=5) as lease:
+                order.append(i)
+                tokens.append(lease.token)
+                seen = await backend.read("q")  # the server agrees: its key is the first
+                assert seen is not None and (seen.owner, seen.token) == (lease.owner, lease.token)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(waiters):
+                tg.start_soon(wait_in_line, i)
+                await gateway.wait_keys(prefix, i + 2)  # queued before the next one comes
+            await holder.release()
+        assert await gateway.keys(prefix) == []
+        # Every release handed the name on; each waiter asked the server once (queued),
+        # then took its turn without a request.
+        assert inner(backend).statistics().local_handoffs == waiters
+    assert order == list(range(waiters))
+    assert tokens == sorted(tokens) and tokens[0] > holder.token
+    assert sorted(CALLS.values()) == [1] + [2] * waiters
+
+
+async def test_fair_mode_a_holder_deleted_by_somebody_else_hands_nothing_on(
+    anyio_backend: str, single_url: str
+) -> None:
+    prefix = unique_prefix()
+    gateway = Gateway(single_url)
+    async with open_etcd(single_url, EtcdBackend, prefix=prefix, fair=True) as backend:
+        lock = AsyncLock(backend, "q", ttl=5)
+        holder = await lock.acquire()
+        got = anyio.Event()
+
+        async def wait() -> None:
+            async with lock as lease:
+                assert lease.token > holder.token
+                got.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await gateway.wait_keys(prefix, 2)
+            await gateway.delete(f"{prefix}q/{holder.owner}")  # not through the backend
+            with anyio.fail_after(WAIT):  # woken by the watch of the holder's key
+                await got.wait()
+        assert holder.lost is None or holder.lost is LossReason.STOLEN
+        await holder.release()
+        assert inner(backend).statistics().local_handoffs == 0
+
+
 # -- losing and closing ------------------------------------------------------------------
 
 

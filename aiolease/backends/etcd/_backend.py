@@ -25,6 +25,7 @@ from ..._exceptions import (
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from ._aio import finishing, now, shielded
+from ._handoff import Handoffs
 from ._keys import DEFAULT_PREFIX, Layout, encode_value, with_owner
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
@@ -86,6 +87,8 @@ class EtcdStatistics:
     :param keepalives: keepalive round trips sent
     :param keepalive_failures: keepalives that failed (and were retried)
     :param expired_entries: grants dropped because nobody renewed them within their ttl
+    :param local_handoffs: fair mode: releases that handed the name to a successor
+        waiting on the same backend, which took it without a request
     """
 
     lease_ids: tuple[int, ...]
@@ -95,6 +98,7 @@ class EtcdStatistics:
     keepalives: int
     keepalive_failures: int
     expired_entries: int
+    local_handoffs: int = 0
 
 
 class EtcdBackend(Backend):
@@ -161,6 +165,7 @@ class EtcdBackend(Backend):
         #: Fair mode: the predecessor of a key queued by a refused ``try_acquire`` (if
         #: any), and the revision at which it was read (the key's token).
         self._turns: dict[tuple[str, str], tuple[Any, int]] = {}
+        self._handoffs = Handoffs()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -215,6 +220,7 @@ class EtcdBackend(Backend):
             s.keepalives,
             s.keepalive_failures,
             s.expired_entries,
+            self._handoffs.count,
         )
 
     def _check_open(self) -> None:
@@ -308,8 +314,13 @@ class EtcdBackend(Backend):
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
         self._check_open()
-        value = encode_value(identity, metadata)
         touched = now()
+        handed = self._handoffs.take(name, owner)
+        if handed is not None:
+            grant = self._take_handed(name, owner, ttl, handed, touched)
+            if grant is not None:
+                return grant
+        value = encode_value(identity, metadata)
         for _ in range(2):
             session = await self._sessions.enter(ttl)  # the hot path: no context manager
             try:
@@ -397,6 +408,24 @@ class EtcdBackend(Backend):
             self._sessions.attach(entry)
         elif entry.session is not session:
             self._sessions.move(entry, session)
+        entry.queued = False
+        _touch(entry, touched + ttl)
+        session.poke_at(entry.horizon)
+        self._values.pop((name, owner), None)
+        self._takeovers.watch(entry)
+        return self._grant(token, ttl, session)
+
+    def _take_handed(
+        self, name: str, owner: str, ttl: float, token: int, touched: float
+    ) -> Grant | None:
+        """The grant a release here handed to ``owner``'s queued key (see :mod:`._handoff`),
+        if its key is still on a usable session; else ``None`` (ask the server)."""
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.token != token or not entry.queued or entry.reason is not None:
+            return None
+        session = entry.session
+        if not session.usable(touched):
+            return None  # the server decides, and moves the key to a fresh session
         entry.queued = False
         _touch(entry, touched + ttl)
         session.poke_at(entry.horizon)
@@ -501,6 +530,7 @@ class EtcdBackend(Backend):
         if entry is not None and (token is None or entry.token == token):
             self._takeovers.unwatch(entry)  # its delete is ours
         self._turns.pop((name, owner), None)
+        self._handoffs.forget(name, owner)
         slot = self._known_slot(name, owner)
         try:
             if slot and (token is None or (entry is not None and entry.token == token)):
@@ -529,6 +559,8 @@ class EtcdBackend(Backend):
         queued = False
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
+            if deleted and not queued and not doomed and entry.reason is None:
+                self._handoffs.released(entry)  # before its end wakes the successor
             self._sessions.end(entry, LossReason.RELEASED)
         if reuse and slot and (name, owner) not in self._sessions.entries:
             # Deleted, and no request of the attempt can still arrive: reuse its key.
@@ -638,8 +670,7 @@ class EtcdBackend(Backend):
             # Queued by the refused try_acquire just now: watch its predecessor at once.
             entry.horizon = max(entry.horizon, touched + QUEUE_HORIZON * ttl)
             if turn[0] is not None:
-                request = self._layout.watch_delete(bytes(turn[0].key), turn[1])
-                await self._wire.watch(request, _any_event)
+                await self._wait_for(name, owner, turn[0], turn[1])
             return
         for _ in range(2):
             async with self._sessions.using(ttl) as session:
@@ -651,12 +682,25 @@ class EtcdBackend(Backend):
                     self._sessions.lose(session)
                     continue
             if found is not None:
-                predecessor, revision = found
-                await self._wire.watch(
-                    self._layout.watch_delete(bytes(predecessor.key), revision), _any_event
-                )
+                await self._wait_for(name, owner, *found)
             return
         raise BackendUnavailable(f"etcd: no session lease lasted long enough to queue {name!r}")
+
+    async def _wait_for(self, name: str, owner: str, predecessor: Any, revision: int) -> None:
+        """Wait for the key ``predecessor`` (read at ``revision``) to go: on its entry when
+        it is this backend's (see :mod:`._handoff`), else by a watch."""
+        entry = self._sessions.entries.get((name, self._layout.slot(name, predecessor)))
+        mine = self._sessions.entries.get((name, owner))
+        if (
+            entry is not None
+            and entry.token == int(predecessor.create_revision)
+            and mine is not None
+            and mine.queued
+        ):
+            await self._handoffs.wait(entry, owner, mine.token)
+            return
+        request = self._layout.watch_delete(bytes(predecessor.key), revision)
+        await self._wire.watch(request, _any_event)
 
     async def _enqueue(
         self, name: str, owner: str, ttl: float, session: Session, touched: float
