@@ -12,6 +12,7 @@ that host would, while the other workers still reach all of them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
@@ -31,6 +32,7 @@ __all__ = [
     "ROUTE",
     "RespRouter",
     "RoutedRedlock",
+    "Stubborn",
     "instance_clients",
     "instances_of",
     "lease_keys",
@@ -215,6 +217,21 @@ class RoutedRedlock(RedlockBackend):
         finally:
             for client in self.clients:
                 await client.aclose()
+
+
+class Stubborn(redis.asyncio.Redis):
+    """A client whose commands ignore a cancellation and run on to their reply or their
+    socket timeout, as redis-py's (8.1) now and then do (see
+    :mod:`aiolease.backends._redis_cancel`): here always, so that a test can count on it."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        command = asyncio.ensure_future(super().execute_command(*args, **options))
+        while not command.done():
+            try:
+                await asyncio.wait([command])
+            except asyncio.CancelledError:
+                pass  # lost, as redis-py loses one
+        return command.result()
 
 
 def instances_of(url: str) -> Iterator[tuple[str, int]]:

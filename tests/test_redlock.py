@@ -10,6 +10,8 @@ Every test works under its own key prefix and deletes its keys afterwards.
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -21,9 +23,12 @@ import anyio
 import pytest
 import redis.asyncio
 from model_support import agrees_with_the_model
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis_support import new_prefix
 from redlock_support import (
     RespRouter,
+    Stubborn,
     instance_clients,
     instances_of,
     lease_keys,
@@ -441,6 +446,49 @@ async def test_a_storm_of_cancelled_acquires_leaves_nothing(
     print(f"cancellation storm: {cancelled} cancelled, {granted} granted")
     assert cancelled >= 30, (cancelled, granted)
     no_leases(endpoints, prefix)
+
+
+async def test_closing_ends_the_requests_left_behind(
+    anyio_backend: str, endpoints: list[tuple[str, int]], prefix: str
+) -> None:
+    """A request the caller stopped waiting for (an instance hangs) is still under way
+    at aclose(), and its driver ignores the cancellation: closing waits for its end, so
+    none is left to end later with a raw redis-py error (trio-asyncio raises those of
+    the tasks still running out of its loop as it closes), nor with one nobody retrieved
+    (the loop's exception handler would hear of it)."""
+    async with FaultProxy(*endpoints[2]) as cut:
+        await cut.blackhole()
+
+        async def check() -> None:
+            loop = asyncio.get_running_loop()
+            lost: list[dict[str, Any]] = []
+            handler = loop.get_exception_handler()
+            loop.set_exception_handler(lambda _, context: lost.append(context))
+            before = asyncio.all_tasks()
+            places = [*endpoints[:2], (cut.host, cut.port)]
+            clients = [
+                Stubborn(host=h, port=p, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+                for h, p in places
+            ]
+            try:
+                backend = RedlockBackend(clients, prefix=prefix, request_timeout=0.1)
+                # Decided by the two that answer: the third's request is cancelled (and
+                # runs on until its socket timeout).
+                assert await backend.read(new_name()) is None
+                await backend.aclose()
+                proxy = "aiolease.testing.proxy"  # its tasks share the loop under asyncio
+                new = asyncio.all_tasks() - before
+                left = [t for t in new if not t.done() and not t.get_name().startswith(proxy)]
+                assert not left, f"still running after aclose(): {left}"
+                gc.collect()
+                assert not lost, lost
+            finally:
+                loop.set_exception_handler(handler)
+                for client in clients:
+                    await client.aclose()
+
+        await on_asyncio(check)
+        await cut.pass_through()
 
 
 # -- safety ---------------------------------------------------------------------------------

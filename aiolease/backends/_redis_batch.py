@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._exceptions import BackendError, BackendTimeout, NotOwnerError
+from ._sql import timeout_after
 
 __all__ = ["Renewal", "RenewalBatcher"]
 
@@ -162,7 +163,10 @@ class RenewalBatcher:
     async def _run(self, batch: _Batch) -> None:
         results: list[bool | BaseException] = [BackendError("the renewal batch was interrupted")]
         try:
-            results = await asyncio.wait_for(self._send(batch.members, batch.ttls), self._timeout)
+            # Not asyncio.wait_for: up to 3.11 it can drop a cancellation (of the loop's
+            # teardown, say) that comes as the replies do.
+            async with timeout_after(self._timeout):
+                results = await self._send(batch.members, batch.ttls)
         except asyncio.TimeoutError:
             results = [BackendTimeout(f"renewal batch took over {self._timeout:g}s")]
         except BackendError as exc:

@@ -37,6 +37,8 @@ from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._sql import timeout_after
+
 __all__ = ["Endpoint", "LeanClient", "Subscriber"]
 
 #: Idle connections kept for blocking commands.
@@ -267,7 +269,10 @@ class LeanClient:
                 make = loop.create_unix_connection(_Connection, e.path)
             else:
                 make = loop.create_connection(_Connection, e.host or "localhost", e.port)
-            _, conn = await asyncio.wait_for(make, e.connect_timeout)
+            # Not asyncio.wait_for, which up to 3.11 can drop a cancellation that comes
+            # as the connection is made (and go on to use it).
+            async with timeout_after(e.connect_timeout):
+                _, conn = await make
         except (OSError, asyncio.TimeoutError) as exc:
             where = e.path or f"{e.host}:{e.port}"
             raise RedisConnectionError(f"Error connecting to Redis at {where}: {exc!r}") from exc

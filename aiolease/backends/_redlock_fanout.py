@@ -8,6 +8,17 @@ A request still under way when the caller stops waiting is handed to a *late*
 handler (an acquire that is granted after all is released on that instance),
 cancelled, or left to finish, as the operation chooses.
 
+**No task ends with a driver's error, and none outlives** :meth:`Fanout.drain`. A
+request's task catches its driver's error and returns it, mapped, as a value; a
+cancelled request may still end otherwise (redis-py, and ``asyncio.wait_for`` up to
+Python 3.11, now and then lose a cancellation, and the command then runs on to its
+reply or its socket timeout). Every task the fanout starts is tracked until it ends,
+so closing the backend waits for (or cancels, and waits for) each of them. Under
+trio that matters twice over: when trio-asyncio's loop closes it awaits every task
+still running and raises what they end with into its nursery, past the loop's
+exception handler, so a raw ``redis.exceptions.TimeoutError`` of a request nobody
+waited for any more would reach the caller of ``open_backend``.
+
 Asyncio-only, like the backend (the core bridges it under trio).
 """
 
@@ -26,6 +37,7 @@ from ..abc import HolderInfo
 from ._redis_clients import where
 from ._redis_pubsub import Subscriptions
 from ._redis_scripts import Script
+from ._sql import timeout_after
 from .redis import ForeignDataError, holder_from, mapped_error
 
 __all__ = ["Fanout", "Instance", "Late", "Outcome", "holder_from", "mapped", "votes"]
@@ -33,8 +45,9 @@ __all__ = ["Fanout", "Instance", "Late", "Outcome", "holder_from", "mapped", "vo
 T = TypeVar("T")
 #: Loop turns given, at the timeout, to replies that have arrived but not been read.
 _GRACE_TURNS = 4
-#: What happens to a request still under way when the caller stops waiting for it.
-Late = Callable[[int, "asyncio.Task[Any]"], None] | None
+#: Called with ``(index, reply)`` when a request the caller stopped waiting for
+#: succeeds after all (not when it fails or is cancelled).
+Late = Callable[[int, Any], None]
 
 
 def mapped(where_: str, name: str | None, exc: BaseException) -> BackendError:
@@ -58,9 +71,14 @@ class Instance:
         self._hard_timeout = hard_timeout
 
     async def call(self, *args: Any) -> Any:
-        """One command, bounded by the hard timeout; driver errors are not mapped here."""
-        command = cast(Any, self.client).execute_command(*args)
-        return await asyncio.wait_for(command, self._hard_timeout)
+        """One command, bounded by the hard timeout; driver errors are not mapped here.
+
+        Not ``asyncio.wait_for``: its inner task, with the driver's error, could outlive
+        a cancellation of the caller (see the module docstring); this runs in the caller's
+        task, where a cancellation is always raised.
+        """
+        async with timeout_after(self._hard_timeout):
+            return await cast(Any, self.client).execute_command(*args)
 
     async def eval(self, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
         """EVALSHA, loading the script on NOSCRIPT."""
@@ -100,6 +118,15 @@ class Outcome(Generic[T]):
         return (kind or BackendUnavailable)(f"{what}: {detail or 'no quorum'}")
 
 
+class _Failed:
+    """What a request's task returns when its instance failed: the error, mapped."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BackendError) -> None:
+        self.error = error
+
+
 class Fanout:
     """Runs requests on every instance, and the late work they leave behind.
 
@@ -108,6 +135,8 @@ class Fanout:
 
     def __init__(self, instances: Sequence[Instance]) -> None:
         self.instances = list(instances)
+        #: Every task started and not yet ended: requests (also those a caller still
+        #: waits for) and background work.
         self._background: set[asyncio.Task[Any]] = set()
 
     async def run(
@@ -122,10 +151,15 @@ class Fanout:
         ``timeout`` seconds.
 
         :param late: for a request still under way at the end: ``"cancel"`` it,
-            ``"finish"`` it in the background, or a handler ``late(index, task)``
+            ``"finish"`` it in the background, or call ``late(index, reply)`` if it
+            succeeds after all (see :data:`Late`)
         """
         loop = asyncio.get_running_loop()
-        tasks = {loop.create_task(_run(request, i)): n for n, i in enumerate(self.instances)}
+        tasks = {
+            loop.create_task(_attempt(request, i, name)): n for n, i in enumerate(self.instances)
+        }
+        for task in tasks:
+            self._adopt(task)
         outcome: Outcome[T] = Outcome(len(tasks))
         pending = set(tasks)
         try:
@@ -140,52 +174,60 @@ class Fanout:
                     done = {t for t in pending if t.done()}
                     pending -= done
                     for task in done:
-                        self._record(name, outcome, tasks[task], task)
+                        self._record(outcome, tasks[task], task)
                     break
                 done, pending = await asyncio.wait(
                     pending, timeout=left, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
-                    self._record(name, outcome, tasks[task], task)
+                    self._record(outcome, tasks[task], task)
         finally:
             for task in pending:
                 self._leave(tasks[task], task, late)
         outcome.silent = sorted(tasks[t] for t in pending)
         return outcome
 
-    def _record(self, name: str | None, outcome: Outcome[T], n: int, task: asyncio.Task[T]) -> None:
-        exc = task.exception()
-        if exc is None:
-            outcome.replies[n] = task.result()
+    def _record(self, outcome: Outcome[T], n: int, task: asyncio.Task[T | _Failed]) -> None:
+        if task.cancelled():  # only drain() cancels a request its caller waits for
+            where_ = self.instances[n].where
+            outcome.errors[n] = BackendUnavailable(
+                f"Redlock instance {where_}: the request was cancelled, the backend closes"
+            )
+            return
+        reply = task.result()
+        if isinstance(reply, _Failed):
+            outcome.errors[n] = reply.error
         else:
-            outcome.errors[n] = mapped(self.instances[n].where, name, exc)
+            outcome.replies[n] = reply
 
     def _leave(self, n: int, task: asyncio.Task[Any], late: Late | str) -> None:
+        # The task stays tracked until it ends, whatever is chosen here.
         if late == "cancel":
             task.cancel()
-            task.add_done_callback(_retrieve)
-        elif late == "finish":
-            self._adopt(task)
         elif callable(late):
-            self._adopt(task)
-            task.add_done_callback(lambda t: late(n, t))
+            task.add_done_callback(lambda t: _succeeded(t, lambda reply: late(n, reply)))
 
-    def spawn(self, work: Awaitable[Any]) -> None:
-        """Run ``work`` in the background (its failure is only logged by nobody:
-        it is best effort, bounded by the instances' hard timeout)."""
-        self._adopt(asyncio.ensure_future(work))
+    def spawn(self, work: Awaitable[Any]) -> asyncio.Task[None]:
+        """Run ``work`` in the background, tracked until it ends. Best effort: its
+        failure is dropped (it is bounded by the instances' hard timeout, and what it
+        did not clean up expires)."""
+        task = asyncio.ensure_future(_quietly(work))
+        self._adopt(task)
+        return task
 
-    def _adopt(self, task: asyncio.Task[Any] | asyncio.Future[Any]) -> None:
-        self._background.add(cast("asyncio.Task[Any]", task))
+    def _adopt(self, task: asyncio.Task[Any]) -> None:
+        self._background.add(task)
         task.add_done_callback(self._forget)
 
-    def _forget(self, task: asyncio.Future[Any]) -> None:
-        self._background.discard(cast("asyncio.Task[Any]", task))
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
         _retrieve(task)
 
     async def drain(self, timeout: float) -> None:
-        """Let background work (also work it starts meanwhile) finish for up to
-        ``timeout`` seconds in all, then cancel what is left."""
+        """Let every task (requests, background work, and what they start meanwhile)
+        end for up to ``timeout`` seconds in all, then cancel what is left, and wait
+        for it to end (a task whose driver lost the cancellation ends at its
+        timeout): no task of the fanout outlives this."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self._background:
@@ -197,8 +239,28 @@ class Fanout:
                 await asyncio.wait(pending)
 
 
-async def _run(request: Callable[[Instance], Awaitable[T]], instance: Instance) -> T:
-    return await request(instance)
+async def _attempt(
+    request: Callable[[Instance], Awaitable[T]], instance: Instance, name: str | None
+) -> T | _Failed:
+    """One instance's request; its driver's error is returned, mapped, never raised."""
+    try:
+        return await request(instance)
+    except Exception as exc:  # noqa: BLE001 - handed back as a value, see the docstring
+        return _Failed(mapped(instance.where, name, exc))
+
+
+async def _quietly(work: Awaitable[Any]) -> None:
+    try:
+        await work
+    except Exception:  # noqa: BLE001 - best-effort clean-up: left to the keys' expiry
+        pass
+
+
+def _succeeded(task: asyncio.Task[Any], then: Callable[[Any], None]) -> None:
+    if not task.cancelled():
+        reply = task.result()
+        if not isinstance(reply, _Failed):
+            then(reply)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

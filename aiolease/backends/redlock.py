@@ -109,7 +109,8 @@ SPLIT_JITTER = 0.05
 EXPIRY_SLACK = 0.002
 #: How many recent owners the backend remembers (split votes, released owners).
 RECENT_OWNERS = 4096
-#: Seconds that closing waits for late clean-up (releases) still under way.
+#: Seconds that closing waits for requests and late clean-up (releases) still under
+#: way before it cancels them (it then waits for their end, see ``Fanout.drain``).
 DRAIN_TIMEOUT = 1.0
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -287,15 +288,13 @@ class RedlockBackend(Backend):
         abandoned = True
         self._ended.pop((name, owner), None)  # a new attempt by an owner released before
 
-        def late(index: int, task: asyncio.Task[Any]) -> None:
+        def late(index: int, reply: Any) -> None:
             # A grant that arrives after the caller gave up, or after the lease was
             # released, is undone on its instance.
             gone = abandoned or (name, owner) in self._ended
-            if gone and not task.cancelled() and task.exception() is None:
-                reply = task.result()
-                if int(reply[0]) == 1:
-                    undo = abandoned and int(reply[2]) == 1
-                    self._fanout.spawn(self._release_on(index, name, owner, undo=undo))
+            if gone and int(reply[0]) == 1:
+                undo = abandoned and int(reply[2]) == 1
+                self._fanout.spawn(self._release_on(index, name, owner, undo=undo))
 
         started = asyncio.get_running_loop().time()
         try:
@@ -316,7 +315,10 @@ class RedlockBackend(Backend):
                 return Grant(token, ttl - self.drift(ttl), sent_at=started)
         except BaseException:
             if abandoned:
-                await asyncio.shield(self._release_all(name, owner, frozenset()))
+                # Spawned, not only shielded: closing waits for it even if the caller
+                # is cancelled again meanwhile (anyio repeats a cancellation).
+                undo = self._fanout.spawn(self._release_all(name, owner, frozenset()))
+                await asyncio.shield(undo)
             raise
         fresh = frozenset(
             self._fanout.instances[i] for i, r in outcome.replies.items() if _fresh(r)
@@ -530,8 +532,10 @@ class RedlockBackend(Backend):
         await asyncio.sleep(random.uniform(0, min(SPLIT_JITTER, ttl / 10)))
 
     async def aclose(self) -> None:
-        """Stop listening, let late clean-up finish (bounded), and close the clients if the
-        backend made them. Idempotent."""
+        """Let the requests still under way and late clean-up end (bounded; those whose
+        callers stopped waiting too: under trio, one still running when trio-asyncio's
+        loop closes would raise its driver's error there), stop listening, and close the
+        clients if the backend made them. Idempotent."""
         if self._closed:
             return
         self._closed = True
