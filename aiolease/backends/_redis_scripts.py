@@ -339,7 +339,7 @@ if queued then
   local head, entry = queue_head(KEYS[3], KEYS[4], now)
   if head then
     hand_off(KEYS, head, entry, now, channel, wake_base)  -- rewrites every field
-    return 1
+    return 2
   end
 end
 redis.call('DEL', KEYS[1])

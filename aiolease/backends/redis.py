@@ -627,7 +627,11 @@ class RedisBackend(Backend):
             keys.channel,
             keys.wake_base,
         )
-        return int(reply) == 1
+        if int(reply) == 2:
+            # Handed to the queue's head, whose wake-up signal the server sent with this
+            # reply: let its task, if it is one of ours, start its turn first.
+            await asyncio.sleep(0)
+        return int(reply) >= 1
 
     async def read(self, name: str) -> HolderInfo | None:
         keys = self._keys(name)
