@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from .._clock import current_time
 from .._exceptions import InvalidArgument, LossReason, NotOwnerError
 from ..abc import Backend, Capability, Grant, HolderInfo
 
@@ -32,13 +33,14 @@ class _Record:
 class MemoryBackend(Backend):
     """Leases in a dict of this process.
 
-    :param clock: returns the current time in seconds (default ``anyio.current_time``)
+    :param clock: returns the current time in seconds (default: the core's clock,
+        ``anyio.current_time()`` read without its per-call look-ups)
     """
 
     capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
-        self._clock = clock or anyio.current_time
+        self._clock = clock or current_time
         self._records: dict[str, _Record] = {}
         self._tokens: dict[str, int] = {}
         self._changed: dict[str, anyio.Event] = {}
