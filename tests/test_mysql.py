@@ -143,6 +143,7 @@ async def test_capabilities_and_schemes(my_url: str) -> None:
         Capability.SERVER_TIME,
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
+        Capability.FAIR_QUEUE,
     }
     assert MySQLBackend.requires_asyncio
     mariadb = urlunsplit(urlsplit(my_url)._replace(scheme="mariadb"))

@@ -146,6 +146,10 @@ class Turns:
                 return turn
         return None
 
+    def waiting(self, name: str) -> tuple[Turn, ...]:
+        """The waiters for ``name``, oldest first."""
+        return tuple(self._queues.get(name, ()))
+
     def take(self, name: str, owner: str) -> Turn | None:
         """The turn of ``owner`` whose ``grant`` was handed over, once."""
         handed = self._handed.pop((name, owner), None)

@@ -11,13 +11,16 @@ or wrap an ``asyncmy`` pool you already have (it is never closed by the backend)
 
 **The table.** One row per name, created by :meth:`MySQLBackend.setup` or on first
 use (``CREATE TABLE IF NOT EXISTS``, which the server's metadata lock makes safe
-when many processes start at once). Names, owners and identities are
-``VARBINARY``: compared byte for byte, so case, accents and trailing spaces count,
-whatever the server's default collation::
+when many processes start at once), with ``<table>_waiters``, the queue. Names,
+owners and identities are ``VARBINARY``: compared byte for byte, so case, accents
+and trailing spaces count, whatever the server's default collation::
 
     name VARBINARY(255) PRIMARY KEY, token BIGINT UNSIGNED, owner VARBINARY(255),
     identity VARBINARY(1024), metadata BLOB, ttl DOUBLE,
-    acquired_at DATETIME(6), expires_at DATETIME(6)
+    acquired_at DATETIME(6), expires_at DATETIME(6), queued DATETIME(6)
+
+(``queued``, until when waiters may be queued, is added to a table made by an older
+version on first use.)
 
 **Server time.** Expiry is ``UTC_TIMESTAMP(6)``: the same statement-start clock as
 ``NOW(6)``, but free of the session time zone (``NOW()`` in a ``DATETIME`` would
@@ -31,28 +34,40 @@ column asks "is the owner now the caller?". The statement reports its outcome in
 the OK packet: the token column is assigned through ``LAST_INSERT_ID(expr)``, so the
 reply carries the granted token, or 0 when the name is held. Only a refusal is
 followed by a second statement, a plain ``SELECT`` of the holder to report (the
-decision is already made; MySQL has no ``RETURNING`` for this). Release is one
-``UPDATE``, read the same way.
+decision is already made; MySQL has no ``RETURNING`` for this). A row that expired
+under another owner, or a free one marked ``queued``, takes a second statement too,
+which gives it to the oldest live waiter: a statement that so much as names the
+waiters table costs the uncontended path (about 80 µs on MariaDB), so only those do.
 
 **Batched renewals.** All leases renewed through one backend object share one
 ``UPDATE`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`); its
 affected-row count says when every lease of the batch was renewed, else one
 ``SELECT`` tells which are still the caller's and live.
 
-**Hand-offs.** Waiters of one backend object queue oldest first
-(:mod:`aiolease.backends._sql_turns`): a release through the backend grants the row
-to the oldest in the release statement itself, and a release with nobody to hand
-to wakes only the oldest. While a grant made here is live (see ``_Held``), other
-callers of this backend are refused without a statement.
+**Hand-offs, across processes** (:mod:`aiolease.backends._my_queue`). A waiter
+marks the row ``queued`` and joins the waiters table (its entry lives its own ttl
+past its last refresh). A release frees a row not marked ``queued`` in one cheap
+statement; else (and first, for a holder that was a waiter) it hands the row to
+the oldest live entry (token + 1, the waiter's ttl, identity and metadata), or
+frees it when none waits: first come, first served, the releaser asking again at
+once included. A waiter leaves the
+queue before its release or when it stops waiting. Within one backend object the
+oldest waiter is handed the row in the release statement and answered from memory
+(:mod:`aiolease.backends._sql_turns`), if no older waiter elsewhere is ahead. While
+a grant made here is live (see ``_Held``), other callers of this backend are
+refused without a statement.
 
-**Wake-ups.** There is no push: a waiter wakes when this backend object changes the
-name, when the holder's remaining ttl runs out, and otherwise every
-``poll_interval`` (a bounded poll that notices releases made elsewhere).
+**Wake-ups.** There is no push across processes: the oldest waiter of a backend
+looks with a plain ``SELECT`` (no lock, no write), from every 0.2 ms near the head
+of the queue to every ``poll_interval``, and finds a row handed to it; the others
+wake for a change made here, when the holder's ttl runs out, or every
+``poll_interval``.
 
 **Connections.** A backend made from a URL runs its statements on a lean pool of
-its own (:mod:`aiolease.backends._sql_pool`), whose connections keep acquire,
-release, hand-off and the holder read as server-side prepared statements where
-asyncmy supports it (``stmt_cache_size``): parsed once per connection, not per call.
+its own (:mod:`aiolease.backends._sql_pool`), whose connections keep the fixed
+statements (acquire, release, hand-off, the queue's) as server-side prepared
+statements where asyncmy supports it (``stmt_cache_size``): parsed once per
+connection, not per call.
 """
 
 from __future__ import annotations
@@ -60,11 +75,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from .._exceptions import (
     BackendError,
@@ -75,7 +89,9 @@ from .._exceptions import (
 )
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
-from ._my_sql import Prepared, Sql
+from ._my_queue import REFRESH, Queue
+from ._my_sql import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
+from ._my_url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 from ._sql import (
     Key,
     RenewBatcher,
@@ -86,10 +102,6 @@ from ._sql import (
     finished,
     holder,
     now,
-    parse_count,
-    parse_query,
-    parse_seconds,
-    parse_size,
     pool_size,
     wait_event,
 )
@@ -106,16 +118,17 @@ _RACE_RETRIES = 8
 #: statement time limit (MySQL, MariaDB).
 _TIMEOUT_ERRNOS = frozenset({1205, 1213, 3024, 1969})
 _NO_SUCH_TABLE = 1146
-
-_URL_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "table": str,
-    "poll_interval": parse_seconds,
-    "renew_window": parse_seconds,
-    "connect_timeout": parse_seconds,
-    "min_size": parse_size,
-    "max_size": parse_count,
-}
-_KEYWORD_ONLY = ("connect_options",)
+#: Errors that :meth:`MySQLBackend.setup` cures: no such table, no such column (a
+#: table made by an older version, without ``queued``).
+_SET_UP = frozenset({_NO_SUCH_TABLE, 1054})
+_DUPLICATE_COLUMN = 1060
+#: A statement chosen as a deadlock's victim (rolled back: asked again, at most
+#: ``_DEADLOCK_RETRIES`` times). The waiters table is read by the statements that
+#: write the lease row, and written by others, so InnoDB may pick one now and then.
+_DEADLOCK = 1213
+_DEADLOCK_RETRIES = 4
+#: MySQL's longest table name.
+_MAX_IDENTIFIER = 64
 
 
 def _errno(exc: BaseException) -> int | None:
@@ -193,6 +206,11 @@ class _Held:
         return self.sent_at + self.ttl * (1 - _DRIFT) - at
 
 
+def _granted_to(turn: Turn) -> bool:
+    """Whether a hand-off here granted ``turn`` the name (not just claimed it)."""
+    return turn.grant is not None and bool(turn.grant[0])
+
+
 #: What :meth:`MySQLBackend._execute` returns.
 _ID, _ROWS, _COUNT = "id", "rows", "count"
 
@@ -224,8 +242,8 @@ async def _exchange(
 
 
 #: Prepared statements kept per connection (of a backend made from a URL): acquire,
-#: holder, release, hand-off.
-_STATEMENT_CACHE = 8
+#: take-over, holder, reserved, peek, the two releases, hand-off, mark, wait, leave.
+_STATEMENT_CACHE = 12
 
 
 def _statement_cache(asyncmy: Any) -> bool:
@@ -254,6 +272,8 @@ class MySQLStatistics:
     :param hand_offs: releases that granted the name to a waiter in the same statement
     :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
     :param pool: the connections of a backend made from a URL (``None``: the user's)
+    :param polls: acquire statements sent by waiters polling for their turn
+    :param queue_writes: statements that wrote waiters' entries (join, refresh, leave)
     """
 
     renew_statements: int
@@ -261,6 +281,8 @@ class MySQLStatistics:
     hand_offs: int
     waiting: int
     pool: PoolStatistics | None = None
+    polls: int = 0
+    queue_writes: int = 0
 
 
 class MySQLBackend(Backend):
@@ -275,7 +297,12 @@ class MySQLBackend(Backend):
     """
 
     capabilities = frozenset(
-        {Capability.SERVER_TIME, Capability.DURABLE_TOKENS, Capability.MULTI_PROCESS}
+        {
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
+            Capability.FAIR_QUEUE,
+        }
     )
     requires_asyncio = True
 
@@ -290,6 +317,11 @@ class MySQLBackend(Backend):
         from asyncmy.pool import Pool
 
         self._table = check_identifier("table", table)
+        if len(table) + len(WAITERS_SUFFIX) > _MAX_IDENTIFIER:
+            raise InvalidArgument(
+                f"table must be at most {_MAX_IDENTIFIER - len(WAITERS_SUFFIX)} characters"
+                f" (its waiters table adds {WAITERS_SUFFIX!r}), got {table!r}"
+            )
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         window = check_seconds("renew_window", renew_window, allow_zero=True)
         if pool is not _OPENING and not isinstance(pool, Pool):
@@ -302,6 +334,7 @@ class MySQLBackend(Backend):
         self._wakeups = Wakeups()
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._turns = Turns()
+        self._queue = Queue(self._sql, self._execute, self._ask, self._turns)
         self._held: dict[str, _Held] = {}
         #: Grants and releases made through this backend so far (any name): a refusal
         #: followed by none needs no read before its wait.
@@ -326,6 +359,8 @@ class MySQLBackend(Backend):
             hand_offs=self._hand_offs,
             waiting=self._waiting,
             pool=None if self._lean is None else self._lean.statistics(),
+            polls=self._queue.polls,
+            queue_writes=self._queue.writes,
         )
 
     # -- opening ---------------------------------------------------------------------------
@@ -344,9 +379,9 @@ class MySQLBackend(Backend):
         """
         import asyncmy
 
-        connect, ours = _parse_url(url)
+        connect, ours = parse_url(url)
         for key in options:
-            if (key not in _URL_OPTIONS and key not in _KEYWORD_ONLY) or key in ours:
+            if (key not in URL_OPTIONS and key not in KEYWORD_ONLY) or key in ours:
                 raise InvalidArgument(f"MySQL option {key!r} is unknown or given twice")
         ours.update(options)
         if _statement_cache(asyncmy):
@@ -381,7 +416,8 @@ class MySQLBackend(Backend):
         return backend
 
     async def setup(self) -> None:
-        """Create the table if it does not exist (idempotent; safe from many processes).
+        """Create the table and its waiters table if they do not exist (idempotent; safe
+        from many processes).
 
         :raises BackendError: e.g. the user may not create tables
         """
@@ -405,7 +441,15 @@ class MySQLBackend(Backend):
         async with conn.cursor() as cur:
             # A concurrent creator leaves a "table exists" note: not worth a warning.
             await cur.execute("SET @@session.sql_notes = 0")
-            await cur.execute(self._sql.create)
+            for create in self._sql.create:
+                await cur.execute(create)
+            await cur.execute(self._sql.has_queued)
+            if not (await cur.fetchall())[0][0]:  # made by an older version
+                try:
+                    await cur.execute(self._sql.add_queued)
+                except Exception as exc:
+                    if _errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
+                        raise
             await cur.execute("SET @@session.sql_notes = DEFAULT")
 
     # -- running statements ----------------------------------------------------------------
@@ -426,14 +470,19 @@ class MySQLBackend(Backend):
         """
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        try:  # not ``_mapped()``: a context manager per statement costs more than this
-            return await self._run(sql, params, want, then, renewal)
-        except Exception as exc:
-            if _errno(exc) != _NO_SUCH_TABLE or not _answered(exc):
-                with _mapped():
-                    raise
+        for retry in range(_DEADLOCK_RETRIES, -1, -1):
+            try:  # not ``_mapped()``: a context manager per statement costs more than this
+                return await self._run(sql, params, want, then, renewal)
+            except Exception as exc:
+                number = _errno(exc) if _answered(exc) else None
+                if number == _DEADLOCK and retry:
+                    continue  # the server rolled it back: it had no effect
+                if number not in _SET_UP:
+                    with _mapped():
+                        raise
+                break
         with _mapped():
-            await self.setup()  # first use: create the table, then ask again
+            await self.setup()  # first use (or an older table): set up, then ask again
             return await self._run(sql, params, want, then, renewal)
 
     async def _run(
@@ -454,7 +503,7 @@ class MySQLBackend(Backend):
         try:
             result = await _exchange(conn, sql, params, want, then)
         except BaseException as exc:
-            if _answered(exc) and _errno(exc) != _NO_SUCH_TABLE:
+            if _answered(exc) and _errno(exc) not in _SET_UP:
                 lean.release(conn, renewal)
             else:
                 # Out of step with the server: never reused. (Also one that met no
@@ -493,17 +542,27 @@ class MySQLBackend(Backend):
         for _ in range(_RACE_RETRIES):
             changes, asked_at = self._changes, now()
             # Seen to its end even if the caller is cancelled (see ``finished``).
-            result = await finished(self._execute(self._sql.acquire, params, then=self._sql.holder))
+            result = await finished(self._ask(params, self._sql.holder))
             if isinstance(result, int):
                 self._turns.done(name, owner)
                 self._changed(name)
                 self._granted(name, _Held(owner, result, identity, meta, float(ttl), asked_at))
                 return Grant(result, ttl)
+            if not result:  # free, but kept for the oldest waiter (or let go meanwhile)
+                result = await self._execute(self._sql.reserved, params, _ROWS)
             if result and result[0][0] != raw_owner:
                 self._turns.refused(name, owner, float(ttl), identity, meta, now(), (0, changes))
                 return self._holder(name, result[0])
-            # The holder let go between the two statements: ask again.
+            # The holder let go between the statements: ask again.
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
+
+    async def _ask(self, params: Mapping[str, Any], then: Prepared | None = None) -> Any:
+        """The acquire statement; for a row that expired under another owner, then the
+        take-over statement, which gives it to the oldest live waiter."""
+        result = await self._execute(self._sql.acquire, params, then=then)
+        if result == EXPIRED:
+            result = await self._execute(self._sql.take_over, params, then=then)
+        return result
 
     def _granted(self, name: str, held: _Held) -> None:
         known = self._held.get(name)
@@ -571,18 +630,40 @@ class MySQLBackend(Backend):
         held = self._held.get(name)
         if held is not None and held.owner == owner:
             del self._held[name]  # before the statement: it may free the row
-        turn = self._turns.next(name)
+        # Out of the queue first (a waiter that got the name keeps its entry until
+        # then), so that no release after this one hands it the row again.
+        waited = await self._queue.leave(name, owner)
+        turn = self._queue.poller(name)
         if turn is not None:
-            return await self._hand_off(name, owner, token, turn)
-        params = {"name": name.encode(), "owner": owner.encode(), "token": token}
-        freed = bool(await self._execute(self._sql.release, params))
-        if freed:
-            self._changed(name)
-            self._turns.wake_one(name)
+            freed = await self._hand_off(name, owner, token, turn)
+        else:
+            freed = await self._free(name, owner, token, queued=waited)
+        self._queue.wake_poller(name)
         return freed
 
+    async def _free(self, name: str, owner: str, token: int | None, queued: bool = True) -> bool:
+        """Release ``owner``'s grant: to the oldest live waiter in the waiters table (any
+        process) if there is one, else free the row. Whether it was ``owner``'s.
+
+        :param queued: whether waiters are likely (the cheap statement, which frees the
+            row unless it is marked as having waiters, is skipped)
+        """
+        params = {"name": name.encode(), "owner": owner.encode(), "token": token}
+        after = 0 if queued else int(await self._execute(self._sql.release, params))
+        if not after:  # waiters may be queued (or not ours): hand it to the oldest, if any
+            after = int(await self._execute(self._sql.release_queued, params))
+        if not after:
+            return False
+        self._changed(name)
+        if token is not None and after == token + 1:
+            self._hand_offs += 1  # the oldest waiter finds out by its poll
+        else:
+            self._turns.wake_one(name)
+        return True
+
     async def _hand_off(self, name: str, owner: str, token: int | None, turn: Turn) -> bool:
-        """Release ``owner``'s grant to the oldest task waiting here, in one statement."""
+        """Release ``owner``'s grant to the oldest task waiting here, in one statement, if
+        no older waiter elsewhere is ahead of it (else to that one: :meth:`_free`)."""
         params = {
             "name": name.encode(),
             "owner": owner.encode(),
@@ -594,19 +675,22 @@ class MySQLBackend(Backend):
             "us": _micros(turn.ttl),
         }
         sent_at = now()
-        turn.grant = (0, sent_at)  # claimed: no other release hands it a second grant
+        claim = (0, sent_at)
+        turn.grant = claim  # claimed: no other release hands it a second grant
         try:
             granted = int(await self._execute(self._sql.hand_off, params))
         except BaseException:
-            turn.grant = None
+            if turn.grant == claim:  # (not a grant its own poll found meanwhile)
+                turn.grant = None
             turn.doubt = True  # it may hold the row now: it gives it back if it stops
             raise
         finally:
             turn.settled.set()
             turn.event.set()
         if not granted:
-            turn.grant = None
-            return False
+            if turn.grant == claim:
+                turn.grant = None
+            return await self._free(name, owner, token)
         turn.grant = (granted, sent_at)
         self._held[name] = _Held(
             turn.owner, granted, turn.identity, turn.metadata, turn.ttl, sent_at
@@ -641,8 +725,10 @@ class MySQLBackend(Backend):
                 return
             await self._wait(event, current)
 
-    async def _wait(self, event: asyncio.Event, current: HolderInfo | None) -> None:
-        timeout = self.poll_interval
+    async def _wait(
+        self, event: asyncio.Event, current: HolderInfo | None, most: float | None = None
+    ) -> None:
+        timeout = self.poll_interval if most is None else min(self.poll_interval, most)
         if current is not None and current.remaining is not None:
             timeout = min(timeout, current.remaining)
         self._waiting += 1
@@ -652,26 +738,56 @@ class MySQLBackend(Backend):
             self._waiting -= 1
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Wait, oldest first among this backend's waiters, for a hand-off or a change.
+        """Wait in the waiters table, oldest first across processes, for a hand-off.
 
-        Other waiters of this backend are not woken by the same change (wake-one),
-        and a release through this backend hands the name to the oldest waiter.
+        The first wait joins the queue (and one every quarter ttl refreshes the entry).
+        Among this backend's waiters only the oldest polls the server, with the acquire
+        statement itself (which finds a hand-off to it, or a free row that is its turn);
+        the others wait for a change made here, or ``poll_interval``.
         """
         await self._turns.wait(
             name,
             owner,
-            lambda turn: self._wait_turn(name, seen, turn),
+            lambda turn: self._wait_turn(name, owner, ttl, seen, turn),
             lambda: self.wait_changed(name, seen),
             lambda token: self.release(name, owner, token),
         )
 
-    async def _wait_turn(self, name: str, seen: HolderInfo, turn: Turn) -> None:
+    async def _wait_turn(
+        self, name: str, owner: str, ttl: float, seen: HolderInfo, turn: Turn
+    ) -> None:
+        place = await self._queue.join(name, owner, ttl, turn)
         current: HolderInfo | None = seen
         if turn.mark != (0, self._changes):  # something changed here since the refusal
             current = await self.read(name)
         if turn.grant is not None or _key(current) != _key(seen):
             return
-        await self._wait(turn.event, current)
+        if self._queue.poller(name) is not turn:  # one older in the queue polls for both
+            await self._wait(turn.event, current, ttl * REFRESH)
+            return
+        start = now()
+        expiry = None
+        if current is not None and current.remaining is not None:
+            expiry = start + current.remaining
+        self._waiting += 1
+        try:
+            polled = await self._queue.poll(
+                name, owner, ttl, turn, place, expiry, self.poll_interval
+            )
+        finally:
+            self._waiting -= 1
+        if polled is None:
+            return
+        # A hand-off from elsewhere, or its turn at a free row. The poll reset the row's
+        # expiry (sent before the server read its clock): its send time is ``sent_at``.
+        token, sent_at = polled
+        if not _granted_to(turn):  # (a hand-off here may be in flight, and will fail)
+            turn.grant = polled
+        turn.settled.set()
+        turn.event.set()
+        self._granted(name, _Held(owner, token, turn.identity, turn.metadata, float(ttl), sent_at))
+        self._changed(name)
+        self._queue.wake_poller(name)  # the next oldest here polls now
 
     async def aclose(self) -> None:
         """Close the pool if this backend opened it. Idempotent."""
@@ -682,32 +798,3 @@ class MySQLBackend(Backend):
         self._turns.wake_all()
         if self._lean is not None:
             await self._lean.aclose()
-
-
-def _parse_url(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split a MySQL URL into asyncmy's connect arguments and our options.
-
-    :raises InvalidArgument: not a mysql/mariadb URL, no database, or a bad option
-    """
-    parts = urlsplit(url)
-    usage = "a MySQL URL is 'mysql://user:password@host:3306/database'"
-    if parts.scheme.lower() not in ("mysql", "mariadb") or parts.fragment:
-        raise InvalidArgument(f"{usage}, got {url!r}")
-    database = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
-    if not database or "/" in database:
-        raise InvalidArgument(f"{usage}: {url!r} names no database")
-    try:
-        port = parts.port or 3306
-    except ValueError as exc:
-        raise InvalidArgument(f"{usage}: {exc}") from None
-    ours, _ = parse_query(parts.query, _URL_OPTIONS, what="MySQL", keep_unknown=False)
-    connect: dict[str, Any] = {
-        "host": parts.hostname or "127.0.0.1",
-        "port": port,
-        "user": unquote(parts.username) if parts.username else "root",
-        "password": unquote(parts.password) if parts.password else "",
-        "database": database,
-        "autocommit": True,
-        "charset": "utf8mb4",
-    }
-    return connect, ours
