@@ -4,12 +4,15 @@ per run, and server URLs without TLS."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
 from sql_support import on_asyncio, unique, with_query
 
+from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.servers import server
 
 
@@ -46,3 +49,26 @@ def no_tls(url: str) -> str:
     which trio-asyncio's default exception handler turns into a crash of its loop.
     """
     return url if "sslmode=" in url else with_query(url, sslmode="disable")
+
+
+class LeavesTheQueue(FaultyBackend):
+    """A backend whose refused ``try_acquire`` leaves the waiters' queue at once, as the
+    core makes a refused ``acquire_nowait`` do (a release with the same owner id): raw
+    calls then agree with the memory model, which has no queue."""
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire(name, owner, ttl, identity, metadata)
+        if isinstance(result, HolderInfo):
+            assert not await self.inner.release(name, owner, None)  # it held nothing
+        return result
+
+
+@asynccontextmanager
+async def leaving_the_queue(
+    opening: AbstractAsyncContextManager[Backend],
+) -> AsyncIterator[Backend]:
+    """:class:`LeavesTheQueue` over the backend that ``opening`` opens."""
+    async with opening as backend:
+        yield LeavesTheQueue(backend)

@@ -137,8 +137,10 @@ async def test_many_concurrent_statements_through_the_pooler(pooled: str) -> Non
             name = unique(f"busy{i}")
             for _ in range(15):
                 granted = await grant(b, name, f"owner-{i}", ttl=30)
-                holder = await refused(two if b is one else one, name, "other")
+                other = two if b is one else one
+                holder = await refused(other, name, "other")
                 assert (holder.owner, holder.token) == (f"owner-{i}", granted.token)
+                assert not await other.release(name, "other", None)  # leaves the queue
                 renewed = await b.renew(name, f"owner-{i}", granted.token, 30)
                 assert renewed.token == granted.token
                 assert await b.release(name, f"owner-{i}", granted.token)
@@ -159,6 +161,7 @@ async def test_acquire_renew_release_and_hand_off_across_two_backends(
         lease = await AsyncLock(first, name, ttl=30).acquire()
         seen = await refused(second, name, "owner-2")
         assert (seen.owner, seen.token) == (lease.owner, lease.token)
+        assert not await second.release(name, "owner-2", None)  # leaves the queue
         await lease.renew()
         again = await second.read(name)
         assert again is not None and (again.owner, again.token) == (lease.owner, lease.token)

@@ -11,9 +11,9 @@ import logging
 from typing import Any
 
 from .._exceptions import BackendUnavailable
-from ._pg_sql import parse_payload
+from ._pg_queue import Queue
+from ._pg_sql import parse_notice
 from ._sql import Takers, Wakeups, now, timeout_after
-from ._sql_turns import Turns
 
 __all__ = ["LISTEN_CHECK", "Listening"]
 
@@ -41,7 +41,7 @@ class Listening:
     _connect_options: dict[str, Any]
     poll_interval: float
     _wakeups: Wakeups
-    _turns: Turns
+    _queue: Queue
     _takers: Takers
     _listen: bool
     _listen_url: str | None
@@ -99,7 +99,7 @@ class Listening:
         self._listener_backoff = 0.0
         self._listener_connects += 1
         self._wakeups.wake_all()  # notifications sent while nobody listened are lost
-        self._turns.wake_all()
+        self._queue.wake_all()
         return True
 
     async def _open_and_listen(self) -> Any:
@@ -159,9 +159,10 @@ class Listening:
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         """A grant (a takeover or a hand-off; on the grants channel, of a free name) or a
-        release (see :func:`parse_payload`). Watchers wake on both; the oldest waiter for
-        the name only on a release."""
-        kind, name, owner, token = parse_payload(payload)
+        release (see :func:`~aiolease.backends._pg_sql.parse_payload`). Watchers wake on
+        both; a waiter here on a hand-off to it, and every waiter for the name on a
+        release (with nobody queued to hand it to, as the release saw it)."""
+        kind, name, owner, token, ask = parse_notice(payload)
         self._notes += 1
         if len(self._noted) >= _MAX_NOTED:
             self._noted.clear()
@@ -169,7 +170,9 @@ class Listening:
         self._noted[name] = (self._notes, owner)
         self._wakeups.wake(name)
         if kind != "g":
-            self._turns.wake_one(name)
+            self._queue.released(name)
+        elif ask is not None and owner is not None and token is not None:
+            self._queue.handed(name, owner, token, ask)
         self._takers.notified(name, owner, token)
 
     def _listener_lost(self, conn: Any) -> None:
@@ -178,7 +181,7 @@ class Listening:
             self._listener = None
             self._listener_retry_at = -1.0  # reconnect on the next wait
             self._wakeups.wake_all()
-            self._turns.wake_all()
+            self._queue.wake_all()
 
     async def _drop_listener(self, *, terminate: bool) -> None:
         conn, self._listener = self._listener, None

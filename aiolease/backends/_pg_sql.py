@@ -1,46 +1,90 @@
 """The SQL text of the PostgreSQL backend, and what its notifications say (no driver).
 
-See :mod:`aiolease.backends.postgres` for what each statement guarantees.
+See :mod:`aiolease.backends.postgres` for what each statement guarantees, and
+:mod:`aiolease.backends._pg_queue` for the waiters' side of the queue.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-__all__ = ["Payload", "Sql", "advisory_key", "default_channel", "grants_channel", "parse_payload"]
+__all__ = [
+    "Notice",
+    "Payload",
+    "Sql",
+    "advisory_key",
+    "default_channel",
+    "grants_channel",
+    "parse_notice",
+    "parse_payload",
+    "waiters_table",
+]
+
+#: Greater than every ``seq`` of the waiters table (a bigserial).
+_LAST = "9223372036854775807"
 
 
 class Sql:
-    """The statements for one table (identifiers validated and quoted)."""
+    """The statements for one table and its waiters table (identifiers validated and quoted)."""
 
     def __init__(self, schema: str, table: str) -> None:
         t = f'"{schema}"."{table}"'
+        w = f'"{schema}"."{waiters_table(table)}"'
         self.create = (
             f"CREATE TABLE IF NOT EXISTS {t} ("
             ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL,'
             " owner text, identity text, metadata text, ttl double precision,"
             " acquired_at timestamptz, expires_at timestamptz)"
         )
+        # One row per refused caller that may still wait: its place (seq, kept while it
+        # asks again in time), what a grant to it needs, the number of the ask that
+        # wrote the row (echoed in a hand-off's notification), and its expiry (its own
+        # ttl after its latest ask: a waiter that died holds nobody up for longer).
+        self.create_waiters = (
+            f"CREATE TABLE IF NOT EXISTS {w} ("
+            ' name text COLLATE "C" NOT NULL, owner text NOT NULL, identity text,'
+            " metadata text, ttl double precision NOT NULL, ask bigint NOT NULL,"
+            " seq bigserial NOT NULL, expires_at timestamptz NOT NULL,"
+            " PRIMARY KEY (name, owner))"
+        )
+        # The queue's order, read oldest first by a release without sorting.
+        self.create_waiters_index = (
+            f'CREATE INDEX IF NOT EXISTS "{waiters_table(table)}_seq" ON {w} (name, seq)'
+        )
         # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
-        # channel. The clock is read once (the CTE "now"); excluded.acquired_at carries it
-        # into the update.
+        # channel, $8 the caller's ask number. The clock is read once (the CTE "now");
+        # excluded.acquired_at carries it into the update.
         retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
-        # "held": the snapshot shows a live holder other than the caller. Then nothing
-        # is inserted, so a refusal takes no row lock, writes no WAL and commits without
-        # a flush (a herd of woken waiters costs reads, not commits). A release that
-        # commits after the snapshot sends a NOTIFY that wakes the refused caller. No
-        # row at all: the update's WHERE saw a newer version than the snapshot (a
-        # concurrent grant): the snapshot could not name that holder, so ask again.
-        # A grant that takes the name from another owner (whose lease expired) is
-        # announced on the channel; one of a free name only on the grants channel,
-        # which only listeners that wait for a holder to appear listen to.
+        # "held": the snapshot shows a live holder other than the caller, or, with no
+        # live holder at all (not even the caller: a retry ignores the queue), the
+        # oldest live waiter queued before the caller (before everybody, if the caller
+        # has no live row). Either refuses: the caller's waiter row is written (its
+        # place kept if it was live), and the lease row is neither locked nor written.
+        # No row at all: the update's WHERE saw a newer version than the snapshot (a
+        # concurrent grant): the snapshot could not name that holder, so ask again. A
+        # grant deletes the caller's waiter row, after locking the lease row (every
+        # statement locks the lease row before waiter rows: no deadlock). A grant that
+        # takes the name from another owner (whose lease expired) is announced on the
+        # channel; one of a free name only on the grants channel, which only
+        # listeners that wait for a holder to appear listen to.
         self.acquire = (
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
             " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
             f" l.expires_at FROM {t} l WHERE l.name = $1),"
+            # The name's waiter rows, read once (rarely any).
+            f" ws AS MATERIALIZED (SELECT w.owner, w.identity, w.metadata, w.seq, w.expires_at"
+            f" FROM {w} w WHERE w.name = $1),"
+            # Who the caller must wait for: the live holder, else (nobody holds it
+            # live, not even the caller) the oldest live waiter queued before it.
             " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
             " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
-            " FROM cur c, now n WHERE c.owner <> $2 AND c.expires_at > n.t),"
+            " FROM cur c, now n WHERE c.owner <> $2 AND c.expires_at > n.t"
+            " UNION ALL (SELECT coalesce((SELECT c.token FROM cur c), 0), a.owner,"
+            " a.identity, a.metadata, extract(epoch FROM a.expires_at - n.t)::float8"
+            " FROM ws a, now n WHERE a.owner <> $2 AND a.expires_at > n.t"
+            " AND NOT EXISTS (SELECT 1 FROM cur c WHERE c.expires_at > n.t)"
+            " AND NOT EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2 AND m.expires_at > n.t"
+            " AND m.seq < a.seq) ORDER BY a.seq LIMIT 1)),"
             f" granted AS (INSERT INTO {t} AS l"
             " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
             " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
@@ -53,7 +97,17 @@ class Sql:
             " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
             " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
             " OR l.owner = excluded.owner"
-            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
+            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh),"
+            f" served AS (DELETE FROM {w} d WHERE EXISTS (SELECT 1 FROM granted)"
+            " AND EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2) AND d.name = $1 AND d.owner = $2),"
+            f" queued AS (INSERT INTO {w} AS q"
+            " (name, owner, identity, metadata, ttl, ask, expires_at)"
+            " SELECT $1, $2, $3, $4, $5, $8, n.t + make_interval(secs => $5) FROM now n"
+            " WHERE EXISTS (SELECT 1 FROM held)"
+            " ON CONFLICT (name, owner) DO UPDATE SET identity = excluded.identity,"
+            " metadata = excluded.metadata, ttl = excluded.ttl, ask = excluded.ask,"
+            " seq = CASE WHEN q.expires_at > (SELECT t FROM now) THEN q.seq ELSE excluded.seq END,"
+            " expires_at = excluded.expires_at)"
             " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
             " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
             " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
@@ -72,26 +126,57 @@ class Sql:
             ' WHERE l.name = v.name COLLATE "C" AND l.owner = v.owner AND l.token = v.token'
             " AND l.expires_at > clock_timestamp() RETURNING l.name, l.owner, l.token"
         )
-        # $1 name, $2 owner, $3 token or NULL, $4 channel.
-        self.release = (
-            f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
-            " expires_at = NULL WHERE name = $1 AND owner = $2"
-            " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
-            " RETURNING name, token)"
-            " SELECT pg_notify($4, 'r' || r.token || ':' || r.name) IS NULL AS notified FROM r"
-        )
-        # $1 name, $2 owner, $3 token or NULL, $4 channel, then the next holder's
-        # $5 owner, $6 identity, $7 metadata, $8 ttl: release and grant in one statement.
-        self.hand_off = (
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            f" r AS (UPDATE {t} l SET token = l.token + 1, owner = $5, identity = $6,"
-            " metadata = $7, ttl = $8, acquired_at = now.t,"
-            " expires_at = now.t + make_interval(secs => $8) FROM now"
+        # $1 name, $2 owner, $3 token or NULL, $4 channel. With a live waiter (other
+        # than the caller) the row goes to the oldest one (token + 1, its identity,
+        # metadata and ttl, until its own ttl from now or its row's expiry, whichever
+        # is sooner), else it is cleared. Either way the caller's waiter row goes too
+        # (and, with the lease row locked, the handed waiter's and expired ones: "gone"
+        # joins "r", so the lease row is locked before any waiter row). One row always,
+        # with "gone" (the owners whose rows it deleted): a handed waiter not in it left
+        # meanwhile (its grant must be given back); a caller that had a row but is not
+        # in it may have lost the row to a hand-off to itself that committed after
+        # this statement's snapshot was taken (which the statement cannot see).
+        # The clock is read where it is used (as an UPDATE's own conditions read it):
+        # one read per statement would cost a join per use.
+        handed = (
+            f" r AS (UPDATE {t} l SET"
+            " token = CASE WHEN x.owner IS NULL THEN l.token ELSE l.token + 1 END,"
+            " owner = x.owner, identity = x.identity, metadata = x.metadata,"
+            " ttl = coalesce(x.ttl, l.ttl),"
+            " acquired_at = CASE WHEN x.owner IS NULL THEN l.acquired_at"
+            " ELSE clock_timestamp() END,"
+            " expires_at = least(clock_timestamp() + make_interval(secs => x.ttl), x.expires_at)"
+            " FROM (SELECT 1) one LEFT JOIN (SELECT o.owner, o.identity, o.metadata, o.ttl, o.ask,"
+            f" o.expires_at FROM {w} o WHERE o.name = $1 AND o.owner <> $2"
+            " AND o.expires_at > clock_timestamp() ORDER BY o.seq LIMIT 1) x ON true"
             " WHERE l.name = $1 AND l.owner = $2 AND ($3::int8 IS NULL OR l.token = $3::int8)"
-            " AND l.expires_at > now.t RETURNING l.name, l.token)"
-            " SELECT r.token, pg_notify($4, 'g' || r.token || ':' || length($5) || ':' || $5"
-            " || r.name) IS NULL"
-            " AS notified FROM r"
+            " AND l.expires_at > clock_timestamp() RETURNING l.token, l.owner, x.ask)"
+        )
+        notify = (
+            " CASE WHEN r.token IS NULL THEN NULL"
+            " WHEN r.owner IS NULL THEN pg_notify($4, 'r' || r.token || ':' || $1)"
+            " ELSE pg_notify($4, 'h' || r.token || ':' || r.ask || ':' || length(r.owner)"
+            " || ':' || r.owner || $1) END IS NULL AS notified"
+        )
+        self.release = (
+            f"WITH{handed},"
+            f" gone AS (DELETE FROM {w} d USING (SELECT max(r.owner) AS owner, count(*) AS n"
+            " FROM r) h WHERE d.name = $1 AND (d.owner = $2 OR d.owner = h.owner"
+            " OR (h.n > 0 AND d.expires_at <= clock_timestamp())) RETURNING d.owner)"
+            " SELECT r.token, r.owner AS handed_to, r.ask,"
+            f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
+            " FROM (SELECT 1) one LEFT JOIN r ON true"
+        )
+        # The release of an owner that never wrote a waiter row (never refused): as
+        # above, but nothing of the caller's to delete or to look for. No row unless
+        # it released.
+        self.release_held = (
+            f"WITH{handed},"
+            f" gone AS (DELETE FROM {w} d USING r WHERE d.name = $1"
+            " AND (d.owner = r.owner OR d.expires_at <= clock_timestamp()) RETURNING d.owner)"
+            " SELECT r.token, r.owner AS handed_to, r.ask,"
+            f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
+            " FROM r"
         )
         self.read = (
             "SELECT l.owner, l.identity, l.token, l.metadata,"
@@ -101,6 +186,14 @@ class Sql:
         )
 
 
+def waiters_table(table: str) -> str:
+    """The waiters table of ``table``: ``<table>_waiters``, or, where that would pass
+    PostgreSQL's 63-character limit, ``aiolease_w`` and 16 hex digits of a hash."""
+    if len(table) <= 55:
+        return f"{table}_waiters"
+    return f"aiolease_w{hashlib.sha256(table.encode()).hexdigest()[:16]}"
+
+
 def default_channel(schema: str, table: str) -> str:
     """The NOTIFY channel of a table: ``aiolease_`` and 16 hex digits of its name's hash."""
     digest = hashlib.sha256(f"{schema}.{table}".encode()).hexdigest()
@@ -108,7 +201,7 @@ def default_channel(schema: str, table: str) -> str:
 
 
 def advisory_key(schema: str, table: str) -> int:
-    """The key of the advisory lock that serialises creating the table."""
+    """The key of the advisory lock that serialises creating the tables."""
     digest = hashlib.sha256(f"aiolease:{schema}.{table}".encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
@@ -122,18 +215,33 @@ def grants_channel(channel: str) -> str:
 
 #: What a notification says: (kind, name, owner granted to or ``None``, token or ``None``).
 Payload = tuple[str, str, str | None, int | None]
+#: :data:`Payload` and, for a hand-off, the number of the waiter's ask it saw (else ``None``).
+Notice = tuple[str, str, str | None, int | None, int | None]
 
 
 def parse_payload(payload: str) -> Payload:
-    """Read a notification: ``'r' + token + ':' + name`` (released), or ``'g' + token +
-    ':' + len(owner) + ':' + owner + name`` (granted). Anything else counts as a
-    release of an unknown token."""
+    """Read a notification: ``'r' + token + ':' + name`` (released), ``'g' + token +
+    ':' + len(owner) + ':' + owner + name`` (granted), or ``'h' + token + ':' + ask +
+    ':' + len(owner) + ':' + owner + name`` (handed to a waiter: a grant, kind ``'g'``
+    here). Anything else counts as a release of an unknown token."""
+    kind, name, owner, token, _ask = parse_notice(payload)
+    return kind, name, owner, token
+
+
+def parse_notice(payload: str) -> Notice:
+    """:func:`parse_payload`, and the ask number of a hand-off."""
     kind = payload[:1]
     token, colon, rest = payload[1:].partition(":")
-    if kind in ("g", "r") and colon and token.isdigit():
+    if kind in ("g", "r", "h") and colon and token.isdigit():
         if kind == "r":
-            return "r", rest, None, int(token)
+            return "r", rest, None, int(token), None
+        ask = None
+        if kind == "h":
+            number, colon, rest = rest.partition(":")
+            if not (colon and number.isdigit()):
+                return "r", payload, None, None, None
+            ask = int(number)
         size, colon, rest = rest.partition(":")
         if colon and size.isdigit() and int(size) <= len(rest):
-            return "g", rest[int(size) :], rest[: int(size)], int(token)
-    return "r", payload, None, None
+            return "g", rest[int(size) :], rest[: int(size)], int(token), ask
+    return "r", payload, None, None, None

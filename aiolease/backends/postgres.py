@@ -11,12 +11,18 @@ or wrap a pool or connection you already have (it is never closed by the backend
 
     backend = PostgresBackend(pool, table="leases")
 
-**The table.** One row per name, created by :meth:`PostgresBackend.setup` or on first
+**The tables.** One row per name, created by :meth:`PostgresBackend.setup` or on first
 use (``CREATE TABLE IF NOT EXISTS`` under a transaction-scoped advisory lock, so
 that many processes starting at once do not trip over each other)::
 
     name text COLLATE "C" PRIMARY KEY, token bigint, owner text, identity text,
     metadata text, ttl float8, acquired_at timestamptz, expires_at timestamptz
+
+and, beside it, the queue: ``<table>_waiters`` (``aiolease_w`` and a hash where that
+name would be too long), one row per refused caller that may still wait::
+
+    name, owner (PRIMARY KEY (name, owner)), identity, metadata, ttl float8,
+    ask bigint, seq bigserial (the queue's order), expires_at timestamptz
 
 Table and schema names are validated as plain identifiers *and* always quoted;
 values only ever travel as bind parameters.
@@ -35,29 +41,49 @@ other grant increments the token. Release clears the owner and keeps the row (an
 its token), and sends ``NOTIFY``. A refusal whose holder is not yet visible to the
 statement's snapshot (a concurrent first grant) is asked again.
 
+**A queue in the database** (``FAIR_QUEUE``, across processes). A refused acquire
+writes its caller's waiter row in the same statement (its place, ``seq``, is kept
+while it asks again before the row expires, its own ttl after each ask: a waiter
+that died holds nobody up for longer). A free or expired name is granted only to a
+caller that no live waiter is queued before, so a newcomer queues behind those
+waiting. A release hands the row to the oldest live waiter in the release statement
+itself (token + 1, that waiter's identity, metadata and ttl, until its own ttl from
+the release or its row's expiry, whichever is sooner) and announces it (``'h'``),
+else clears it. The waiter, in any process, takes the grant from the notification
+without a statement (:mod:`aiolease.backends._pg_queue`): its local deadline counts
+from the send time of the ask whose row the release saw, which ran before the
+release read its clock. A waiter asks again a third of its ttl after its latest
+refusal, when the holder's ttl runs out, and after a release with nobody to hand
+to. A waiter that stops (cancelled, timed out, or refused by ``acquire_nowait``) is
+released by the core with its owner id: that deletes its row and gives back a
+hand-off it may have got; a hand-off and a waiter that leaves at the same moment
+are told apart by the waiter rows each statement deleted, and the grant given back.
+Every statement locks the lease row before waiter rows, so none can deadlock.
+
 **Batched renewals.** All leases renewed through one backend object share one
 ``UPDATE ... FROM unnest(...)`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`);
 a renew answered from a statement sent for the batch says so in ``Grant.sent_at``.
 
 **Wake-ups.** One listening connection per backend object (opened with a backend
-made from a URL, else on the first ``wait_changed``) receives ``NOTIFY`` on release
-and takeover and wakes the waiting tasks. Expiry sends nothing: a waiter also wakes
-when the holder's remaining ttl runs out. If the listening connection drops, every
-waiter wakes, waiting falls back to polling every ``poll_interval`` (never later than
-the holder's expiry), and the next wait reconnects. While it is up, held leases are
-watched by callback (:meth:`PostgresBackend.on_taken`), without a task per lease.
+made from a URL, else on the first ``wait_changed``) receives ``NOTIFY`` on release,
+hand-off and takeover and wakes the waiting tasks: watchers on any change, a waiter
+on a hand-off to it or a release. Expiry sends nothing: a waiter also wakes when the
+holder's remaining ttl runs out. If the listening connection drops, every waiter
+wakes, waiting falls back to polling every ``poll_interval`` (a read: is the name
+free, or ours?, never later than the holder's expiry), and the next wait reconnects.
+While it is up, held leases are watched by callback (:meth:`PostgresBackend.on_taken`),
+without a task per lease.
 
 **Connections.** A backend made from a URL runs its statements on a lean pool of
 its own (:mod:`aiolease.backends._sql_pool`: no per-statement timers, proxies or
 reset round trip); one passed in is used as it is.
 
-**Hand-offs.** A refused acquire only reads the row (no lock, no WAL). Waiters of
-one backend object queue oldest first (:mod:`aiolease.backends._sql_turns`): a
-release through the backend grants the row to the oldest in the same statement,
-a release seen by NOTIFY wakes only the oldest, and ``read`` of a live lease held
-through the backend is answered without a statement while the listener proves the
-row unchanged (see ``_Held``). All statements but the renewal use at most all but
-one of the pool's connections, so a burst of acquires never starves renewals.
+**Hand-offs.** A release hands the name to the oldest waiter of any process (see
+above); one through the same backend object learns it from the release's own
+reply, before the notification. ``read`` of a live lease held through the backend
+is answered without a statement while the listener proves the row unchanged (see
+``_Held``). All statements but the renewal use at most all but one of the pool's
+connections, so a burst of acquires never starves renewals.
 
 **Poolers.** Correctness needs no session state, so the lease statements work
 through PgBouncer in transaction mode: give ``pooler=transaction``, which turns
@@ -87,6 +113,7 @@ from ._pg_errors import map_error as map_error
 from ._pg_errors import mapped
 from ._pg_listener import LISTEN_CHECK as LISTEN_CHECK
 from ._pg_listener import Listening
+from ._pg_queue import Queue
 from ._pg_sql import Sql, advisory_key, default_channel, grants_channel
 from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 from ._sql import (
@@ -104,7 +131,6 @@ from ._sql import (
     wait_event,
 )
 from ._sql_pool import LeanPool, PoolStatistics
-from ._sql_turns import Turn, Turns
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
 
@@ -112,6 +138,14 @@ __all__ = ["PostgresBackend", "PostgresStatistics"]
 _RACE_RETRIES = 8
 #: The SQLSTATE of a statement on a table that does not exist (yet).
 _UNDEFINED_TABLE = "42P01"
+#: A waiter asks again (refreshing its row, which lasts its ttl) this share of its ttl
+#: after its latest refused ask, so that it keeps its place.
+_REFRESH_SHARE = 1 / 3
+#: A hand-off is taken without a statement only if the ask it saw was sent less than
+#: this share of the ttl ago (else the waiter asks again, and gets a full ttl).
+_FRESH_SHARE = 0.5
+#: The most owners remembered as possibly having a waiter row left (see ``_rowed``).
+_MAX_ROWED = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +156,10 @@ class PostgresStatistics:
     :param renewals_shared: renew calls answered from a statement sent for the batch
     :param listening: whether the listener connection is up now
     :param listener_connects: how many times the listener (re)connected
-    :param waiting: tasks blocked in ``wait_changed`` now
+    :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
     :param pool: the connections of a backend made from a URL (``None``: the user's)
+    :param acquire_statements: acquire statements sent
+    :param handoffs_taken: grants handed to a waiter and taken without a statement
     """
 
     renew_statements: int
@@ -132,6 +168,8 @@ class PostgresStatistics:
     listener_connects: int
     waiting: int
     pool: PoolStatistics | None = None
+    acquire_statements: int = 0
+    handoffs_taken: int = 0
 
 
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
@@ -185,6 +223,7 @@ class PostgresBackend(Listening, Backend):
     capabilities = frozenset(
         {
             Capability.PUSH_WAKEUP,
+            Capability.FAIR_QUEUE,
             Capability.SERVER_TIME,
             Capability.DURABLE_TOKENS,
             Capability.MULTI_PROCESS,
@@ -241,7 +280,12 @@ class PostgresBackend(Listening, Backend):
         self._sql = Sql(self._schema, self._table)
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
-        self._turns = Turns()
+        self._queue = Queue()
+        #: Owners granted from a hand-off, whose waiter row an ask that crossed the
+        #: hand-off may have written again: their release deletes it.
+        self._rowed: set[tuple[str, str]] = set()
+        self._acquire_statements = 0
+        self._handoffs_taken = 0
         self._takers = Takers()
         self._held: dict[str, _Held] = {}
         self._setup_lock = asyncio.Lock()
@@ -287,6 +331,8 @@ class PostgresBackend(Listening, Backend):
             listener_connects=self._listener_connects,
             waiting=self._waiting,
             pool=None if self._pool is None else self._pool.statistics(),
+            acquire_statements=self._acquire_statements,
+            handoffs_taken=self._handoffs_taken,
         )
 
     # -- opening -------------------------------------------------------------------------
@@ -372,7 +418,8 @@ class PostgresBackend(Listening, Backend):
         return backend
 
     async def setup(self) -> None:
-        """Create the table if it does not exist (idempotent; safe from many processes).
+        """Create the table and its waiters table if they do not exist (idempotent; safe
+        from many processes).
 
         :raises BackendError: e.g. the schema does not exist or the role may not create
         """
@@ -395,6 +442,8 @@ class PostgresBackend(Listening, Backend):
             key = advisory_key(self._schema, self._table)
             await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", key)
             await conn.execute(self._sql.create)
+            await conn.execute(self._sql.create_waiters)
+            await conn.execute(self._sql.create_waiters_index)
 
     # -- running statements ----------------------------------------------------------------
 
@@ -483,18 +532,21 @@ class PostgresBackend(Listening, Backend):
     ) -> Grant | HolderInfo:
         check_owner(owner)
         meta = encode_metadata(metadata) if metadata else "{}"
-        if self._turns.handed(name, owner):
+        handed = self._queue.take(name, owner, float(ttl) * _FRESH_SHARE)
+        if handed is not None:  # handed over while it waited: confirmed by the notification
             await asyncio.sleep(0)  # a checkpoint; a cancel here leaves it to the caller's release
-            handed = self._turns.take(name, owner)
-            if handed is not None and handed.grant is not None:  # a release here handed it
-                token, sent_at = handed.grant
-                self._held[name] = _Held(
-                    owner, token, handed.identity, handed.metadata, handed.ttl, sent_at,
-                    handed.grant_mark,
-                )  # fmt: skip
-                return Grant(token, handed.ttl, sent_at=sent_at)
+            token, sent_at, granted_ttl = handed
+            self._queue.done(name, owner)
+            self._handoffs_taken += 1
+            if len(self._rowed) >= _MAX_ROWED:
+                self._rowed.clear()  # leases never released (a stale row lapses by itself)
+            self._rowed.add((name, owner))
+            self._held[name] = _Held(owner, token, identity, meta, granted_ttl, sent_at, None)
+            return Grant(token, min(float(ttl), granted_ttl), sent_at=sent_at)
         for _ in range(_RACE_RETRIES):
             asked_at, mark = now(), self._mark()
+            ask = self._queue.sending(name, owner, float(ttl), asked_at)
+            self._acquire_statements += 1
             # Seen to its end even if the caller is cancelled (see ``finished``).
             rows = await finished(
                 self._fetch(
@@ -506,11 +558,12 @@ class PostgresBackend(Listening, Backend):
                     float(ttl),
                     self._channel,
                     self._grants_channel,
+                    ask,
                 )
             )
             row = rows[0] if rows else None
             if row is not None and row["granted"]:
-                self._turns.done(name, owner)
+                self._queue.done(name, owner)
                 self._wakeups.wake(name)
                 token = int(row["token"])
                 self._remember(
@@ -520,7 +573,7 @@ class PostgresBackend(Listening, Backend):
                     self._held[name].mark = None  # known again from the next read
                 return Grant(token, ttl)
             if row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
-                self._turns.refused(name, owner, float(ttl), identity, meta, asked_at, mark)
+                self._queue.refused(name, owner, ask)
                 return holder(
                     name,
                     row["owner"],
@@ -558,46 +611,48 @@ class PostgresBackend(Listening, Backend):
         return frozenset((row["name"], row["owner"], int(row["token"])) for row in rows)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Free ``owner``'s grant of ``name`` (handing it to the oldest live waiter, if
+        any), and drop ``owner``'s waiter row (a caller that stops waiting releases)."""
         self._batcher.forget(name, owner, token)
-        self._turns.done(name, owner)
+        asker = self._queue.get(name, owner)
+        queued = asker is not None and asker.refused_at is not None  # it wrote a waiter row
+        self._queue.done(name, owner)
         held = self._held.get(name)
         if held is not None and held.owner == owner:
             del self._held[name]
-        turn = self._turns.next(name)
-        if turn is not None:
-            return await self._hand_off(name, owner, token, turn)
-        rows = await self._fetch(self._sql.release, name, owner, token, self._channel)
-        if rows:
-            self._wakeups.wake(name)
-            self._turns.wake_one(name)
-        return bool(rows)
+        if not queued and (name, owner) not in self._rowed:
+            # No waiter row of its own to delete or to look for (the uncontended path).
+            row = await self._release(name, owner, token, self._sql.release_held)
+            if row is None:
+                return False
+        else:
+            self._rowed.discard((name, owner))
+            row = await self._release(name, owner, token)
+        if row["token"] is None and queued and owner not in (row["gone"] or ()):
+            # Its waiter row was gone: a hand-off to ``owner`` may have deleted it after
+            # this statement's snapshot was taken, so that the statement could not see
+            # the grant. Look again, and give it back.
+            row = await self._release(name, owner, None)
+        freed = row["token"] is not None
+        for _ in range(_RACE_RETRIES):
+            handed_to = row["handed_to"]
+            if handed_to is None or handed_to in (row["gone"] or ()):
+                break
+            # The waiter it went to deleted its row meanwhile (it stopped waiting, and
+            # its own release came too early to see the grant): give it back for it.
+            row = await self._release(name, handed_to, int(row["token"]))
+        return freed
 
-    async def _hand_off(self, name: str, owner: str, token: int | None, turn: Turn) -> bool:
-        """Release ``owner``'s grant to the oldest task waiting here, in one statement."""
-        sent_at = now()
-        turn.grant = (0, sent_at)  # claimed: no other release hands it a second grant
-        turn.grant_mark = self._mark()
-        try:
-            rows = await self._fetch(
-                self._sql.hand_off, name, owner, token, self._channel,
-                turn.owner, turn.identity, turn.metadata, turn.ttl,
-            )  # fmt: skip
-        except BaseException:
-            turn.grant = None
-            turn.doubt = True  # it may hold the row now: it gives it back if it stops
-            raise
-        finally:
-            turn.settled.set()
-            turn.event.set()
-        if not rows:
-            turn.grant = None
-            return False
-        granted = int(rows[0]["token"])
-        turn.grant = (granted, sent_at)
-        self._wakeups.wake(name)
-        if turn.cancelled:  # it stopped waiting meanwhile: give its grant back
-            await self.release(name, turn.owner, granted)
-        return True
+    async def _release(
+        self, name: str, owner: str, token: int | None, sql: str | None = None
+    ) -> Any:
+        rows = await self._fetch(sql or self._sql.release, name, owner, token, self._channel)
+        row = rows[0] if rows else None
+        if row is not None and row["token"] is not None:
+            self._wakeups.wake(name)
+            if row["handed_to"] is not None:  # a waiter here learns it before the NOTIFY
+                self._queue.handed(name, row["handed_to"], int(row["token"]), row["ask"])
+        return row
 
     async def read(self, name: str) -> HolderInfo | None:
         """The holder of ``name``. For a live grant made through this backend, answered
@@ -673,32 +728,37 @@ class PostgresBackend(Listening, Backend):
             self._waiting -= 1
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Wait, oldest first among this backend's waiters, for a hand-off or a change.
+        """Wait, in the name's queue in the database, until the lease is handed to
+        ``owner``, the name is released with nobody to hand it to, the holder's ttl
+        runs out, or ``owner``'s waiter row is due for a refresh (a third of ``ttl``
+        after its latest refused ask: its next ask keeps its place).
 
-        Other waiters of this backend are not woken by the same change (wake-one),
-        and a release through this backend hands the name to the oldest waiter.
+        While nothing listens, looks every :attr:`poll_interval` (a read) whether the
+        name is ``owner``'s or free. A wait that ends by an exception leaves the
+        compensating release to the core, which also drops the waiter row.
         """
-        await self._turns.wait(
-            name,
-            owner,
-            lambda turn: self._wait_turn(name, seen, turn),
-            lambda: self.wait_changed(name, seen),
-            lambda token: self.release(name, owner, token),
-        )
-
-    async def _wait_turn(self, name: str, seen: HolderInfo, turn: Turn) -> None:
-        listening = await self._ensure_listening()  # queued first: a change then wakes us
-        current: HolderInfo | None = seen
-        if not (listening and self._unchanged_since(name, turn.mark, seen.owner)):
-            current = await self.read(name)
-        if turn.grant is not None or _key(current) != _key(seen):
+        asker = self._queue.get(name, owner)
+        if asker is None or asker.refused_at is None:  # not refused here: no row of ours
+            await self.wait_changed(name, seen)
             return
-        timeout = LISTEN_CHECK if listening else self.poll_interval
-        if current is not None and current.remaining is not None:
-            timeout = min(timeout, current.remaining)
+        deadline = asker.refused_at + ttl * _REFRESH_SHARE
+        if seen.remaining is not None:
+            deadline = min(deadline, now() + seen.remaining)
+        event = asker.event
         self._waiting += 1
         try:
-            await wait_event(turn.event, timeout)
+            while asker.handed is None:
+                listening = await self._ensure_listening()  # a reconnect sets the event
+                left = deadline - now()
+                if left <= 0:
+                    return
+                step = min(left, LISTEN_CHECK if listening else self.poll_interval)
+                if await wait_event(event, step):
+                    return
+                if not listening and now() < deadline:
+                    current = await self.read(name)
+                    if current is None or current.owner == owner:
+                        return
         finally:
             self._waiting -= 1
 
@@ -724,7 +784,7 @@ class PostgresBackend(Listening, Backend):
             return
         self._closed = True
         self._wakeups.wake_all()
-        self._turns.wake_all()
+        self._queue.wake_all()
         try:
             async with self._listen_lock:
                 await self._drop_listener(terminate=False)
