@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._exceptions import BackendError, BackendTimeout, NotOwnerError
-from ._sql import timeout_after
+from ._shield import timeout_after
 
 __all__ = ["Renewal", "RenewalBatcher"]
 

@@ -37,7 +37,7 @@ from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._sql import timeout_after
+from ._shield import timeout_after
 
 __all__ = ["Endpoint", "LeanClient", "Subscriber"]
 

@@ -37,7 +37,7 @@ from ..abc import HolderInfo
 from ._redis_clients import where
 from ._redis_pubsub import Subscriptions
 from ._redis_scripts import Script
-from ._sql import timeout_after
+from ._shield import timeout_after
 from .redis import ForeignDataError, holder_from, mapped_error
 
 __all__ = ["Fanout", "Instance", "Late", "Outcome", "holder_from", "mapped", "votes"]

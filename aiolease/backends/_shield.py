@@ -1,4 +1,5 @@
-"""Run an awaitable to its end although its caller is cancelled (asyncio only).
+"""Waits that never drop a cancellation (asyncio only): run an awaitable to its end
+although its caller is cancelled, and time limits that run in the caller's task.
 
 A backend's request that may change the server (an acquire, a revoke) must not be
 interrupted halfway when its caller is cancelled: the server may still carry it
@@ -12,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
-__all__ = ["retrieve", "run_to_end"]
+__all__ = ["retrieve", "run_to_end", "timeout_after"]
 
 T = TypeVar("T")
 
@@ -58,3 +61,42 @@ def retrieve(task: asyncio.Future[Any]) -> None:
     """Mark a task's outcome seen (nobody awaits it any more)."""
     if not task.cancelled():
         task.exception()
+
+
+def timeout_after(seconds: float | None) -> AbstractAsyncContextManager[object]:
+    """Raise :exc:`asyncio.TimeoutError` out of the block after ``seconds`` (``None``: never).
+
+    Not ``asyncio.wait_for``: up to Python 3.11 it returns the result of an await that
+    completes in the step a cancel arrives in, and drops the cancel, so a cancelled
+    caller ran on (and could go on to take a lease). This runs the block in the
+    caller's own task, where a cancel is always raised: ``asyncio.timeout`` on 3.11+.
+    """
+    if sys.version_info >= (3, 11):
+        return asyncio.timeout(seconds)
+    return _Timeout(seconds)  # pragma: no cover - Python 3.10
+
+
+class _Timeout:  # pragma: no cover - Python 3.10, which lacks asyncio.timeout
+    """``asyncio.timeout`` for Python 3.10. Without ``Task.uncancel``, a cancel that
+    arrives in the very step the timer fires is taken for the timeout."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._fired = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> _Timeout:
+        task = asyncio.current_task()
+        if self._seconds is not None and task is not None:
+            self._handle = asyncio.get_running_loop().call_later(self._seconds, self._fire, task)
+        return self
+
+    def _fire(self, task: asyncio.Task[Any]) -> None:
+        self._fired = True
+        task.cancel()
+
+    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._fired and kind is asyncio.CancelledError:
+            raise asyncio.TimeoutError

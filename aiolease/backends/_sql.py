@@ -20,9 +20,8 @@ import copy
 import json
 import math
 import re
-import sys
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
@@ -30,7 +29,7 @@ from urllib.parse import parse_qsl
 from .._exceptions import InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
 from ..abc import HolderInfo
-from ._shield import run_to_end
+from ._shield import run_to_end, timeout_after
 
 T = TypeVar("T")
 
@@ -207,45 +206,6 @@ def pool_size(min_size: object, max_size: object) -> tuple[int, int]:
 def now() -> float:
     """The event loop's clock: ``anyio.current_time()`` of the caller, also under trio-asyncio."""
     return asyncio.get_running_loop().time()
-
-
-def timeout_after(seconds: float | None) -> AbstractAsyncContextManager[object]:
-    """Raise :exc:`asyncio.TimeoutError` out of the block after ``seconds`` (``None``: never).
-
-    Not ``asyncio.wait_for``: up to Python 3.11 it returns the result of an await that
-    completes in the step a cancel arrives in, and drops the cancel, so a cancelled
-    caller ran on (and could go on to take a lease). This runs the block in the
-    caller's own task, where a cancel is always raised: ``asyncio.timeout`` on 3.11+.
-    """
-    if sys.version_info >= (3, 11):
-        return asyncio.timeout(seconds)
-    return _Timeout(seconds)  # pragma: no cover - Python 3.10
-
-
-class _Timeout:  # pragma: no cover - Python 3.10, which lacks asyncio.timeout
-    """``asyncio.timeout`` for Python 3.10. Without ``Task.uncancel``, a cancel that
-    arrives in the very step the timer fires is taken for the timeout."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self._seconds = seconds
-        self._fired = False
-        self._handle: asyncio.TimerHandle | None = None
-
-    async def __aenter__(self) -> _Timeout:
-        task = asyncio.current_task()
-        if self._seconds is not None and task is not None:
-            self._handle = asyncio.get_running_loop().call_later(self._seconds, self._fire, task)
-        return self
-
-    def _fire(self, task: asyncio.Task[Any]) -> None:
-        self._fired = True
-        task.cancel()
-
-    async def __aexit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        if self._fired and kind is asyncio.CancelledError:
-            raise asyncio.TimeoutError
 
 
 #: Seconds a cancelled caller still waits for its statement that may grant a lease.
