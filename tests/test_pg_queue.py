@@ -329,3 +329,58 @@ async def test_a_waiter_that_leaves_during_a_hand_off_to_it_gives_it_back(
         assert released == [True]  # its second statement found the grant, and freed it
         assert await b.read(name) is None
         assert (await grant(b, name, "next")).token == first.token + 2
+
+
+async def test_an_uncontended_acquire_and_release_does_not_touch_the_waiters_table(
+    pg: str, schema: str, table_url: tuple[str, str]
+) -> None:
+    url, table = table_url
+    async with backend(url) as b:
+        name, fresh = unique("mark"), unique("fresh")
+        await grant(b, name, "holder")
+        await refused(b, name, "waiter")  # queued: the row is marked
+        assert await waiter_rows(pg, schema, table, name) == ["waiter"]
+        marks = (
+            f'SELECT queued_until IS NOT NULL AS marked FROM "{schema}"."{table}" WHERE name = $1'
+        )
+        assert (await raw(pg, marks, name))[0]["marked"]
+        assert not await b.release(name, "waiter", None)  # it leaves the queue
+        assert await b.release(name, "holder", None)  # nobody to hand to: the mark goes
+        assert not (await raw(pg, marks, name))[0]["marked"]
+        # Any statement that named the waiters table would now fail, and the backend
+        # would make it again (as on first use).
+        await raw(pg, f'DROP TABLE "{schema}"."{table}_waiters"')
+        for _ in range(20):
+            for each in (name, fresh):
+                token = (await grant(b, each, "owner")).token
+                assert await b.release(each, "owner", token)
+        exists = "SELECT to_regclass($1) IS NOT NULL AS present"
+        assert not (await raw(pg, exists, f'"{schema}"."{table}_waiters"'))[0]["present"]
+        # A contended acquire needs it: made again.
+        await grant(b, name, "holder")
+        await refused(b, name, "waiter")
+        assert await waiter_rows(pg, schema, table, name) == ["waiter"]
+
+
+async def test_a_table_made_before_the_queue_gets_the_mark(pg: str, schema: str) -> None:
+    table = unique("old")
+    # The layout before the queue (no mark column, no waiters table), with a free row.
+    await raw(
+        pg,
+        f'CREATE TABLE "{schema}"."{table}" (name text COLLATE "C" PRIMARY KEY,'
+        " token bigint NOT NULL, owner text, identity text, metadata text,"
+        " ttl double precision, acquired_at timestamptz, expires_at timestamptz)",
+    )
+    await raw(pg, f'INSERT INTO "{schema}"."{table}" (name, token) VALUES (\'old\', 7)')
+    async with backend(with_query(pg, schema=schema, table=table)) as b:
+        assert (await grant(b, "old", "holder")).token == 8
+        await refused(b, "old", "waiter")
+        assert await waiter_rows(pg, schema, table, "old") == ["waiter"]
+    rows = await raw(
+        pg,
+        "SELECT data_type FROM information_schema.columns"
+        " WHERE table_schema = $1 AND table_name = $2 AND column_name = 'queued_until'",
+        schema,
+        table,
+    )
+    assert [row["data_type"] for row in rows] == ["timestamp with time zone"]

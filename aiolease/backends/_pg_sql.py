@@ -34,8 +34,17 @@ class Sql:
             f"CREATE TABLE IF NOT EXISTS {t} ("
             ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL,'
             " owner text, identity text, metadata text, ttl double precision,"
-            " acquired_at timestamptz, expires_at timestamptz)"
+            " acquired_at timestamptz, expires_at timestamptz, queued_until timestamptz)"
         )
+        # The mark of a lease row whose name may have live waiters: NULL, or a time
+        # after which none is live (each statement that queues a waiter extends it to at
+        # least that waiter row's expiry). Tables made before the queue get it by
+        # ``add_mark`` (see ``has_mark``).
+        self.has_mark = (
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::text::regclass"
+            " AND attname = 'queued_until' AND NOT attisdropped) AS present"
+        )
+        self.add_mark = f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS queued_until timestamptz"
         # One row per refused caller that may still wait: its place (seq, kept while it
         # asks again in time), what a grant to it needs, the number of the ask that
         # wrote the row (echoed in a hand-off's notification), and its expiry (its own
@@ -52,14 +61,59 @@ class Sql:
             f'CREATE INDEX IF NOT EXISTS "{waiters_table(table)}_seq" ON {w} (name, seq)'
         )
         # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
+        # channel. The uncontended acquire: the lease table only (the waiters table is
+        # not even opened). It grants only a row that is not marked (the mark is NULL or
+        # past), or a retry by its live holder (a retry ignores the queue, as below),
+        # and the ON CONFLICT's WHERE checks the mark again: a waiter whose statement
+        # marked the row after this statement's snapshot was taken (it locked and wrote
+        # the row) is seen there, on the newest version of the row, and refuses the
+        # grant. "held" is a live holder other than the caller, or a live mark (owner
+        # NULL if the row is free): either refuses without a lock or a write. Every
+        # refusal (also no row at all: a newer version refused) goes on with the
+        # queue-aware ``acquire``, which queues the caller.
+        retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
+        live_own = "coalesce(c.owner = $2 AND c.expires_at > n.t, false)"
+        self.acquire_fast = (
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
+            f" l.expires_at, l.queued_until FROM {t} l WHERE l.name = $1),"
+            " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
+            " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
+            " FROM cur c, now n WHERE (c.owner <> $2 AND c.expires_at > n.t)"
+            f" OR (c.queued_until > n.t AND NOT {live_own})),"
+            f" granted AS (INSERT INTO {t} AS l"
+            " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
+            " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
+            " WHERE NOT EXISTS (SELECT 1 FROM held)"
+            " ON CONFLICT (name) DO UPDATE SET"
+            f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
+            f" acquired_at = CASE WHEN {retry} THEN l.acquired_at ELSE excluded.acquired_at END,"
+            f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
+            f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
+            " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
+            " WHERE (l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
+            " OR l.owner = excluded.owner) AND (l.queued_until IS NULL"
+            f" OR l.queued_until <= excluded.acquired_at OR ({retry}))"
+            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
+            " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
+            " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
+            " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
+            " WHERE c.owner <> $2) THEN $6 ELSE $7 END,"
+            " 'g' || g.token || ':' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
+            " FROM granted g"
+            " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
+            " FROM held"
+        )
+        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
         # channel, $8 the caller's ask number. The clock is read once (the CTE "now");
         # excluded.acquired_at carries it into the update.
-        retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
         # "held": the snapshot shows a live holder other than the caller, or, with no
         # live holder at all (not even the caller: a retry ignores the queue), the
         # oldest live waiter queued before the caller (before everybody, if the caller
-        # has no live row). Either refuses: the caller's waiter row is written (its
-        # place kept if it was live), and the lease row is neither locked nor written.
+        # has no live row). Either refuses: the lease row is marked (its mark extended
+        # to at least the waiter row's expiry: "marked" locks the lease row, and
+        # "queued" reads it, so before the waiter row), then the caller's waiter row is
+        # written (its place kept if it was live).
         # No row at all: the update's WHERE saw a newer version than the snapshot (a
         # concurrent grant): the snapshot could not name that holder, so ask again. A
         # grant deletes the caller's waiter row, after locking the lease row (every
@@ -100,10 +154,13 @@ class Sql:
             " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh),"
             f" served AS (DELETE FROM {w} d WHERE EXISTS (SELECT 1 FROM granted)"
             " AND EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2) AND d.name = $1 AND d.owner = $2),"
+            f" marked AS (UPDATE {t} l"
+            " SET queued_until = greatest(l.queued_until, n.t + make_interval(secs => $5))"
+            " FROM now n WHERE l.name = $1 AND EXISTS (SELECT 1 FROM held) RETURNING 1),"
             f" queued AS (INSERT INTO {w} AS q"
             " (name, owner, identity, metadata, ttl, ask, expires_at)"
             " SELECT $1, $2, $3, $4, $5, $8, n.t + make_interval(secs => $5) FROM now n"
-            " WHERE EXISTS (SELECT 1 FROM held)"
+            " LEFT JOIN (SELECT count(*) FROM marked) k ON true WHERE EXISTS (SELECT 1 FROM held)"
             " ON CONFLICT (name, owner) DO UPDATE SET identity = excluded.identity,"
             " metadata = excluded.metadata, ttl = excluded.ttl, ask = excluded.ask,"
             " seq = CASE WHEN q.expires_at > (SELECT t FROM now) THEN q.seq ELSE excluded.seq END,"
@@ -137,7 +194,10 @@ class Sql:
         # in it may have lost the row to a hand-off to itself that committed after
         # this statement's snapshot was taken (which the statement cannot see).
         # The clock is read where it is used (as an UPDATE's own conditions read it):
-        # one read per statement would cost a join per use.
+        # one read per statement would cost a join per use. With no live waiter to hand
+        # to, the mark is cleared, unless the row changed after this statement's
+        # snapshot (its xmin is not the snapshot's): a waiter that marked it meanwhile
+        # is not in the snapshot, and keeps its mark.
         handed = (
             f" r AS (UPDATE {t} l SET"
             " token = CASE WHEN x.owner IS NULL THEN l.token ELSE l.token + 1 END,"
@@ -145,7 +205,9 @@ class Sql:
             " ttl = coalesce(x.ttl, l.ttl),"
             " acquired_at = CASE WHEN x.owner IS NULL THEN l.acquired_at"
             " ELSE clock_timestamp() END,"
-            " expires_at = least(clock_timestamp() + make_interval(secs => x.ttl), x.expires_at)"
+            " expires_at = least(clock_timestamp() + make_interval(secs => x.ttl), x.expires_at),"
+            " queued_until = CASE WHEN x.owner IS NULL AND l.xmin = (SELECT s.xmin"
+            f" FROM {t} s WHERE s.name = $1) THEN NULL ELSE l.queued_until END"
             " FROM (SELECT 1) one LEFT JOIN (SELECT o.owner, o.identity, o.metadata, o.ttl, o.ask,"
             f" o.expires_at FROM {w} o WHERE o.name = $1 AND o.owner <> $2"
             " AND o.expires_at > clock_timestamp() ORDER BY o.seq LIMIT 1) x ON true"
@@ -177,6 +239,23 @@ class Sql:
             " SELECT r.token, r.owner AS handed_to, r.ask,"
             f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
             " FROM r"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel. The uncontended release: the
+        # lease table only, and only a row that is not marked. One row always: "token"
+        # if it released, else "marked" if the snapshot shows the caller's live grant
+        # (the row is marked, or was marked meanwhile: ``release_held`` hands it on),
+        # else neither (not the owner).
+        self.release_fast = (
+            f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
+            " expires_at = NULL WHERE name = $1 AND owner = $2"
+            " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
+            " AND (queued_until IS NULL OR queued_until <= clock_timestamp()) RETURNING token)"
+            " SELECT r.token, CASE WHEN r.token IS NULL THEN NULL"
+            " ELSE pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified,"
+            f" r.token IS NULL AND EXISTS (SELECT 1 FROM {t} c WHERE c.name = $1"
+            " AND c.owner = $2 AND ($3::int8 IS NULL OR c.token = $3::int8)"
+            " AND c.expires_at > clock_timestamp()) AS marked"
+            " FROM (SELECT 1) one LEFT JOIN r ON true"
         )
         self.read = (
             "SELECT l.owner, l.identity, l.token, l.metadata,"

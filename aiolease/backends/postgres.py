@@ -16,7 +16,9 @@ use (``CREATE TABLE IF NOT EXISTS`` under a transaction-scoped advisory lock, so
 that many processes starting at once do not trip over each other)::
 
     name text COLLATE "C" PRIMARY KEY, token bigint, owner text, identity text,
-    metadata text, ttl float8, acquired_at timestamptz, expires_at timestamptz
+    metadata text, ttl float8, acquired_at timestamptz, expires_at timestamptz,
+    queued_until timestamptz (the mark: waiters may be live until then; added to
+    older tables by setup or on first use)
 
 and, beside it, the queue: ``<table>_waiters`` (``aiolease_w`` and a hash where that
 name would be too long), one row per refused caller that may still wait::
@@ -59,6 +61,11 @@ released by the core with its owner id: that deletes its row and gives back a
 hand-off it may have got; a hand-off and a waiter that leaves at the same moment
 are told apart by the waiter rows each statement deleted, and the grant given back.
 Every statement locks the lease row before waiter rows, so none can deadlock.
+A refusal marks the lease row (``queued_until``, at least its waiter row's expiry),
+so the uncontended acquire and release touch the lease table only: they grant and
+free only a row that is not marked (checked again on the newest row version), and
+leave a marked one to the queue-aware statements, whose release clears the mark
+when nobody is left to hand to.
 
 **Batched renewals.** All leases renewed through one backend object share one
 ``UPDATE ... FROM unnest(...)`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`);
@@ -136,8 +143,9 @@ __all__ = ["PostgresBackend", "PostgresStatistics"]
 
 #: How many times a refusal whose holder the statement could not see is asked again.
 _RACE_RETRIES = 8
-#: The SQLSTATE of a statement on a table that does not exist (yet).
-_UNDEFINED_TABLE = "42P01"
+#: The SQLSTATEs of a statement on a table, or a column (the mark of a table made
+#: before the queue), that does not exist (yet).
+_UNDEFINED = ("42P01", "42703")
 #: A waiter asks again (refreshing its row, which lasts its ttl) this share of its ttl
 #: after its latest refused ask, so that it keeps its place.
 _REFRESH_SHARE = 1 / 3
@@ -442,6 +450,10 @@ class PostgresBackend(Listening, Backend):
             key = advisory_key(self._schema, self._table)
             await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", key)
             await conn.execute(self._sql.create)
+            # A table made before the queue has no mark: added once (``ADD COLUMN IF
+            # NOT EXISTS`` would take the table's exclusive lock on every setup).
+            if not await conn.fetchval(self._sql.has_mark, f'"{self._schema}"."{self._table}"'):
+                await conn.execute(self._sql.add_mark)
             await conn.execute(self._sql.create_waiters)
             await conn.execute(self._sql.create_waiters_index)
 
@@ -459,11 +471,11 @@ class PostgresBackend(Listening, Backend):
                 return await self._run_pooled(self._pool, sql, args, renewal)
             return await self._gated(sql, args, renewal)
         except Exception as exc:
-            if getattr(exc, "sqlstate", None) != _UNDEFINED_TABLE:
+            if getattr(exc, "sqlstate", None) not in _UNDEFINED:
                 with mapped():
                     raise
         with mapped():
-            await self.setup()  # first use: create the table, then ask again
+            await self.setup()  # first use: create the table (or the mark), then ask again
             if self._pool is not None:
                 return await self._run_pooled(self._pool, sql, args, renewal)
             return await self._gated(sql, args, renewal)
@@ -543,24 +555,21 @@ class PostgresBackend(Listening, Backend):
             self._rowed.add((name, owner))
             self._held[name] = _Held(owner, token, identity, meta, granted_ttl, sent_at, None)
             return Grant(token, min(float(ttl), granted_ttl), sent_at=sent_at)
-        for _ in range(_RACE_RETRIES):
+        asker = self._queue.get(name, owner)
+        # Not queued: first the statement that touches the lease table only, which
+        # grants a row not marked as having waiters. A refusal (a holder, or a mark)
+        # goes on to the queue-aware statement, which queues the caller.
+        fast = asker is None or asker.refused_at is None
+        args = (name, owner, identity, meta, float(ttl), self._channel, self._grants_channel)
+        for _ in range(_RACE_RETRIES + fast):
             asked_at, mark = now(), self._mark()
-            ask = self._queue.sending(name, owner, float(ttl), asked_at)
+            if fast:
+                sql, ask = self._sql.acquire_fast, 0
+            else:
+                sql, ask = self._sql.acquire, self._queue.sending(name, owner, float(ttl), asked_at)
             self._acquire_statements += 1
             # Seen to its end even if the caller is cancelled (see ``finished``).
-            rows = await finished(
-                self._fetch(
-                    self._sql.acquire,
-                    name,
-                    owner,
-                    identity,
-                    meta,
-                    float(ttl),
-                    self._channel,
-                    self._grants_channel,
-                    ask,
-                )
-            )
+            rows = await finished(self._fetch(sql, *args, *(() if fast else (ask,))))
             row = rows[0] if rows else None
             if row is not None and row["granted"]:
                 self._queue.done(name, owner)
@@ -572,7 +581,9 @@ class PostgresBackend(Listening, Backend):
                 if not row["fresh"]:  # a retry: the row kept its identity and metadata
                     self._held[name].mark = None  # known again from the next read
                 return Grant(token, ttl)
-            if row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
+            if fast:  # refused by a holder or a mark (or a newer row): queue
+                fast = False
+            elif row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
                 self._queue.refused(name, owner, ask)
                 return holder(
                     name,
@@ -621,7 +632,14 @@ class PostgresBackend(Listening, Backend):
         if held is not None and held.owner == owner:
             del self._held[name]
         if not queued and (name, owner) not in self._rowed:
-            # No waiter row of its own to delete or to look for (the uncontended path).
+            # No waiter row of its own to delete or to look for (the uncontended path):
+            # the lease table only, unless the row is marked as having waiters.
+            rows = await self._fetch(self._sql.release_fast, name, owner, token, self._channel)
+            if rows[0]["token"] is not None:
+                self._wakeups.wake(name)
+                return True
+            if not rows[0]["marked"]:
+                return False
             row = await self._release(name, owner, token, self._sql.release_held)
             if row is None:
                 return False
