@@ -629,12 +629,18 @@ class PostgresBackend(Listening, Backend):
         queued = asker is not None and asker.refused_at is not None  # it wrote a waiter row
         self._queue.done(name, owner)
         held = self._held.get(name)
-        if held is not None and held.owner == owner:
+        mine = held is not None and held.owner == owner
+        if mine:
             del self._held[name]
         if not queued and (name, owner) not in self._rowed:
             # No waiter row of its own to delete or to look for (the uncontended path):
-            # the lease table only, unless the row is marked as having waiters.
-            rows = await self._fetch(self._sql.release_fast, name, owner, token, self._channel)
+            # the lease table only, unless the row is marked as having waiters. Nobody
+            # queued for it (a waiter marks the row), so the release of a grant made here
+            # concerns only observers: it goes to the grants channel, and the holders'
+            # listeners are not woken by every release. A release in the name of a grant
+            # made elsewhere goes to the channel, where its holder's watch hears it.
+            channel = self._grants_channel if mine else self._channel
+            rows = await self._fetch(self._sql.release_fast, name, owner, token, channel)
             if rows[0]["token"] is not None:
                 self._wakeups.wake(name)
                 return True
@@ -723,8 +729,9 @@ class PostgresBackend(Listening, Backend):
         """
         # Listen, and watch, before reading: a change after the read then wakes us. (A
         # listener that connects wakes every watcher, as notifications were missed.)
-        # A grant of a free name is announced only to listeners that ask for it.
-        listening = await (self._listen_for_grants() if seen is None else self._ensure_listening())
+        # Grants of a free name, and releases nobody queued for, are announced only to
+        # listeners that ask for them (see ``release``).
+        listening = await self._listen_for_grants()
         self._waiting += 1
         try:
             with self._wakeups.watching(name) as event:
