@@ -225,7 +225,7 @@ class Stubborn(redis.asyncio.Redis):
     :mod:`aiolease.backends._redis_cancel`): here always, so that a test can count on it."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        command = asyncio.ensure_future(super().execute_command(*args, **options))
+        command = asyncio.ensure_future(super().execute_command(*args, **options))  # type: ignore[no-untyped-call]
         while not command.done():
             try:
                 await asyncio.wait([command])

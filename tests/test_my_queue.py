@@ -14,8 +14,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
-import asyncmy
 import pytest
+from my_support import raw, raw_asyncio
 from sql_support import eventually, inner, on_asyncio, unique, with_query
 
 import aiolease
@@ -28,39 +28,13 @@ from aiolease.testing.servers import server
 pytestmark = pytest.mark.anyio
 
 
-def _connect_args(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    return {
-        "host": parts.hostname or "127.0.0.1",
-        "port": parts.port or 3306,
-        "user": parts.username or "root",
-        "password": parts.password or "",
-        "autocommit": True,
-    }
-
-
-async def _raw(url: str, sql: str, *args: Any) -> list[Any]:
-    conn = await asyncmy.connect(**_connect_args(url))
-    try:
-        async with conn.cursor() as cur:
-            await cur.execute(sql, args or None)
-            return list(await cur.fetchall())
-    finally:
-        conn.close()
-
-
-async def raw(url: str, sql: str, *args: Any) -> list[Any]:
-    """Run one statement on a connection of its own, behind the backends' back."""
-    return await on_asyncio(lambda: _raw(url, sql, *args))
-
-
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
     name = unique("aiolease_queue")
     url = server("mariadb").url
-    asyncio.run(_raw(url, f"CREATE DATABASE `{name}`"))
+    asyncio.run(raw_asyncio(url, f"CREATE DATABASE `{name}`"))
     yield name
-    asyncio.run(_raw(url, f"DROP DATABASE `{name}`"))
+    asyncio.run(raw_asyncio(url, f"DROP DATABASE `{name}`"))
 
 
 @pytest.fixture
@@ -237,6 +211,6 @@ async def test_a_table_made_by_an_older_version_gains_the_queue(
 
 def test_the_waiters_table_name_must_fit() -> None:
     with pytest.raises(InvalidArgument, match="pool"):  # the table name passed
-        MySQLBackend(None, table="t" * 56)  # type: ignore[arg-type]
+        MySQLBackend(None, table="t" * 56)
     with pytest.raises(InvalidArgument, match="waiters"):
-        MySQLBackend(None, table="t" * 57)  # type: ignore[arg-type]
+        MySQLBackend(None, table="t" * 57)

@@ -18,6 +18,7 @@ import asyncmy
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from my_support import connect_args, raw, raw_asyncio
 from sql_support import (
     HOSTILE_IDENTIFIERS,
     cancel_as_woken,
@@ -66,32 +67,6 @@ MODEL_SETTINGS = settings(
 # -- fixtures and helpers ------------------------------------------------------------------
 
 
-def _connect_args(url: str) -> dict[str, Any]:
-    parts = urlsplit(url)
-    return {
-        "host": parts.hostname or "127.0.0.1",
-        "port": parts.port or 3306,
-        "user": parts.username or "root",
-        "password": parts.password or "",
-        "autocommit": True,
-    }
-
-
-async def _raw(url: str, sql: str, *args: Any) -> list[Any]:
-    conn = await asyncmy.connect(**_connect_args(url))
-    try:
-        async with conn.cursor() as cur:
-            await cur.execute(sql, args or None)
-            return list(await cur.fetchall())
-    finally:
-        conn.close()
-
-
-async def raw(url: str, sql: str, *args: Any) -> list[Any]:
-    """Run one statement on a connection of its own, behind the backend's back."""
-    return await on_asyncio(lambda: _raw(url, sql, *args))
-
-
 def in_database(url: str, database: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
 
@@ -101,9 +76,9 @@ def database() -> Iterator[str]:
     """A database of this run's own; dropped with everything in it at the end."""
     name = unique("aiolease_test")
     url = server("mariadb").url
-    asyncio.run(_raw(url, f"CREATE DATABASE `{name}`"))
+    asyncio.run(raw_asyncio(url, f"CREATE DATABASE `{name}`"))
     yield name
-    asyncio.run(_raw(url, f"DROP DATABASE `{name}`"))
+    asyncio.run(raw_asyncio(url, f"DROP DATABASE `{name}`"))
 
 
 @pytest.fixture
@@ -359,7 +334,7 @@ async def test_a_users_pool_is_used_and_never_closed(
             db=database,
             charset="utf8mb4",
             autocommit=autocommit,
-            **{k: v for k, v in _connect_args(my_url).items() if k != "autocommit"},
+            **{k: v for k, v in connect_args(my_url).items() if k != "autocommit"},
         )
         try:
             async with MySQLBackend(pool, table=table) as b:
@@ -367,7 +342,7 @@ async def test_a_users_pool_is_used_and_never_closed(
                 granted = await b.try_acquire("job", owner, 30, "me", {"k": "v"})
                 assert isinstance(granted, Grant)
                 # Committed: another connection sees it.
-                rows = await _raw(my_url, f"SELECT owner FROM `{database}`.`{table}`")
+                rows = await raw_asyncio(my_url, f"SELECT owner FROM `{database}`.`{table}`")
                 assert rows == [(owner.encode(),)]
                 assert (await b.renew("job", owner, granted.token, 30)).token == granted.token
                 assert await b.release("job", owner, granted.token)
@@ -456,7 +431,7 @@ async def test_a_lock_wait_timeout_is_a_timeout(
     options = {"connect_options": {"init_command": "SET SESSION innodb_lock_wait_timeout = 1"}}
     async with backend(url, **options) as b, backend(url) as other:
         await grant(other, "locked", "owner-1")  # elsewhere: b must ask the server
-        conn = await asyncmy.connect(**_connect_args(my_url), db=database)
+        conn = await asyncmy.connect(**connect_args(my_url), db=database)
         try:
             await conn.begin()
             async with conn.cursor() as cur:
@@ -509,7 +484,7 @@ async def one_connection(url: str) -> AsyncIterator[tuple[MySQLBackend, Callable
     """A backend on a pool of one connection, and a reader of that connection's count
     of UPDATE statements (``SHOW SESSION STATUS``: no other client adds to it)."""
     parts = urlsplit(url)
-    pool = await asyncmy.create_pool(minsize=1, maxsize=1, db=parts.path[1:], **_connect_args(url))
+    pool = await asyncmy.create_pool(minsize=1, maxsize=1, db=parts.path[1:], **connect_args(url))
     b = MySQLBackend(pool, table=unique("batch"))
 
     async def updates() -> int:
@@ -696,9 +671,9 @@ async def test_waiters_cancelled_at_random_points_never_keep_a_grant(
 def own_database(my: str) -> Iterator[str]:
     """A database of this test's own, so that its connections can be counted."""
     name = unique("aiolease_pool")
-    asyncio.run(_raw(my, f"CREATE DATABASE `{name}`"))
+    asyncio.run(raw_asyncio(my, f"CREATE DATABASE `{name}`"))
     yield name
-    asyncio.run(_raw(my, f"DROP DATABASE `{name}`"))
+    asyncio.run(raw_asyncio(my, f"DROP DATABASE `{name}`"))
 
 
 async def _thread_ids(my: str, database: str) -> set[int]:
@@ -730,7 +705,7 @@ async def test_an_interrupted_statements_connection_is_never_reused(
         stats = inner(b, MySQLBackend).statistics
         await grant(other, "locked", "owner-1")  # elsewhere: b must ask the server
         before = await _thread_ids(my, own_database)
-        conn = await asyncmy.connect(**_connect_args(my), db=own_database)
+        conn = await asyncmy.connect(**connect_args(my), db=own_database)
         try:
             await conn.begin()
             async with conn.cursor() as cur:

@@ -72,16 +72,10 @@ class Sql:
         # refusal (also no row at all: a newer version refused) goes on with the
         # queue-aware ``acquire``, which queues the caller.
         retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
-        live_own = "coalesce(c.owner = $2 AND c.expires_at > n.t, false)"
-        self.acquire_fast = (
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
-            f" l.expires_at, l.queued_until FROM {t} l WHERE l.name = $1),"
-            " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
-            " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
-            " FROM cur c, now n WHERE (c.owner <> $2 AND c.expires_at > n.t)"
-            f" OR (c.queued_until > n.t AND NOT {live_own})),"
-            f" granted AS (INSERT INTO {t} AS l"
+        # The grant: a new row, or the row updated (a retry by the current owner keeps
+        # its token, acquired_at, identity and metadata); the callers add the WHERE.
+        upsert = (
+            f"INSERT INTO {t} AS l"
             " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
             " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
             " WHERE NOT EXISTS (SELECT 1 FROM held)"
@@ -91,6 +85,17 @@ class Sql:
             f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
             f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
             " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
+        )
+        live_own = "coalesce(c.owner = $2 AND c.expires_at > n.t, false)"
+        self.acquire_fast = (
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
+            f" l.expires_at, l.queued_until FROM {t} l WHERE l.name = $1),"
+            " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
+            " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
+            " FROM cur c, now n WHERE (c.owner <> $2 AND c.expires_at > n.t)"
+            f" OR (c.queued_until > n.t AND NOT {live_own})),"
+            f" granted AS ({upsert}"
             " WHERE (l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
             " OR l.owner = excluded.owner) AND (l.queued_until IS NULL"
             f" OR l.queued_until <= excluded.acquired_at OR ({retry}))"
@@ -139,16 +144,7 @@ class Sql:
             " AND NOT EXISTS (SELECT 1 FROM cur c WHERE c.expires_at > n.t)"
             " AND NOT EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2 AND m.expires_at > n.t"
             " AND m.seq < a.seq) ORDER BY a.seq LIMIT 1)),"
-            f" granted AS (INSERT INTO {t} AS l"
-            " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
-            " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
-            " WHERE NOT EXISTS (SELECT 1 FROM held)"
-            " ON CONFLICT (name) DO UPDATE SET"
-            f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
-            f" acquired_at = CASE WHEN {retry} THEN l.acquired_at ELSE excluded.acquired_at END,"
-            f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
-            f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
-            " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
+            f" granted AS ({upsert}"
             " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
             " OR l.owner = excluded.owner"
             " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh),"

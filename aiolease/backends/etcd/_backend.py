@@ -408,12 +408,7 @@ class EtcdBackend(Backend):
             self._sessions.attach(entry)
         elif entry.session is not session:
             self._sessions.move(entry, session)
-        entry.queued = False
-        _touch(entry, touched + ttl)
-        session.poke_at(entry.horizon)
-        self._values.pop((name, owner), None)
-        self._takeovers.watch(entry)
-        return self._grant(token, ttl, session)
+        return self._granted(entry, ttl, touched)
 
     def _take_handed(
         self, name: str, owner: str, ttl: float, token: int, touched: float
@@ -423,15 +418,18 @@ class EtcdBackend(Backend):
         entry = self._sessions.entries.get((name, owner))
         if entry is None or entry.token != token or not entry.queued or entry.reason is not None:
             return None
-        session = entry.session
-        if not session.usable(touched):
+        if not entry.session.usable(touched):
             return None  # the server decides, and moves the key to a fresh session
+        return self._granted(entry, ttl, touched)
+
+    def _granted(self, entry: Entry, ttl: float, touched: float) -> Grant:
+        """``entry``'s key, on its session, is the first: it holds the name now."""
         entry.queued = False
         _touch(entry, touched + ttl)
-        session.poke_at(entry.horizon)
-        self._values.pop((name, owner), None)
+        entry.session.poke_at(entry.horizon)
+        self._values.pop((entry.name, entry.owner), None)
         self._takeovers.watch(entry)
-        return self._grant(token, ttl, session)
+        return self._grant(entry.token, ttl, entry.session)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         self._check_open()
