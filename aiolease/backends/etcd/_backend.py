@@ -699,6 +699,13 @@ class EtcdBackend(Backend):
             return
         request = self._layout.watch_delete(bytes(predecessor.key), revision)
         await self._wire.watch(request, _any_event)
+        if mine is not None and mine.queued:
+            # As etcd's Mutex does: a read (no write, no consensus round) tells whether a
+            # key older than ours is left; if none is, ours is the first, and the next
+            # try_acquire takes the name without its transaction.
+            ahead = await self._wire.range(self._layout.predecessor(name, mine.token))
+            if not ahead.kvs and self._sessions.entries.get((name, owner)) is mine:
+                self._handoffs.hand(name, owner, mine.token)
 
     async def _enqueue(
         self, name: str, owner: str, ttl: float, session: Session, touched: float
