@@ -74,6 +74,18 @@ class Sql:
         retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
         # The grant: a new row, or the row updated (a retry by the current owner keeps
         # its token, acquired_at, identity and metadata); the callers add the WHERE.
+        # What both acquires answer: the grant (announced: on the channel if it took the
+        # name from another owner, else on the grants channel), or the holder.
+        reply = (
+            " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
+            " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
+            " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
+            " WHERE c.owner <> $2) THEN $6 ELSE $7 END,"
+            " 'g' || g.token || ':' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
+            " FROM granted g"
+            " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
+            " FROM held"
+        )
         upsert = (
             f"INSERT INTO {t} AS l"
             " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
@@ -100,14 +112,7 @@ class Sql:
             " OR l.owner = excluded.owner) AND (l.queued_until IS NULL"
             f" OR l.queued_until <= excluded.acquired_at OR ({retry}))"
             " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
-            " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
-            " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
-            " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
-            " WHERE c.owner <> $2) THEN $6 ELSE $7 END,"
-            " 'g' || g.token || ':' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
-            " FROM granted g"
-            " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
-            " FROM held"
+            f"{reply}"
         )
         # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
         # channel, $8 the caller's ask number. The clock is read once (the CTE "now");
@@ -161,14 +166,7 @@ class Sql:
             " metadata = excluded.metadata, ttl = excluded.ttl, ask = excluded.ask,"
             " seq = CASE WHEN q.expires_at > (SELECT t FROM now) THEN q.seq ELSE excluded.seq END,"
             " expires_at = excluded.expires_at)"
-            " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
-            " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
-            " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
-            " WHERE c.owner <> $2) THEN $6 ELSE $7 END,"
-            " 'g' || g.token || ':' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
-            " FROM granted g"
-            " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
-            " FROM held"
+            f"{reply}"
         )
         # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
         self.renew = (
