@@ -7,7 +7,7 @@ Every test writes under a key prefix of its own (see :mod:`test_etcd`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -15,7 +15,7 @@ import anyio
 import pytest
 from etcd_support import WAIT, Gateway, inner, open_etcd, opener, unique_prefix
 
-from aiolease import AsyncLock, LossReason
+from aiolease import AsyncLock, Lease, LossReason
 from aiolease.abc import Grant, HolderInfo
 from aiolease.backends.etcd import EtcdBackend
 
@@ -111,12 +111,7 @@ async def test_fair_mode_grants_in_arrival_order_and_wakes_one(
                 order.append(i)
                 tokens.append(lease.token)
 
-        async with anyio.create_task_group() as tg:
-            for i in range(waiters):
-                tg.start_soon(wait_in_line, i)
-                await gateway.wait_keys(prefix, i + 2)  # queued before the next one comes
-            await holder.release()
-        assert await gateway.keys(prefix) == []
+        await line_up(gateway, prefix, holder, waiters, wait_in_line)
     assert order == list(range(waiters))
     assert tokens == sorted(tokens) and tokens[0] > holder.token
     # Each waiter tried once, then once more when its predecessor went: nobody else woke.
@@ -141,12 +136,7 @@ async def test_fair_mode_hands_off_between_tasks_of_one_backend_without_a_reques
                 seen = await backend.read("q")  # the server agrees: its key is the first
                 assert seen is not None and (seen.owner, seen.token) == (lease.owner, lease.token)
 
-        async with anyio.create_task_group() as tg:
-            for i in range(waiters):
-                tg.start_soon(wait_in_line, i)
-                await gateway.wait_keys(prefix, i + 2)  # queued before the next one comes
-            await holder.release()
-        assert await gateway.keys(prefix) == []
+        await line_up(gateway, prefix, holder, waiters, wait_in_line)
         # Every release handed the name on; each waiter asked the server once (queued),
         # then took its turn without a request.
         assert inner(backend).statistics().local_handoffs == waiters
@@ -179,3 +169,20 @@ async def test_fair_mode_a_holder_deleted_by_somebody_else_hands_nothing_on(
         assert holder.lost is None or holder.lost is LossReason.STOLEN
         await holder.release()
         assert inner(backend).statistics().local_handoffs == 0
+
+
+async def line_up(
+    gateway: Gateway,
+    prefix: str,
+    holder: Lease,
+    waiters: int,
+    wait_in_line: Callable[[int], Coroutine[Any, Any, None]],
+) -> None:
+    """Start ``waiters`` tasks, each queued before the next one comes, then release
+    ``holder``: they take their turns, and leave no key behind."""
+    async with anyio.create_task_group() as tg:
+        for i in range(waiters):
+            tg.start_soon(wait_in_line, i)
+            await gateway.wait_keys(prefix, i + 2)
+        await holder.release()
+    assert await gateway.keys(prefix) == []
