@@ -3,11 +3,14 @@ connection of their own, behind the backends' back."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
 import asyncmy
-from sql_support import on_asyncio
+from sql_support import on_asyncio, unique
 
 
 def connect_args(url: str) -> dict[str, Any]:
@@ -36,3 +39,14 @@ async def raw_asyncio(url: str, sql: str, *args: Any) -> list[Any]:
 async def raw(url: str, sql: str, *args: Any) -> list[Any]:
     """Run one statement on a connection of its own, behind the backends' back."""
     return await on_asyncio(lambda: raw_asyncio(url, sql, *args))
+
+
+@contextmanager
+def scratch_database(url: str, prefix: str) -> Iterator[str]:
+    """A database of its own on the server of ``url``, dropped with everything in it."""
+    name = unique(prefix)
+    asyncio.run(raw_asyncio(url, f"CREATE DATABASE `{name}`"))
+    try:
+        yield name
+    finally:
+        asyncio.run(raw_asyncio(url, f"DROP DATABASE `{name}`"))

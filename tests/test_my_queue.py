@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
-from my_support import raw, raw_asyncio
+from my_support import raw, scratch_database
 from sql_support import eventually, inner, on_asyncio, unique, with_query
 
 import aiolease
@@ -30,11 +30,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
-    name = unique("aiolease_queue")
-    url = server("mariadb").url
-    asyncio.run(raw_asyncio(url, f"CREATE DATABASE `{name}`"))
-    yield name
-    asyncio.run(raw_asyncio(url, f"DROP DATABASE `{name}`"))
+    with scratch_database(server("mariadb").url, "aiolease_queue") as name:
+        yield name
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ the server are never disturbed.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -18,7 +17,7 @@ import asyncmy
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from my_support import connect_args, raw, raw_asyncio
+from my_support import connect_args, raw, raw_asyncio, scratch_database
 from sql_support import (
     HOSTILE_IDENTIFIERS,
     cancel_as_woken,
@@ -74,11 +73,8 @@ def in_database(url: str, database: str) -> str:
 @pytest.fixture(scope="module")
 def database() -> Iterator[str]:
     """A database of this run's own; dropped with everything in it at the end."""
-    name = unique("aiolease_test")
-    url = server("mariadb").url
-    asyncio.run(raw_asyncio(url, f"CREATE DATABASE `{name}`"))
-    yield name
-    asyncio.run(raw_asyncio(url, f"DROP DATABASE `{name}`"))
+    with scratch_database(server("mariadb").url, "aiolease_test") as name:
+        yield name
 
 
 @pytest.fixture
@@ -670,10 +666,8 @@ async def test_waiters_cancelled_at_random_points_never_keep_a_grant(
 @pytest.fixture
 def own_database(my: str) -> Iterator[str]:
     """A database of this test's own, so that its connections can be counted."""
-    name = unique("aiolease_pool")
-    asyncio.run(raw_asyncio(my, f"CREATE DATABASE `{name}`"))
-    yield name
-    asyncio.run(raw_asyncio(my, f"DROP DATABASE `{name}`"))
+    with scratch_database(my, "aiolease_pool") as name:
+        yield name
 
 
 async def _thread_ids(my: str, database: str) -> set[int]:
