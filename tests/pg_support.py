@@ -9,9 +9,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import asyncpg
-from sql_support import on_asyncio, unique, with_query
+from sql_support import eventually, inner, on_asyncio, unique, with_query
 
 from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.servers import server
 
@@ -72,3 +73,9 @@ async def leaving_the_queue(
     """:class:`LeavesTheQueue` over the backend that ``opening`` opens."""
     async with opening as backend:
         yield LeavesTheQueue(backend)
+
+
+async def waiting(b: Backend, count: int = 1) -> None:
+    """Return once ``count`` waits (``wait_changed`` or ``wait_turn``) block in ``b``."""
+    pg_backend = inner(b, PostgresBackend)
+    await eventually(lambda: pg_backend.statistics().waiting >= count, "a blocked wait")

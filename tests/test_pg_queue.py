@@ -362,14 +362,17 @@ async def test_an_uncontended_acquire_and_release_does_not_touch_the_waiters_tab
         assert await waiter_rows(pg, schema, table, name) == ["waiter"]
 
 
-async def test_a_table_made_before_the_queue_gets_the_mark(pg: str, schema: str) -> None:
+@pytest.mark.parametrize("made", ["before the queue", "before the watch mark"])
+async def test_a_table_made_before_the_marks_gets_them(pg: str, schema: str, made: str) -> None:
     table = unique("old")
-    # The layout before the queue (no mark column, no waiters table), with a free row.
+    # An older layout (no waiters table; no mark columns, or only the queue's), with a
+    # free row.
+    marks = ", queued_until timestamptz" if made == "before the watch mark" else ""
     await raw(
         pg,
         f'CREATE TABLE "{schema}"."{table}" (name text COLLATE "C" PRIMARY KEY,'
         " token bigint NOT NULL, owner text, identity text, metadata text,"
-        " ttl double precision, acquired_at timestamptz, expires_at timestamptz)",
+        f" ttl double precision, acquired_at timestamptz, expires_at timestamptz{marks})",
     )
     await raw(pg, f'INSERT INTO "{schema}"."{table}" (name, token) VALUES (\'old\', 7)')
     async with backend(with_query(pg, schema=schema, table=table)) as b:
@@ -378,9 +381,13 @@ async def test_a_table_made_before_the_queue_gets_the_mark(pg: str, schema: str)
         assert await waiter_rows(pg, schema, table, "old") == ["waiter"]
     rows = await raw(
         pg,
-        "SELECT data_type FROM information_schema.columns"
-        " WHERE table_schema = $1 AND table_name = $2 AND column_name = 'queued_until'",
+        "SELECT column_name, data_type FROM information_schema.columns"
+        " WHERE table_schema = $1 AND table_name = $2"
+        " AND column_name IN ('queued_until', 'watched_until') ORDER BY column_name",
         schema,
         table,
     )
-    assert [row["data_type"] for row in rows] == ["timestamp with time zone"]
+    assert [(row["column_name"], row["data_type"]) for row in rows] == [
+        ("queued_until", "timestamp with time zone"),
+        ("watched_until", "timestamp with time zone"),
+    ]

@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from pg_support import leaving_the_queue, no_tls, raw, schema_of_run
+from pg_support import leaving_the_queue, no_tls, raw, schema_of_run, waiting
 from sql_support import (
     HOSTILE_IDENTIFIERS,
     cancel_as_woken,
@@ -298,179 +298,6 @@ def test_db_must_be_a_pool_or_connection() -> None:
         PostgresBackend("postgresql://localhost/test")
 
 
-# -- NOTIFY and its fallback ---------------------------------------------------------------------
-
-
-async def _waiting(b: Backend, count: int = 1) -> None:
-    pg_backend = inner(b, PostgresBackend)
-    await eventually(lambda: pg_backend.statistics().waiting >= count, "a blocked wait_changed")
-
-
-async def test_notify_wakes_a_waiter_of_another_backend(pg_url: str) -> None:
-    # With no polling and a long ttl, only a NOTIFY can wake the waiter in time.
-    async with backend(pg_url, poll_interval=60) as waiter, backend(pg_url) as holder_side:
-        name = unique("notify")
-        granted = await grant(holder_side, name, "owner-1", ttl=60)
-        seen = await waiter.read(name)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await waiter.wait_changed(name, seen)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await _waiting(waiter)
-            assert inner(waiter, PostgresBackend).statistics().listening
-            assert await holder_side.release(name, "owner-1", granted.token)
-            with anyio.fail_after(5):  # < the 10 s that a listening waiter sleeps at most
-                await done.wait()
-
-
-async def test_notify_on_takeover_wakes_the_old_holders_watch(
-    pg: str, pg_url: str, schema: str
-) -> None:
-    async with backend(pg_url, poll_interval=60) as waiter, backend(pg_url) as other:
-        name = unique("takeover")
-        await grant(other, name, "owner-1", ttl=60)
-        seen = await waiter.read(name)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await waiter.wait_changed(name, seen)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await _waiting(waiter)
-            await raw(
-                pg,
-                f'UPDATE "{schema}".aiolease_leases'
-                " SET expires_at = clock_timestamp() WHERE name = $1",
-                name,
-            )
-            await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
-            with anyio.fail_after(5):
-                await done.wait()
-
-
-@pytest.mark.parametrize("free", ["never held", "released"])
-async def test_notify_of_a_grant_wakes_a_wait_for_a_holder_to_appear(
-    pg_url: str, free: str
-) -> None:
-    # Grants of a free name go to the grants channel, which a wait for a holder listens to.
-    async with backend(pg_url, poll_interval=60) as watcher, backend(pg_url) as other:
-        name = unique("appear")
-        if free == "released":
-            granted = await grant(other, name, "owner-0", ttl=60)
-            assert await other.release(name, "owner-0", granted.token)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await watcher.wait_changed(name, None)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await _waiting(watcher)
-            await grant(other, name, "owner-1", ttl=60)
-            with anyio.fail_after(5):  # < the 10 s that a listening waiter sleeps at most
-                await done.wait()
-        holder = await watcher.read(name)
-        assert holder is not None and holder.owner == "owner-1"
-
-
-async def test_holders_do_not_hear_grants_and_releases_nobody_waits_for(pg_url: str) -> None:
-    async with backend(pg_url) as b, backend(pg_url) as other:
-        pg_b = inner(b, PostgresBackend)
-        async with AsyncLock(b, unique("held"), ttl=60):  # connects the listener
-            assert pg_b.statistics().listening
-            heard = pg_b._notes
-            for i in range(3):  # each a grant of a free name, then its release
-                name = unique(f"free-{i}")
-                granted = await grant(other, name, "owner-1", ttl=60)
-                assert await other.release(name, "owner-1", granted.token)
-            # A release in the name of a grant made elsewhere is announced to holders:
-            # once it arrives, anything committed before it has arrived too.
-            name = unique("elsewhere")
-            granted = await grant(other, name, "owner-2", ttl=60)
-            assert await b.release(name, "owner-2", granted.token)
-            await _heard_more_than(pg_b, heard)
-            assert pg_b._notes == heard + 1  # ... and none of the grants and releases
-
-
-async def _heard_more_than(pg_backend: PostgresBackend, count: int) -> None:
-    await eventually(lambda: pg_backend._notes > count, "notifications delivered")
-
-
-async def test_a_killed_listener_wakes_waiters_and_reconnects(pg: str, schema: str) -> None:
-    app = unique("aiolease_listener")
-    url = with_query(pg, schema=schema, application_name=app)
-    async with backend(url, poll_interval=60) as waiter, backend(url) as other:
-        name = unique("killed")
-        granted = await grant(other, name, "owner-1", ttl=60)
-        seen = await waiter.read(name)
-        pg_waiter = inner(waiter, PostgresBackend)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter.wait_changed, name, seen)
-            await _waiting(waiter)
-            await raw(
-                pg,
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = $1 AND query LIKE 'LISTEN%'",
-                app,
-            )
-            # The waiter returns although nothing changed: it never hangs on a dead listener.
-            await eventually(lambda: pg_waiter.statistics().waiting == 0, "the waiter waking")
-            assert not pg_waiter.statistics().listening
-            tg.cancel_scope.cancel()
-        # The next wait listens again, and NOTIFY works as before.
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter.wait_changed, name, seen)
-            await _waiting(waiter)
-            assert pg_waiter.statistics().listening
-            assert pg_waiter.statistics().listener_connects == 2
-            assert await other.release(name, "owner-1", granted.token)
-            await eventually(lambda: pg_waiter.statistics().waiting == 0, "NOTIFY after reconnect")
-
-
-async def test_waiting_polls_while_the_listener_cannot_connect(pg: str, schema: str) -> None:
-    host, port = server("postgres").addresses[0]
-    async with FaultProxy(host, port) as proxy:
-        url = with_query(pg, schema=schema)
-        options = {"listen_url": proxy.url_for(pg), "poll_interval": 0.2, "connect_timeout": 2}
-        async with backend(url, **options) as waiter, backend(url) as other:
-            pg_waiter = inner(waiter, PostgresBackend)
-            name = unique("fallback")
-            granted = await grant(other, name, "owner-1", ttl=60)
-            seen = await waiter.read(name)
-            await waiter.wait_changed(name, None)  # listens, returns at once
-            assert pg_waiter.statistics().listening
-            await proxy.reset()  # drops the listener, and every reconnect
-            await eventually(lambda: not pg_waiter.statistics().listening, "the listener dropping")
-            with anyio.fail_after(10):  # polling every 0.2 s notices the release
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(waiter.wait_changed, name, seen)
-                    await _waiting(waiter)
-                    assert await other.release(name, "owner-1", granted.token)
-            await proxy.pass_through()
-            with anyio.fail_after(20):  # reconnects after a back-off of a few polls
-                while not pg_waiter.statistics().listening:
-                    await waiter.wait_changed(name, seen)  # free: returns at once
-            assert pg_waiter.statistics().listener_connects >= 2
-
-
-async def test_without_listen_there_is_no_push(pg_url: str) -> None:
-    async with backend(pg_url, listen=False, poll_interval=0.1) as b:
-        assert Capability.PUSH_WAKEUP not in b.capabilities
-        name = unique("nolisten")
-        granted = await grant(b, name, "owner-1")
-        seen = await b.read(name)
-        assert await b.release(name, "owner-1", granted.token)
-        await b.wait_changed(name, seen)
-        assert not inner(b, PostgresBackend).statistics().listening
-
-
 # -- batched renewals --------------------------------------------------------------------------
 
 
@@ -693,7 +520,7 @@ async def test_timeout_after_never_swallows_a_cancel(anyio_backend: str) -> None
 
 async def test_a_release_hands_the_name_to_the_oldest_waiter(pg_url: str) -> None:
     async with backend(pg_url, poll_interval=60) as b:
-        await check_oldest_waiter_gets_it(b, lambda n: _waiting(b, n))
+        await check_oldest_waiter_gets_it(b, lambda n: waiting(b, n))
 
 
 async def test_a_cached_read_of_a_held_lease_sees_a_takeover(

@@ -34,17 +34,24 @@ class Sql:
             f"CREATE TABLE IF NOT EXISTS {t} ("
             ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL,'
             " owner text, identity text, metadata text, ttl double precision,"
-            " acquired_at timestamptz, expires_at timestamptz, queued_until timestamptz)"
+            " acquired_at timestamptz, expires_at timestamptz, queued_until timestamptz,"
+            " watched_until timestamptz)"
         )
         # The mark of a lease row whose name may have live waiters: NULL, or a time
         # after which none is live (each statement that queues a waiter extends it to at
-        # least that waiter row's expiry). Tables made before the queue get it by
-        # ``add_mark`` (see ``has_mark``).
-        self.has_mark = (
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = $1::text::regclass"
-            " AND attname = 'queued_until' AND NOT attisdropped) AS present"
+        # least that waiter row's expiry). And the mark of a row that a wait for a
+        # holder to appear watches (``watch``): until then, grants of the free name and
+        # releases of grants nobody queued for are announced on the grants channel;
+        # else nobody listens for them, and they are not announced at all. Tables made
+        # before a mark get both by ``add_marks`` (see ``has_marks``).
+        self.has_marks = (
+            "SELECT count(*) = 2 AS present FROM pg_attribute WHERE attrelid = $1::text::regclass"
+            " AND attname IN ('queued_until', 'watched_until') AND NOT attisdropped"
         )
-        self.add_mark = f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS queued_until timestamptz"
+        self.add_marks = (
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS queued_until timestamptz,"
+            " ADD COLUMN IF NOT EXISTS watched_until timestamptz"
+        )
         # One row per refused caller that may still wait: its place (seq, kept while it
         # asks again in time), what a grant to it needs, the number of the ask that
         # wrote the row (echoed in a hand-off's notification), and its expiry (its own
@@ -60,59 +67,71 @@ class Sql:
         self.create_waiters_index = (
             f'CREATE INDEX IF NOT EXISTS "{waiters_table(table)}_seq" ON {w} (name, seq)'
         )
-        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
-        # channel. The uncontended acquire: the lease table only (the waiters table is
-        # not even opened). It grants only a row that is not marked (the mark is NULL or
-        # past), or a retry by its live holder (a retry ignores the queue, as below),
-        # and the ON CONFLICT's WHERE checks the mark again: a waiter whose statement
-        # marked the row after this statement's snapshot was taken (it locked and wrote
-        # the row) is seen there, on the newest version of the row, and refuses the
-        # grant. "held" is a live holder other than the caller, or a live mark (owner
-        # NULL if the row is free): either refuses without a lock or a write. Every
-        # refusal (also no row at all: a newer version refused) goes on with the
-        # queue-aware ``acquire``, which queues the caller.
         retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
-        # The grant: a new row, or the row updated (a retry by the current owner keeps
-        # its token, acquired_at, identity and metadata); the callers add the WHERE.
-        # What both acquires answer: the grant (announced: on the channel if it took the
-        # name from another owner, else on the grants channel), or the holder.
+
+        # The grant: a new row (of the values or the rows ``source`` gives), or the row
+        # updated (a retry by the current owner keeps its token, acquired_at, identity
+        # and metadata); the callers add the WHERE.
+        def upsert(source: str) -> str:
+            return (
+                f"INSERT INTO {t} AS l"
+                " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
+                f" {source} ON CONFLICT (name) DO UPDATE SET"
+                f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
+                f" acquired_at = CASE WHEN {retry} THEN l.acquired_at"
+                " ELSE excluded.acquired_at END,"
+                f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
+                f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
+                " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
+            )
+
+        # How both acquires announce a grant "g": on the channel if it took the name from
+        # another owner (the statement's snapshot shows one), else on the grants channel
+        # if the row is watched; a retry (not fresh) is not announced.
+        payload = "'g' || g.token || ':' || length($2) || ':' || $2 || $1"
+
+        def announced(taken: str, clock: str) -> str:
+            return (
+                f" CASE WHEN NOT g.fresh THEN NULL WHEN {taken}"
+                f" THEN pg_notify($6, {payload}) IS NULL WHEN g.watched_until > {clock}"
+                f" THEN pg_notify($7, {payload}) IS NULL END AS notified"
+            )
+
+        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
+        # channel. The uncontended acquire: one upsert on the lease table only (the
+        # waiters table is not even opened), as lean as the plain lease-row upsert. The
+        # ON CONFLICT's WHERE, on the newest version of the row (locked), grants only a
+        # free or expired row that is not marked (the mark is NULL or past), or a retry
+        # by its live holder (a retry ignores the queue, as below). No row: refused (a
+        # holder, or a mark), and the caller goes on with the queue-aware ``acquire``,
+        # which queues it and says who holds the name. A grant is fresh when its
+        # acquired_at is this statement's (a retry keeps an older one).
+        self.acquire_fast = (
+            "WITH g AS ("
+            + upsert(
+                "VALUES ($1, 1, $2, $3, $4, $5, clock_timestamp(),"
+                " clock_timestamp() + make_interval(secs => $5))"
+            )
+            + " WHERE (l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
+            " OR l.owner = excluded.owner) AND (l.queued_until IS NULL"
+            f" OR l.queued_until <= excluded.acquired_at OR ({retry}))"
+            " RETURNING l.token, l.acquired_at >= statement_timestamp() AS fresh,"
+            " l.watched_until)"
+            " SELECT g.token, true AS granted, g.fresh,"
+            + announced(
+                f"EXISTS (SELECT 1 FROM {t} c WHERE c.name = $1 AND c.owner <> $2)",
+                "clock_timestamp()",
+            )
+            + " FROM g"
+        )
+        # What the queue-aware acquire answers: the grant, or the holder.
         reply = (
             " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
             " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
-            " CASE WHEN g.fresh THEN pg_notify(CASE WHEN EXISTS (SELECT 1 FROM cur c"
-            " WHERE c.owner <> $2) THEN $6 ELSE $7 END,"
-            " 'g' || g.token || ':' || length($2) || ':' || $2 || $1) IS NULL END AS notified"
-            " FROM granted g"
+            + announced("EXISTS (SELECT 1 FROM cur c WHERE c.owner <> $2)", "(SELECT t FROM now)")
+            + " FROM granted g"
             " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
             " FROM held"
-        )
-        upsert = (
-            f"INSERT INTO {t} AS l"
-            " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
-            " SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5) FROM now"
-            " WHERE NOT EXISTS (SELECT 1 FROM held)"
-            " ON CONFLICT (name) DO UPDATE SET"
-            f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
-            f" acquired_at = CASE WHEN {retry} THEN l.acquired_at ELSE excluded.acquired_at END,"
-            f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
-            f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
-            " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
-        )
-        live_own = "coalesce(c.owner = $2 AND c.expires_at > n.t, false)"
-        self.acquire_fast = (
-            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
-            f" l.expires_at, l.queued_until FROM {t} l WHERE l.name = $1),"
-            " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
-            " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
-            " FROM cur c, now n WHERE (c.owner <> $2 AND c.expires_at > n.t)"
-            f" OR (c.queued_until > n.t AND NOT {live_own})),"
-            f" granted AS ({upsert}"
-            " WHERE (l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
-            " OR l.owner = excluded.owner) AND (l.queued_until IS NULL"
-            f" OR l.queued_until <= excluded.acquired_at OR ({retry}))"
-            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh)"
-            f"{reply}"
         )
         # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
         # channel, $8 the caller's ask number. The clock is read once (the CTE "now");
@@ -129,8 +148,8 @@ class Sql:
         # grant deletes the caller's waiter row, after locking the lease row (every
         # statement locks the lease row before waiter rows: no deadlock). A grant that
         # takes the name from another owner (whose lease expired) is announced on the
-        # channel; one of a free name only on the grants channel, which only
-        # listeners that wait for a holder to appear listen to.
+        # channel; one of a free name only on the grants channel (which only listeners
+        # that wait for a holder to appear listen to), if such a wait watches the row.
         self.acquire = (
             "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
             " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
@@ -149,10 +168,14 @@ class Sql:
             " AND NOT EXISTS (SELECT 1 FROM cur c WHERE c.expires_at > n.t)"
             " AND NOT EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2 AND m.expires_at > n.t"
             " AND m.seq < a.seq) ORDER BY a.seq LIMIT 1)),"
-            f" granted AS ({upsert}"
-            " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
+            " granted AS ("
+            + upsert(
+                "SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5)"
+                " FROM now WHERE NOT EXISTS (SELECT 1 FROM held)"
+            )
+            + " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
             " OR l.owner = excluded.owner"
-            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh),"
+            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh, l.watched_until),"
             f" served AS (DELETE FROM {w} d WHERE EXISTS (SELECT 1 FROM granted)"
             " AND EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2) AND d.name = $1 AND d.owner = $2),"
             f" marked AS (UPDATE {t} l"
@@ -234,22 +257,33 @@ class Sql:
             f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
             " FROM r"
         )
-        # $1 name, $2 owner, $3 token or NULL, $4 channel. The uncontended release: the
-        # lease table only, and only a row that is not marked. One row always: "token"
-        # if it released, else "marked" if the snapshot shows the caller's live grant
-        # (the row is marked, or was marked meanwhile: ``release_held`` hands it on),
-        # else neither (not the owner).
+        # $1 name, $2 owner, $3 token or NULL, $4 channel, $5 whether only observers
+        # care (then it is announced only if the row is watched). The uncontended
+        # release: the lease table only, and only a row that is not marked. A row if it
+        # released; none if the caller does not hold the name, or if the row is marked
+        # as having waiters (``release_held`` hands it on).
         self.release_fast = (
             f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
             " expires_at = NULL WHERE name = $1 AND owner = $2"
             " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
-            " AND (queued_until IS NULL OR queued_until <= clock_timestamp()) RETURNING token)"
-            " SELECT r.token, CASE WHEN r.token IS NULL THEN NULL"
-            " ELSE pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified,"
-            f" r.token IS NULL AND EXISTS (SELECT 1 FROM {t} c WHERE c.name = $1"
-            " AND c.owner = $2 AND ($3::int8 IS NULL OR c.token = $3::int8)"
-            " AND c.expires_at > clock_timestamp()) AS marked"
-            " FROM (SELECT 1) one LEFT JOIN r ON true"
+            " AND (queued_until IS NULL OR queued_until <= clock_timestamp())"
+            " RETURNING token, watched_until)"
+            " SELECT r.token, CASE WHEN NOT $5::bool OR r.watched_until > clock_timestamp()"
+            " THEN pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified FROM r"
+        )
+        # $1 name, $2 seconds: mark the row watched for that long (a row made for it
+        # is free, token 0: the first grant's is 1), and read it. The row's lock orders
+        # this against every grant and release: one that comes after sees the mark.
+        self.watch = (
+            "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            f" w AS (INSERT INTO {t} AS l (name, token, watched_until)"
+            " SELECT $1, 0, n.t + make_interval(secs => $2) FROM n"
+            " ON CONFLICT (name) DO UPDATE SET"
+            " watched_until = greatest(l.watched_until, excluded.watched_until)"
+            " RETURNING l.owner, l.identity, l.token, l.metadata, l.expires_at)"
+            " SELECT w.owner, w.identity, w.token, w.metadata,"
+            " extract(epoch FROM w.expires_at - n.t)::float8 AS remaining"
+            " FROM w, n WHERE w.owner IS NOT NULL AND w.expires_at > n.t"
         )
         self.read = (
             "SELECT l.owner, l.identity, l.token, l.metadata,"

@@ -154,6 +154,14 @@ _REFRESH_SHARE = 1 / 3
 _FRESH_SHARE = 0.5
 #: The most owners remembered as possibly having a waiter row left (see ``_rowed``).
 _MAX_ROWED = 4096
+#: A wait for a holder to appear marks the row watched for this many seconds (then
+#: grants of the free name, and releases nobody queued for, are announced) ...
+WATCH_FOR = 60.0
+#: ... and marks it again once less than this is left of what it knows of the mark: more
+#: than the longest a listening wait lasts (LISTEN_CHECK) after its read.
+_WATCH_AGAIN = 3 * LISTEN_CHECK
+#: The most names remembered as watched (see ``_watched``).
+_MAX_WATCHED = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +304,8 @@ class PostgresBackend(Listening, Backend):
         self._handoffs_taken = 0
         self._takers = Takers()
         self._held: dict[str, _Held] = {}
+        #: Until when (at least) the rows a wait for a holder marked watched stay marked.
+        self._watched: dict[str, float] = {}
         self._setup_lock = asyncio.Lock()
         self._listen_lock = asyncio.Lock()
         self._listener: Any = None
@@ -450,10 +460,10 @@ class PostgresBackend(Listening, Backend):
             key = advisory_key(self._schema, self._table)
             await conn.execute("SELECT pg_advisory_xact_lock($1::int8)", key)
             await conn.execute(self._sql.create)
-            # A table made before the queue has no mark: added once (``ADD COLUMN IF
-            # NOT EXISTS`` would take the table's exclusive lock on every setup).
-            if not await conn.fetchval(self._sql.has_mark, f'"{self._schema}"."{self._table}"'):
-                await conn.execute(self._sql.add_mark)
+            # A table made before the marks has not got them: added once (``ADD COLUMN
+            # IF NOT EXISTS`` would take the table's exclusive lock on every setup).
+            if not await conn.fetchval(self._sql.has_marks, f'"{self._schema}"."{self._table}"'):
+                await conn.execute(self._sql.add_marks)
             await conn.execute(self._sql.create_waiters)
             await conn.execute(self._sql.create_waiters_index)
 
@@ -636,16 +646,16 @@ class PostgresBackend(Listening, Backend):
             # No waiter row of its own to delete or to look for (the uncontended path):
             # the lease table only, unless the row is marked as having waiters. Nobody
             # queued for it (a waiter marks the row), so the release of a grant made here
-            # concerns only observers: it goes to the grants channel, and the holders'
-            # listeners are not woken by every release. A release in the name of a grant
-            # made elsewhere goes to the channel, where its holder's watch hears it.
+            # concerns only observers: it goes to the grants channel if one watches the
+            # row, and the holders' listeners are not woken by every release. A release
+            # in the name of a grant made elsewhere goes to the channel, where its
+            # holder's watch hears it.
             channel = self._grants_channel if mine else self._channel
-            rows = await self._fetch(self._sql.release_fast, name, owner, token, channel)
-            if rows[0]["token"] is not None:
+            rows = await self._fetch(self._sql.release_fast, name, owner, token, channel, mine)
+            if rows:
                 self._wakeups.wake(name)
                 return True
-            if not rows[0]["marked"]:
-                return False
+            # Marked as having waiters (or not ``owner``'s): hand it on, if it is ours.
             row = await self._release(name, owner, token, self._sql.release_held)
             if row is None:
                 return False
@@ -687,8 +697,11 @@ class PostgresBackend(Listening, Backend):
             if remaining > 0:
                 await asyncio.sleep(0)
                 return holder(name, held.owner, held.identity, held.token, held.meta, remaining)
+        return await self._read(name, self._sql.read, name)
+
+    async def _read(self, name: str, sql: str, *args: Any) -> HolderInfo | None:
         mark = self._mark()
-        rows = await self._fetch(self._sql.read, name)
+        rows = await self._fetch(sql, *args)
         if not rows:
             return None
         row = rows[0]
@@ -699,6 +712,18 @@ class PostgresBackend(Listening, Backend):
         return holder(
             name, row["owner"], row["identity"], row["token"], row["metadata"], row["remaining"]
         )
+
+    async def _watched_read(self, name: str) -> HolderInfo | None:
+        """:meth:`read`, having marked the row watched (see ``WATCH_FOR``) unless it is
+        known to be for long enough still: then its grants and releases are announced."""
+        sent_at = now()
+        if self._watched.get(name, 0.0) - sent_at > _WATCH_AGAIN:
+            return await self.read(name)
+        current = await self._read(name, self._sql.watch, name, WATCH_FOR)
+        if len(self._watched) >= _MAX_WATCHED:
+            self._watched.clear()
+        self._watched[name] = sent_at + WATCH_FOR  # the server's mark lasts at least that
+        return current
 
     def _remember(self, name: str, held: _Held) -> None:
         self._held[name] = held  # without a mark, the next read that finds it ours sets one
@@ -730,13 +755,14 @@ class PostgresBackend(Listening, Backend):
         # Listen, and watch, before reading: a change after the read then wakes us. (A
         # listener that connects wakes every watcher, as notifications were missed.)
         # Grants of a free name, and releases nobody queued for, are announced only to
-        # listeners that ask for them (see ``release``).
+        # listeners that ask for them (see ``release``), and only for a row that a wait
+        # marked watched (``_watched_read``).
         listening = await self._listen_for_grants()
         self._waiting += 1
         try:
             with self._wakeups.watching(name) as event:
                 mark = self._mark()
-                current = await self.read(name)
+                current = await (self._watched_read(name) if listening else self.read(name))
                 if _key(current) != _key(seen):
                     return
                 timeout = LISTEN_CHECK if listening else self.poll_interval
