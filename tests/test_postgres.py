@@ -477,7 +477,10 @@ async def test_a_closed_backend_is_unavailable(pg_url: str) -> None:
 async def test_a_cancel_that_comes_with_the_wake_up_is_not_swallowed(
     pg_url: str, anyio_backend: str
 ) -> None:
-    async with backend(pg_url, poll_interval=60) as b:
+    # Without a listener: its NOTIFY of the hand-off could wake the waiter while the
+    # release still awaits its reply, and the waiter would take the lease before the
+    # cancel. The waiter is then woken only by the release's own reply.
+    async with backend(pg_url, poll_interval=60, listen=False) as b:
         name = unique("cancel")
         granted = await grant(b, name, "owner-1", ttl=60)
         await cancel_as_woken(b, name, "owner-1", granted.token)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from .._exceptions import BackendUnavailable
@@ -15,7 +16,7 @@ from ._pg_queue import Queue
 from ._pg_sql import parse_notice
 from ._sql import Takers, Wakeups, now, timeout_after
 
-__all__ = ["LISTEN_CHECK", "Listening"]
+__all__ = ["LISTEN_CHECK", "Held", "Listening"]
 
 logger = logging.getLogger("aiolease.postgres")
 
@@ -25,6 +26,26 @@ LISTEN_CHECK = 10.0
 _MAX_NOTED = 4096
 #: The longest pause between attempts to reconnect the listener.
 _MAX_LISTEN_BACKOFF = 5.0
+
+
+@dataclass(slots=True)
+class Held:
+    """A grant made through this backend, to answer ``read`` without a statement.
+
+    Valid while the listener has been up since ``mark`` (taken before the statement
+    that granted or confirmed it was sent) with no notification for the name but our
+    own grant's: every release and every takeover notifies, and renewals (which do
+    not) only move the expiry. ``remaining`` is counted from ``sent_at``, the send time
+    of the newest confirming statement, so it never exceeds the server's.
+    """
+
+    owner: str
+    token: int
+    identity: str
+    meta: str
+    ttl: float
+    sent_at: float
+    mark: tuple[int, int] | None
 
 
 class Listening:
@@ -208,3 +229,19 @@ class Listening:
             logger.debug("closing the listener of %r: %r", self, exc)
             if conn is not self._db:
                 conn.terminate()
+
+    def _mark(self) -> tuple[int, int] | None:
+        """Where the listener stands now (``None``: not listening), for ``_unchanged_since``."""
+        return None if self._listener is None else (self._listener_connects, self._notes)
+
+    def _unchanged_since(
+        self, name: str, mark: tuple[int, int] | None, owner: str | None = None
+    ) -> bool:
+        """Whether no notification for ``name`` came since ``mark``, with the listener up
+        all along: then a statement sent at ``mark`` saw the latest release or grant (any
+        later one notifies), and a read would tell nothing new. With ``owner``: or the
+        latest was ``owner``'s own grant (notifications come in commit order)."""
+        if mark is None or self._listener is None or mark[0] != self._listener_connects:
+            return False
+        seq, granted_to = self._noted.get(name, (self._noted_floor, None))
+        return seq <= mark[1] or (owner is not None and granted_to == owner)

@@ -79,7 +79,9 @@ holder's remaining ttl runs out. If the listening connection drops, every waiter
 wakes, waiting falls back to polling every ``poll_interval`` (a read: is the name
 free, or ours?, never later than the holder's expiry), and the next wait reconnects.
 While it is up, held leases are watched by callback (:meth:`PostgresBackend.on_taken`),
-without a task per lease.
+without a task per lease. Grants of a free name, and releases nobody queued for, are
+announced only on an observers' channel, and only for rows that a wait for a holder
+to appear marked watched (``watched_until``): an uncontended cycle notifies nobody.
 
 **Connections.** A backend made from a URL runs its statements on a lean pool of
 its own (:mod:`aiolease.backends._sql_pool`: no per-statement timers, proxies or
@@ -89,7 +91,7 @@ reset round trip); one passed in is used as it is.
 above); one through the same backend object learns it from the release's own
 reply, before the notification. ``read`` of a live lease held through the backend
 is answered without a statement while the listener proves the row unchanged (see
-``_Held``). All statements but the renewal use at most all but one of the pool's
+``Held``). All statements but the renewal use at most all but one of the pool's
 connections, so a burst of acquires never starves renewals.
 
 **Poolers.** Correctness needs no session state, so the lease statements work
@@ -119,7 +121,7 @@ from ..abc import Backend, Capability, Grant, HolderInfo
 from ._pg_errors import map_error as map_error
 from ._pg_errors import mapped
 from ._pg_listener import LISTEN_CHECK as LISTEN_CHECK
-from ._pg_listener import Listening
+from ._pg_listener import Held, Listening
 from ._pg_queue import Queue
 from ._pg_sql import Sql, advisory_key, default_channel, grants_channel
 from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
@@ -190,26 +192,6 @@ class PostgresStatistics:
 
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
 _OPENING: Any = object()
-
-
-@dataclass(slots=True)
-class _Held:
-    """A grant made through this backend, to answer ``read`` without a statement.
-
-    Valid while the listener has been up since ``mark`` (taken before the statement
-    that granted or confirmed it was sent) with no notification for the name but our
-    own grant's: every release and every takeover notifies, and renewals (which do
-    not) only move the expiry. ``remaining`` is counted from ``sent_at``, the send time
-    of the newest confirming statement, so it never exceeds the server's.
-    """
-
-    owner: str
-    token: int
-    identity: str
-    meta: str
-    ttl: float
-    sent_at: float
-    mark: tuple[int, int] | None
 
 
 def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
@@ -303,7 +285,7 @@ class PostgresBackend(Listening, Backend):
         self._acquire_statements = 0
         self._handoffs_taken = 0
         self._takers = Takers()
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
         #: Until when (at least) the rows a wait for a holder marked watched stay marked.
         self._watched: dict[str, float] = {}
         self._setup_lock = asyncio.Lock()
@@ -563,7 +545,7 @@ class PostgresBackend(Listening, Backend):
             if len(self._rowed) >= _MAX_ROWED:
                 self._rowed.clear()  # leases never released (a stale row lapses by itself)
             self._rowed.add((name, owner))
-            self._held[name] = _Held(owner, token, identity, meta, granted_ttl, sent_at, None)
+            self._held[name] = Held(owner, token, identity, meta, granted_ttl, sent_at, None)
             return Grant(token, min(float(ttl), granted_ttl), sent_at=sent_at)
         asker = self._queue.get(name, owner)
         # Not queued: first the statement that touches the lease table only, which
@@ -585,9 +567,7 @@ class PostgresBackend(Listening, Backend):
                 self._queue.done(name, owner)
                 self._wakeups.wake(name)
                 token = int(row["token"])
-                self._remember(
-                    name, _Held(owner, token, identity, meta, float(ttl), asked_at, mark)
-                )
+                self._remember(name, Held(owner, token, identity, meta, float(ttl), asked_at, mark))
                 if not row["fresh"]:  # a retry: the row kept its identity and metadata
                     self._held[name].mark = None  # known again from the next read
                 return Grant(token, ttl)
@@ -690,7 +670,7 @@ class PostgresBackend(Listening, Backend):
 
     async def read(self, name: str) -> HolderInfo | None:
         """The holder of ``name``. For a live grant made through this backend, answered
-        without a statement while the listener proves the row unchanged (see ``_Held``)."""
+        without a statement while the listener proves the row unchanged (see ``Held``)."""
         held = self._held.get(name)
         if held is not None and self._unchanged_since(name, held.mark, held.owner):
             remaining = held.sent_at + held.ttl - now()
@@ -725,7 +705,7 @@ class PostgresBackend(Listening, Backend):
         self._watched[name] = sent_at + WATCH_FOR  # the server's mark lasts at least that
         return current
 
-    def _remember(self, name: str, held: _Held) -> None:
+    def _remember(self, name: str, held: Held) -> None:
         self._held[name] = held  # without a mark, the next read that finds it ours sets one
 
     def on_taken(
@@ -812,22 +792,6 @@ class PostgresBackend(Listening, Backend):
                         return
         finally:
             self._waiting -= 1
-
-    def _mark(self) -> tuple[int, int] | None:
-        """Where the listener stands now (``None``: not listening), for ``_unchanged_since``."""
-        return None if self._listener is None else (self._listener_connects, self._notes)
-
-    def _unchanged_since(
-        self, name: str, mark: tuple[int, int] | None, owner: str | None = None
-    ) -> bool:
-        """Whether no notification for ``name`` came since ``mark``, with the listener up
-        all along: then a statement sent at ``mark`` saw the latest release or grant (any
-        later one notifies), and a read would tell nothing new. With ``owner``: or the
-        latest was ``owner``'s own grant (notifications come in commit order)."""
-        if mark is None or self._listener is None or mark[0] != self._listener_connects:
-            return False
-        seq, granted_to = self._noted.get(name, (self._noted_floor, None))
-        return seq <= mark[1] or (owner is not None and granted_to == owner)
 
     async def aclose(self) -> None:
         """Stop listening and close the pool if this backend opened it. Idempotent."""
