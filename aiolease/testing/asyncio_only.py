@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from .._exceptions import InvalidArgument
 from ..abc import Grant, HolderInfo
+from ..backends._shield import timeout_after
 from ..backends.memory import MemoryBackend
 
 __all__ = ["AsyncioOnlyBackend"]
@@ -75,7 +76,8 @@ class AsyncioOnlyBackend(MemoryBackend):
             return
         event = self._events.setdefault(name, asyncio.Event())
         timeout = None if holder is None else holder.remaining
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
+        try:  # not asyncio.wait_for, which can drop a cancel before Python 3.12
+            async with timeout_after(timeout):
+                await event.wait()
         except asyncio.TimeoutError:
             pass
