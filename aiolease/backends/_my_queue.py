@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._my_bell import Bells
 from ._my_sql import Sql
 from ._sql import finished, now, wait_event
 from ._sql_turns import Turn, Turns
@@ -93,6 +94,8 @@ class Queue:
         self._ask = ask
         self._turns = turns
         self.places: dict[tuple[str, str], Place] = {}
+        #: The bells (a backend made from a URL), else ``None``: waiters only poll.
+        self.bells: Bells | None = None
         #: Acquire statements sent by polling waiters.
         self.polls = 0
         #: Statements that wrote entries (join, refresh, leave).
@@ -131,8 +134,13 @@ class Queue:
         self.writes += 2
         # Seen to its end even if the caller is cancelled: a cut-off write still commits
         # on the server, possibly after the release that takes the entry out again.
+        new = place.seq is None
         place.seq = await finished(self._join(_params(name, owner, ttl, turn)))
         place.joined = sent_at
+        if new and self.bells is not None:  # the bell its successor waits on
+            await self.bells.hold(name, place.seq)
+            if self.places.get(key) is not place:  # it left meanwhile
+                await self.bells.drop(name, place.seq)
         return place
 
     async def _join(self, params: dict[str, Any]) -> int:
@@ -141,13 +149,38 @@ class Queue:
         await self._execute(self._sql.mark, params)
         return int(await self._execute(self._sql.wait, params))
 
-    async def leave(self, name: str, owner: str) -> bool:
-        """Delete ``owner``'s entry; whether it had one."""
-        if self.places.pop((name, owner), None) is None:
-            return False
+    async def leave(self, name: str, owner: str) -> Place | None:
+        """Delete ``owner``'s entry; the entry, if it had one (its bell is still held:
+        :meth:`ring` it once the row is handed on)."""
+        place = self.places.pop((name, owner), None)
+        if place is None:
+            return None
         self.writes += 1
         await self._execute(self._sql.leave, {"name": name.encode(), "owner": owner.encode()})
-        return True
+        return place
+
+    def bell_statistics(self) -> dict[str, int]:
+        """Waits sent on bells, and those that returned because the bell was let go."""
+        bells = self.bells
+        return {
+            "bell_waits": 0 if bells is None else bells.waits,
+            "rings": 0 if bells is None else bells.rings,
+        }
+
+    async def aclose(self) -> None:
+        """End the waits on bells in flight, close the bells' connections."""
+        if self.bells is not None:
+            await self.bells.aclose()
+
+    async def ring(self, name: str, place: Place) -> None:
+        """Let go of the bell of an entry that left: its successor wakes and looks."""
+        if self.bells is not None and place.seq is not None:
+            await self.bells.drop(name, place.seq)
+
+    def _ours(self, name: str, seq: int) -> bool:
+        """Whether entry ``seq`` is one of this backend's (a waiter here, or a holder
+        that was one)."""
+        return any(p.seq == seq and n == name for (n, _), p in self.places.items())
 
     async def poll(
         self,
@@ -165,34 +198,85 @@ class Queue:
 
         A look is a plain ``SELECT`` (no lock, no write). A row handed to this waiter
         is its grant as it stands; a free row with nobody ahead is asked for with the
-        acquire statement. ``expiry``: when the holder's ttl runs out.
+        acquire statement. ``expiry``: when the holder's ttl runs out. Between looks
+        it waits on the bell of the entry ahead of it (see
+        :mod:`aiolease.backends._my_bell`), else (no such entry, or one whose bell
+        was found free with nothing changed: nobody rings it) for its pause.
         """
         params = _params(name, owner, ttl, turn)
+        params["seq"] = place.seq
         end = now() + min(ttl * REFRESH, 60.0)
-        while True:
-            at = now()
-            wait = pause(place, at, poll_interval)
-            if expiry is not None and expiry > at:
-                wait = min(wait, expiry - at)
-            if await wait_event(turn.event, min(wait, end - at)) or turn.grant is not None:
-                return None
-            sent_at = now()
-            self.polls += 1
-            rows = await self._execute(self._sql.peek, params, "rows")
-            token, mine, free, ahead = rows[0] if rows else (0, 0, 1, 0)
-            if mine:
-                return int(token), place.refused_at
-            if free and not ahead:
-                sent_at = now()
-                # Seen to its end even if the caller is cancelled (see ``finished``).
-                result = int(await finished(self._ask(params)))
-                if result:
-                    return result, sent_at
-            place.refused_at = sent_at
-            if ahead != place.ahead:
-                place.ahead, place.since = int(ahead), sent_at
-            if now() >= end:
-                return None
+        bells = self.bells if place.seq is not None else None
+        #: The entry ahead (its ``seq``) and the token, at the last look.
+        ahead_of: int | None = None
+        token: int | None = None
+        #: An entry ahead whose bell nobody rings (found free with nothing changed).
+        silent: int | None = None
+        first = True
+        try:
+            while True:
+                at = now()
+                wait = min(poll_interval, end - at)
+                if expiry is not None and expiry > at:
+                    wait = min(wait, expiry - at)
+                rows: Any = None
+                rung = False
+                if bells is not None and first:
+                    wait = 0.0  # look at once: which bell to wait on
+                elif ahead_of is not None and self._ours(name, ahead_of):
+                    pass  # a release here wakes it (``turn.event``): no bell needed
+                elif bells is not None and ahead_of is not None and ahead_of != silent:
+                    rang = await bells.wait(
+                        name, ahead_of, wait, turn.event, self._sql.ring, params, owner
+                    )
+                    if rang is None:  # no wait could be sent: poll
+                        silent = ahead_of
+                        wait = min(wait, pause(place, at, poll_interval))
+                    else:
+                        wait = 0.0
+                        rung, rows, sent_at = rang[0] == 1, rang[1], rang[2]
+                else:
+                    wait = min(wait, pause(place, at, poll_interval))
+                first = False
+                if rows is None:
+                    woken = await wait_event(turn.event, wait)
+                else:  # (the wait was the checkpoint)
+                    woken = turn.event.is_set()
+                if woken or turn.grant is not None:
+                    return None
+                if rows is not None:  # the look that came with the ring
+                    seen, left = rows
+                    mine = left is not None and left >= 0
+                if rows is None or not mine:
+                    sent_at = now()
+                    self.polls += 1
+                    rows = await self._execute(self._sql.peek, params, "rows")
+                    seen, mine, free, ahead, before, left = (
+                        rows[0] if rows else (0, 0, 1, 0, None, 0)
+                    )
+                if mine:
+                    # Handed to it after its last look that found it not its own, and
+                    # with ``left`` to run when this look ran (after ``sent_at``).
+                    since = sent_at + min(float(left or 0) / 1e6 - ttl, 0.0)
+                    return int(seen), max(place.refused_at, since)
+                if free and not ahead:
+                    sent_at = now()
+                    # Seen to its end even if the caller is cancelled (see ``finished``).
+                    result = int(await finished(self._ask(params)))
+                    if result:
+                        return result, sent_at
+                place.refused_at = sent_at
+                if ahead != place.ahead:
+                    place.ahead, place.since = int(ahead), sent_at
+                if rung and before == ahead_of and seen == token:
+                    silent = ahead_of  # its bell was free, and nothing changed
+                ahead_of, token = before, seen
+                if now() >= end:
+                    return None
+        except BaseException:
+            if bells is not None:
+                await bells.abandon(owner)  # no session left blocked
+            raise
 
 
 def _params(name: str, owner: str, ttl: float, turn: Turn) -> dict[str, Any]:

@@ -121,10 +121,30 @@ class Sql:
         # A waiter's look, without a lock or a write: the token, whether the row is the
         # caller's (handed to it) and live, whether it is free or expired, and how many
         # live waiters are ahead of the caller.
+        # Then the place of the entry just ahead of the caller's (its predecessor, whose
+        # bell it waits on: see :mod:`aiolease.backends._my_bell`): live, or the
+        # holder's (a granted waiter keeps its entry, unrefreshed, until it releases);
+        # last, the microseconds the row has left.
         self.peek = Prepared.of(
             f"SELECT l.token, l.owner <=> %(owner)s AND l.expires_at > {_NOW},"
-            f" l.owner IS NULL OR l.expires_at <= {_NOW}, {ahead.format(row='l')}"
+            f" l.owner IS NULL OR l.expires_at <= {_NOW}, {ahead.format(row='l')},"
+            f" (SELECT MAX(p.seq) FROM {w} AS p WHERE p.name = %(name)s AND p.seq < %(seq)s"
+            f" AND (p.expires_at > {_NOW} OR p.owner <=> l.owner)),"
+            f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, l.expires_at)"
             f" FROM {t} AS l WHERE l.name = %(name)s"
+        )
+        # A wait on a bell, then a look (see :mod:`aiolease.backends._my_bell`), in one
+        # statement: the bell is let go in the step it is got (1: it was let go, or
+        # free; 0: timed out), and the row is read after (a subquery that names the
+        # derived table's column runs only once it is made; ``LIMIT`` keeps the derived
+        # table from being merged away): its token, and the microseconds it has left if
+        # it is the caller's and live, else -1.
+        row = f"FROM {t} WHERE name = %(name)s AND g.r IS NOT NULL"
+        self.ring = Prepared.of(
+            f"SELECT g.r, (SELECT token {row}),"
+            f" (SELECT IF({_RETRY}, TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at), -1) {row})"
+            " FROM (SELECT IF(GET_LOCK(%(bell)s, %(seconds)s), RELEASE_LOCK(%(bell)s), 0) AS r"
+            " LIMIT 1) AS g"
         )
         self.holder = Prepared.of(
             "SELECT owner, identity, token, metadata,"

@@ -57,17 +57,20 @@ oldest waiter is handed the row in the release statement and answered from memor
 a grant made here is live (see ``_Held``), other callers of this backend are
 refused without a statement.
 
-**Wake-ups.** There is no push across processes: the oldest waiter of a backend
-looks with a plain ``SELECT`` (no lock, no write), from every 0.2 ms near the head
-of the queue to every ``poll_interval``, and finds a row handed to it; the others
-wake for a change made here, when the holder's ttl runs out, or every
-``poll_interval``.
+**Wake-ups.** MySQL has no push: each queue entry has a *bell*, a user-level lock
+held while it lives, and the oldest waiter of a backend blocks in ``GET_LOCK`` on
+the bell of the entry ahead of it, which that entry's release (after the hand-off)
+lets go (see :mod:`aiolease.backends._my_bell`). Else (no bell ahead) it looks with a
+plain ``SELECT``, from every 0.2 ms near the head of the queue to every
+``poll_interval``; the others wake for a change made here, when the holder's ttl
+runs out, or every ``poll_interval``.
 
 **Connections.** A backend made from a URL runs its statements on a lean pool of
 its own (:mod:`aiolease.backends._sql_pool`), whose connections keep the fixed
 statements (acquire, release, hand-off, the queue's) as server-side prepared
 statements where asyncmy supports it (``stmt_cache_size``): parsed once per
-connection, not per call.
+connection, not per call. Its bells take connections outside the pool, opened on
+first contention: one that holds them, one per wait in flight.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from .._exceptions import (
 )
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
+from ._my_bell import Bells
 from ._my_queue import REFRESH, Queue
 from ._my_sql import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
 from ._my_url import KEYWORD_ONLY, URL_OPTIONS, parse_url
@@ -274,6 +278,8 @@ class MySQLStatistics:
     :param pool: the connections of a backend made from a URL (``None``: the user's)
     :param polls: acquire statements sent by waiters polling for their turn
     :param queue_writes: statements that wrote waiters' entries (join, refresh, leave)
+    :param bell_waits: waits sent on the bell of the entry ahead (``_my_bell``)
+    :param rings: those that returned because the bell was let go (or was free)
     """
 
     renew_statements: int
@@ -283,6 +289,8 @@ class MySQLStatistics:
     pool: PoolStatistics | None = None
     polls: int = 0
     queue_writes: int = 0
+    bell_waits: int = 0
+    rings: int = 0
 
 
 class MySQLBackend(Backend):
@@ -361,6 +369,7 @@ class MySQLBackend(Backend):
             pool=None if self._lean is None else self._lean.statistics(),
             polls=self._queue.polls,
             queue_writes=self._queue.writes,
+            **self._queue.bell_statistics(),
         )
 
     # -- opening ---------------------------------------------------------------------------
@@ -413,6 +422,7 @@ class MySQLBackend(Backend):
                 raise InvalidArgument(f"bad MySQL URL or option: {exc}") from exc
         backend._pool = None
         backend._lean = lean
+        backend._queue.bells = Bells(open_connection, f"{connect['database']}.{backend.table}")
         return backend
 
     async def setup(self) -> None:
@@ -632,12 +642,16 @@ class MySQLBackend(Backend):
             del self._held[name]  # before the statement: it may free the row
         # Out of the queue first (a waiter that got the name keeps its entry until
         # then), so that no release after this one hands it the row again.
-        waited = await self._queue.leave(name, owner)
-        turn = self._queue.poller(name)
-        if turn is not None:
-            freed = await self._hand_off(name, owner, token, turn)
-        else:
-            freed = await self._free(name, owner, token, queued=waited)
+        place = await self._queue.leave(name, owner)
+        try:
+            turn = self._queue.poller(name)
+            if turn is not None:
+                freed = await self._hand_off(name, owner, token, turn)
+            else:
+                freed = await self._free(name, owner, token, queued=place is not None)
+        finally:
+            if place is not None:  # the row is handed on: wake the next in line
+                await self._queue.ring(name, place)
         self._queue.wake_poller(name)
         return freed
 
@@ -796,5 +810,6 @@ class MySQLBackend(Backend):
         self._closed = True
         self._wakeups.wake_all()
         self._turns.wake_all()
+        await self._queue.aclose()
         if self._lean is not None:
             await self._lean.aclose()
