@@ -228,7 +228,10 @@ class Holding:
             self._tg = anyio.create_task_group()
             await self._tg.__aenter__()
         try:
-            await anyio.lowlevel.checkpoint_if_cancelled()
+            if self._tg is not None:
+                # A cancel that came while the task group was entered. (Without one,
+                # nothing was awaited since the grant, which the acquire checked.)
+                await anyio.lowlevel.checkpoint_if_cancelled()
             self._guard(clock, watches)
         except BaseException as exc:
             lease.end(LossReason.RELEASED)

@@ -224,12 +224,12 @@ class Renewer:
             self._hosts[host] = None
         if lease.lost is None:
             self._leases[lease] = None
-            lease.on_end(lambda _: self._leases.pop(lease, None))
             if clock is None:
                 renewed = _Renewed(lease, counters)
-                lease.on_end(lambda _: self._forget(renewed))
+                lease.on_end(lambda _: self._forget(renewed))  # forgets the lease too
                 self._push(renewed, min(renewed.next_at, lease.deadline))
             else:
+                lease.on_end(lambda _: self._leases.pop(lease, None))
                 self._join(lease, clock)
         if self._host is None:
             self._move()
@@ -276,6 +276,7 @@ class Renewer:
 
     def _forget(self, renewed: _Renewed) -> None:
         renewed.version += 1
+        self._leases.pop(renewed.lease, None)
 
     # -- the heap ---------------------------------------------------------------------
 
