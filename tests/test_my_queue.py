@@ -198,11 +198,18 @@ async def test_a_table_made_by_an_older_version_gains_the_queue(
             table,
         )
         assert len(columns) == 1
+        tokens: list[int] = []
+
+        async def wait() -> None:
+            handed = await AsyncLock(second, "old", ttl=30).acquire()
+            tokens.append(handed.token)
+            assert await handed.release()
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(AsyncLock(second, "old", ttl=30).acquire)
+            tg.start_soon(wait)
             await eventually(waiting(second), "the waiter queued")
             assert await lease.release()  # handed to the waiter
-            tg.cancel_scope.cancel()
+        assert tokens == [43]
         assert await first.read("old") is None
 
 

@@ -78,13 +78,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._exceptions import (
-    BackendError,
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
@@ -93,6 +91,7 @@ from .._exceptions import (
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
 from ._my_bell import Bells
+from ._my_errors import answered, errno, mapped
 from ._my_queue import REFRESH, Queue
 from ._my_sql import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
 from ._my_url import KEYWORD_ONLY, URL_OPTIONS, parse_url
@@ -118,9 +117,6 @@ logger = logging.getLogger("aiolease.mysql")
 
 #: How many times a refusal whose holder is gone by the time it is read is asked again.
 _RACE_RETRIES = 8
-#: Server error numbers that mean "try again later": lock wait timeout, deadlock,
-#: statement time limit (MySQL, MariaDB).
-_TIMEOUT_ERRNOS = frozenset({1205, 1213, 3024, 1969})
 _NO_SUCH_TABLE = 1146
 #: Errors that :meth:`MySQLBackend.setup` cures: no such table, no such column (a
 #: table made by an older version, without ``queued``).
@@ -133,48 +129,6 @@ _DEADLOCK = 1213
 _DEADLOCK_RETRIES = 4
 #: MySQL's longest table name.
 _MAX_IDENTIFIER = 64
-
-
-def _errno(exc: BaseException) -> int | None:
-    args = getattr(exc, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
-def _answered(exc: BaseException) -> bool:
-    """Whether ``exc`` is an error the server sent (client-side errors are 2000 and up)."""
-    from asyncmy import errors
-
-    number = _errno(exc)
-    return isinstance(exc, errors.Error) and number is not None and number < 2000
-
-
-def map_error(exc: BaseException) -> BackendError:
-    """The aiolease error for an asyncmy or socket error (most specific first)."""
-    from asyncmy import errors
-
-    number = _errno(exc)
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) or number in _TIMEOUT_ERRNOS:
-        return BackendTimeout(f"MySQL did not answer in time: {exc!r}")
-    if isinstance(exc, (OSError, errors.OperationalError, errors.InterfaceError)):
-        return BackendUnavailable(f"MySQL unreachable: {exc!r}")
-    return BackendError(f"MySQL error: {exc!r}")
-
-
-@contextmanager
-def _mapped() -> Iterator[None]:
-    """Raise driver and socket errors as :class:`BackendError` ``from`` the original."""
-    from asyncmy import errors
-
-    try:
-        yield
-    except BackendError:
-        raise
-    except (OSError, asyncio.TimeoutError, errors.Error) as exc:
-        raise map_error(exc) from exc
-    except Exception as exc:
-        if type(exc).__module__.startswith("asyncmy"):  # e.g. a packet it could not parse
-            raise map_error(exc) from exc
-        raise
 
 
 #: Stands for the pool that :meth:`MySQLBackend.from_url` is about to open.
@@ -415,7 +369,7 @@ class MySQLBackend(Backend):
             close_timeout=connect["connect_timeout"],
             what=repr(backend),
         )
-        with _mapped():
+        with mapped():
             try:
                 await lean.fill()
             except (TypeError, ValueError) as exc:
@@ -432,7 +386,7 @@ class MySQLBackend(Backend):
         :raises BackendError: e.g. the user may not create tables
         """
         async with self._setup_lock:
-            with _mapped():
+            with mapped():
                 if self._lean is not None:
                     # Interrupted or refused (with notes still off): never reused.
                     async with self._lean.connection(reusable=lambda _: False) as conn:
@@ -458,7 +412,7 @@ class MySQLBackend(Backend):
                 try:
                     await cur.execute(self._sql.add_queued)
                 except Exception as exc:
-                    if _errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
+                    if errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
                         raise
             await cur.execute("SET @@session.sql_notes = DEFAULT")
 
@@ -481,17 +435,17 @@ class MySQLBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         for retry in range(_DEADLOCK_RETRIES, -1, -1):
-            try:  # not ``_mapped()``: a context manager per statement costs more than this
+            try:  # not ``mapped()``: a context manager per statement costs more than this
                 return await self._run(sql, params, want, then, renewal)
             except Exception as exc:
-                number = _errno(exc) if _answered(exc) else None
+                number = errno(exc) if answered(exc) else None
                 if number == _DEADLOCK and retry:
                     continue  # the server rolled it back: it had no effect
                 if number not in _SET_UP:
-                    with _mapped():
+                    with mapped():
                         raise
                 break
-        with _mapped():
+        with mapped():
             await self.setup()  # first use (or an older table): set up, then ask again
             return await self._run(sql, params, want, then, renewal)
 
@@ -504,7 +458,7 @@ class MySQLBackend(Backend):
                 try:
                     return await _exchange(conn, sql, params, want, then)
                 except BaseException as exc:
-                    if not _answered(exc):
+                    if not answered(exc):
                         # An interrupted exchange leaves the connection out of step with
                         # the server: close it, so that the pool never hands it out again.
                         conn.close()
@@ -513,7 +467,7 @@ class MySQLBackend(Backend):
         try:
             result = await _exchange(conn, sql, params, want, then)
         except BaseException as exc:
-            if _answered(exc) and _errno(exc) not in _SET_UP:
+            if answered(exc) and errno(exc) not in _SET_UP:
                 lean.release(conn, renewal)
             else:
                 # Out of step with the server: never reused. (Also one that met no
