@@ -35,7 +35,7 @@ PEERS = ("redis-py", "python-redis-lock", "pottery", "aioredlock")
 HOW = {
     "floor": "SET NX PX + Lua compare-and-delete; waits on BLPOP of a signal list",
     "aiolease": "one Lua script per op; waits on pub/sub; renewals batched per backend",
-    "aiolease-fair": "fair=1: FIFO queue, release hands over and wakes the head (BLPOP)",
+    "aiolease-fair": "fair=1: FIFO queue, release hands over; the message wakes the head",
     "redis-py": "asyncio Lock (thread_local=False); polls every 0.1 s; no auto-renewal"
     " (a task per lock calls reacquire() every ttl/3)",
     "python-redis-lock": "sync, threads; BLPOP signal; auto_renewal thread per lock"

@@ -237,6 +237,12 @@ async def test_keys_share_one_hash_tag(anyio_backend: str, open_redis: Opener) -
 # -- fairness -------------------------------------------------------------------------------
 
 
+async def subscribe(backend: Backend, name: str) -> None:
+    """Have the backend subscribe ``name``'s channel (it lingers after the call), as
+    the holders' takeover watches keep it: a fair waiter then needs no extra attempt."""
+    await backend.wait_changed(name, HolderInfo(name, "nobody", "", 1, {}))
+
+
 async def test_fair_mode_serves_waiters_in_arrival_order(
     anyio_backend: str, open_redis: Opener
 ) -> None:
@@ -270,6 +276,9 @@ async def test_a_dead_waiter_does_not_stall_the_queue(
     async with open_redis(fair=True) as backend:
         tap = Tap(inner(backend))
         name = new_name()
+        # Subscribed: the live waiter waits for its turn from its first attempt, which
+        # only the announcement of the hand-off to the dead waiter can cut short.
+        await subscribe(backend, name)
         holder = await AsyncLock(tap, name, ttl=LONG).acquire_nowait()
         # The dead waiter queues up once, and never comes back (its process died).
         dead = await adapt(tap).try_acquire(name, "dead-waiter", dead_ttl, "dead", {})
@@ -309,6 +318,7 @@ async def test_release_wakes_a_waiter(anyio_backend: str, open_redis: Opener, fa
     async with open_redis(fair=fair) as backend:
         tap = Tap(inner(backend))
         name = new_name()
+        await subscribe(backend, name)
         holder = await AsyncLock(tap, name, ttl=LONG).acquire_nowait()
         got: list[Lease] = []
         with anyio.fail_after(5):  # far below the holder's ttl
@@ -357,6 +367,7 @@ async def test_holder_expiry_wakes_a_waiter(
     async with open_redis(fair=fair) as backend:
         tap = Tap(inner(backend))
         name = new_name()
+        await subscribe(backend, name)
         crashed = await adapt(tap).try_acquire(name, "crashed", 0.5, "crashed", {})
         assert isinstance(crashed, Grant)
         with anyio.fail_after(5):
@@ -489,6 +500,8 @@ FOREIGN_VALUES: list[tuple[str, Callable[[redis.Redis, Keys], object]]] = [
     ("token not a number", lambda c, k: c.set(k.token, "abc")),
     ("token is a list", lambda c, k: c.rpush(k.token, "1")),
     ("queue is a string", lambda c, k: c.set(k.queue, "x")),
+    ("waiters is a string", lambda c, k: (c.zadd(k.queue, {"w": 1}), c.set(k.waiters, "x"))),
+    ("token is negative", lambda c, k: c.set(k.token, "-3")),
 ]
 
 

@@ -1,5 +1,5 @@
 """The Redis backend's fast paths on a real server: the lean connection, fair hand-offs
-confirmed by the wake-up, and watches that need no second read.
+confirmed by their message, and watches that need no second read.
 
 Each test uses a key prefix of its own on the shared test server and deletes its keys.
 """
@@ -147,27 +147,230 @@ async def test_the_lean_connection_uses_the_urls_database(
         assert in_5.exists(lease_key) and not in_0.exists(lease_key)
 
 
-async def test_a_fair_hand_off_is_confirmed_by_the_wake_up(
+def requests(backend: Backend) -> Counter[str]:
+    """Count the commands the RedisBackend behind ``backend`` sends on its lean
+    connections (not its pub/sub connection), by command, and the requests
+    (``"requests"``: each one write of one or more commands)."""
+    found = getattr(backend, "inner", backend)
+    assert isinstance(found, RedisBackend) and found._lean is not None
+    client = found._lean
+    calls: Counter[str] = Counter()
+    execute, execute_many = client.execute, client.execute_many
+
+    async def counted_execute(*args: Any) -> Any:
+        calls["requests"] += 1
+        calls[str(args[0])] += 1
+        return await execute(*args)
+
+    async def counted_execute_many(commands: Any, **options: Any) -> Any:
+        calls["requests"] += 1
+        for command in commands:
+            calls[str(command[0])] += 1
+        return await execute_many(commands, **options)
+
+    client.execute = counted_execute  # type: ignore[method-assign]
+    client.execute_many = counted_execute_many  # type: ignore[method-assign]
+    return calls
+
+
+def released_alone(sent: Counter[str]) -> bool:
+    """Whether ``sent`` is one RELEASE script (and the ``PING`` it may start with)."""
+    return sent["requests"] == sent["EVALSHA"] == 1 and set(sent) <= {"requests", "EVALSHA", "PING"}
+
+
+async def subscribe(backend: Backend, name: str) -> None:
+    """Have the backend subscribe ``name``'s channel (it lingers after the call)."""
+    await backend.wait_changed(name, HolderInfo(name, "nobody", "", 1, {}))
+
+
+async def test_a_fair_hand_off_is_confirmed_by_its_message(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
     async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
-        calls = counted(backend)
+        await subscribe(backend, "fair")
         holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
         refused = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
         assert isinstance(refused, HolderInfo)
         attempted = anyio.current_time()  # the attempt was sent before this
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(backend.wait_turn, "fair", "waiter", LONG, refused)
-            await holder.release()  # hands the lease to the waiter, and wakes it
-        acquires = calls["acquire"]
+        sent = requests(backend)
+        with anyio.fail_after(LONG / 6):  # far below the waiter's retry (ttl / 3)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(backend.wait_turn, "fair", "waiter", LONG, refused)
+                await holder.release()  # hands the lease to the waiter, and announces it
         granted = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
         assert isinstance(granted, Grant) and granted.token == holder.token + 1
-        assert calls["acquire"] == acquires, "the wake-up should have confirmed the grant"
+        # the release alone: no wake-up list to wait on, no attempt to confirm the grant
+        assert released_alone(sent), "the message should have confirmed the grant"
         # counted from the attempt: the hand-off came later, so the deadline is safe
         assert granted.sent_at is not None and granted.sent_at <= attempted
         assert 0 < granted.ttl <= LONG
         current = await backend.read("fair")
         assert current is not None and (current.owner, current.token) == ("waiter", granted.token)
+
+
+async def test_an_older_hand_off_message_confirms_nothing(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """A message naming the waiter counts only if its token is newer than the holder its
+    latest attempt was refused with; an older one only makes it look again."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        channel = Keys.of(prefix, "fair").channel
+        await subscribe(backend, "fair")
+        holder = await backend.try_acquire("fair", "holder", LONG, "holder", {})
+        assert isinstance(holder, Grant)
+        refused = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
+        assert isinstance(refused, HolderInfo)
+        with redis.Redis.from_url(redis_url) as admin:  # as if a stale one arrived late
+            admin.publish(channel, b"waiter\n%d:%d" % (holder.token, LONG * 1000))
+        with anyio.fail_after(LONG / 6):
+            await backend.wait_turn("fair", "waiter", LONG, refused)
+        again = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
+        assert isinstance(again, HolderInfo) and again.owner == "holder"
+        assert await backend.release("fair", "holder", holder.token)
+        assert await backend.release("fair", "waiter", None)
+
+
+async def test_a_waiter_not_subscribed_since_its_attempt_subscribes_and_tries_again(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        holder = await backend.try_acquire("fair", "holder", LONG, "holder", {})
+        assert isinstance(holder, Grant)  # no lock: nobody subscribed the channel
+        refused = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
+        assert isinstance(refused, HolderInfo)
+        with anyio.fail_after(LONG / 6):  # a hand-off might have come unheard: no wait
+            await backend.wait_turn("fair", "waiter", LONG, refused)
+        refused = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
+        assert isinstance(refused, HolderInfo)
+        sent = requests(backend)
+        with anyio.fail_after(LONG / 6):  # subscribed since this attempt: the message counts
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(backend.wait_turn, "fair", "waiter", LONG, refused)
+                assert await backend.release("fair", "holder", holder.token)
+        granted = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
+        assert isinstance(granted, Grant) and granted.token == holder.token + 1
+        assert released_alone(sent)
+        assert await backend.release("fair", "waiter", granted.token)
+
+
+def inner(backend: Backend) -> RedisBackend:
+    found = getattr(backend, "inner", backend)
+    assert isinstance(found, RedisBackend)
+    return found
+
+
+async def test_an_attempt_rides_with_the_release_of_a_local_holder(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """A waiter's attempt while a task of the same backend holds the lease goes in the
+    holder's release request, right after it: no request, and no reply, during the hold."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+        found._riders._wait = LONG  # only the release sends it
+        riding = anyio.Event()
+        ride = found._riders.ride
+
+        async def noted_ride(name: str, command: Any, alone: Any) -> Any:
+            riding.set()
+            return await ride(name, command, alone)
+
+        found._riders.ride = noted_ride  # type: ignore[method-assign]
+        sent = requests(backend)
+        got: list[int] = []
+
+        async def waiter() -> None:
+            lease = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+            got.append(lease.token)
+            await lease.release()
+
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await riding.wait()
+                assert sent["requests"] == 0
+                await holder.release()
+        # the queue was empty: the attempt right after the release was granted
+        assert got == [holder.token + 1]
+        # the holder's release with the waiter's attempt, then the waiter's release
+        assert (sent["requests"], sent["EVALSHA"]) == (2, 3)
+
+
+async def test_an_attempt_goes_alone_when_the_local_holder_keeps_the_lease(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+        waiting = anyio.Event()
+        wait_turn = found.wait_turn
+
+        async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+            waiting.set()
+            await wait_turn(name, owner, ttl, seen)
+
+        found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+        got: list[int] = []
+
+        async def waiter() -> None:
+            lease = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+            got.append(lease.token)
+            await lease.release()
+
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await waiting.wait()  # refused and queued without the holder's release
+                await holder.release()
+        assert got == [holder.token + 1]
+
+
+def pubsub_connections(url: str, client_name: str) -> list[str]:
+    """The ids of the server's pub/sub connections called ``client_name``."""
+    with redis.Redis.from_url(url) as admin:
+        return [c["id"] for c in admin.client_list(_type="pubsub") if c["name"] == client_name]
+
+
+async def test_a_waiter_whose_subscription_dropped_still_gets_its_turn(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """The hand-off's message is lost with the connection: the waiter looks again once
+    the channel is subscribed again, long before its own retry (ttl / 3)."""
+    client_name = f"aiolease-dropped-{uuid.uuid4().hex[:8]}"
+    url = f"{redis_url}?client_name={client_name}"
+    async with aiolease.open_backend(url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await backend.try_acquire("fair", "holder", LONG, "holder", {})
+        assert isinstance(holder, Grant)
+        waiting = anyio.Event()
+        wait_turn = found.wait_turn
+
+        async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+            waiting.set()  # it listens before it first awaits
+            await wait_turn(name, owner, ttl, seen)
+
+        found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+        got: list[int] = []
+
+        async def waiter() -> None:
+            lease = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+            got.append(lease.token)
+            await lease.release()
+
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await waiting.wait()
+                (killed,) = await anyio.to_thread.run_sync(
+                    pubsub_connections, redis_url, client_name
+                )
+                with redis.Redis.from_url(redis_url) as admin:
+                    admin.client_kill_filter(_id=killed)  # unsubscribed before it returns
+                assert await backend.release("fair", "holder", holder.token)
+        assert got == [holder.token + 1]
 
 
 async def test_a_watch_from_the_latest_read_reads_no_more_and_misses_no_change(

@@ -93,6 +93,44 @@ async def test_a_takeover_ends_a_lease_granted_while_subscribed(
         await adapt(backend).release(name, "thief", None)
 
 
+async def test_a_takeover_ends_a_lease_handed_off_while_subscribed(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """A hand-off's message names its owner with the grant's token and ttl: the new
+    holder's watch counts it as its own grant, and the thief's after it ends the lease."""
+    async with counted(redis_url, prefix=prefix, fair=True) as (backend, calls):
+        name = new_name()
+        await subscribe(backend, name)
+        first = await AsyncLock(backend, name, ttl=NO_RENEWALS).acquire()
+        calls.clear()
+        handed, waiting = anyio.Event(), anyio.Event()
+        found = getattr(backend, "inner", backend)
+        wait_turn = found.wait_turn
+
+        async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+            waiting.set()
+            await wait_turn(name, owner, ttl, seen)
+
+        found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+
+        async def second() -> None:
+            with pytest.raises(LeaseLostError) as info:
+                async with AsyncLock(backend, name, ttl=NO_RENEWALS) as lease:
+                    handed.set()
+                    await steal(backend, name, lease.owner)
+                    await anyio.sleep_forever()
+            assert info.value.reason is LossReason.STOLEN
+
+        with anyio.fail_after(LONG):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(second)
+                await waiting.wait()
+                await first.release()
+        assert handed.is_set()
+        assert calls == Counter()  # no watch task, no read: the thief's message ended it
+        await adapt(backend).release(name, "thief", None)
+
+
 @pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
 async def test_older_messages_end_no_lease(
     anyio_backend: str, redis_url: str, prefix: str, fair: bool

@@ -8,13 +8,12 @@ Two traps swallow a ``Task.cancel()`` on Python 3.11 with redis-py:
 * ``asyncio.wait_for`` returns the result, and drops the cancellation, when the
   awaited thing finishes at the moment it is cancelled (fixed in Python 3.12).
 
-The first happens a third of the time to a ``BLPOP`` cancelled early on a client
-with a ``socket_timeout`` (redis-py sends through ``asyncio.wait_for``): the command
-then blocks until its own timeout. anyio re-delivers the cancellation of a
-cancelled scope at the next checkpoint, but a plain ``task.cancel()`` (trio-asyncio
-forwarding a trio cancellation, say) comes once. So the backend awaits redis-py
-through :func:`guarded`, blocking commands through :func:`detached`, and waits
-with :func:`wait_event`.
+The first was measured a third of the time on a ``BLPOP`` cancelled early on a
+client with a ``socket_timeout`` (redis-py sends through ``asyncio.wait_for``).
+anyio re-delivers the cancellation of a cancelled scope at the next checkpoint, but
+a plain ``task.cancel()`` (trio-asyncio forwarding a trio cancellation, say) comes
+once. So the backend awaits redis-py through :func:`guarded`, and waits with
+:func:`wait_event`.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import sys
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-__all__ = ["cancel_requests", "detached", "guarded", "wait_event", "wait_for_or_none"]
+__all__ = ["cancel_requests", "guarded", "wait_event", "wait_for_or_none"]
 
 T = TypeVar("T")
 
@@ -79,20 +78,6 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     finally:
         waiter.cancel()
     return bool(done)  # pragma: no cover
-
-
-async def detached(awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable`` in a task of its own, so that cancelling the caller takes
-    effect at once; the task is then cancelled too, and left to finish (a blocking
-    command whose cancellation redis-py swallowed ends at its own timeout)."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        await asyncio.wait([task])
-    except BaseException:
-        task.cancel()
-        task.add_done_callback(_retrieve)
-        raise
-    return task.result()
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -8,16 +8,12 @@ its commands through this module instead (TLS, RESP3, credential providers, Clus
 Sentinel and clients the user passed in keep redis-py). The backend's pub/sub
 connection is a lean one too (:class:`Subscriber`): every reply goes to its listener.
 
-**One shared connection, pipelined.** Every non-blocking command of the backend goes
+**One shared connection, pipelined.** Every command of the backend goes
 over one connection: each caller writes its command and waits for its own reply, in
 order. A caller that is cancelled, or times out, leaves its place in the queue, and its
 reply is dropped when it arrives, so cancellation is immediate and never lost (unlike
 redis-py's, see :mod:`aiolease.backends._redis_cancel`) and the stream stays in step.
 As with any client, a command cancelled after it was written may still run.
-
-**Blocking commands** (``BLPOP``) get a connection of their own, from a small idle
-list; one that is cancelled or times out is closed (which also ends the ``BLPOP`` on
-the server), so it never hands a stale reply to the next user.
 
 A timeout closes the connection (it is suspect); a lost connection fails what it
 carried with :class:`redis.exceptions.ConnectionError`. The next command connects
@@ -41,8 +37,6 @@ from ._shield import timeout_after
 
 __all__ = ["Endpoint", "LeanClient", "Subscriber"]
 
-#: Idle connections kept for blocking commands.
-MAX_IDLE = 32
 #: connection_kwargs keys a lean connection can honour; any other means "use redis-py".
 _UNDERSTOOD = {
     "host",
@@ -236,10 +230,6 @@ class Subscriber:
         self._client._discard(self._conn)
 
 
-class _RanOut(Exception):
-    """A blocking command's own time limit (``within``) passed: not an error."""
-
-
 def _expire(future: asyncio.Future[Any], expiry: type[Exception]) -> None:
     if not future.done():
         future.set_exception(expiry("Timeout reading from Redis"))
@@ -255,7 +245,6 @@ class LeanClient:
         self._endpoint = endpoint
         self._shared: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
-        self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
         self._closed = False
 
@@ -389,42 +378,11 @@ class LeanClient:
         """
         return Subscriber(self, await self._connect())
 
-    async def blocking(self, block: float, *args: Any, within: float | None = None) -> Any:
-        """A blocking command that the server ends within ``block`` seconds, on a
-        connection of its own.
-
-        :param within: give up after this many seconds, and return ``None`` (the
-            connection is closed, which ends the command on the server); no task is
-            made for it, so a reply reaches the caller without a hop through another
-        :raises redis.exceptions.RedisError: as :meth:`execute`
-        """
-        conn = self._idle.pop() if self._idle else await self._connect()
-        timeout = None if self._endpoint.timeout is None else block + self._endpoint.timeout
-        limit = None
-        if within is not None and (timeout is None or within < timeout):
-            timeout, limit = within, _RanOut
-        try:
-            (reply,) = await self._send(conn, [args], timeout, limit or RedisTimeoutError)
-        except _RanOut:
-            self._discard(conn)
-            return None
-        except BaseException:
-            self._discard(conn)  # a reply may still be on its way: never reuse it
-            raise
-        if conn.closed or self._closed or len(self._idle) >= MAX_IDLE:
-            self._discard(conn)
-        else:
-            self._idle.append(conn)
-        if isinstance(reply, ResponseError):
-            raise reply
-        return reply
-
     async def aclose(self) -> None:
         """Close every connection. Idempotent."""
         self._closed = True
         for conn in list(self._open):
             self._discard(conn)
-        self._idle.clear()
 
 
 def _result(future: asyncio.Future[Any]) -> Any:

@@ -8,8 +8,8 @@ script touches a single slot::
     <prefix>{<name>}:queue     ZSET owner -> arrival number (fair mode's waiters)
     <prefix>{<name>}:waiters   HASH owner -> JSON {e: expiry ms, w: retry-by ms, t: ttl ms,
                                i: identity, m: metadata}: what a hand-off needs
-    <prefix>{<name>}:wake:<owner>  LIST, a waiter's wake-up signal (BLPOP)
-    <prefix>{<name>}:changed   pub/sub channel: the new owner, or "" when freed
+    <prefix>{<name>}:changed   pub/sub channel: the new owner (for a hand-off to a
+                               waiter followed by "\\n<token>:<px>"), or "" when freed
 
 ``{``, ``}`` and ``%`` in a name are percent-encoded inside the tag, so the tag is
 always the whole name. Scripts read the server's clock (``TIME``, allowed since
@@ -18,7 +18,11 @@ expiry is Redis's own ``PEXPIRE``.
 
 Scripts never overwrite what they do not recognise: a key of the wrong type, a
 hash without the fields of a lease, a lease without an expiry, or a counter that
-is not a positive integer raises an error starting with :data:`FOREIGN`.
+is not a positive integer raises an error starting with :data:`FOREIGN` (a counter
+of ``0``, which aiolease never writes, counts as unused). The hot paths ask no
+``TYPE``: the first command on each key runs under ``pcall``, and a ``WRONGTYPE``
+refusal, which writes nothing, is reported as foreign; every request and every
+``redis.call`` counts, as the server runs these cache-cold between requests.
 """
 
 from __future__ import annotations
@@ -83,7 +87,6 @@ class Keys:
     token: bytes
     queue: bytes
     waiters: bytes
-    wake_base: bytes
     channel: bytes
 
     @classmethod
@@ -95,7 +98,6 @@ class Keys:
             base + b"token",
             base + b"queue",
             base + b"waiters",
-            base + b"wake:",
             base + b"changed",
         )
 
@@ -188,25 +190,39 @@ return holder(lease)
 """
 
 _QUEUE = r"""
-local function next_token(key)
-  local value = redis.pcall('GET', key)  -- an error reply: a key of another type
-  if (type(value) == 'table' and value.err) or (value and not is_count(value)) then
-    foreign(key, 'is not an aiolease token counter (a positive integer)')
+-- A call whose error on a key of the wrong type means a foreign value: no TYPE is
+-- asked first, as a value of another type makes Redis refuse the command anyway.
+local function typed(key, what, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+      foreign(key, 'holds no ' .. what .. ' of aiolease')
+    end
+    error(r)
   end
-  return redis.call('INCR', key)
+  return r
 end
 
--- Whether the name has a queue or waiters (checked for their types); both are
--- absent unless somebody waits in fair mode, and then nothing else needs looking at.
-local function has_queue(queue, waiters)
-  if redis.call('EXISTS', queue, waiters) == 0 then return false end
-  exists_as(queue, 'zset')
-  exists_as(waiters, 'hash')
-  return true
+-- INCR of the counter; INCR refuses a value that is not an integer. ("0", which
+-- aiolease never writes, counts as a counter not yet used.)
+local function next_token(key)
+  local token = redis.pcall('INCR', key)
+  if type(token) == 'table' or token < 1 then
+    if type(token) ~= 'table' then redis.call('DECR', key) end  -- put it back
+    foreign(key, 'is not an aiolease token counter (a positive integer)')
+  end
+  return token
+end
+
+-- Whether the name has a queue; absent unless somebody waits in fair mode, and
+-- then nothing else needs looking at. (Its waiters hash is written and expires
+-- with it; the types are checked by the calls that use them.)
+local function has_queue(queue)
+  return redis.call('EXISTS', queue) == 1
 end
 
 local function waiter_entry(waiters, owner)
-  local raw = redis.call('HGET', waiters, owner)
+  local raw = typed(waiters, 'waiters hash', 'HGET', waiters, owner)
   if not raw then return nil end
   local ok, e = pcall(cjson.decode, raw)
   if not ok or type(e) ~= 'table' or type(e.e) ~= 'number' or type(e.w) ~= 'number'
@@ -224,7 +240,7 @@ end
 -- The first waiter whose entry has not expired (stale ones are dropped), or nil.
 local function queue_head(queue, waiters, now)
   while true do
-    local first = redis.call('ZRANGE', queue, 0, 0)[1]
+    local first = typed(queue, 'queue', 'ZRANGE', queue, 0, 0)[1]
     if not first then return nil end
     local entry = waiter_entry(waiters, first)
     if entry and entry.e > now then return first, entry end
@@ -235,46 +251,42 @@ end
 -- A refused waiter keeps its place; its entry lasts one ttl. It retries (so refreshes
 -- the entry) by `retry_by` at the latest: a third of its ttl, or the holder's expiry.
 local function enqueue(queue, waiters, owner, ttl, identity, metadata, now, retry_by)
-  if not redis.call('ZSCORE', queue, owner) then
+  local place = typed(queue, 'queue', 'ZSCORE', queue, owner)
+  local entry = {e = now + ttl, w = retry_by, t = ttl, i = identity, m = metadata}
+  typed(waiters, 'waiters hash', 'HSET', waiters, owner, cjson.encode(entry))
+  if not place then
     local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
     redis.call('ZADD', queue, (tonumber(last[2]) or 0) + 1, owner)
   end
-  local entry = {e = now + ttl, w = retry_by, t = ttl, i = identity, m = metadata}
-  redis.call('HSET', waiters, owner, cjson.encode(entry))
-  for _, key in ipairs({queue, waiters}) do
-    if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+  -- the two keys are written together: the queue's expiry stands for both
+  if redis.call('PTTL', queue) < ttl then
+    redis.call('PEXPIRE', queue, ttl)
+    redis.call('PEXPIRE', waiters, ttl)
   end
 end
 
--- Write a new grant of the (free) lease and announce it.
-local function grant(k, owner, identity, metadata, px, channel)
+-- Write a new grant of the (free) lease and announce it: the owner, and for a
+-- hand-off also "\n<token>:<px>" (the waiter's confirmation, see _redis_tickets).
+local function grant(k, owner, identity, metadata, px, channel, handed)
   local token = next_token(k[2])
   redis.call('HSET', k[1], 'owner', owner, 'identity', identity,
              'token', string.format('%d', token), 'metadata', metadata)
   redis.call('PEXPIRE', k[1], px)
-  redis.call('PUBLISH', channel, owner)
+  if handed then
+    redis.call('PUBLISH', channel, owner .. string.format('\n%d:%d', token, px))
+  else
+    redis.call('PUBLISH', channel, owner)
+  end
   return token
 end
 
-local function signal(wake_base, owner, value, px)
-  local wake = wake_base .. owner
-  redis.call('RPUSH', wake, value)
-  redis.call('PEXPIRE', wake, math.max(px, 1))
-end
-
--- Grant the free lease to the queue's head and signal that waiter alone. The lease
--- lasts what is left of the head's entry until it picks it up; if that ends before
--- the next waiter would retry anyway (a dead head), the next waiter is told to look.
-local function hand_off(k, head, entry, now, channel, wake_base)
+-- Grant the free lease to the queue's head. The lease lasts what is left of the
+-- head's entry until it picks it up; the message tells every waiter how long, so
+-- that the next one retries when it ends (a dead head holds nobody up longer).
+local function hand_off(k, head, entry, now, channel)
   dequeue(k[3], k[4], head)
   local px = math.max(math.min(entry.t, entry.e - now), 1)
-  local token = grant(k, head, entry.i, entry.m, px, channel)
-  -- the head's confirmation of the grant: its token and how long the server keeps it
-  signal(wake_base, head, string.format('%d:%d', token, px), px)
-  local next_owner, next_entry = queue_head(k[3], k[4], now)
-  if next_owner and now + px < next_entry.w then
-    signal(wake_base, next_owner, 0, next_entry.e - now)
-  end
+  local token = grant(k, head, entry.i, entry.m, px, channel, true)
   return {owner = head, identity = entry.i, token = token, metadata = entry.m, pttl = px}
 end
 """
@@ -285,30 +297,26 @@ ACQUIRE = Script(
     + _QUEUE
     + r"""
 -- KEYS: lease, token, queue, waiters
--- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel, wake key base
+-- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel
 local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local fair, channel, wake_base = ARGV[5] == '1', ARGV[6], ARGV[7]
+local fair, channel = ARGV[5] == '1', ARGV[6]
 local lease = load_lease(KEYS[1])
-local queued = has_queue(KEYS[3], KEYS[4])
 if lease and lease.owner == owner then
   -- an idempotent retry, or a hand-off this waiter now picks up: reset the expiry
   redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('DEL', wake_base .. owner)
   return {1, lease.token}
 end
+local queued = has_queue(KEYS[3])
 local now = (queued or fair) and now_ms()  -- the clock only dates queue entries
 if not lease then
   local head, entry
   if queued then head, entry = queue_head(KEYS[3], KEYS[4], now) end
   if not head or head == owner then
     if head then dequeue(KEYS[3], KEYS[4], owner) end
-    redis.call('DEL', wake_base .. owner)
-    return {1, grant(KEYS, owner, identity, metadata, ttl, channel)}
+    return {1, grant(KEYS, owner, identity, metadata, ttl, channel, false)}
   end
-  lease = hand_off(KEYS, head, entry, now, channel, wake_base)
+  lease = hand_off(KEYS, head, entry, now, channel)
 end
--- any signal waiting for this owner is older than what this reply tells it
-redis.call('DEL', wake_base .. owner)
 if fair then
   local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
   enqueue(KEYS[3], KEYS[4], owner, ttl, identity, metadata, now, retry_by)
@@ -323,14 +331,15 @@ RELEASE = Script(
     + _QUEUE
     + r"""
 -- KEYS: lease, token, queue, waiters
--- ARGV: owner, token ('' for any), channel, wake key base
-local owner, token, channel, wake_base = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+-- ARGV: owner, token ('' for any), channel
+local owner, token, channel = ARGV[1], ARGV[2], ARGV[3]
 local lease = load_lease(KEYS[1])
-local queued = has_queue(KEYS[3], KEYS[4])
--- also undo a queue entry or signal this owner left behind (a cancelled wait); a
--- queue member without a waiter entry is dropped when it comes to the head
-if queued and redis.call('HDEL', KEYS[4], owner) == 1 then redis.call('ZREM', KEYS[3], owner) end
-redis.call('DEL', wake_base .. owner)
+local queued = has_queue(KEYS[3])
+-- also undo a queue entry this owner left behind (a cancelled wait); a queue member
+-- without a waiter entry is dropped when it comes to the head
+if queued and typed(KEYS[4], 'waiters hash', 'HDEL', KEYS[4], owner) == 1 then
+  redis.call('ZREM', KEYS[3], owner)
+end
 if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
   return 0
 end
@@ -338,8 +347,8 @@ if queued then
   local now = now_ms()
   local head, entry = queue_head(KEYS[3], KEYS[4], now)
   if head then
-    hand_off(KEYS, head, entry, now, channel, wake_base)  -- rewrites every field
-    return 2
+    hand_off(KEYS, head, entry, now, channel)  -- rewrites every field
+    return {2, head}
   end
 end
 redis.call('DEL', KEYS[1])

@@ -4,8 +4,10 @@ The core asks a push backend to report a takeover of each lease it holds
 (:meth:`Backend.on_taken`); otherwise it runs a watch task per held lease, which
 waits in ``wait_taken`` and reads the name after each message. The Redis backend
 answers it from the messages its :class:`~aiolease.backends._redis_pubsub.Subscriptions`
-already receive: every grant publishes the new owner on the name's channel, and
-every release without a hand-off publishes ``""``.
+already receive: every grant publishes the new owner on the name's channel (a
+hand-off to a waiter adds the grant's token and ttl, see
+:mod:`aiolease.backends._redis_tickets`), and every release without a hand-off
+publishes ``""``.
 
 A message ends the lease only when it is known to be newer than the lease's own
 grant. Messages arrive in publishing order, so the holder's *own* grant message (an
@@ -35,6 +37,7 @@ from collections.abc import Callable
 
 from ..abc import LossReason
 from ._redis_pubsub import Mark, Subscriptions
+from ._redis_tickets import granted_to
 
 __all__ = ["Followers"]
 
@@ -57,7 +60,7 @@ class _Follower:
             return
         if payload is None:  # subscribed again after a gap: every later message counts
             self.armed = True
-        elif payload == self.owner:
+        elif payload.startswith(self.owner) and granted_to(payload) == self.owner:
             self.armed = True  # its own grant: later messages are newer than it
         elif self.armed:
             taken, self.taken = self.taken, None

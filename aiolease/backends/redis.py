@@ -30,14 +30,12 @@ name share one hash tag, so every script stays in one Cluster slot.
 (as the server reported it) runs out, whichever comes first.
 
 **Fair mode** (``fair=True``): a refused acquirer joins the name's queue (its entry
-expires ``ttl`` after its latest attempt, so a waiter that died holds nobody up for
-longer than that). Release hands the lease straight to the queue's head, and pushes
-a signal onto that waiter's own list, which it waits on with ``BLPOP``: exactly one
-waiter wakes, and a signal cannot be lost between its attempt and its wait. A
-handed-off lease lasts only what is left of the waiter's entry, until the waiter
-picks it up and resets it to its own ttl. Each waiter retries at least every
-``ttl / 3`` and when the holder's ttl runs out (then all waiters wake: the first
-attempt after a crashed holder's expiry hands the lease to the head).
+expires ``ttl`` after its latest attempt: a dead waiter holds nobody up longer).
+Release hands the lease straight to the queue's head and announces it on the name's
+channel; the waiter hears every message since its attempt was sent. A handed-off
+lease lasts what is left of the waiter's entry. Each waiter retries at least every
+``ttl / 3``, when the holder's ttl runs out (the first attempt after a crashed
+holder's expiry hands the lease on), and when a lease handed to another ends.
 
 **Batched renewals.** All leases held through one backend object are renewed in one
 pipelined round trip per renew interval (:mod:`aiolease.backends._redis_batch`).
@@ -48,9 +46,11 @@ redis-py's client stack, which costs more CPU per command than the loopback roun
 trip (:mod:`aiolease.backends._redis_resp`); its pub/sub connection is a lean one
 too. TLS, Cluster, Sentinel, ``wait_replicas`` and clients passed in use redis-py.
 
-**Hand-offs without a round trip.** In fair mode the waiter's wake-up signal carries
-the token and the server-side ttl of the grant handed to it, which confirms it
-(:mod:`aiolease.backends._redis_tickets`). A watched channel stays subscribed a
+**Hand-offs without a round trip.** In fair mode the hand-off's message carries
+the token and the server-side ttl of the grant, which confirms it to its waiter
+(:mod:`aiolease.backends._redis_tickets`); an attempt while another task of the
+backend holds the name goes in that holder's release request
+(:mod:`aiolease.backends._redis_riders`). A watched channel stays subscribed a
 while after its last watcher, and a watch that starts from the latest read, with no
 change since, does not read again (:mod:`aiolease.backends._redis_pubsub`). A lease
 granted while its channel was subscribed is watched for a takeover from the messages
@@ -105,7 +105,7 @@ from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
 from ..abc import Renewal as LeaseRenewal
 from ._redis_batch import Renewal, RenewalBatcher
-from ._redis_cancel import detached, guarded, wait_event, wait_for_or_none
+from ._redis_cancel import guarded, wait_event, wait_for_or_none
 from ._redis_clients import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -118,6 +118,7 @@ from ._redis_clients import (
     where,
 )
 from ._redis_pubsub import Subscriptions
+from ._redis_riders import Rider, Riders, send_with
 from ._redis_scripts import (
     ACQUIRE,
     DEFAULT_PREFIX,
@@ -153,8 +154,6 @@ DEFAULT_WAIT_TIMEOUT = 0.5
 #: Added to a PTTL before waking for the holder's expiry: PTTL is rounded down to whole
 #: milliseconds, and Redis expires a key only once its millisecond clock has passed it.
 EXPIRY_SLACK = 0.002
-#: Seconds the server's own timeout of a BLPOP comes after the one aiolease keeps.
-BLOCK_BACKSTOP = 1.0
 #: A fair waiter retries (and so refreshes its queue entry) at least this often, per ttl.
 REFRESH_FRACTION = 1 / 3
 
@@ -332,9 +331,8 @@ class RedisBackend(Backend):
         self._subscriptions = Subscriptions(client, self._timeout)
         self._batcher = RenewalBatcher(self._send_renewals, self._timeout)
         self._tickets = Tickets()
+        self._riders = Riders()
         self._followers = Followers(self._subscriptions)
-        socket_timeout = connection_kwargs(client).get("socket_timeout")
-        self._socket_timeout = float(socket_timeout) if socket_timeout else None
 
     def _declare(self) -> None:
         """Set this instance's capabilities from the class's, the mode and the server."""
@@ -495,6 +493,7 @@ class RedisBackend(Backend):
             ticket = self._tickets.take(name, owner)
             if ticket is not None and ticket.ttl <= ttl:
                 self._followers.granted(name, owner, since)
+                self._riders.granted(name, owner)
                 return ticket  # handed over, and confirmed by the wake-up (see _redis_tickets)
             self._tickets.attempt(name, owner, mark)
         elif self._fair:
@@ -508,10 +507,9 @@ class RedisBackend(Backend):
             meta.encode(),
             fair,
             keys.channel,
-            keys.wake_base,
         )
         if not self._replication.replicas:
-            reply = await self._eval(name, ACQUIRE, keys.all, *args)
+            reply = await self._attempt(name, owner, keys.all, args)
         else:
             reply, acked = await self._eval_waited(name, ACQUIRE, keys.all, *args)
             if int(reply[0]) == 1 and acked < self._replication.replicas:
@@ -520,8 +518,28 @@ class RedisBackend(Backend):
         if int(reply[0]) == 1:
             self._tickets.forget(name, owner)
             self._followers.granted(name, owner, since)
+            if self._fair:
+                self._riders.granted(name, owner)
             return Grant(int(reply[1]), ttl)
         return self._holder(name, reply)
+
+    async def _attempt(
+        self, name: str, owner: str, keys: Sequence[bytes], args: Sequence[Any]
+    ) -> Any:
+        """The ACQUIRE script's reply; in fair mode, sent with the release of the name
+        by a task that holds it through this backend, if that comes soon enough
+        (see :mod:`aiolease.backends._redis_riders`)."""
+        if self._lean is None or not self._fair or not self._riders.must_wait(name, owner):
+            return await self._eval(name, ACQUIRE, keys, *args)
+        command = ("EVALSHA", ACQUIRE.sha, len(keys), *keys, *args)
+        reply = await self._riders.ride(
+            name, command, lambda: self._eval(name, ACQUIRE, keys, *args)
+        )
+        if isinstance(reply, NoScriptError):
+            return await self._eval(name, ACQUIRE, keys, *args)
+        if isinstance(reply, BaseException):
+            raise self._mapped(name, reply) from reply
+        return reply
 
     def _unreplicated(self, acked: int) -> BackendUnavailable:
         r = self._replication
@@ -618,20 +636,40 @@ class RedisBackend(Backend):
         self._tickets.forget(name, owner)
         self._followers.forget(name, owner)
         keys = self._keys(name)
-        reply = await self._eval(
-            name,
-            RELEASE,
-            keys.all,
-            owner,
-            "" if token is None else token,
-            keys.channel,
-            keys.wake_base,
-        )
-        if int(reply) == 2:
-            # Handed to the queue's head, whose wake-up signal the server sent with this
-            # reply: let its task, if it is one of ours, start its turn first.
-            await asyncio.sleep(0)
+        args = (owner, "" if token is None else token, keys.channel)
+        riders = self._riders.released(name, owner)
+        if self._lean is None:
+            reply = await self._eval(name, RELEASE, keys.all, *args)
+        else:
+            reply = await self._release_lean(name, keys.all, args, riders)
+        if isinstance(reply, list):  # {2, owner}: handed to the queue's head
+            if self._tickets.waits(name, _text(reply[1])):  # the holder here from now on
+                self._riders.granted(name, _text(reply[1]))
+            return True
         return int(reply) >= 1
+
+    async def _release_lean(
+        self, name: str, keys: Sequence[bytes], args: Sequence[Any], riders: Sequence[Rider]
+    ) -> Any:
+        """RELEASE, with the attempts that ride with it, in one request (see
+        :mod:`aiolease.backends._redis_riders`)."""
+        assert self._lean is not None
+        if self._closed:
+            Riders.go_alone(riders)
+            raise BackendUnavailable(f"{self!r} is closed")
+        # Announced first only to other processes: a waiter here runs after this call
+        # anyway, and better once the releaser's next attempt has been made.
+        first = not self._tickets.has_turns(name)
+        command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
+        try:
+            reply = await send_with(self._lean, command, riders, announce_first=first)
+        except Exception as exc:  # only the driver runs here: map all it raises
+            raise self._mapped(name, exc) from exc
+        if isinstance(reply, NoScriptError):
+            return await self._eval(name, RELEASE, keys, *args)
+        if isinstance(reply, BaseException):
+            raise self._mapped(name, reply) from reply
+        return reply
 
     async def read(self, name: str) -> HolderInfo | None:
         keys = self._keys(name)
@@ -701,34 +739,30 @@ class RedisBackend(Backend):
         return self._followers.follow(name, owner, self._keys(name).channel, taken)
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """In fair mode, wait for this waiter's own hand-off signal, the holder's expiry, or
-        the time to refresh the queue entry; otherwise :meth:`wait_changed`."""
+        """In fair mode, wait for the hand-off to this waiter announced on the name's
+        channel, the holder's expiry, or the time to refresh the queue entry (see
+        :mod:`aiolease.backends._redis_tickets`); otherwise :meth:`wait_changed`."""
         if not self._fair:
             await self.wait_changed(name, seen)
             return
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
         timeout = ttl * REFRESH_FRACTION
         if seen.remaining is not None:
             timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
-        if self._socket_timeout:
-            timeout = min(timeout, 0.8 * self._socket_timeout)
-        wake = self._keys(name).wake_base + owner.encode()
-        if self._lean is None:
-            reply = await detached(self._call(name, "BLPOP", wake, f"{_ms(timeout) / 1000:.3f}"))
-            self._tickets.signalled(name, owner, reply)
+        channel = self._keys(name).channel
+        subs = self._subscriptions
+        if await self._tickets.wait_turn(subs, name, owner, channel, seen.token, timeout):
             return
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        # Redis times out a blocked client only on its next event-loop turn, up to
-        # 1/hz (100 ms) late: the timeout that matters is kept here, and the server's
-        # is only a backstop. Ending the wait closes its connection, which ends BLPOP.
-        backstop = f"{_ms(timeout + BLOCK_BACKSTOP) / 1000:.3f}"
+        # Not subscribed throughout since the attempt: a hand-off may have come
+        # unheard. Subscribe, and let the core try again (it then picks it up).
         try:
-            reply = await self._lean.blocking(
-                timeout + BLOCK_BACKSTOP, "BLPOP", wake, backstop, within=timeout
-            )
-        except Exception as exc:  # only the driver runs here: map all it raises
+            async with subs.watch(channel):
+                return
+        except (RedisError, OSError) as exc:
             raise self._mapped(name, exc) from exc
-        self._tickets.signalled(name, owner, reply)
+        except TimeoutError as exc:
+            raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
 
     def statistics(self) -> RedisStatistics:
         """A frozen snapshot of the renewal batching."""

@@ -1,0 +1,161 @@
+"""Fair attempts that ride along with a local holder's release, in the same request.
+
+In fair mode a task that asks for a lease which another task of the same backend
+holds is refused and queued: its attempt is a request whose reply arrives while the
+holder holds, and wakes the event loop then (asyncio rounds the remaining time of
+the holder's sleep up to whole milliseconds again, so every such wake-up lengthens
+a short hold). The holder's release is the next request on the same connection
+anyway: the attempt waits for it, briefly, and goes in the same write, right after
+it (:meth:`RedisBackend.release`). The server then runs the attempt after the
+release, as it would run an attempt that took that long to arrive: it joins the
+queue behind everybody already in it, and gets the lease at once if nobody was.
+
+The wait is bounded by :data:`RIDE_WAIT`: a holder that keeps the lease longer (or
+lost it without releasing) lets the attempt go on its own then. An attempt that
+rides is counted as sent when it was made: earlier than it really leaves, which is
+the safe side for the grant's deadline and for the takeover watch's mark.
+
+Asyncio-only, like the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import BackendUnavailable
+
+if TYPE_CHECKING:
+    from ._redis_resp import LeanClient
+
+__all__ = ["RIDE_WAIT", "Rider", "Riders", "send_with"]
+
+#: Seconds an attempt waits at most for the local holder's release.
+RIDE_WAIT = 0.005
+
+#: What a rider's future is given when it must go on its own.
+_ALONE = object()
+
+
+@dataclass(eq=False)
+class Rider:
+    """One attempt waiting for a release to ride with: its command, and its reply."""
+
+    command: tuple[Any, ...]
+    reply: asyncio.Future[Any] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def settle(self, reply: Any) -> None:
+        """The reply to its command (an error reply as an exception value)."""
+        if not self.reply.done():
+            self.reply.set_result(reply)
+
+    def fail(self, error: BaseException) -> None:
+        """Its command's fate is unknown."""
+        if not self.reply.done():
+            self.reply.set_exception(error)
+            self.reply.add_done_callback(_retrieve)
+
+    def alone(self) -> None:
+        """It must be sent on its own."""
+        self.settle(_ALONE)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: asyncio does not log it as lost
+
+
+class Riders:
+    """The leases held through one backend, and the attempts waiting to ride with
+    their release.
+
+    :param wait: seconds an attempt waits at most
+    """
+
+    def __init__(self, wait: float = RIDE_WAIT) -> None:
+        self._wait = wait
+        self._holders: dict[str, str] = {}
+        self._waiting: dict[str, list[Rider]] = {}
+
+    def granted(self, name: str, owner: str) -> None:
+        """``owner`` was granted ``name`` through this backend (or a release through it
+        handed ``name`` to ``owner``, which waits through it)."""
+        self._holders[name] = owner
+
+    def must_wait(self, name: str, owner: str) -> bool:
+        """Whether an attempt by ``owner`` on ``name`` waits for the local holder's release."""
+        holder = self._holders.get(name)
+        return holder is not None and holder != owner
+
+    def released(self, name: str, owner: str) -> list[Rider]:
+        """``owner`` is releasing ``name``: if it holds it through this backend, the
+        attempts to send right after the release (the caller settles each)."""
+        if self._holders.get(name) != owner:
+            return []
+        del self._holders[name]
+        return self._waiting.pop(name, [])
+
+    async def ride(
+        self, name: str, command: tuple[Any, ...], alone: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        """The reply to ``command``, sent after the local holder's release of ``name``,
+        or by ``alone()`` once :data:`RIDE_WAIT` has passed.
+
+        :returns: the reply; an error reply as an exception value
+        """
+        rider = Rider(command)
+        self._waiting.setdefault(name, []).append(rider)
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self._wait, self._due, name)
+        try:
+            reply = await rider.reply
+        finally:
+            timer.cancel()
+            waiting = self._waiting.get(name)
+            if waiting is not None and rider in waiting:
+                waiting.remove(rider)
+                if not waiting:
+                    del self._waiting[name]
+        return await alone() if reply is _ALONE else reply
+
+    def _due(self, name: str) -> None:
+        """An attempt on ``name`` waited long enough: all of them go on their own."""
+        for rider in self._waiting.pop(name, []):
+            rider.alone()
+
+    @staticmethod
+    def go_alone(riders: Sequence[Rider]) -> None:
+        """Have each of ``riders`` send its command on its own."""
+        for rider in riders:
+            rider.alone()
+
+
+async def send_with(
+    client: LeanClient, command: tuple[Any, ...], riders: Sequence[Rider], *, announce_first: bool
+) -> Any:
+    """Send the release ``command`` and then the commands of ``riders`` in one request,
+    and settle the riders; the release's reply (an error reply as an exception value).
+
+    :param announce_first: start with a ``PING``. Redis writes its pending replies
+        newest client first, so a client with a reply pending before the script runs
+        is written after the subscribers the script published to: a waiter in another
+        process, handed the lease, wakes one server write sooner. (Same-process
+        waiters are better served the other way: the releaser makes its next attempt,
+        which may ride with the new holder's release, before the waiter starts its
+        turn.) The ``PING`` costs the server a few microseconds.
+    :raises redis.exceptions.RedisError: the client failed (the riders fail too)
+    """
+    commands = [("PING",), command] if announce_first else [command]
+    try:
+        replies = await client.execute_many([*commands, *(rider.command for rider in riders)])
+    except BaseException as exc:
+        for rider in riders:
+            rider.fail(BackendUnavailable(f"the request this attempt rode with failed: {exc!r}"))
+        raise
+    for rider, reply in zip(riders, replies[len(commands) :], strict=True):
+        rider.settle(reply)
+    return replies[len(commands) - 1]
