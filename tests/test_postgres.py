@@ -48,6 +48,7 @@ from aiolease import (
 )
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._pg_sql import grants_channel, parse_payload
+from aiolease.backends._shield import run_to_end
 from aiolease.backends._sql import Takers, timeout_after, wait_event
 from aiolease.backends._sql_pool import LeanPool
 from aiolease.backends.postgres import PostgresBackend
@@ -497,6 +498,42 @@ async def test_wait_event_never_swallows_a_cancel(anyio_backend: str) -> None:
         await task
     assert await wait_event(event, 60)
     assert not await wait_event(asyncio.Event(), 0.01)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_run_to_end_ends_its_work_before_the_cancel_is_raised(anyio_backend: str) -> None:
+    release = asyncio.Event()
+    ended: list[str] = []
+
+    async def work(label: str) -> str:
+        try:
+            await release.wait()
+        finally:
+            ended.append(label)
+        return label
+
+    # Cancelled meanwhile: the work runs on, and only then is the cancel raised.
+    caller = asyncio.create_task(run_to_end(work("within grace"), 60))
+    await eventually(lambda: suspended_in(caller, "run_to_end"), "the caller waiting")
+    caller.cancel()
+    for _ in range(3):  # loop turns in which a cancel passed on would end the work
+        await asyncio.sleep(0)
+    assert not caller.done() and ended == []
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert ended == ["within grace"]
+    # Past the grace, the work itself is cancelled.
+    release.clear()
+    caller = asyncio.create_task(run_to_end(work("past grace"), 0.01))
+    await eventually(lambda: suspended_in(caller, "run_to_end"), "the caller waiting")
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert ended == ["within grace", "past grace"] and not release.is_set()
+    # Not cancelled: the work's result.
+    release.set()
+    assert await run_to_end(work("plain"), 60) == "plain"
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
