@@ -15,7 +15,7 @@ from sql_support import eventually, grant, inner, unique, with_query
 
 import aiolease
 from aiolease import AsyncLock, Capability
-from aiolease.abc import Backend
+from aiolease.abc import Backend, HolderInfo
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.servers import server
@@ -38,10 +38,26 @@ def pg_url(pg: str, schema: str) -> str:
     return with_query(pg, schema=schema)
 
 
+backend = aiolease.open_backend
+
+
 @asynccontextmanager
-async def backend(url: str, **options: Any) -> AsyncIterator[Backend]:
-    async with aiolease.open_backend(url, **options) as b:
-        yield b
+async def changed(b: Backend, name: str, seen: HolderInfo | None) -> AsyncIterator[None]:
+    """Run ``b.wait_changed(name, seen)`` in a task; enter once it blocks; on leaving, it
+    must have returned within 5 s (less than the 10 s that a listening wait lasts at
+    most, so only a notification can have ended it)."""
+    done = anyio.Event()
+
+    async def wait() -> None:
+        await b.wait_changed(name, seen)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await waiting(b)
+        yield
+        with anyio.fail_after(5):
+            await done.wait()
 
 
 async def test_notify_wakes_a_waiter_of_another_backend(pg_url: str) -> None:
@@ -50,19 +66,9 @@ async def test_notify_wakes_a_waiter_of_another_backend(pg_url: str) -> None:
         name = unique("notify")
         granted = await grant(holder_side, name, "owner-1", ttl=60)
         seen = await waiter.read(name)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await waiter.wait_changed(name, seen)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await waiting(waiter)
+        async with changed(waiter, name, seen):
             assert inner(waiter, PostgresBackend).statistics().listening
             assert await holder_side.release(name, "owner-1", granted.token)
-            with anyio.fail_after(5):  # < the 10 s that a listening waiter sleeps at most
-                await done.wait()
 
 
 async def test_notify_on_takeover_wakes_the_old_holders_watch(
@@ -72,15 +78,7 @@ async def test_notify_on_takeover_wakes_the_old_holders_watch(
         name = unique("takeover")
         await grant(other, name, "owner-1", ttl=60)
         seen = await waiter.read(name)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await waiter.wait_changed(name, seen)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await waiting(waiter)
+        async with changed(waiter, name, seen):
             await raw(
                 pg,
                 f'UPDATE "{schema}".aiolease_leases'
@@ -88,8 +86,6 @@ async def test_notify_on_takeover_wakes_the_old_holders_watch(
                 name,
             )
             await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
-            with anyio.fail_after(5):
-                await done.wait()
 
 
 @pytest.mark.parametrize("free", ["never held", "released"])
@@ -102,18 +98,8 @@ async def test_notify_of_a_grant_wakes_a_wait_for_a_holder_to_appear(
         if free == "released":
             granted = await grant(other, name, "owner-0", ttl=60)
             assert await other.release(name, "owner-0", granted.token)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await watcher.wait_changed(name, None)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await waiting(watcher)
+        async with changed(watcher, name, None):
             await grant(other, name, "owner-1", ttl=60)
-            with anyio.fail_after(5):  # < the 10 s that a listening waiter sleeps at most
-                await done.wait()
         holder = await watcher.read(name)
         assert holder is not None and holder.owner == "owner-1"
 
@@ -145,15 +131,7 @@ async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
     async with backend(pg_url, poll_interval=60) as watcher, backend(pg_url) as other:
         pg_watcher = inner(watcher, PostgresBackend)
         watched = unique("watched")
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await watcher.wait_changed(watched, None)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await waiting(watcher)
+        async with changed(watcher, watched, None):
             heard = pg_watcher._notes
             for i in range(3):  # grants of free names nobody watches, and their releases
                 name = unique(f"unwatched-{i}")
@@ -162,8 +140,6 @@ async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
             # The watched row's grant is announced; notifications come in commit order,
             # so any of the others would have come before it.
             first = await grant(other, watched, "owner-2", ttl=60)
-            with anyio.fail_after(5):
-                await done.wait()
         await _heard_more_than(pg_watcher, heard)
         assert pg_watcher._notes == heard + 1
         assert first.token == 1  # the row the watch made is free, and tokens start at 1
@@ -208,7 +184,11 @@ async def test_waiting_polls_while_the_listener_cannot_connect(pg: str, schema: 
     host, port = server("postgres").addresses[0]
     async with FaultProxy(host, port) as proxy:
         url = with_query(pg, schema=schema)
-        options = {"listen_url": proxy.url_for(pg), "poll_interval": 0.2, "connect_timeout": 2}
+        options: dict[str, Any] = {
+            "listen_url": proxy.url_for(pg),
+            "poll_interval": 0.2,
+            "connect_timeout": 2,
+        }
         async with backend(url, **options) as waiter, backend(url) as other:
             pg_waiter = inner(waiter, PostgresBackend)
             name = unique("fallback")
