@@ -297,6 +297,19 @@ async def test_an_attempt_rides_with_the_release_of_a_local_holder(
         assert (sent["requests"], sent["EVALSHA"]) == (2, 3)
 
 
+def noting_waits(found: RedisBackend) -> anyio.Event:
+    """An event set when a waiter of ``found`` starts waiting for its turn."""
+    waiting = anyio.Event()
+    wait_turn = found.wait_turn
+
+    async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        waiting.set()
+        await wait_turn(name, owner, ttl, seen)
+
+    found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+    return waiting
+
+
 async def test_an_attempt_goes_alone_when_the_local_holder_keeps_the_lease(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
@@ -304,14 +317,7 @@ async def test_an_attempt_goes_alone_when_the_local_holder_keeps_the_lease(
         found = inner(backend)
         await subscribe(backend, "fair")
         holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-        waiting = anyio.Event()
-        wait_turn = found.wait_turn
-
-        async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-            waiting.set()
-            await wait_turn(name, owner, ttl, seen)
-
-        found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+        waiting = noting_waits(found)
         got: list[int] = []
 
         async def waiter() -> None:
@@ -345,14 +351,7 @@ async def test_a_waiter_whose_subscription_dropped_still_gets_its_turn(
         await subscribe(backend, "fair")
         holder = await backend.try_acquire("fair", "holder", LONG, "holder", {})
         assert isinstance(holder, Grant)
-        waiting = anyio.Event()
-        wait_turn = found.wait_turn
-
-        async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-            waiting.set()  # it listens before it first awaits
-            await wait_turn(name, owner, ttl, seen)
-
-        found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+        waiting = noting_waits(found)  # set as it listens, before it first awaits
         got: list[int] = []
 
         async def waiter() -> None:
