@@ -131,13 +131,21 @@ async def check_oldest_waiter_gets_it(
     assert await b.read(name) is None
 
 
-async def eventually(predicate: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    """Wait until ``predicate()`` holds (a state of another loop no event reports).
+async def _holds(predicate: Callable[[], bool | Awaitable[bool]]) -> bool:
+    result = predicate()
+    return await result if isinstance(result, Awaitable) else result
+
+
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], what: str, within: float = 20.0
+) -> None:
+    """Wait until ``predicate()`` holds (a state of another loop, or of the server, that
+    no event reports); it may be a coroutine function.
 
     :raises AssertionError: it did not hold within ``within`` seconds (a hang guard)
     """
     with anyio.move_on_after(within):
-        while not predicate():  # noqa: ASYNC110 - state of the asyncio side, no event to await
+        while not await _holds(predicate):  # noqa: ASYNC110 - no event to await
             await anyio.sleep(0.01)
         return
     raise AssertionError(f"{what} did not happen within {within:g}s")
