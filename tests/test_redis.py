@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 import re
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
 from typing import Any, TypeVar
 
@@ -19,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 from model_support import agrees_with_the_model
-from redis_support import delete_under, new_prefix
+from redis_support import Tap, delete_under, inner, new_name, new_prefix, subscribe
 
 import aiolease
 from aiolease import (
@@ -65,92 +64,6 @@ def open_redis(redis_url: str, prefix: str) -> Opener:
         return aiolease.open_backend(redis_url, prefix=prefix, **options)
 
     return opener
-
-
-def inner(backend: Backend) -> RedisBackend:
-    """The RedisBackend behind a trio bridge, or the backend itself."""
-    found = getattr(backend, "inner", backend)
-    assert isinstance(found, RedisBackend)
-    return found
-
-
-class Tap(Backend):
-    """Forwards every call to ``inner`` and tells the test what happened.
-
-    Under trio its methods run on the asyncio side of the bridge, so it only *sets*
-    events, which the waiting test created on its own side.
-    """
-
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.capabilities = inner.capabilities  # type: ignore[misc]
-        self.requires_asyncio = inner.requires_asyncio  # type: ignore[misc]
-        self.calls: Counter[str] = Counter()
-        self.refused: list[str] = []
-        self._waiting: list[anyio.Event] = []
-
-    def _note(self, op: str) -> None:
-        self.calls[op] += 1
-        for event in self._waiting:
-            event.set()
-
-    def refusals(self, count: int) -> Callable[[], bool]:
-        """A condition: ``count`` different owners were refused (queued, in fair mode)."""
-        return lambda: len(self.refused) >= count
-
-    async def wait_for(self, condition: Callable[[], bool]) -> None:
-        """Wait until ``condition()`` holds, re-checking after each call."""
-        while not condition():
-            event = anyio.Event()
-            self._waiting.append(event)
-            try:
-                await event.wait()
-            finally:
-                self._waiting.remove(event)
-
-    @classmethod
-    async def from_url(cls, url: str, **options: Any) -> Tap:
-        raise NotImplementedError
-
-    async def try_acquire(
-        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
-    ) -> Grant | HolderInfo:
-        result = await self.inner.try_acquire(name, owner, ttl, identity, metadata)
-        if isinstance(result, HolderInfo) and owner not in self.refused:
-            self.refused.append(owner)
-        self._note("try_acquire")
-        return result
-
-    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        grant = await self.inner.renew(name, owner, token, ttl)
-        self._note("renew")
-        return grant
-
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        freed = await self.inner.release(name, owner, token)
-        self._note("release")
-        return freed
-
-    async def read(self, name: str) -> HolderInfo | None:
-        holder = await self.inner.read(name)
-        self._note("read")
-        return holder
-
-    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        self._note("wait_changed")
-        await self.inner.wait_changed(name, seen)
-
-    async def wait_taken(self, name: str, held: HolderInfo) -> None:
-        self._note("wait_taken")
-        await self.inner.wait_taken(name, held)
-
-    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        self._note("wait_turn")
-        await self.inner.wait_turn(name, owner, ttl, seen)
-
-
-def new_name() -> str:
-    return f"job/{uuid.uuid4().hex[:8]}"
 
 
 @asynccontextmanager
@@ -235,12 +148,6 @@ async def test_keys_share_one_hash_tag(anyio_backend: str, open_redis: Opener) -
 
 
 # -- fairness -------------------------------------------------------------------------------
-
-
-async def subscribe(backend: Backend, name: str) -> None:
-    """Have the backend subscribe ``name``'s channel (it lingers after the call), as
-    the holders' takeover watches keep it: a fair waiter then needs no extra attempt."""
-    await backend.wait_changed(name, HolderInfo(name, "nobody", "", 1, {}))
 
 
 async def test_fair_mode_serves_waiters_in_arrival_order(

@@ -19,7 +19,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis_support import delete_under, new_prefix
+from redis_support import delete_under, inner, new_prefix, subscribe
 
 import aiolease
 from aiolease import AsyncLock
@@ -178,11 +178,6 @@ def released_alone(sent: Counter[str]) -> bool:
     return sent["requests"] == sent["EVALSHA"] == 1 and set(sent) <= {"requests", "EVALSHA", "PING"}
 
 
-async def subscribe(backend: Backend, name: str) -> None:
-    """Have the backend subscribe ``name``'s channel (it lingers after the call)."""
-    await backend.wait_changed(name, HolderInfo(name, "nobody", "", 1, {}))
-
-
 async def test_a_fair_hand_off_is_confirmed_by_its_message(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
@@ -251,12 +246,6 @@ async def test_a_waiter_not_subscribed_since_its_attempt_subscribes_and_tries_ag
         assert isinstance(granted, Grant) and granted.token == holder.token + 1
         assert released_alone(sent)
         assert await backend.release("fair", "waiter", granted.token)
-
-
-def inner(backend: Backend) -> RedisBackend:
-    found = getattr(backend, "inner", backend)
-    assert isinstance(found, RedisBackend)
-    return found
 
 
 async def test_an_attempt_rides_with_the_release_of_a_local_holder(

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
-from redis_support import delete_under, new_prefix
+from redis_support import delete_under, new_name, new_prefix, subscribe
 
 import aiolease
 from aiolease import AsyncLock, LeaseLostError, LossReason
@@ -35,10 +35,6 @@ def prefix(redis_url: str) -> Iterator[str]:
     prefix = new_prefix("takeover")
     yield prefix
     delete_under(prefix, [redis.Redis.from_url(redis_url)])
-
-
-def new_name() -> str:
-    return f"job/{uuid.uuid4().hex[:8]}"
 
 
 @asynccontextmanager
@@ -61,11 +57,6 @@ async def counted(url: str, **options: Any) -> AsyncIterator[tuple[Backend, Coun
         found.wait_taken = counted_wait_taken  # type: ignore[method-assign]
         found.read = counted_read  # type: ignore[method-assign]
         yield backend, calls
-
-
-async def subscribe(backend: Backend, name: str) -> None:
-    """Have the backend subscribe ``name``'s channel (it lingers after the call)."""
-    await backend.wait_changed(name, HolderInfo(name, "nobody", "", 1, {}))
 
 
 async def steal(backend: Backend, name: str, owner: str) -> None:
