@@ -20,10 +20,13 @@ import anyio
 import pytest
 import redis
 from redis.sentinel import MasterNotFoundError, Sentinel
+from redis_support import Tap, inner
+from sql_support import eventually
 
 import aiolease
 from aiolease import AsyncLock, BackendError, Capability
 from aiolease.abc import Backend
+from aiolease.backends._redis_scripts import Keys
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.servers import services_dir
@@ -86,6 +89,34 @@ async def test_a_grant_that_misses_its_replicas_is_not_confirmed(
     async with open_redis(f"{sentinel_url}?wait_replicas=1", prefix=prefix) as b:
         async with AsyncLock(b, "job", ttl=30) as lease:
             assert lease.token >= 1
+
+
+async def test_a_fair_waiter_that_waits_for_replicas_is_woken_not_spinning(
+    anyio_backend: str, sentinel_url: str, prefix: str
+) -> None:
+    """Fair mode with ``wait_replicas``: no hand-off tickets, so a waiter is woken by
+    the name's channel and asks again; it does not retry in a loop meanwhile."""
+    await wait_replicated(sentinel_url)
+    async with open_redis(sentinel_url, prefix=prefix, fair=True, wait_replicas=1) as backend:
+        tap = Tap(inner(backend))
+        watched = Keys.of(prefix, "job").watched
+        holder = await AsyncLock(tap, "job", ttl=30).acquire_nowait()
+        got: list[int] = []
+
+        async def waiter() -> None:
+            async with AsyncLock(tap, "job", ttl=30) as lease:
+                got.append(lease.token)
+
+        with anyio.fail_after(10):  # far below the holder's ttl
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await tap.wait_for(lambda: tap.calls["wait_turn"] >= 1)
+                # it waits for a change of holder, which marks the name watched first
+                with master(sentinel_url) as client:
+                    await eventually(lambda: bool(client.exists(watched)), "the watch mark")
+                await holder.release()
+        assert got and got[0] > holder.token
+        assert tap.calls["try_acquire"] == 3  # holder, refused once, granted
 
 
 def _master_port(url: str) -> int | None:

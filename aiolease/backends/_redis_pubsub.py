@@ -267,6 +267,9 @@ class Subscriptions:
         self._closed = False
         #: Connect through this lean client instead of redis-py, when set.
         self.lean: LeanClient | None = None
+        #: A channel subscribed along with the first one watched, and kept (a fair
+        #: backend's turns channel: its waiters then need no subscription of their own).
+        self.companion = b""
 
     @asynccontextmanager
     async def watch(self, channel: bytes) -> AsyncIterator[asyncio.Event]:
@@ -283,6 +286,8 @@ class Subscriptions:
         entry = self._channels.get(channel)
         if entry is None:
             entry = self._channels[channel] = _Channel()
+            if self.companion and self.companion not in self._channels:
+                self._channels[self.companion] = _Channel()  # never pruned
             self._start()
         event = asyncio.Event()
         entry.watchers.add(event)
@@ -303,6 +308,8 @@ class Subscriptions:
         """A watcher or listener left ``channel``: unsubscribe it after :data:`LINGER`
         seconds without any."""
         loop = self._loop
+        if channel == self.companion:
+            return  # kept
         if entry.idle and self._channels.get(channel) is entry and loop is not None:
             entry.idle_since = loop.time()
             if entry.prune is None:

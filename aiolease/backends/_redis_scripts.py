@@ -7,9 +7,25 @@ script touches a single slot::
     <prefix>{<name>}:token     STRING, the fencing token counter (INCR; never expires)
     <prefix>{<name>}:queue     ZSET owner -> arrival number (fair mode's waiters)
     <prefix>{<name>}:waiters   HASH owner -> JSON {e: expiry ms, w: retry-by ms, t: ttl ms,
-                               i: identity, m: metadata}: what a hand-off needs
+                               i: identity, m: metadata, c: the waiter's turns channel}:
+                               what a hand-off needs
+    <prefix>{<name>}:watched   STRING "1" with a PX: somebody waits for the name's holder
+                               to change (``wait_changed``), so releases announce hand-offs
     <prefix>{<name>}:changed   pub/sub channel: the new owner (for a hand-off to a
                                waiter followed by "\\n<token>:<px>"), or "" when freed
+    <prefix>turns:<id>         pub/sub channel of one fair backend object: the hand-offs
+                               to its waiters (the same message as on ``changed``), and
+                               "<owner>\\n+<px>" to a waiter next in line behind one
+
+**Only the next waiters are woken.** A release hands the lease to the queue's head
+and publishes the hand-off on the head's own turns channel, which only its backend
+(one process) subscribes, and tells the waiter behind it, on its turns channel, how
+long the grant lasts if the head never picks it up (a dead head). The hand-off is
+published on the name's ``changed`` channel too only when that is watched (a
+``watched`` mark is live), when one of those two entries names no turns channel, or
+when the hand-off follows an expiry (a grant after a lease ran out, which a holder
+that outlived its lease must hear of). Every other process that waits, or held the
+name before, hears nothing of it.
 
 ``{``, ``}`` and ``%`` in a name are percent-encoded inside the tag, so the tag is
 always the whole name. Scripts read the server's clock (``TIME``, allowed since
@@ -42,6 +58,7 @@ __all__ = [
     "READ_BODY",
     "RELEASE",
     "RENEW",
+    "WATCH",
     "Keys",
     "Script",
     "check_prefix",
@@ -87,6 +104,7 @@ class Keys:
     token: bytes
     queue: bytes
     waiters: bytes
+    watched: bytes
     channel: bytes
 
     @classmethod
@@ -98,13 +116,14 @@ class Keys:
             base + b"token",
             base + b"queue",
             base + b"waiters",
+            base + b"watched",
             base + b"changed",
         )
 
     @property
-    def all(self) -> tuple[bytes, bytes, bytes, bytes]:
-        """The four keys every write script is given, in order."""
-        return (self.lease, self.token, self.queue, self.waiters)
+    def all(self) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+        """The five keys every write script is given, in order."""
+        return (self.lease, self.token, self.queue, self.waiters, self.watched)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -226,7 +245,8 @@ local function waiter_entry(waiters, owner)
   if not raw then return nil end
   local ok, e = pcall(cjson.decode, raw)
   if not ok or type(e) ~= 'table' or type(e.e) ~= 'number' or type(e.w) ~= 'number'
-      or type(e.t) ~= 'number' or type(e.i) ~= 'string' or type(e.m) ~= 'string' then
+      or type(e.t) ~= 'number' or type(e.i) ~= 'string' or type(e.m) ~= 'string'
+      or (e.c ~= nil and type(e.c) ~= 'string') then
     foreign(waiters, 'holds an entry that is not an aiolease waiter')
   end
   return e
@@ -250,9 +270,11 @@ end
 
 -- A refused waiter keeps its place; its entry lasts one ttl. It retries (so refreshes
 -- the entry) by `retry_by` at the latest: a third of its ttl, or the holder's expiry.
-local function enqueue(queue, waiters, owner, ttl, identity, metadata, now, retry_by)
+-- Its hand-off is announced on `turns` (its backend's channel), when given.
+local function enqueue(queue, waiters, owner, ttl, identity, metadata, now, retry_by, turns)
   local place = typed(queue, 'queue', 'ZSCORE', queue, owner)
   local entry = {e = now + ttl, w = retry_by, t = ttl, i = identity, m = metadata}
+  if turns ~= '' then entry.c = turns end
   typed(waiters, 'waiters hash', 'HSET', waiters, owner, cjson.encode(entry))
   if not place then
     local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
@@ -265,28 +287,34 @@ local function enqueue(queue, waiters, owner, ttl, identity, metadata, now, retr
   end
 end
 
--- Write a new grant of the (free) lease and announce it: the owner, and for a
--- hand-off also "\n<token>:<px>" (the waiter's confirmation, see _redis_tickets).
-local function grant(k, owner, identity, metadata, px, channel, handed)
+-- Write a new grant of the (free) lease; its token.
+local function grant(k, owner, identity, metadata, px)
   local token = next_token(k[2])
   redis.call('HSET', k[1], 'owner', owner, 'identity', identity,
              'token', string.format('%d', token), 'metadata', metadata)
   redis.call('PEXPIRE', k[1], px)
-  if handed then
-    redis.call('PUBLISH', channel, owner .. string.format('\n%d:%d', token, px))
-  else
-    redis.call('PUBLISH', channel, owner)
-  end
   return token
 end
 
--- Grant the free lease to the queue's head. The lease lasts what is left of the
--- head's entry until it picks it up; the message tells every waiter how long, so
--- that the next one retries when it ends (a dead head holds nobody up longer).
-local function hand_off(k, head, entry, now, channel)
+-- Grant the free lease to the queue's head, and announce it as "<owner>\n<token>:<px>"
+-- (the waiter's confirmation, see _redis_tickets) on the head's turns channel, and on
+-- the name's channel if `announce` (or a waiter concerned has no turns channel). The
+-- lease lasts what is left of the head's entry until it picks it up: the waiter next
+-- in line is told how long ("<owner>\n+<px>"), and retries when it ends if it was not
+-- handed the lease by then (a dead head holds nobody up longer).
+local function hand_off(k, head, entry, now, channel, announce)
   dequeue(k[3], k[4], head)
   local px = math.max(math.min(entry.t, entry.e - now), 1)
-  local token = grant(k, head, entry.i, entry.m, px, channel, true)
+  local token = grant(k, head, entry.i, entry.m, px)
+  local message = head .. string.format('\n%d:%d', token, px)
+  local after, after_entry = queue_head(k[3], k[4], now)
+  if announce or not entry.c or (after and not after_entry.c) then
+    redis.call('PUBLISH', channel, message)
+  end
+  if entry.c then redis.call('PUBLISH', entry.c, message) end
+  if after and after_entry.c then
+    redis.call('PUBLISH', after_entry.c, after .. string.format('\n+%d', px))
+  end
   return {owner = head, identity = entry.i, token = token, metadata = entry.m, pttl = px}
 end
 """
@@ -296,10 +324,10 @@ ACQUIRE = Script(
     _PRELUDE
     + _QUEUE
     + r"""
--- KEYS: lease, token, queue, waiters
--- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel
+-- KEYS: lease, token, queue, waiters, watched
+-- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel, turns channel ('')
 local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local fair, channel = ARGV[5] == '1', ARGV[6]
+local fair, channel, turns = ARGV[5] == '1', ARGV[6], ARGV[7] or ''
 local lease = load_lease(KEYS[1])
 if lease and lease.owner == owner then
   -- an idempotent retry, or a hand-off this waiter now picks up: reset the expiry
@@ -313,13 +341,16 @@ if not lease then
   if queued then head, entry = queue_head(KEYS[3], KEYS[4], now) end
   if not head or head == owner then
     if head then dequeue(KEYS[3], KEYS[4], owner) end
-    return {1, grant(KEYS, owner, identity, metadata, ttl, channel, false)}
+    local token = grant(KEYS, owner, identity, metadata, ttl)
+    redis.call('PUBLISH', channel, owner)
+    return {1, token}
   end
-  lease = hand_off(KEYS, head, entry, now, channel)
+  -- the lease ran out with a waiter queued: a grant after an expiry, for all to hear
+  lease = hand_off(KEYS, head, entry, now, channel, true)
 end
 if fair then
   local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
-  enqueue(KEYS[3], KEYS[4], owner, ttl, identity, metadata, now, retry_by)
+  enqueue(KEYS[3], KEYS[4], owner, ttl, identity, metadata, now, retry_by, turns)
 end
 return holder(lease)
 """,
@@ -330,7 +361,7 @@ RELEASE = Script(
     _PRELUDE
     + _QUEUE
     + r"""
--- KEYS: lease, token, queue, waiters
+-- KEYS: lease, token, queue, waiters, watched
 -- ARGV: owner, token ('' for any), channel
 local owner, token, channel = ARGV[1], ARGV[2], ARGV[3]
 local lease = load_lease(KEYS[1])
@@ -347,7 +378,8 @@ if queued then
   local now = now_ms()
   local head, entry = queue_head(KEYS[3], KEYS[4], now)
   if head then
-    hand_off(KEYS, head, entry, now, channel)  -- rewrites every field
+    -- rewrites every field; announced on the name's channel only if it is watched
+    hand_off(KEYS, head, entry, now, channel, redis.call('EXISTS', KEYS[5]) == 1)
     return {2, head}
   end
 end
@@ -370,3 +402,17 @@ return 1
 )
 
 READ = Script("read", LEASE_FUNCTIONS + READ_BODY)
+
+WATCH = Script(
+    "watch",
+    LEASE_FUNCTIONS
+    + r"""
+-- KEYS: watched; ARGV: ms. Mark the name watched for ms (see the module's docstring).
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'none' and (kind ~= 'string' or redis.call('GET', KEYS[1]) ~= '1') then
+  foreign(KEYS[1], 'is not an aiolease watch mark')
+end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+return 1
+""",
+)

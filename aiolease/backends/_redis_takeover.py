@@ -5,9 +5,9 @@ The core asks a push backend to report a takeover of each lease it holds
 waits in ``wait_taken`` and reads the name after each message. The Redis backend
 answers it from the messages its :class:`~aiolease.backends._redis_pubsub.Subscriptions`
 already receive: every grant publishes the new owner on the name's channel (a
-hand-off to a waiter adds the grant's token and ttl, see
-:mod:`aiolease.backends._redis_tickets`), and every release without a hand-off
-publishes ``""``.
+hand-off to a waiter goes on that waiter's backend's turns channel instead, with the
+grant's token and ttl, see :mod:`aiolease.backends._redis_tickets`), and every
+release without a hand-off publishes ``""``.
 
 A message ends the lease only when it is known to be newer than the lease's own
 grant. Messages arrive in publishing order, so the holder's *own* grant message (an
@@ -20,6 +20,9 @@ published after the waiter's latest attempt ran): the backend marks the channel 
 core then watches with its task, whose subscription then lingers for the next grants).
 The messages already received since the mark are replayed first: the own grant's
 message usually arrives with the grant's reply.
+A grant heard as a hand-off on the turns channel is followed from where the name's
+channel stood then: the same connection delivers both channels' messages in
+publishing order, so every later message of the name's channel is newer than it.
 
 After a failure of the pub/sub connection the lost messages are unknown: once the
 channel is subscribed again, every later message counts (the holder's grant is older
@@ -49,10 +52,10 @@ class _Follower:
     """One held lease: ``taken`` is called once, on the first message after its own
     grant's that is not its own."""
 
-    def __init__(self, owner: bytes, taken: Callable[[LossReason], object]) -> None:
+    def __init__(self, owner: bytes, taken: Callable[[LossReason], object], armed: bool) -> None:
         self.owner = owner
         self.taken: Callable[[LossReason], object] | None = taken
-        self.armed = False
+        self.armed = armed
         self.stop: Callable[[], None] | None = None
 
     def message(self, payload: bytes | None) -> None:
@@ -82,17 +85,20 @@ class Followers:
 
     def __init__(self, subscriptions: Subscriptions) -> None:
         self._subscriptions = subscriptions
-        #: Grants not yet followed (or released): the channel's mark from before each.
-        self._granted: dict[tuple[str, str], Mark] = {}
+        #: Grants not yet followed (or released): the channel's mark from before each,
+        #: and whether every message after that mark is newer than the grant.
+        self._granted: dict[tuple[str, str], tuple[Mark, bool]] = {}
 
-    def granted(self, name: str, owner: str, since: Mark | None) -> None:
+    def granted(self, name: str, owner: str, since: Mark | None, *, after: bool = False) -> None:
         """``owner`` was granted ``name`` by an attempt sent when its channel was at
-        ``since`` (``None``: not subscribed then)."""
+        ``since`` (``None``: not subscribed then); or, ``after``, the grant was heard of
+        (a hand-off on the waiter's turns channel, which the same connection receives
+        in publishing order) when the channel was at ``since``."""
         if since is None:
             return
         if len(self._granted) >= MAX_GRANTED:  # grants the core never held: forget the oldest
             del self._granted[next(iter(self._granted))]
-        self._granted[name, owner] = since
+        self._granted[name, owner] = (since, after)
 
     def forget(self, name: str, owner: str) -> None:
         """``owner`` released ``name`` (or gave up its grant)."""
@@ -108,10 +114,11 @@ class Followers:
             channel was not subscribed throughout since before the attempt that led to
             the grant (or the messages since are no longer kept)
         """
-        since = self._granted.pop((name, owner), None)
-        if since is None:
+        found = self._granted.pop((name, owner), None)
+        if found is None:
             return None
-        follower = _Follower(owner.encode(), taken)
+        since, armed = found
+        follower = _Follower(owner.encode(), taken, armed)
         listening = self._subscriptions.listen(channel, since, follower.message)
         if listening is None:
             return None

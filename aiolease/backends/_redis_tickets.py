@@ -1,13 +1,15 @@
 """Fair hand-offs confirmed by the grant's own pub/sub message, without another request.
 
 In fair mode a release grants the lease straight to the queue's head, and publishes
-``<owner>\\n<token>:<px>`` on the name's channel: the new owner, the token of the
-grant, and the milliseconds the server keeps it (what is left of the waiter's queue
-entry). Every process that uses the name stays subscribed to the channel anyway
-(takeover watches, :mod:`aiolease.backends._redis_takeover`), so this message costs
-nothing more, and the waiter needs no wake-up list and no ``BLPOP`` of its own: in
-:meth:`RedisBackend.wait_turn` it listens to the channel (a :class:`Turn`), and its
-next ``try_acquire`` is answered from the message.
+``<owner>\\n<token>:<px>``: the new owner, the token of the grant, and the
+milliseconds the server keeps it (what is left of the waiter's queue entry). It goes
+on the *turns* channel of the waiter's backend object, named in its queue entry,
+which only that backend subscribes (it subscribes it with the first channel it
+watches, and keeps it); on the name's channel only while somebody watches the name
+(see :mod:`aiolease.backends._redis_scripts`). The waiter needs no wake-up list and
+no ``BLPOP`` of its own: in :meth:`RedisBackend.wait_turn` it listens to both
+channels (a :class:`Turn`), and its next ``try_acquire`` is answered from the
+message. Processes that wait further back hear nothing of it.
 
 **Which message counts.** A message naming the waiter confirms a grant only if its
 token is greater than the holder's that the waiter's latest attempt was refused
@@ -20,13 +22,20 @@ counter reset by a restart) only wakes it, and it then asks the server as before
 
 **What the waiter needs to hear.** The hand-off may come before the waiter listens:
 it hears the messages since its latest attempt was sent, so each attempt keeps
-where the channel stood then (a :class:`~aiolease.backends._redis_pubsub.Mark`);
-without one (the channel was not subscribed throughout) the waiter subscribes and
-tries again at once instead of waiting. A hand-off to another waiter tells how long
-that grant lasts if it is not picked up (its waiter died): every waiter then
-retries when it ends, and the first retry hands the lease on. A lost subscription
-wakes the waiter once the channel is subscribed again, and its own time limit
-(the holder's expiry, a third of its ttl) bounds the wait anyway.
+where both channels stood then (:class:`Marks`); without them (a channel was not
+subscribed throughout) the waiter subscribes and tries again at once instead of
+waiting. The waiter next in line behind the head is told (``<owner>\\n+<px>``) how
+long the head's grant lasts if it is not picked up (its waiter died), and retries
+when it ends, which hands the lease on. A lost subscription wakes the waiter once
+the channel is subscribed again, and its own time limit (the holder's expiry, a
+third of its ttl) bounds the wait anyway.
+
+**The new holder's takeover watch.** Messages reach a backend over one connection,
+in publishing order, whatever their channel: a hand-off heard on the turns channel
+comes after every message of the name's channel published before it, so the
+holder's watch counts every later message of the name's channel as newer than its
+grant (the ticket keeps where the name's channel stood when the hand-off was heard;
+:mod:`aiolease.backends._redis_takeover`).
 
 A :class:`Turn` also serves the takeover watches' reading of a message
 (:func:`granted_to`). Asyncio-only, like the backend.
@@ -35,12 +44,13 @@ A :class:`Turn` also serves the takeover watches' reading of a message
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ..abc import Grant
 from ._redis_pubsub import Mark, Subscriptions
 
-__all__ = ["Handed", "Tickets", "Turn", "granted_to", "handed"]
+__all__ = ["Handed", "Marks", "Tickets", "Turn", "granted_to", "handed", "next_in_line"]
 
 #: Added to a hand-off's px before a waiter retries for it: Redis expires a key only
 #: once its millisecond clock has passed it.
@@ -75,6 +85,15 @@ def _handed(payload: bytes) -> Handed | None:
     return None
 
 
+def next_in_line(payload: bytes) -> tuple[bytes, int] | None:
+    """The waiter that ``payload`` tells it is next in line (``<owner>\\n+<px>``), and
+    how many ms the grant to the waiter ahead of it lasts if never picked up."""
+    owner, newline, rest = payload.rpartition(b"\n")
+    if newline and rest[:1] == b"+" and rest[1:].isdigit():
+        return owner, int(rest[1:])
+    return None
+
+
 #: The latest message parsed, and what it announced.
 _last: tuple[bytes | None, Handed | None] = (None, None)
 
@@ -93,14 +112,19 @@ class Turn:
     :param owner: the waiter's owner id
     :param after: the token of the holder its latest attempt was refused with
     :param deadline: the loop time by which it retries anyway
+    :param mark: where the name's channel stands now (for the holder's takeover watch)
     """
 
-    def __init__(self, owner: str, after: int, deadline: float) -> None:
+    def __init__(
+        self, owner: str, after: int, deadline: float, mark: Callable[[], Mark | None]
+    ) -> None:
         self.owner = owner.encode()
         self.after = after
         self.deadline = deadline
-        #: The hand-off the waiter got: its token and ttl (ms).
-        self.ticket: tuple[int, int] | None = None
+        self._mark = mark
+        #: The hand-off the waiter got: its token and ttl (ms), and where the name's
+        #: channel stood when it was heard.
+        self.ticket: tuple[int, int, Mark | None] | None = None
         self._loop = asyncio.get_running_loop()
         self._done: asyncio.Future[None] = self._loop.create_future()
         self._timer = self._loop.call_at(deadline, self._end)
@@ -118,16 +142,41 @@ class Turn:
                 self._end()  # a grant to this waiter announced without its token: look
             return
         if found.owner == self.owner:
-            if found.token > self.after and found.px > 0:
-                self.ticket = (found.token, found.px)
-            self._end()
+            self._mine(found)
             return
-        # handed to another waiter: if it never picks it up, retry once it ends
-        at = self._loop.time() + found.px / 1000 + EXPIRY_SLACK
+        self._behind(found.px)  # handed to another waiter
+
+    def _behind(self, px: int) -> None:
+        """The lease was handed to a waiter ahead, for ``px`` ms if it never picks it
+        up: retry once that ends."""
+        at = self._loop.time() + px / 1000 + EXPIRY_SLACK
         if at < self.deadline:
             self.deadline = at
             self._timer.cancel()
             self._timer = self._loop.call_at(at, self._end)
+
+    def turn(self, payload: bytes | None) -> None:
+        """A message of the backend's turns channel: hand-offs to its waiters, of any
+        name (those to other waiters are none of this one's business); ``None``:
+        subscribed again after messages were lost."""
+        if self._done.done():
+            return
+        if payload is None:
+            self._end()  # look
+            return
+        found = handed(payload)
+        if found is not None:
+            if found.owner == self.owner:
+                self._mine(found)
+            return
+        after = next_in_line(payload)
+        if after is not None and after[0] == self.owner:
+            self._behind(after[1])
+
+    def _mine(self, found: Handed) -> None:
+        if found.token > self.after and found.px > 0:
+            self.ticket = (found.token, found.px, self._mark())
+        self._end()
 
     def _end(self) -> None:
         if not self._done.done():
@@ -145,12 +194,19 @@ class Turn:
             self._timer.cancel()
 
 
+class Marks(NamedTuple):
+    """Where a name's channel and the backend's turns channel stood at an attempt."""
+
+    name: Mark | None
+    turns: Mark | None
+
+
 class Tickets:
     """The attempts of fair waiters through one backend, and the hand-offs they got."""
 
     def __init__(self) -> None:
-        self._attempts: dict[tuple[str, str], tuple[float, Mark | None]] = {}
-        self._tickets: dict[tuple[str, str], Grant] = {}
+        self._attempts: dict[tuple[str, str], tuple[float, Marks]] = {}
+        self._tickets: dict[tuple[str, str], tuple[Grant, Mark | None]] = {}
         #: The owners waiting for their turn, by name.
         self._turns: dict[str, set[str]] = {}
 
@@ -160,30 +216,41 @@ class Tickets:
         name: str,
         owner: str,
         channel: bytes,
+        turns: bytes,
         after: int,
         timeout: float,
     ) -> bool:
         """Wait as :class:`Turn` does, from ``owner``'s latest attempt on ``name``, and
-        keep the hand-off it heard; ``False`` at once if ``channel`` was not subscribed
-        throughout since that attempt (a hand-off may have come unheard).
+        keep the hand-off it heard; ``False`` at once if ``channel`` (the name's) or
+        ``turns`` (the backend's) was not subscribed throughout since that attempt (a
+        hand-off may have come unheard).
 
         :param after: the token of the holder that attempt was refused with
         """
-        since = self.mark(name, owner, None)
-        turn = Turn(owner, after, asyncio.get_running_loop().time() + timeout)
-        listening = None if since is None else subscriptions.listen(channel, since, turn.message)
-        if listening is None:
+        attempt = self._attempts.get((name, owner))
+        since = Marks(None, None) if attempt is None else attempt[1]
+        loop = asyncio.get_running_loop()
+        turn = Turn(owner, after, loop.time() + timeout, lambda: subscriptions.mark(channel))
+        listen = subscriptions.listen
+        heard = None if since.name is None else listen(channel, since.name, turn.message)
+        told = None if since.turns is None else listen(turns, since.turns, turn.turn)
+        if heard is None or told is None:
+            for listening in (heard, told):
+                if listening is not None:
+                    listening[1]()
             turn.cancel()
             return False
-        missed, stop = listening
         owners = self._turns.setdefault(name, set())
         owners.add(owner)
         try:
-            for payload in missed:
+            for payload in heard[0]:
                 turn.message(payload)
+            for payload in told[0]:
+                turn.turn(payload)
             await turn.wait()
         finally:
-            stop()
+            heard[1]()
+            told[1]()
             owners.discard(owner)
             if not owners and self._turns.get(name) is owners:
                 del self._turns[name]
@@ -198,29 +265,24 @@ class Tickets:
         """Whether ``owner`` waits for its turn on ``name``."""
         return owner in self._turns.get(name, ())
 
-    def attempt(self, name: str, owner: str, mark: Mark | None) -> None:
-        """``owner`` is about to send an attempt on ``name``, its channel being at
-        ``mark``: older hand-offs are void."""
+    def attempt(self, name: str, owner: str, marks: Marks) -> None:
+        """``owner`` is about to send an attempt on ``name``, the channels being at
+        ``marks``: older hand-offs are void."""
         key = (name, owner)
         self._tickets.pop(key, None)
-        self._attempts[key] = (asyncio.get_running_loop().time(), mark)
-
-    def mark(self, name: str, owner: str, default: Mark | None) -> Mark | None:
-        """The channel's mark at ``owner``'s latest attempt on ``name`` (``default`` if
-        it made none)."""
-        attempt = self._attempts.get((name, owner))
-        return default if attempt is None else attempt[1]
+        self._attempts[key] = (asyncio.get_running_loop().time(), marks)
 
     def turned(self, name: str, owner: str, turn: Turn) -> None:
         """``owner``'s wait on ``name`` ended as ``turn`` did: keep the hand-off it
         heard, if any."""
         attempt = self._attempts.get((name, owner))
         if attempt is not None and turn.ticket is not None:
-            token, px = turn.ticket
-            self._tickets[name, owner] = Grant(token, px / 1000, sent_at=attempt[0])
+            token, px, mark = turn.ticket
+            self._tickets[name, owner] = (Grant(token, px / 1000, sent_at=attempt[0]), mark)
 
-    def take(self, name: str, owner: str) -> Grant | None:
-        """The hand-off ``owner`` got on ``name``, if any (then forgotten)."""
+    def take(self, name: str, owner: str) -> tuple[Grant, Mark | None] | None:
+        """The hand-off ``owner`` got on ``name``, if any (then forgotten), and where the
+        name's channel stood when it was heard."""
         key = (name, owner)
         self._attempts.pop(key, None)
         return self._tickets.pop(key, None)

@@ -25,17 +25,21 @@ NOSCRIPT. Expiry is Redis's own ``PEXPIRE`` (renew resets it, never adds); the
 fencing token is an ``INCR`` of a per-name counter that never expires. All keys of a
 name share one hash tag, so every script stays in one Cluster slot.
 
-**Wake-ups.** Every grant and release publishes on the name's channel; a task in
-:meth:`RedisBackend.wait_changed` is woken by it, or when the holder's remaining ttl
-(as the server reported it) runs out, whichever comes first.
+**Wake-ups.** Every grant and release publishes on the name's channel (but for
+fair hand-offs nobody observes, below); a task in :meth:`RedisBackend.wait_changed`
+is woken by it, or when the holder's remaining ttl (as the server reported it) runs
+out, whichever comes first. ``wait_changed`` marks the name watched for a while.
 
 **Fair mode** (``fair=True``): a refused acquirer joins the name's queue (its entry
 expires ``ttl`` after its latest attempt: a dead waiter holds nobody up longer).
-Release hands the lease straight to the queue's head and announces it on the name's
-channel; the waiter hears every message since its attempt was sent. A handed-off
-lease lasts what is left of the waiter's entry. Each waiter retries at least every
-``ttl / 3``, when the holder's ttl runs out (the first attempt after a crashed
-holder's expiry hands the lease on), and when a lease handed to another ends.
+Release hands the lease straight to the queue's head and tells it on the head's
+backend's own *turns* channel; the waiter behind it is told how long the grant
+lasts. Nobody else is woken: the hand-off goes on the name's channel only while the
+name is watched (see :mod:`aiolease.backends._redis_scripts`). The waiter hears
+every message since its attempt was sent. A handed-off lease lasts what is left of
+the waiter's entry. Each waiter retries at least every ``ttl / 3``, when the
+holder's ttl runs out (the first attempt after a crashed holder's expiry hands the
+lease on), and, next in line, when a lease handed to the waiter ahead ends.
 
 **Batched renewals.** All leases held through one backend object are renewed in one
 pipelined round trip per renew interval (:mod:`aiolease.backends._redis_batch`).
@@ -82,6 +86,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -126,13 +131,14 @@ from ._redis_scripts import (
     READ,
     RELEASE,
     RENEW,
+    WATCH,
     Keys,
     Script,
     check_prefix,
     keys_of,
 )
 from ._redis_takeover import Followers
-from ._redis_tickets import Tickets
+from ._redis_tickets import Marks, Tickets
 from ._redis_url import OUR_OPTIONS, flag
 from ._redis_url import SCHEMES as SCHEMES
 from ._redis_url import parse_url as parse_url
@@ -156,6 +162,13 @@ DEFAULT_WAIT_TIMEOUT = 0.5
 EXPIRY_SLACK = 0.002
 #: A fair waiter retries (and so refreshes its queue entry) at least this often, per ttl.
 REFRESH_FRACTION = 1 / 3
+#: Seconds a ``wait_changed`` marks its name watched for, and how much of that must
+#: be left for it not to mark it again (see _redis_scripts: a release announces a
+#: hand-off on the name's channel only while its name is watched).
+WATCH_FOR = 60.0
+WATCH_AGAIN = 30.0
+#: Names whose watch marks a backend remembers before it drops the lapsed ones.
+MAX_WATCHED = 1024
 
 
 class ForeignDataError(BackendError):
@@ -333,6 +346,15 @@ class RedisBackend(Backend):
         self._tickets = Tickets()
         self._riders = Riders()
         self._followers = Followers(self._subscriptions)
+        #: The channel of this backend's fair waiters' hand-offs (see _redis_scripts;
+        #: empty without fair mode, or with WAIT: a hand-off is then only announced on
+        #: the name's channel, and a waiter asks again when woken).
+        self._turns = b""
+        if self._fair and not self._replication.replicas:
+            self._turns = f"{self._prefix}turns:{os.urandom(8).hex()}".encode()
+            self._subscriptions.companion = self._turns
+        #: Names marked watched (see _watch): since when, and until when, in loop time.
+        self._watched: dict[str, tuple[float, float]] = {}
 
     def _declare(self) -> None:
         """Set this instance's capabilities from the class's, the mode and the server."""
@@ -485,17 +507,18 @@ class RedisBackend(Backend):
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
         keys = self._keys(name)
-        # Where the channel stands before the attempt (for on_taken): a hand-off comes
-        # after the waiter's latest attempt ran. (Fair with WAIT: no ticket, no mark.)
+        # Where the channel stands before the attempt (for on_taken): a grant's message
+        # comes after it. (Fair with WAIT: no ticket, no mark.)
         since = mark = self._subscriptions.mark(keys.channel)
-        if self._fair and not self._replication.replicas:  # a ticket was never WAITed for
-            since = self._tickets.mark(name, owner, mark)
-            ticket = self._tickets.take(name, owner)
-            if ticket is not None and ticket.ttl <= ttl:
-                self._followers.granted(name, owner, since)
+        if self._turns:  # fair, and a ticket was never WAITed for
+            handed = self._tickets.take(name, owner)
+            if handed is not None and handed[0].ttl <= ttl:
+                # heard on the turns channel: the name's later messages are newer
+                self._followers.granted(name, owner, handed[1], after=True)
                 self._riders.granted(name, owner)
-                return ticket  # handed over, and confirmed by the wake-up (see _redis_tickets)
-            self._tickets.attempt(name, owner, mark)
+                return handed[0]  # handed over, confirmed by the wake-up (see _redis_tickets)
+            turns = self._subscriptions.mark(self._turns)
+            self._tickets.attempt(name, owner, Marks(mark, turns))
         elif self._fair:
             since = None
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
@@ -507,6 +530,7 @@ class RedisBackend(Backend):
             meta.encode(),
             fair,
             keys.channel,
+            self._turns,
         )
         if not self._replication.replicas:
             reply = await self._attempt(name, owner, keys.all, args)
@@ -691,9 +715,12 @@ class RedisBackend(Backend):
         channel = self._keys(name).channel
         try:
             async with self._subscriptions.watch(channel) as changed:
-                # Nothing to read again if ``seen`` is our latest read and no change
-                # came since it was sent (see _redis_pubsub).
+                marked = await self._watch(name)
+                # Nothing to read again if ``seen`` is our latest read, sent while the
+                # name was marked watched, and no change came since (see _redis_pubsub).
                 sent_at = self._subscriptions.unchanged_since(channel, seen)
+                if sent_at is not None and sent_at < marked:
+                    sent_at = None
                 current = seen
                 if sent_at is None:
                     sent_at = asyncio.get_running_loop().time()
@@ -709,6 +736,23 @@ class RedisBackend(Backend):
             raise self._mapped(name, exc) from exc
         except TimeoutError as exc:
             raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
+
+    async def _watch(self, name: str) -> float:
+        """Mark ``name`` watched, unless it is known to stay marked for a while yet: the
+        loop time from which it has been marked throughout (a read sent since then
+        was answered after the mark was set)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        since, until = self._watched.get(name, (now, 0.0))
+        if until - now > WATCH_AGAIN:
+            return since
+        await self._eval(name, WATCH, (self._keys(name).watched,), _ms(WATCH_FOR))
+        if until <= loop.time():  # lapsed, or never marked: marked from now on
+            since = loop.time()
+        if len(self._watched) >= MAX_WATCHED:
+            self._watched = {n: w for n, w in self._watched.items() if w[1] > now}
+        self._watched[name] = (since, now + WATCH_FOR)  # counted from the send: safe
+        return since
 
     async def wait_taken(self, name: str, held: HolderInfo) -> None:
         """Return on the next grant or release of ``name`` announced anywhere: no read and
@@ -742,7 +786,7 @@ class RedisBackend(Backend):
         """In fair mode, wait for the hand-off to this waiter announced on the name's
         channel, the holder's expiry, or the time to refresh the queue entry (see
         :mod:`aiolease.backends._redis_tickets`); otherwise :meth:`wait_changed`."""
-        if not self._fair:
+        if not self._turns:  # announced on the name's channel: ask again when woken
             await self.wait_changed(name, seen)
             return
         if self._closed:
@@ -752,12 +796,13 @@ class RedisBackend(Backend):
             timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
         channel = self._keys(name).channel
         subs = self._subscriptions
-        if await self._tickets.wait_turn(subs, name, owner, channel, seen.token, timeout):
+        turns = self._turns
+        if await self._tickets.wait_turn(subs, name, owner, channel, turns, seen.token, timeout):
             return
         # Not subscribed throughout since the attempt: a hand-off may have come
         # unheard. Subscribe, and let the core try again (it then picks it up).
         try:
-            async with subs.watch(channel):
+            async with subs.watch(channel), subs.watch(turns):
                 return
         except (RedisError, OSError) as exc:
             raise self._mapped(name, exc) from exc
