@@ -131,7 +131,7 @@ class Sql:
             + announced("EXISTS (SELECT 1 FROM cur c WHERE c.owner <> $2)", "(SELECT t FROM now)")
             + " FROM granted g"
             " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
-            " FROM held"
+            " FROM held WHERE EXISTS (SELECT 1 FROM refused)"
         )
         # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
         # channel, $8 the caller's ask number. The clock is read once (the CTE "now");
@@ -142,7 +142,10 @@ class Sql:
         # has no live row). Either refuses: the lease row is marked (its mark extended
         # to at least the waiter row's expiry: "marked" locks the lease row, and
         # "queued" reads it, so before the waiter row), then the caller's waiter row is
-        # written (its place kept if it was live).
+        # written (its place kept if it was live). Unless the locked row, in its newest
+        # version, is no longer the one the snapshot shows ("refused" is then empty): a
+        # holder that released after the snapshot was taken, without a hand-off as
+        # nobody was queued then, would never wake the caller; no row then (ask again).
         # No row at all: the update's WHERE saw a newer version than the snapshot (a
         # concurrent grant): the snapshot could not name that holder, so ask again. A
         # grant deletes the caller's waiter row, after locking the lease row (every
@@ -180,11 +183,15 @@ class Sql:
             " AND EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2) AND d.name = $1 AND d.owner = $2),"
             f" marked AS (UPDATE {t} l"
             " SET queued_until = greatest(l.queued_until, n.t + make_interval(secs => $5))"
-            " FROM now n WHERE l.name = $1 AND EXISTS (SELECT 1 FROM held) RETURNING 1),"
+            " FROM now n WHERE l.name = $1 AND EXISTS (SELECT 1 FROM held)"
+            " RETURNING EXISTS (SELECT 1 FROM cur c WHERE c.token = l.token"
+            " AND c.owner IS NOT DISTINCT FROM l.owner) AS same),"
+            " refused AS (SELECT 1 FROM marked WHERE same"
+            " UNION ALL SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM cur)),"
             f" queued AS (INSERT INTO {w} AS q"
             " (name, owner, identity, metadata, ttl, ask, expires_at)"
             " SELECT $1, $2, $3, $4, $5, $8, n.t + make_interval(secs => $5) FROM now n"
-            " LEFT JOIN (SELECT count(*) FROM marked) k ON true WHERE EXISTS (SELECT 1 FROM held)"
+            " WHERE EXISTS (SELECT 1 FROM held) AND EXISTS (SELECT 1 FROM refused)"
             " ON CONFLICT (name, owner) DO UPDATE SET identity = excluded.identity,"
             " metadata = excluded.metadata, ttl = excluded.ttl, ask = excluded.ask,"
             " seq = CASE WHEN q.expires_at > (SELECT t FROM now) THEN q.seq ELSE excluded.seq END,"
