@@ -139,7 +139,7 @@ async def test_capabilities(anyio_backend: str, open_redis: Opener) -> None:
 async def test_keys_share_one_hash_tag(anyio_backend: str, open_redis: Opener) -> None:
     name = "a{b}c%7D/ü"
     keys = Keys.of("p:", name)
-    for key in (keys.lease, keys.token, keys.queue, keys.waiters, keys.channel):
+    for key in (*keys.all, keys.channel):
         assert key.startswith("p:{a%7Bb%7Dc%257D/ü}:".encode())
     async with open_redis() as backend:
         async with AsyncLock(backend, name, ttl=LONG) as lease:
@@ -434,6 +434,29 @@ async def test_foreign_values_are_reported_and_kept(
             with pytest.raises(ForeignDataError):
                 await AsyncLock(backend, name, ttl=LONG).acquire_nowait()
         assert [client.dump(key) for key in keys.all] == before
+
+
+@pytest.mark.parametrize(
+    "write",
+    [lambda c, k: c.set(k.watched, "mine"), lambda c, k: c.rpush(k.watched, "1")],
+    ids=["a string of others", "a list"],
+)
+async def test_a_foreign_watch_mark_is_reported_and_kept(
+    anyio_backend: str,
+    open_redis: Opener,
+    redis_url: str,
+    prefix: str,
+    write: Callable[[redis.Redis, Keys], object],
+) -> None:
+    name = new_name()
+    keys = Keys.of(prefix, name)
+    with sync_client(redis_url) as client:
+        write(client, keys)
+        before = client.dump(keys.watched)
+        async with open_redis() as backend:
+            with pytest.raises(ForeignDataError, match="not an aiolease watch mark"):
+                await subscribe(backend, name)
+        assert client.dump(keys.watched) == before and client.pttl(keys.watched) == -1
 
 
 async def test_foreign_lease_fails_read_and_release(

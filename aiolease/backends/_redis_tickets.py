@@ -164,6 +164,8 @@ class Turn:
         if payload is None:
             self._end()  # look
             return
+        if not payload.startswith(self.owner):
+            return  # another waiter's (the check that most messages end at)
         found = handed(payload)
         if found is not None:
             if found.owner == self.owner:
