@@ -8,6 +8,7 @@ is dead. Nobody else hears of it, unless somebody watches the name
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
 
@@ -193,3 +194,44 @@ async def test_observers_mark_a_name_watched_for_a_while(
             assert 30_000 < ttl <= 60_000
             await subscribe(backend, name)  # marked for long enough yet: no request
             assert admin.pttl(watched) <= ttl
+
+
+async def test_stale_entries_at_the_front_are_passed_over_and_dropped(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    name = new_name()
+    keys = Keys.of(prefix, name)
+    async with AsyncExitStack() as stack:
+        held, stale, first, second = [
+            await stack.enter_async_context(
+                aiolease.open_backend(redis_url, prefix=prefix, fair=True)
+            )
+            for _ in range(4)
+        ]
+        holder = await held.try_acquire(name, "holder", LONG, "holder", {})
+        assert isinstance(holder, Grant)
+        await queued(stale, name, "stale", 0.05)  # its entry lapses 50 ms later
+        await queued(first, name, "first")
+        await queued(second, name, "second")
+        with redis.Redis.from_url(redis_url) as admin:
+
+            def lapsed() -> bool:
+                raw = admin.hget(keys.waiters, "stale")
+                seconds, micros = admin.time()
+                return raw is not None and json.loads(raw)["e"] < seconds * 1000 + micros // 1000
+
+            await eventually(lapsed, "the stale entry's expiry")
+            assert await held.release(name, "holder", holder.token)
+            assert admin.zscore(keys.queue, "stale") is None  # dropped
+        current = await held.read(name)
+        assert current is not None and current.owner == "first"
+
+        def told() -> bool:
+            return any(next_in_line(m) is not None for m in heard(second, turns(second)))
+
+        await eventually(told, "the waiter next in line's message")
+        (message,) = heard(second, turns(second))
+        after = next_in_line(message)
+        assert after is not None and after[0] == b"second" and 0 < after[1] <= LONG * 1000
+        assert await first.release(name, "first", None)
+        assert await second.release(name, "second", None)

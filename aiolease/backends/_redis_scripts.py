@@ -240,8 +240,8 @@ local function has_queue(queue)
   return redis.call('EXISTS', queue) == 1
 end
 
-local function waiter_entry(waiters, owner)
-  local raw = typed(waiters, 'waiters hash', 'HGET', waiters, owner)
+-- A waiter's entry from its raw value (nil if none).
+local function entry_of(waiters, raw)
   if not raw then return nil end
   local ok, e = pcall(cjson.decode, raw)
   if not ok or type(e) ~= 'table' or type(e.e) ~= 'number' or type(e.w) ~= 'number'
@@ -257,15 +257,33 @@ local function dequeue(queue, waiters, owner)
   redis.call('HDEL', waiters, owner)
 end
 
--- The first waiter whose entry has not expired (stale ones are dropped), or nil.
-local function queue_head(queue, waiters, now)
+-- The waiter at `at` (0: the head) whose entry has not expired, stale ones there
+-- dropped; nil if none is left.
+local function live_waiter(queue, waiters, now, at)
   while true do
-    local first = typed(queue, 'queue', 'ZRANGE', queue, 0, 0)[1]
+    local first = typed(queue, 'queue', 'ZRANGE', queue, at, at)[1]
     if not first then return nil end
-    local entry = waiter_entry(waiters, first)
+    local entry = entry_of(waiters, typed(waiters, 'waiters hash', 'HGET', waiters, first))
     if entry and entry.e > now then return first, entry end
     dequeue(queue, waiters, first)
   end
+end
+
+-- The first two live waiters and their entries (the second nil if there is none);
+-- nil if nobody waits. One read of each key while the first two are live, as they
+-- nearly always are; stale entries in front are dropped.
+local function queue_front(queue, waiters, now)
+  local ids = typed(queue, 'queue', 'ZRANGE', queue, 0, 1)
+  if not ids[1] then return nil end
+  local raw = typed(waiters, 'waiters hash', 'HMGET', waiters, unpack(ids))
+  local head, after = entry_of(waiters, raw[1]), entry_of(waiters, raw[2])
+  if head and head.e > now and (not ids[2] or (after and after.e > now)) then
+    return ids[1], head, ids[2], after
+  end
+  local first, entry = live_waiter(queue, waiters, now, 0)
+  if not first then return nil end
+  local second, second_entry = live_waiter(queue, waiters, now, 1)
+  return first, entry, second, second_entry
 end
 
 -- A refused waiter keeps its place; its entry lasts one ttl. It retries (so refreshes
@@ -302,12 +320,11 @@ end
 -- lease lasts what is left of the head's entry until it picks it up: the waiter next
 -- in line is told how long ("<owner>\n+<px>"), and retries when it ends if it was not
 -- handed the lease by then (a dead head holds nobody up longer).
-local function hand_off(k, head, entry, now, channel, announce)
+local function hand_off(k, head, entry, after, after_entry, now, channel, announce)
   dequeue(k[3], k[4], head)
   local px = math.max(math.min(entry.t, entry.e - now), 1)
   local token = grant(k, head, entry.i, entry.m, px)
   local message = head .. string.format('\n%d:%d', token, px)
-  local after, after_entry = queue_head(k[3], k[4], now)
   if announce or not entry.c or (after and not after_entry.c) then
     redis.call('PUBLISH', channel, message)
   end
@@ -337,8 +354,8 @@ end
 local queued = has_queue(KEYS[3])
 local now = (queued or fair) and now_ms()  -- the clock only dates queue entries
 if not lease then
-  local head, entry
-  if queued then head, entry = queue_head(KEYS[3], KEYS[4], now) end
+  local head, entry, after, after_entry
+  if queued then head, entry, after, after_entry = queue_front(KEYS[3], KEYS[4], now) end
   if not head or head == owner then
     if head then dequeue(KEYS[3], KEYS[4], owner) end
     local token = grant(KEYS, owner, identity, metadata, ttl)
@@ -346,7 +363,7 @@ if not lease then
     return {1, token}
   end
   -- the lease ran out with a waiter queued: a grant after an expiry, for all to hear
-  lease = hand_off(KEYS, head, entry, now, channel, true)
+  lease = hand_off(KEYS, head, entry, after, after_entry, now, channel, true)
 end
 if fair then
   local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
@@ -368,7 +385,8 @@ local lease = load_lease(KEYS[1])
 local queued = has_queue(KEYS[3])
 -- also undo a queue entry this owner left behind (a cancelled wait); a queue member
 -- without a waiter entry is dropped when it comes to the head
-if queued and typed(KEYS[4], 'waiters hash', 'HDEL', KEYS[4], owner) == 1 then
+-- (A lease's holder has none: a grant dequeues its waiter.)
+if queued and token == '' and typed(KEYS[4], 'waiters hash', 'HDEL', KEYS[4], owner) == 1 then
   redis.call('ZREM', KEYS[3], owner)
 end
 if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
@@ -376,10 +394,11 @@ if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber
 end
 if queued then
   local now = now_ms()
-  local head, entry = queue_head(KEYS[3], KEYS[4], now)
+  local head, entry, after, after_entry = queue_front(KEYS[3], KEYS[4], now)
   if head then
     -- rewrites every field; announced on the name's channel only if it is watched
-    hand_off(KEYS, head, entry, now, channel, redis.call('EXISTS', KEYS[5]) == 1)
+    local watched = redis.call('EXISTS', KEYS[5]) == 1
+    hand_off(KEYS, head, entry, after, after_entry, now, channel, watched)
     return {2, head}
   end
 end
