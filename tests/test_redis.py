@@ -412,6 +412,18 @@ FOREIGN_VALUES: list[tuple[str, Callable[[redis.Redis, Keys], object]]] = [
 ]
 
 
+@contextmanager
+def foreign_value(
+    url: str, prefix: str, write: Callable[[redis.Redis, Keys], object]
+) -> Iterator[tuple[redis.Redis, str, Keys]]:
+    """A new name with ``write`` done to its keys: a client, the name, its keys."""
+    name = new_name()
+    keys = Keys.of(prefix, name)
+    with sync_client(url) as client:
+        write(client, keys)
+        yield client, name, keys
+
+
 @pytest.mark.parametrize(
     "write", [w for _, w in FOREIGN_VALUES], ids=[i for i, _ in FOREIGN_VALUES]
 )
@@ -422,10 +434,7 @@ async def test_foreign_values_are_reported_and_kept(
     prefix: str,
     write: Callable[[redis.Redis, Keys], object],
 ) -> None:
-    name = new_name()
-    keys = Keys.of(prefix, name)
-    with sync_client(redis_url) as client:
-        write(client, keys)
+    with foreign_value(redis_url, prefix, write) as (client, name, keys):
         before = [client.dump(key) for key in keys.all]
         async with open_redis(fair=True) as backend:
             with pytest.raises(ForeignDataError, match="left it unchanged") as info:
@@ -448,10 +457,7 @@ async def test_a_foreign_watch_mark_is_reported_and_kept(
     prefix: str,
     write: Callable[[redis.Redis, Keys], object],
 ) -> None:
-    name = new_name()
-    keys = Keys.of(prefix, name)
-    with sync_client(redis_url) as client:
-        write(client, keys)
+    with foreign_value(redis_url, prefix, write) as (client, name, keys):
         before = client.dump(keys.watched)
         async with open_redis() as backend:
             with pytest.raises(ForeignDataError, match="not an aiolease watch mark"):

@@ -50,6 +50,14 @@ def turns(backend: Backend) -> bytes:
     return channel
 
 
+async def fair_backends(stack: AsyncExitStack, url: str, prefix: str, count: int) -> list[Backend]:
+    """``count`` fair backends, stand-ins for as many processes."""
+    return [
+        await stack.enter_async_context(aiolease.open_backend(url, prefix=prefix, fair=True))
+        for _ in range(count)
+    ]
+
+
 async def queued(backend: Backend, name: str, owner: str, ttl: float = LONG) -> HolderInfo:
     """``owner`` refused and queued on ``name``, with ``backend`` subscribed since."""
     refused = await backend.try_acquire(name, owner, ttl, owner, {})
@@ -67,12 +75,7 @@ async def test_a_hand_off_wakes_only_the_waiters_it_concerns(
     name = new_name()
     channel = Keys.of(prefix, name).channel
     async with AsyncExitStack() as stack:
-        a, b, c, d = [
-            await stack.enter_async_context(
-                aiolease.open_backend(redis_url, prefix=prefix, fair=True)
-            )
-            for _ in range(4)
-        ]
+        a, b, c, d = await fair_backends(stack, redis_url, prefix, 4)
         holder = await a.try_acquire(name, "a", LONG, "a", {})
         assert isinstance(holder, Grant)
         refused = {
@@ -113,12 +116,7 @@ async def test_a_watched_name_has_its_hand_offs_announced(
     it happens, not when the old holder's ttl would have run out."""
     name = new_name()
     async with AsyncExitStack() as stack:
-        fair, waiter = [
-            await stack.enter_async_context(
-                aiolease.open_backend(redis_url, prefix=prefix, fair=True)
-            )
-            for _ in range(2)
-        ]
+        fair, waiter = await fair_backends(stack, redis_url, prefix, 2)
         observer = await stack.enter_async_context(aiolease.open_backend(redis_url, prefix=prefix))
         holder = await AsyncLock(fair, name, ttl=LONG).acquire_nowait()
         refused = await queued(waiter, name, "waiter")
@@ -154,12 +152,7 @@ async def test_the_waiter_behind_a_dead_head_takes_over_when_its_grant_ends(
     dead_ttl = 1.0
     name = new_name()
     async with AsyncExitStack() as stack:
-        held, dead, live = [
-            await stack.enter_async_context(
-                aiolease.open_backend(redis_url, prefix=prefix, fair=True)
-            )
-            for _ in range(3)
-        ]
+        held, dead, live = await fair_backends(stack, redis_url, prefix, 3)
         holder = await AsyncLock(held, name, ttl=LONG).acquire_nowait()
         await queued(dead, name, "dead", dead_ttl)  # and never waits again
         tap = Tap(inner(live))
@@ -202,12 +195,7 @@ async def test_stale_entries_at_the_front_are_passed_over_and_dropped(
     name = new_name()
     keys = Keys.of(prefix, name)
     async with AsyncExitStack() as stack:
-        held, stale, first, second = [
-            await stack.enter_async_context(
-                aiolease.open_backend(redis_url, prefix=prefix, fair=True)
-            )
-            for _ in range(4)
-        ]
+        held, stale, first, second = await fair_backends(stack, redis_url, prefix, 4)
         holder = await held.try_acquire(name, "holder", LONG, "holder", {})
         assert isinstance(holder, Grant)
         await queued(stale, name, "stale", 0.05)  # its entry lapses 50 ms later
