@@ -248,6 +248,13 @@ async def test_a_waiter_not_subscribed_since_its_attempt_subscribes_and_tries_ag
         assert await backend.release("fair", "waiter", granted.token)
 
 
+async def take_once(backend: Backend, name: str, got: list[int]) -> None:
+    """Acquire ``name`` (waiting as long as it takes), note the token, release."""
+    lease = await AsyncLock(backend, name, ttl=LONG).acquire()
+    got.append(lease.token)
+    await lease.release()
+
+
 async def test_an_attempt_rides_with_the_release_of_a_local_holder(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
@@ -269,14 +276,9 @@ async def test_an_attempt_rides_with_the_release_of_a_local_holder(
         sent = requests(backend)
         got: list[int] = []
 
-        async def waiter() -> None:
-            lease = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-            got.append(lease.token)
-            await lease.release()
-
         with anyio.fail_after(LONG / 6):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter)
+                tg.start_soon(take_once, backend, "fair", got)
                 await riding.wait()
                 assert sent["requests"] == 0
                 await holder.release()
@@ -309,14 +311,9 @@ async def test_an_attempt_goes_alone_when_the_local_holder_keeps_the_lease(
         waiting = noting_waits(found)
         got: list[int] = []
 
-        async def waiter() -> None:
-            lease = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-            got.append(lease.token)
-            await lease.release()
-
         with anyio.fail_after(LONG / 6):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter)
+                tg.start_soon(take_once, backend, "fair", got)
                 await waiting.wait()  # refused and queued without the holder's release
                 await holder.release()
         assert got == [holder.token + 1]
@@ -343,14 +340,9 @@ async def test_a_waiter_whose_subscription_dropped_still_gets_its_turn(
         waiting = noting_waits(found)  # set as it listens, before it first awaits
         got: list[int] = []
 
-        async def waiter() -> None:
-            lease = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-            got.append(lease.token)
-            await lease.release()
-
         with anyio.fail_after(LONG / 6):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(waiter)
+                tg.start_soon(take_once, backend, "fair", got)
                 await waiting.wait()
                 (killed,) = await anyio.to_thread.run_sync(
                     pubsub_connections, redis_url, client_name
