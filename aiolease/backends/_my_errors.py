@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from .._exceptions import BackendError, BackendTimeout, BackendUnavailable
+from ._sql import mapped_errors
 
 __all__ = ["answered", "errno", "map_error", "mapped"]
 
@@ -40,18 +40,7 @@ def map_error(exc: BaseException) -> BackendError:
     return BackendError(f"MySQL error: {exc!r}")
 
 
-@contextmanager
-def mapped() -> Iterator[None]:
-    """Raise driver and socket errors as :class:`BackendError` ``from`` the original."""
-    from asyncmy import errors
-
-    try:
-        yield
-    except BackendError:
-        raise
-    except (OSError, asyncio.TimeoutError, errors.Error) as exc:
-        raise map_error(exc) from exc
-    except Exception as exc:
-        if type(exc).__module__.startswith("asyncmy"):  # e.g. a packet it could not parse
-            raise map_error(exc) from exc
-        raise
+def mapped() -> AbstractContextManager[None]:
+    """Raise driver and socket errors as :class:`BackendError` ``from`` the original
+    (asyncmy's packets it could not parse too)."""
+    return mapped_errors(map_error, "asyncmy")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 from .._exceptions import BackendError, BackendTimeout, BackendUnavailable
+from ._sql import mapped_errors
 
 __all__ = ["map_error", "mapped"]
 
@@ -32,18 +32,8 @@ def map_error(exc: BaseException) -> BackendError:
     return BackendUnavailable(f"PostgreSQL unreachable: {exc!r}")
 
 
-@contextmanager
-def mapped() -> Iterator[None]:
-    """Raise driver and socket errors as :class:`BackendError` ``from`` the original."""
-    try:
-        yield
-    except BackendError:
-        raise
-    except (OSError, asyncio.TimeoutError) as exc:
-        raise map_error(exc) from exc
-    except Exception as exc:
-        # Any asyncpg error, including its InternalClientError (seen on a connection
-        # the server killed mid-statement), which derives from none of the others.
-        if type(exc).__module__.startswith("asyncpg"):
-            raise map_error(exc) from exc
-        raise
+def mapped() -> AbstractContextManager[None]:
+    """Raise driver and socket errors as :class:`BackendError` ``from`` the original
+    (asyncpg's InternalClientError too, seen on a connection the server killed
+    mid-statement, which derives from none of its other errors)."""
+    return mapped_errors(map_error, "asyncpg")

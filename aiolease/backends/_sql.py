@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from .._exceptions import InvalidArgument, LossReason
+from .._exceptions import BackendError, InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
 from ..abc import HolderInfo
 from ._shield import run_to_end, timeout_after
@@ -534,3 +534,22 @@ class RenewBatcher:
                 renewal.confirmed = max(renewal.confirmed or batch.sent_at, batch.sent_at)
             else:
                 del self._renewals[key]
+
+
+@contextmanager
+def mapped_errors(
+    map_error: Callable[[BaseException], BackendError], driver: str
+) -> Iterator[None]:
+    """Raise socket errors, timeouts and every error of the ``driver`` package (by its
+    module name: a driver's internal errors derive from none of its public ones) as
+    ``map_error`` maps them, ``from`` the original; aiolease's own errors pass."""
+    try:
+        yield
+    except BackendError:
+        raise
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise map_error(exc) from exc
+    except Exception as exc:
+        if type(exc).__module__.startswith(driver):
+            raise map_error(exc) from exc
+        raise
