@@ -1,5 +1,6 @@
 """What the PostgreSQL tests share: statements behind the backend's back, a schema
-per run, and server URLs without TLS."""
+per run, server URLs without TLS, and waits for a backend's waits (to block, and to
+be ended by a notification)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
+import anyio
 import asyncpg
 from sql_support import eventually, inner, on_asyncio, unique, with_query
 
@@ -79,3 +81,22 @@ async def waiting(b: Backend, count: int = 1) -> None:
     """Return once ``count`` waits (``wait_changed`` or ``wait_turn``) block in ``b``."""
     pg_backend = inner(b, PostgresBackend)
     await eventually(lambda: pg_backend.statistics().waiting >= count, "a blocked wait")
+
+
+@asynccontextmanager
+async def changed(b: Backend, name: str, seen: HolderInfo | None) -> AsyncIterator[None]:
+    """Run ``b.wait_changed(name, seen)`` in a task; enter once it blocks; on leaving, it
+    must have returned within 5 s (less than the 10 s that a listening wait lasts at
+    most, so only a notification can have ended it)."""
+    done = anyio.Event()
+
+    async def wait() -> None:
+        await b.wait_changed(name, seen)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await waiting(b)
+        yield
+        with anyio.fail_after(5):
+            await done.wait()

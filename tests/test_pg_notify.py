@@ -4,18 +4,16 @@ fallback when the listener connection is lost or cannot connect."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
 import pytest
-from pg_support import no_tls, raw, schema_of_run, waiting
+from pg_support import changed, no_tls, raw, schema_of_run, waiting
 from sql_support import eventually, grant, inner, unique, with_query
 
 import aiolease
 from aiolease import AsyncLock, Capability
-from aiolease.abc import Backend, HolderInfo
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.servers import server
@@ -39,25 +37,6 @@ def pg_url(pg: str, schema: str) -> str:
 
 
 backend = aiolease.open_backend
-
-
-@asynccontextmanager
-async def changed(b: Backend, name: str, seen: HolderInfo | None) -> AsyncIterator[None]:
-    """Run ``b.wait_changed(name, seen)`` in a task; enter once it blocks; on leaving, it
-    must have returned within 5 s (less than the 10 s that a listening wait lasts at
-    most, so only a notification can have ended it)."""
-    done = anyio.Event()
-
-    async def wait() -> None:
-        await b.wait_changed(name, seen)
-        done.set()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(wait)
-        await waiting(b)
-        yield
-        with anyio.fail_after(5):
-            await done.wait()
 
 
 async def test_notify_wakes_a_waiter_of_another_backend(pg_url: str) -> None:

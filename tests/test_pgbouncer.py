@@ -19,13 +19,13 @@ from urllib.parse import urlsplit
 
 import anyio
 import pytest
-from pg_support import no_tls, raw, schema_of_run
-from sql_support import eventually, grant, inner, raises, refused, unique, with_query
+from pg_support import changed, no_tls, raw, schema_of_run, waiting
+from sql_support import grant, inner, raises, refused, unique, with_query
 
 import aiolease
 from aiolease import AsyncLock, Capability, InvalidArgument
 from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends.postgres import LISTEN_CHECK, PostgresBackend
+from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing import CHECKS, Check
 
 pytestmark = pytest.mark.anyio
@@ -73,11 +73,6 @@ def mode_url(pooled: str, direct: str, mode: str, **options: object) -> str:
 async def backend(url: str, **options: Any) -> AsyncIterator[Backend]:
     async with aiolease.open_backend(url, **options) as b:
         yield b
-
-
-async def _waiting(b: Backend, count: int = 1) -> None:
-    pg_backend = inner(b, PostgresBackend)
-    await eventually(lambda: pg_backend.statistics().waiting >= count, "a blocked wait")
 
 
 # -- the service ---------------------------------------------------------------------------
@@ -175,7 +170,7 @@ async def test_acquire_renew_release_and_hand_off_across_two_backends(
         with anyio.fail_after(30):  # a hang guard: polling notices the release in 0.1 s
             async with anyio.create_task_group() as tg:
                 tg.start_soon(take)
-                await _waiting(second)
+                await waiting(second)
                 assert await lease.release()
         assert got == [lease.token + 1]
         assert await first.read(name) is None
@@ -193,7 +188,7 @@ async def test_nothing_listens_through_the_pooler_and_waiters_poll(pooled: str) 
         with anyio.fail_after(30):  # a hang guard: the holder's ttl (60 s) is not waited out
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiter.wait_changed, name, seen)
-                await _waiting(waiter)
+                await waiting(waiter)
                 assert await holder_side.release(name, "owner-1", granted.token)
         stats = pg_waiter.statistics()
         assert not stats.listening
@@ -225,15 +220,7 @@ async def test_a_direct_listener_pushes_while_statements_go_through_the_pooler(
         granted = await grant(holder_side, name, "owner-1", ttl=60)
         seen = await waiter.read(name)
         assert isinstance(seen, HolderInfo)
-        done = anyio.Event()
-
-        async def wait() -> None:
-            await waiter.wait_changed(name, seen)
-            done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            await _waiting(waiter)
+        async with changed(waiter, name, seen):  # a wait ended by a notification
             assert pg_waiter.statistics().listening
             # The listener is the one connection made with listen_url's application_name
             # (a LISTEN through the pooler would have let its session go back to the pool).
@@ -242,5 +229,3 @@ async def test_a_direct_listener_pushes_while_statements_go_through_the_pooler(
             )
             assert len(listeners) == 1, listeners
             assert await holder_side.release(name, "owner-1", granted.token)
-            with anyio.fail_after(LISTEN_CHECK / 2):  # < the 10 s a listening waiter sleeps
-                await done.wait()
