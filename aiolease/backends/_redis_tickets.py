@@ -107,7 +107,8 @@ def granted_to(payload: bytes) -> bytes | None:
 
 
 class Turn:
-    """One wait of a fair waiter for its turn, fed the name's messages.
+    """One wait of a fair waiter for its turn, fed the name's messages (:meth:`message`)
+    and those of its backend's turns channel (:meth:`turn`).
 
     :param owner: the waiter's owner id
     :param after: the token of the holder its latest attempt was refused with
