@@ -320,18 +320,20 @@ end
 -- lease lasts what is left of the head's entry until it picks it up: the waiter next
 -- in line is told how long ("<owner>\n+<px>"), and retries when it ends if it was not
 -- handed the lease by then (a dead head holds nobody up longer).
+-- Redis writes what is pending for its clients newest first: the head's message is
+-- published last, so that the head hears of its turn first.
 local function hand_off(k, head, entry, after, after_entry, now, channel, announce)
   dequeue(k[3], k[4], head)
   local px = math.max(math.min(entry.t, entry.e - now), 1)
   local token = grant(k, head, entry.i, entry.m, px)
   local message = head .. string.format('\n%d:%d', token, px)
+  if after and after_entry.c then
+    redis.call('PUBLISH', after_entry.c, after .. string.format('\n+%d', px))
+  end
   if announce or not entry.c or (after and not after_entry.c) then
     redis.call('PUBLISH', channel, message)
   end
   if entry.c then redis.call('PUBLISH', entry.c, message) end
-  if after and after_entry.c then
-    redis.call('PUBLISH', after_entry.c, after .. string.format('\n+%d', px))
-  end
   return {owner = head, identity = entry.i, token = token, metadata = entry.m, pttl = px}
 end
 """
