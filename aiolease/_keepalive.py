@@ -33,6 +33,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from ._bridge import adapt
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, release_shielded
 from ._renewer import Counters, Renewer
@@ -209,9 +210,11 @@ class Holding:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
 
-    async def _release(self) -> None:
+    async def _release(self, sent: Awaitable[bool] | None = None) -> None:
         lease = self.lease
-        await release_shielded(lease.backend, lease.name, lease.owner, lease.token, lease.timing)
+        await release_shielded(
+            lease.backend, lease.name, lease.owner, lease.token, lease.timing, sent
+        )
 
     def _end_body(self, reason: LossReason) -> None:
         if reason is not LossReason.RELEASED or not self._left:
@@ -257,17 +260,22 @@ class Holding:
         lease = self.lease
         cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
         self._left = True
-        reason = lease.lost  # a passed deadline counts even if the body never checkpointed
-        if reason is None:
-            lease.end(LossReason.RELEASED)
-        self._unguard()
-        # Release first: the guards' tasks, cancelled above, finish during its round
-        # trip, so leaving their task group then costs no extra wait.
+        # Sent before the bookkeeping below, where the backend can: a waiter that the
+        # release serves gets the lease sooner.
+        sent = adapt(lease.backend).release_now(lease.name, lease.owner, lease.token)
         try:
-            await self._release()
+            reason = lease.lost  # a passed deadline counts even if the body never checkpointed
+            if reason is None:
+                lease.end(LossReason.RELEASED)
+            self._unguard()
         finally:
-            if self._tg is not None:
-                await self._tg.__aexit__(None, None, None)
+            # Awaited before leaving the task group: the guards' tasks, cancelled
+            # above, finish during its round trip, so leaving then costs no extra wait.
+            try:
+                await self._release(sent)
+            finally:
+                if self._tg is not None:
+                    await self._tg.__aexit__(None, None, None)
         if reason is None or reason is LossReason.RELEASED:
             return cancelled_by_us
         self._counters.lost(reason)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NoReturn, final
@@ -346,15 +346,25 @@ class Lease(metaclass=_NoPublicConstructor):
 
 
 async def release_shielded(
-    backend: Backend, name: str, owner: str, token: int | None, timing: Timing
+    backend: Backend,
+    name: str,
+    owner: str,
+    token: int | None,
+    timing: Timing,
+    sent: Awaitable[bool] | None = None,
 ) -> bool:
     """Release ``owner``'s grant, shielded from cancellation and bounded in time.
 
     Never raises for backend trouble (it is logged): a release must not mask the
     exception that ended the protected block.
+
+    :param sent: the release already sent (:meth:`Backend.release_now`): awaited
+        instead of calling :meth:`Backend.release`
     """
     with anyio.CancelScope(deadline=current_time() + timing.release_timeout, shield=True):
         try:
+            if sent is not None:
+                return await sent
             return await adapt(backend).release(name, owner, token)
         except BackendError as exc:
             logger.warning("release of lease %r failed: %s (it will expire on its own)", name, exc)

@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_support import delete_under, inner, new_prefix, subscribe
 
 import aiolease
-from aiolease import AsyncLock
+from aiolease import AsyncLock, LossReason
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._redis_resp import Endpoint, LeanClient
 from aiolease.backends._redis_scripts import Keys
@@ -168,9 +168,54 @@ def requests(backend: Backend) -> Counter[str]:
             calls[str(command[0])] += 1
         return await execute_many(commands, **options)
 
+    def counted_send_now(commands: Any) -> Any:
+        calls["requests"] += 1
+        for command in commands:
+            calls[str(command[0])] += 1
+        return send_now(commands)
+
     client.execute = counted_execute  # type: ignore[method-assign]
     client.execute_many = counted_execute_many  # type: ignore[method-assign]
+    send_now, client.send_now = client.send_now, counted_send_now  # type: ignore[method-assign]
     return calls
+
+
+@asyncio_only
+async def test_a_block_sends_its_release_before_its_own_bookkeeping(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """Leaving ``async with`` writes the release first: the lease is ended, and its
+    guards dropped, with the request on its way (a waiter that the release serves
+    waits for the request, not for them). (Under trio, the asyncio bridge releases
+    as :meth:`Lease.release` does.)"""
+    async with aiolease.open_backend(redis_url, prefix=prefix) as backend:
+        sent = requests(backend)
+        ended: list[tuple[LossReason, int]] = []
+        async with AsyncLock(backend, "first", ttl=LONG) as lease:
+            assert sent["EVALSHA"] == 1
+            lease.on_end(lambda reason: ended.append((reason, sent["EVALSHA"])))
+        assert ended == [(LossReason.RELEASED, 2)]
+        assert await backend.read("first") is None
+
+
+@asyncio_only  # made directly: under trio, only open_backend() bridges it
+async def test_a_subclass_with_a_release_of_its_own_has_it_called(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    class Noting(RedisBackend):
+        releases = 0
+
+        async def release(self, name: str, owner: str, token: int | None) -> bool:
+            self.releases += 1
+            return await super().release(name, owner, token)
+
+    backend = await Noting.from_url(redis_url, prefix=prefix)
+    try:
+        async with AsyncLock(backend, "own", ttl=LONG):
+            pass
+        assert backend.releases == 1 and await backend.read("own") is None
+    finally:
+        await backend.aclose()
 
 
 def released_alone(sent: Counter[str]) -> bool:

@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._shield import timeout_after
 
-__all__ = ["Endpoint", "LeanClient", "Subscriber"]
+__all__ = ["Endpoint", "LeanClient", "Sent", "Subscriber"]
 
 #: connection_kwargs keys a lean connection can honour; any other means "use redis-py".
 _UNDERSTOOD = {
@@ -307,11 +307,29 @@ class LeanClient:
         """Send ``commands`` in one write; their replies (an error reply as a
         :class:`ResponseError` value). A timeout raises ``expiry`` and closes the
         connection."""
-        if len(commands) == 1:
-            payload = hiredis.pack_command(tuple(commands[0]))
-        else:
-            payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
-        futures = conn.send(payload, len(commands))
+        futures = conn.send(_packed(commands), len(commands))
+        return await self._replies(conn, futures, timeout, expiry)
+
+    def send_now(self, commands: Sequence[Sequence[Any]]) -> Sent | None:
+        """Write ``commands`` in one write on the shared connection before returning,
+        if it is open (``None``: it is not); :meth:`replies` awaits their replies."""
+        conn = self._shared
+        if conn is None or conn.closed or conn.transport is None:
+            return None
+        return Sent(conn, conn.send(_packed(commands), len(commands)))
+
+    async def replies(self, sent: Sent) -> list[Any]:
+        """The replies to what :meth:`send_now` sent, as :meth:`execute_many` returns
+        them."""
+        return await self._replies(sent.conn, sent.futures, self._endpoint.timeout)
+
+    async def _replies(
+        self,
+        conn: _Connection,
+        futures: list[asyncio.Future[Any]],
+        timeout: float | None,
+        expiry: type[Exception] = RedisTimeoutError,
+    ) -> list[Any]:
         last = futures[-1]
         timer = None
         if timeout is not None:
@@ -383,6 +401,21 @@ class LeanClient:
         self._closed = True
         for conn in list(self._open):
             self._discard(conn)
+
+
+@dataclass(frozen=True)
+class Sent:
+    """Commands written on a connection, and the futures of their replies."""
+
+    conn: _Connection
+    futures: list[asyncio.Future[Any]]
+
+
+def _packed(commands: Sequence[Sequence[Any]]) -> bytes:
+    if len(commands) == 1:
+        packed: bytes = hiredis.pack_command(tuple(commands[0]))
+        return packed
+    return b"".join([hiredis.pack_command(tuple(c)) for c in commands])
 
 
 def _result(future: asyncio.Future[Any]) -> Any:

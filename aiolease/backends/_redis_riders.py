@@ -149,13 +149,35 @@ async def send_with(
         turn.) The ``PING`` costs the server a few microseconds.
     :raises redis.exceptions.RedisError: the client failed (the riders fail too)
     """
+    request, at = _request(command, riders, announce_first)
+    return await _settled(client.execute_many(request), riders, at)
+
+
+def sent_with(
+    client: LeanClient, command: tuple[Any, ...], riders: Sequence[Rider], *, announce_first: bool
+) -> Awaitable[Any] | None:
+    """:func:`send_with`'s request, written before returning if the client's
+    connection is open; what awaits its reply (``None``: nothing was sent)."""
+    request, at = _request(command, riders, announce_first)
+    sent = client.send_now(request)
+    return None if sent is None else _settled(client.replies(sent), riders, at)
+
+
+def _request(
+    command: tuple[Any, ...], riders: Sequence[Rider], announce_first: bool
+) -> tuple[list[tuple[Any, ...]], int]:
+    """The commands of a release request, and where the riders' start."""
     commands = [("PING",), command] if announce_first else [command]
+    return [*commands, *(rider.command for rider in riders)], len(commands)
+
+
+async def _settled(replies: Awaitable[list[Any]], riders: Sequence[Rider], at: int) -> Any:
     try:
-        replies = await client.execute_many([*commands, *(rider.command for rider in riders)])
+        got = await replies
     except BaseException as exc:
         for rider in riders:
             rider.fail(BackendUnavailable(f"the request this attempt rode with failed: {exc!r}"))
         raise
-    for rider, reply in zip(riders, replies[len(commands) :], strict=True):
+    for rider, reply in zip(riders, got[at:], strict=True):
         rider.settle(reply)
-    return replies[len(commands) - 1]
+    return got[at - 1]

@@ -123,7 +123,7 @@ from ._redis_clients import (
     where,
 )
 from ._redis_pubsub import Subscriptions
-from ._redis_riders import Rider, Riders, send_with
+from ._redis_riders import Rider, Riders, send_with, sent_with
 from ._redis_scripts import (
     ACQUIRE,
     DEFAULT_PREFIX,
@@ -656,44 +656,64 @@ class RedisBackend(Backend):
         ]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        keys, args, riders, first = self._releasing(name, owner, token)
+        if self._lean is None:
+            return self._freed(name, await self._eval(name, RELEASE, keys, *args))
+        if self._closed:
+            Riders.go_alone(riders)
+            raise BackendUnavailable(f"{self!r} is closed")
+        command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
+        request = send_with(self._lean, command, riders, announce_first=first)
+        return await self._released(name, request, keys, args)
+
+    def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
+        """:meth:`release`, its request written before returning (over a lean
+        connection that is open); ``None`` in a subclass that has a release of its own."""
+        if self._lean is None or self._closed or type(self).release is not RedisBackend.release:
+            return None
+        keys, args, riders, first = self._releasing(name, owner, token)
+        command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
+        request = sent_with(self._lean, command, riders, announce_first=first)
+        if request is None:  # not connected: it connects when awaited
+            request = send_with(self._lean, command, riders, announce_first=first)
+        return self._released(name, request, keys, args)
+
+    def _releasing(
+        self, name: str, owner: str, token: int | None
+    ) -> tuple[tuple[bytes, ...], tuple[Any, ...], list[Rider], bool]:
+        """Forget ``owner``'s hold of ``name``: the keys and arguments of its RELEASE,
+        the attempts that ride with it (see :mod:`aiolease.backends._redis_riders`),
+        and whether to announce the hand-off first (to other processes only: a waiter
+        here runs after the release anyway, and better once the releaser's next
+        attempt has been made)."""
         self._batcher.forget(name, owner)
         self._tickets.forget(name, owner)
         self._followers.forget(name, owner)
         keys = self._keys(name)
         args = (owner, "" if token is None else token, keys.channel)
         riders = self._riders.released(name, owner)
-        if self._lean is None:
-            reply = await self._eval(name, RELEASE, keys.all, *args)
-        else:
-            reply = await self._release_lean(name, keys.all, args, riders)
+        return keys.all, args, riders, not self._tickets.has_turns(name)
+
+    async def _released(
+        self, name: str, request: Awaitable[Any], keys: Sequence[bytes], args: Sequence[Any]
+    ) -> bool:
+        """What the RELEASE ``request`` (over the lean client) freed."""
+        try:
+            reply = await request
+        except Exception as exc:  # only the driver runs here: map all it raises
+            raise self._mapped(name, exc) from exc
+        if isinstance(reply, NoScriptError):
+            reply = await self._eval(name, RELEASE, keys, *args)
+        elif isinstance(reply, BaseException):
+            raise self._mapped(name, reply) from reply
+        return self._freed(name, reply)
+
+    def _freed(self, name: str, reply: Any) -> bool:
         if isinstance(reply, list):  # {2, owner}: handed to the queue's head
             if self._tickets.waits(name, _text(reply[1])):  # the holder here from now on
                 self._riders.granted(name, _text(reply[1]))
             return True
         return int(reply) >= 1
-
-    async def _release_lean(
-        self, name: str, keys: Sequence[bytes], args: Sequence[Any], riders: Sequence[Rider]
-    ) -> Any:
-        """RELEASE, with the attempts that ride with it, in one request (see
-        :mod:`aiolease.backends._redis_riders`)."""
-        assert self._lean is not None
-        if self._closed:
-            Riders.go_alone(riders)
-            raise BackendUnavailable(f"{self!r} is closed")
-        # Announced first only to other processes: a waiter here runs after this call
-        # anyway, and better once the releaser's next attempt has been made.
-        first = not self._tickets.has_turns(name)
-        command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
-        try:
-            reply = await send_with(self._lean, command, riders, announce_first=first)
-        except Exception as exc:  # only the driver runs here: map all it raises
-            raise self._mapped(name, exc) from exc
-        if isinstance(reply, NoScriptError):
-            return await self._eval(name, RELEASE, keys, *args)
-        if isinstance(reply, BaseException):
-            raise self._mapped(name, reply) from reply
-        return reply
 
     async def read(self, name: str) -> HolderInfo | None:
         keys = self._keys(name)
