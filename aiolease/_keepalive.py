@@ -140,6 +140,7 @@ class Holding:
         counters: Counters,
         health: HealthPolicy | None = None,
         on_lost: Callable[[LossReason], Awaitable[None]] | None = None,
+        body: anyio.CancelScope | None = None,
     ) -> None:
         self.lease = lease
         self._counters = counters
@@ -147,7 +148,8 @@ class Holding:
         self._on_lost = on_lost
         self._tg: TaskGroup | None = None
         self._renewer: Renewer | None = None
-        self._body = anyio.CancelScope()
+        #: The body's scope: given by a caller that made it before it waited for the grant.
+        self._body = anyio.CancelScope() if body is None else body
         self._left = False
         self._watching = False  # whether the task group runs watches of this lease
         self._unsubscribe: Callable[[], None] | None = None  # ends Backend.on_taken

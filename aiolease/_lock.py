@@ -135,8 +135,9 @@ class _Acquisition(AbstractAsyncContextManager[Lease]):
         self._holding: Holding | None = None
 
     async def __aenter__(self) -> Lease:
+        body = anyio.CancelScope()  # made now: less to do between the grant and the body
         lease = await self._lock.acquire(timeout=self._timeout)
-        self._holding = Holding(lease, self._lock._counters)
+        self._holding = Holding(lease, self._lock._counters, body=body)
         self._lock._held += 1
         try:
             return await self._holding.__aenter__()

@@ -53,7 +53,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -95,8 +95,7 @@ class _Attempt:
             self.done.set()
 
 
-@dataclass(frozen=True, eq=False)
-class Mark:
+class Mark(NamedTuple):
     """Where a channel stood at one moment while it was confirmed subscribed (see
     :meth:`Subscriptions.mark`)."""
 
@@ -458,6 +457,11 @@ class Subscriptions:
         await wire.write(commands)
 
     def _dispatch(self, reply: object) -> None:
+        if type(reply) is list and len(reply) == 3 and reply[0] == b"message":
+            watched = self._channels.get(reply[1])  # the common case, said shortly
+            if watched is not None:
+                watched.wake(reply[2])
+            return
         if isinstance(reply, (bytes, str)):  # a pong outside subscribed mode (RESP3)
             reply = [b"pong", reply]
         if not isinstance(reply, list) or len(reply) < 2:

@@ -507,9 +507,6 @@ class RedisBackend(Backend):
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
         keys = self._keys(name)
-        # Where the channel stands before the attempt (for on_taken): a grant's message
-        # comes after it. (Fair with WAIT: no ticket, no mark.)
-        since = mark = self._subscriptions.mark(keys.channel)
         if self._turns:  # fair, and a ticket was never WAITed for
             handed = self._tickets.take(name, owner)
             if handed is not None and handed[0].ttl <= ttl:
@@ -517,6 +514,10 @@ class RedisBackend(Backend):
                 self._followers.granted(name, owner, handed[1], after=True)
                 self._riders.granted(name, owner)
                 return handed[0]  # handed over, confirmed by the wake-up (see _redis_tickets)
+        # Where the channel stands before the attempt (for on_taken): a grant's message
+        # comes after it. (Fair with WAIT: no ticket, no mark.)
+        since = mark = self._subscriptions.mark(keys.channel)
+        if self._turns:
             turns = self._subscriptions.mark(self._turns)
             self._tickets.attempt(name, owner, Marks(mark, turns))
         elif self._fair:
