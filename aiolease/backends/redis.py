@@ -657,6 +657,7 @@ class RedisBackend(Backend):
         ]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        self._forget(name, owner)
         keys, args, riders, first = self._releasing(name, owner, token)
         if self._lean is None:
             return self._freed(name, await self._eval(name, RELEASE, keys, *args))
@@ -675,21 +676,24 @@ class RedisBackend(Backend):
         keys, args, riders, first = self._releasing(name, owner, token)
         command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
         request = sent_with(self._lean, command, riders, announce_first=first)
+        self._forget(name, owner)  # after the write: nothing is read before the await
         if request is None:  # not connected: it connects when awaited
             request = send_with(self._lean, command, riders, announce_first=first)
         return self._released(name, request, keys, args)
 
-    def _releasing(
-        self, name: str, owner: str, token: int | None
-    ) -> tuple[tuple[bytes, ...], tuple[Any, ...], list[Rider], bool]:
-        """Forget ``owner``'s hold of ``name``: the keys and arguments of its RELEASE,
-        the attempts that ride with it (see :mod:`aiolease.backends._redis_riders`),
-        and whether to announce the hand-off first (to other processes only: a waiter
-        here runs after the release anyway, and better once the releaser's next
-        attempt has been made)."""
+    def _forget(self, name: str, owner: str) -> None:
+        """``owner`` holds ``name`` no more (it is releasing it)."""
         self._batcher.forget(name, owner)
         self._tickets.forget(name, owner)
         self._followers.forget(name, owner)
+
+    def _releasing(
+        self, name: str, owner: str, token: int | None
+    ) -> tuple[tuple[bytes, ...], tuple[Any, ...], list[Rider], bool]:
+        """The keys and arguments of ``owner``'s RELEASE of ``name``, the attempts that
+        ride with it (see :mod:`aiolease.backends._redis_riders`), and whether to
+        announce the hand-off first (to other processes only: a waiter here runs after
+        the release anyway, and better once the releaser's next attempt has been made)."""
         keys = self._keys(name)
         args = (owner, "" if token is None else token, keys.channel)
         riders = self._riders.released(name, owner)
