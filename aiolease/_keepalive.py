@@ -264,7 +264,11 @@ class Holding:
         self._left = True
         # Sent before the bookkeeping below, where the backend can: a waiter that the
         # release serves gets the lease sooner.
-        sent = adapt(lease.backend).release_now(lease.name, lease.owner, lease.token)
+        try:
+            sent = adapt(lease.backend).release_now(lease.name, lease.owner, lease.token)
+        except Exception:  # a backend's bug: release() is called instead
+            logger.exception("release_now of lease %r failed", lease.name)
+            sent = None
         try:
             reason = lease.lost  # a passed deadline counts even if the body never checkpointed
             if reason is None:

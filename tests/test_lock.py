@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable
 
 import anyio
 import pytest
@@ -482,3 +483,47 @@ async def test_locks_nest_in_one_task_and_exits_pair_per_task(inner: MemoryBacke
             await other.__aexit__(None, None, None)
     assert outer.lost is LossReason.RELEASED
     assert lock.statistics().held == 0
+
+
+class _ReleasesNow(MemoryBackend):
+    """Sends its release at once (Backend.release_now), noting what the core does when."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool]:
+        self.calls.append("release_now")
+        return self._finish(name, owner, token)
+
+    async def _finish(self, name: str, owner: str, token: int) -> bool:
+        self.calls.append("awaited")
+        return await super().release(name, owner, token)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        self.calls.append("release")
+        return await super().release(name, owner, token)
+
+
+async def test_a_block_sends_a_release_now_before_its_bookkeeping_and_awaits_it() -> None:
+    backend = _ReleasesNow()
+    async with AsyncLock(backend, "now", ttl=TTL) as lease:
+        lease.on_end(lambda reason: backend.calls.append(f"ended {reason.value}"))
+    assert backend.calls == ["release_now", "ended released", "awaited"]
+    assert await backend.read("now") is None
+    await (await AsyncLock(backend, "now", ttl=TTL).acquire()).release()
+    assert backend.calls[-1] == "release"  # Lease.release() asks release() as before
+
+
+async def test_a_release_now_that_raises_falls_back_to_release(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(MemoryBackend):
+        def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool]:
+            raise RuntimeError("a bug")
+
+    backend = Broken()
+    async with AsyncLock(backend, "broken", ttl=TTL):
+        pass
+    assert await backend.read("broken") is None
+    assert "release_now of lease 'broken' failed" in caplog.text
