@@ -260,16 +260,17 @@ class Holding:
         tb: TracebackType | None,
     ) -> bool:
         lease = self.lease
-        cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
-        self._left = True
-        # Sent before the bookkeeping below, where the backend can: a waiter that the
-        # release serves gets the lease sooner.
+        # Sent before the bookkeeping below (leaving the body's scope included: nothing
+        # is awaited in between), where the backend can: a waiter that the release
+        # serves gets the lease sooner.
         try:
             sent = adapt(lease.backend).release_now(lease.name, lease.owner, lease.token)
         except Exception:  # a backend's bug: release() is called instead
             logger.exception("release_now of lease %r failed", lease.name)
             sent = None
         try:
+            cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
+            self._left = True
             reason = lease.lost  # a passed deadline counts even if the body never checkpointed
             if reason is None:
                 lease.end(LossReason.RELEASED)
