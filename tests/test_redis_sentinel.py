@@ -145,6 +145,7 @@ async def test_a_lock_works_again_after_the_master_is_killed(
     if not pidfile.exists():
         why = f"the failover test needs the redis-sentinel service's own master ({pidfile})"
         server_missing(why)
+    await wait_replicated(sentinel_url)  # an earlier run of this test restarted it
     async with open_redis(sentinel_url, prefix=prefix, wait_replicas=1) as backend:
         lock = AsyncLock(backend, "job", ttl=30)
         async with lock as before:
@@ -184,10 +185,14 @@ async def start_service() -> None:
 
 async def wait_replicated(url: str) -> None:
     """Wait until the master has a replica in sync (after an earlier failover test,
-    the old master rejoins as a replica a few seconds after it restarts)."""
+    the old master rejoins as a replica a few seconds after it restarts, and is
+    connected before its first sync is over: only an ``online`` one acknowledges)."""
     with anyio.fail_after(60):
         while True:
             with master(url) as client:
-                if int(client.info("replication").get("connected_slaves", 0)) >= 1:
+                replication = client.info("replication")
+                replicas = int(replication.get("connected_slaves", 0))
+                states = [replication.get(f"slave{i}", {}).get("state") for i in range(replicas)]
+                if "online" in states:
                     return
-            await anyio.sleep(0.2)
+            await anyio.sleep(0.2)  # Sentinel and the replica's sync: nothing to await
