@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
+import pytest
 import redis
 
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.redis import RedisBackend
 
-__all__ = ["Tap", "delete_under", "inner", "new_name", "new_prefix", "subscribe"]
+__all__ = [
+    "Tap",
+    "delete_under",
+    "in_database",
+    "inner",
+    "new_name",
+    "new_prefix",
+    "prefix_fixture",
+    "subscribe",
+]
 
 
 def new_prefix(label: str) -> str:
@@ -29,6 +40,27 @@ def delete_under(prefix: str, clients: Iterable[redis.Redis]) -> None:
             keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
             if keys:
                 client.delete(*keys)
+
+
+def in_database(url: str, db: int) -> str:
+    """``url`` with its database replaced by ``db``."""
+    return urlsplit(url)._replace(path=f"/{db}").geturl()
+
+
+def prefix_fixture(label: str, *, dbs: Sequence[int | None] = (None,)) -> Any:
+    """A ``prefix`` fixture for a test module: a key prefix of the test alone
+    (:func:`new_prefix`), whose keys are deleted afterwards from each database of
+    ``dbs`` on the ``redis_url`` server (``None``: the URL's own)."""
+
+    @pytest.fixture
+    def prefix(redis_url: str) -> Iterator[str]:
+        made = new_prefix(label)
+        yield made
+        # The database goes in the URL: from_url() lets the URL's override a db= argument.
+        urls = (redis_url if db is None else in_database(redis_url, db) for db in dbs)
+        delete_under(made, (redis.Redis.from_url(url) for url in urls))
+
+    return prefix
 
 
 def inner(backend: Backend) -> RedisBackend:

@@ -18,7 +18,7 @@ import pytest
 import redis
 import redis.asyncio
 from model_support import agrees_with_the_model
-from redis_support import Tap, delete_under, inner, new_name, new_prefix, subscribe
+from redis_support import Tap, inner, new_name, prefix_fixture, subscribe
 
 import aiolease
 from aiolease import (
@@ -45,12 +45,7 @@ T = TypeVar("T")
 LONG = 30.0
 
 
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test alone; its keys are deleted afterwards."""
-    prefix = new_prefix("test")
-    yield prefix
-    delete_under(prefix, [redis.Redis.from_url(redis_url)])
+prefix = prefix_fixture("test")
 
 
 Opener = Callable[..., AbstractAsyncContextManager[Backend]]

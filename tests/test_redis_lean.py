@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -19,7 +19,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis_support import delete_under, inner, new_prefix, subscribe
+from redis_support import in_database, inner, prefix_fixture, subscribe
 
 import aiolease
 from aiolease import AsyncLock, LossReason
@@ -35,12 +35,7 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 LONG = 30.0
 
 
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test alone; its keys are deleted afterwards."""
-    prefix = new_prefix("lean")
-    yield prefix
-    delete_under(prefix, (redis.Redis.from_url(redis_url, db=db) for db in (0, 5)))
+prefix = prefix_fixture("lean", dbs=(0, 5))
 
 
 @asynccontextmanager
@@ -138,12 +133,12 @@ async def test_a_connection_the_server_closed_is_replaced(
 async def test_the_lean_connection_uses_the_urls_database(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
-    url = redis_url.rsplit("/", 1)[0] + "/5"
+    url = in_database(redis_url, 5)
     async with aiolease.open_backend(url, prefix=prefix) as backend:
         granted = await backend.try_acquire("db", "me", LONG, "me", {})
         assert isinstance(granted, Grant)
     lease_key = Keys.of(prefix, "db").lease
-    with redis.Redis.from_url(url) as in_5, redis.Redis.from_url(redis_url, db=0) as in_0:
+    with redis.Redis.from_url(url) as in_5, redis.Redis.from_url(in_database(redis_url, 0)) as in_0:
         assert in_5.exists(lease_key) and not in_0.exists(lease_key)
 
 

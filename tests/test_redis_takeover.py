@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
 import redis
-from redis_support import delete_under, new_name, new_prefix, subscribe
+from redis_support import new_name, prefix_fixture, subscribe
 
 import aiolease
 from aiolease import AsyncLock, LeaseLostError, LossReason
@@ -30,11 +30,7 @@ LONG = 30.0
 NO_RENEWALS = 600.0
 
 
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    prefix = new_prefix("takeover")
-    yield prefix
-    delete_under(prefix, [redis.Redis.from_url(redis_url)])
+prefix = prefix_fixture("takeover")
 
 
 @asynccontextmanager

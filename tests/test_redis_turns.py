@@ -9,13 +9,12 @@ is dead. Nobody else hears of it, unless somebody watches the name
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from contextlib import AsyncExitStack
 
 import anyio
 import pytest
 import redis
-from redis_support import Tap, delete_under, inner, new_name, new_prefix, subscribe
+from redis_support import Tap, inner, new_name, prefix_fixture, subscribe
 from sql_support import eventually
 
 import aiolease
@@ -30,11 +29,7 @@ pytestmark = pytest.mark.anyio
 LONG = 30.0
 
 
-@pytest.fixture
-def prefix(redis_url: str) -> Iterator[str]:
-    prefix = new_prefix("turns")
-    yield prefix
-    delete_under(prefix, [redis.Redis.from_url(redis_url)])
+prefix = prefix_fixture("turns")
 
 
 def heard(backend: Backend, channel: bytes) -> list[bytes]:
