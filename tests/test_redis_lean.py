@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis_support import in_database, inner, prefix_fixture, subscribe
 
 import aiolease
-from aiolease import AsyncLock, LossReason
+from aiolease import AsyncLock, Lease, LossReason
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._redis_resp import Endpoint, LeanClient
 from aiolease.backends._redis_scripts import Keys
@@ -363,6 +363,121 @@ def pubsub_connections(url: str, client_name: str) -> list[str]:
     """The ids of the server's pub/sub connections called ``client_name``."""
     with redis.Redis.from_url(url) as admin:
         return [c["id"] for c in admin.client_list(_type="pubsub") if c["name"] == client_name]
+
+
+class Order:
+    """The releases that a RedisBackend writes (``release``) and the waits for a turn
+    that start (``wait``), in order."""
+
+    def __init__(self, found: RedisBackend) -> None:
+        self.seen: list[str] = []
+        self._changed = anyio.Event()
+        release, release_now, wait_turn = found.release, found.release_now, found.wait_turn
+
+        async def noted_release(name: str, owner: str, token: int | None) -> bool:
+            self._note("release")
+            return await release(name, owner, token)
+
+        def noted_release_now(name: str, owner: str, token: int) -> Any:
+            self._note("release")
+            return release_now(name, owner, token)
+
+        async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+            self._note("wait")
+            await wait_turn(name, owner, ttl, seen)
+
+        found.release = noted_release  # type: ignore[method-assign]
+        found.release_now = noted_release_now  # type: ignore[method-assign]
+        found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+
+    def _note(self, what: str) -> None:
+        self.seen.append(what)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def reach(self, count: int) -> None:
+        """Until ``count`` are noted."""
+        while len(self.seen) < count:
+            await self._changed.wait()
+
+
+async def hold_until(backend: Backend, name: str, held: anyio.Event, go: anyio.Event) -> None:
+    """Acquire ``name`` (waiting as long as it takes), set ``held``, release on ``go``."""
+    async with AsyncLock(backend, name, ttl=LONG):
+        held.set()
+        await go.wait()
+
+
+async def queue_then_ride(
+    backend: Backend, tg: anyio.abc.TaskGroup, got: list[int], held: anyio.Event, go: anyio.Event
+) -> tuple[Lease, Order]:
+    """Hold "fair" here; queue a waiter for its turn (:func:`hold_until`), then start
+    an attempt that rides with the holder's release (:func:`take_once`, into ``got``):
+    that release will hand the lease to the waiter and refuse the attempt."""
+    found = inner(backend)
+    await subscribe(backend, "fair")
+    first = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+    order = Order(found)
+    found._riders._wait = 0  # the waiter's attempt goes alone: it is queued
+    tg.start_soon(hold_until, backend, "fair", held, go)
+    await order.reach(1)
+    found._riders._wait = LONG  # the next attempt rides with the release
+    riding = anyio.Event()
+    ride = found._riders.ride
+
+    async def noted_ride(name: str, command: Any, alone: Any) -> Any:
+        riding.set()
+        return await ride(name, command, alone)
+
+    found._riders.ride = noted_ride  # type: ignore[method-assign]
+    tg.start_soon(take_once, backend, "fair", got)
+    await riding.wait()
+    return first, order
+
+
+@asyncio_only  # the riders are asyncio's: under trio the test cannot turn that loop
+async def test_a_refusal_handed_back_with_a_local_hand_off_waits_for_the_next_release(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """An attempt that rode with a release handing the lease to a waiter here, and was
+    refused, starts waiting for its turn once the new holder's release is written
+    (in that request's round trip), not during the new holder's hold."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        got: list[int] = []
+        held, go = anyio.Event(), anyio.Event()
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                first, order = await queue_then_ride(backend, tg, got, held, go)
+                await first.release()
+                await held.wait()
+                for _ in range(5):  # more than the refusal took to reach its waiter before
+                    await asyncio.sleep(0)
+                assert order.seen == ["wait", "release"]
+                go.set()
+        assert got == [first.token + 2]
+        # the new holder's release, the rider's wait for its turn, the rider's release
+        assert order.seen == ["wait", "release", "release", "wait", "release"]
+
+
+@asyncio_only
+async def test_a_kept_refusal_reaches_its_waiter_while_the_new_holder_holds_on(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """A refusal is kept for the riders' wait at most: a holder that keeps the lease
+    does not hold up its waiters."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        got: list[int] = []
+        held, go = anyio.Event(), anyio.Event()
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                first, order = await queue_then_ride(backend, tg, got, held, go)
+                inner(backend)._riders._wait = 0.01
+                await first.release()
+                await held.wait()
+                await order.reach(3)
+                assert order.seen == ["wait", "release", "wait"]  # the lease still held
+                go.set()
+        assert got == [first.token + 2]
 
 
 async def test_a_waiter_whose_subscription_dropped_still_gets_its_turn(

@@ -15,6 +15,16 @@ lost it without releasing) lets the attempt go on its own then. An attempt that
 rides is counted as sent when it was made: earlier than it really leaves, which is
 the safe side for the grant's deadline and for the takeover watch's mark.
 
+A refusal that comes back with a release that handed the lease to a waiter here is
+kept until the next release this backend writes (:meth:`Riders.flush`), or for
+:data:`RIDE_WAIT` at most. The refused attempt's task has nothing to do but start
+waiting for its turn, and it would do that while the new holder's hold has begun:
+the same rounding lengthens the hold by that work. Run after the next release is
+written, the work fits in that request's round trip, when the loop is idle. The
+waiter loses nothing: it hears every message since its attempt (see
+:meth:`~aiolease.backends._redis_tickets.Tickets.wait_turn`), and its turn comes
+after that release at the earliest.
+
 Asyncio-only, like the backend.
 """
 
@@ -70,16 +80,20 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 class Riders:
-    """The leases held through one backend, and the attempts waiting to ride with
-    their release.
+    """The leases held through one backend, the attempts waiting to ride with their
+    release, and the refusals kept until the next release (see the module).
 
-    :param wait: seconds an attempt waits at most
+    :param refused: whether a reply to an attempt is a refusal
+    :param wait: seconds an attempt waits at most, and a refusal is kept at most
     """
 
-    def __init__(self, wait: float = RIDE_WAIT) -> None:
+    def __init__(self, refused: Callable[[Any], bool], wait: float = RIDE_WAIT) -> None:
+        self._refused = refused
         self._wait = wait
         self._holders: dict[str, str] = {}
         self._waiting: dict[str, list[Rider]] = {}
+        self._kept: list[tuple[Rider, Any]] = []
+        self._flush_at: asyncio.TimerHandle | None = None
 
     def granted(self, name: str, owner: str) -> None:
         """``owner`` was granted ``name`` through this backend (or a release through it
@@ -90,6 +104,10 @@ class Riders:
         """Whether an attempt by ``owner`` on ``name`` waits for the local holder's release."""
         holder = self._holders.get(name)
         return holder is not None and holder != owner
+
+    def holds(self, name: str, owner: str) -> bool:
+        """Whether ``owner`` holds ``name`` through this backend."""
+        return self._holders.get(name) == owner
 
     def released(self, name: str, owner: str) -> list[Rider]:
         """``owner`` is releasing ``name``: if it holds it through this backend, the
@@ -127,6 +145,26 @@ class Riders:
         for rider in self._waiting.pop(name, []):
             rider.alone()
 
+    def settle(self, riders: Sequence[Rider], replies: Sequence[Any], *, keep: bool) -> None:
+        """Give each of ``riders`` its reply; if ``keep`` (the release handed the lease
+        to a waiter here), keep the refusals until :meth:`flush`."""
+        for rider, reply in zip(riders, replies, strict=True):
+            if keep and self._refused(reply):
+                self._kept.append((rider, reply))
+            else:
+                rider.settle(reply)
+        if self._kept and self._flush_at is None:
+            self._flush_at = asyncio.get_running_loop().call_later(self._wait, self.flush)
+
+    def flush(self) -> None:
+        """Give the kept refusals to their attempts (a release was just written)."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        kept, self._kept = self._kept, []
+        for rider, reply in kept:
+            rider.settle(reply)
+
     @staticmethod
     def go_alone(riders: Sequence[Rider]) -> None:
         """Have each of ``riders`` send its command on its own."""
@@ -134,8 +172,17 @@ class Riders:
             rider.alone()
 
 
+#: Settles the riders of a request, given their replies and the release's reply.
+Settle = Callable[[Sequence[Rider], Sequence[Any], Any], None]
+
+
 async def send_with(
-    client: LeanClient, command: tuple[Any, ...], riders: Sequence[Rider], *, announce_first: bool
+    client: LeanClient,
+    command: tuple[Any, ...],
+    riders: Sequence[Rider],
+    settle: Settle,
+    *,
+    announce_first: bool,
 ) -> Any:
     """Send the release ``command`` and then the commands of ``riders`` in one request,
     and settle the riders; the release's reply (an error reply as an exception value).
@@ -147,20 +194,26 @@ async def send_with(
         waiters are better served the other way: the releaser makes its next attempt,
         which may ride with the new holder's release, before the waiter starts its
         turn.) The ``PING`` costs the server a few microseconds.
+    :param settle: gives the riders their replies (:meth:`Riders.settle`)
     :raises redis.exceptions.RedisError: the client failed (the riders fail too)
     """
     request, at = _request(command, riders, announce_first)
-    return await _settled(client.execute_many(request), riders, at)
+    return await _settled(client.execute_many(request), riders, at, settle)
 
 
 def sent_with(
-    client: LeanClient, command: tuple[Any, ...], riders: Sequence[Rider], *, announce_first: bool
+    client: LeanClient,
+    command: tuple[Any, ...],
+    riders: Sequence[Rider],
+    settle: Settle,
+    *,
+    announce_first: bool,
 ) -> Awaitable[Any] | None:
     """:func:`send_with`'s request, written before returning if the client's
     connection is open; what awaits its reply (``None``: nothing was sent)."""
     request, at = _request(command, riders, announce_first)
     sent = client.send_now(request)
-    return None if sent is None else _settled(client.replies(sent), riders, at)
+    return None if sent is None else _settled(client.replies(sent), riders, at, settle)
 
 
 def _request(
@@ -171,13 +224,15 @@ def _request(
     return [*commands, *(rider.command for rider in riders)], len(commands)
 
 
-async def _settled(replies: Awaitable[list[Any]], riders: Sequence[Rider], at: int) -> Any:
+async def _settled(
+    replies: Awaitable[list[Any]], riders: Sequence[Rider], at: int, settle: Settle
+) -> Any:
     try:
         got = await replies
     except BaseException as exc:
         for rider in riders:
             rider.fail(BackendUnavailable(f"the request this attempt rode with failed: {exc!r}"))
         raise
-    for rider, reply in zip(riders, got[at:], strict=True):
-        rider.settle(reply)
+    if riders:
+        settle(riders, got[at:], got[at - 1])
     return got[at - 1]

@@ -344,7 +344,7 @@ class RedisBackend(Backend):
         self._subscriptions = Subscriptions(client, self._timeout)
         self._batcher = RenewalBatcher(self._send_renewals, self._timeout)
         self._tickets = Tickets()
-        self._riders = Riders()
+        self._riders = Riders(refused=_refusal)
         self._followers = Followers(self._subscriptions)
         #: The channel of this backend's fair waiters' hand-offs (see _redis_scripts;
         #: empty without fair mode, or with WAIT: a hand-off is then only announced on
@@ -665,7 +665,8 @@ class RedisBackend(Backend):
             Riders.go_alone(riders)
             raise BackendUnavailable(f"{self!r} is closed")
         command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
-        request = send_with(self._lean, command, riders, announce_first=first)
+        request = send_with(self._lean, command, riders, self._settler(name), announce_first=first)
+        self._riders.flush()  # runs once this task waits for the reply
         return await self._released(name, request, keys, args)
 
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
@@ -675,11 +676,28 @@ class RedisBackend(Backend):
             return None
         keys, args, riders, first = self._releasing(name, owner, token)
         command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
-        request = sent_with(self._lean, command, riders, announce_first=first)
+        settle = self._settler(name)
+        request = sent_with(self._lean, command, riders, settle, announce_first=first)
         self._forget(name, owner)  # after the write: nothing is read before the await
         if request is None:  # not connected: it connects when awaited
-            request = send_with(self._lean, command, riders, announce_first=first)
+            request = send_with(self._lean, command, riders, settle, announce_first=first)
+        self._riders.flush()
         return self._released(name, request, keys, args)
+
+    def _settler(self, name: str) -> Callable[[Sequence[Rider], Sequence[Any], Any], None]:
+        """What gives the riders of a release of ``name`` their replies: a refusal is
+        kept until the next release if this one handed the lease to a waiter here
+        (see :mod:`aiolease.backends._redis_riders`)."""
+
+        def settle(riders: Sequence[Rider], replies: Sequence[Any], reply: Any) -> None:
+            if isinstance(reply, list):  # {2, owner}: handed to the queue's head
+                head = _text(reply[1])  # here if it waits here, or took it already
+                here = self._tickets.waits(name, head) or self._riders.holds(name, head)
+            else:
+                here = False
+            self._riders.settle(riders, replies, keep=here)
+
+        return settle
 
     def _forget(self, name: str, owner: str) -> None:
         """``owner`` holds ``name`` no more (it is releasing it)."""
@@ -847,11 +865,17 @@ class RedisBackend(Backend):
         await asyncio.shield(self._close())
 
     async def _close(self) -> None:
+        self._riders.flush()
         if self._lean is not None:
             await self._lean.aclose()
         await self._subscriptions.aclose()
         if self._owns_client:
             await _close_all(self._client, self._also_close)
+
+
+def _refusal(reply: Any) -> bool:
+    """Whether ``reply`` is the ACQUIRE script's refusal (``{0, owner, ...}``)."""
+    return isinstance(reply, list) and reply[0] == 0
 
 
 def _lean_for(client: Client) -> LeanClient | None:
