@@ -104,6 +104,46 @@ async def test_a_hand_off_wakes_only_the_waiters_it_concerns(
         assert await d.release(name, "d", None)
 
 
+async def test_the_waits_of_one_backend_share_one_listener_of_its_turns_channel(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """Each hand-off on a backend's turns channel goes to the one wait it names (not
+    to every wait of the backend), and the waits get the lease in their order."""
+    name = new_name()
+    async with AsyncExitStack() as stack:
+        a, w = await fair_backends(stack, redis_url, prefix, 2)
+        holder = await a.try_acquire(name, "a", LONG, "a", {})
+        assert isinstance(holder, Grant)
+        owners = ["w1", "w2", "w3"]
+        refused = {"w1": await queued(w, name, "w1")}  # subscribed now
+        for owner in owners[1:]:
+            seen = await w.try_acquire(name, owner, LONG, owner, {})
+            assert isinstance(seen, HolderInfo)
+            refused[owner] = seen
+        order: list[str] = []
+        ended = {owner: anyio.Event() for owner in owners}
+
+        async def wait_then_pass_on(owner: str) -> None:
+            await w.wait_turn(name, owner, LONG, refused[owner])
+            granted = await w.try_acquire(name, owner, LONG, owner, {})
+            assert isinstance(granted, Grant)
+            order.append(owner)
+            ended[owner].set()
+            assert await w.release(name, owner, granted.token)
+
+        entry = inner(w)._subscriptions._channels[turns(w)]
+        with anyio.fail_after(LONG / 6):  # far below the retries (ttl / 3)
+            async with anyio.create_task_group() as tg:
+                for owner in owners:
+                    tg.start_soon(wait_then_pass_on, owner)
+                await eventually(lambda: len(inner(w)._tickets._routes) == 3, "three waits")
+                assert len(entry.listeners) == 1
+                assert await a.release(name, "a", holder.token)
+                await ended["w3"].wait()
+        assert order == owners
+        assert entry.listeners == []  # the last wait stopped listening
+
+
 async def test_a_watched_name_has_its_hand_offs_announced(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:

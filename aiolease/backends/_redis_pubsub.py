@@ -349,6 +349,17 @@ class Subscriptions:
             Mark(entry.attempt, entry.messages) if entry is not None and entry.confirmed else None
         )
 
+    def missed(self, channel: bytes, since: Mark) -> list[bytes] | None:
+        """The messages of ``channel`` received since ``since``; ``None`` if the channel
+        did not stay subscribed since then, or those messages are no longer kept."""
+        entry = self._channels.get(channel)
+        if entry is None or entry.attempt is not since.attempt or not entry.confirmed:
+            return None
+        count = entry.messages - since.messages
+        if count > len(entry.recent):
+            return None
+        return list(entry.recent)[len(entry.recent) - count :] if count else []
+
     def listen(
         self, channel: bytes, since: Mark, listener: Listener
     ) -> tuple[list[bytes], Callable[[], None]] | None:
@@ -359,13 +370,10 @@ class Subscriptions:
 
         A plain call: the core makes it from trio's side of the bridge too.
         """
-        entry = self._channels.get(channel)
-        if entry is None or entry.attempt is not since.attempt or not entry.confirmed:
+        missed = self.missed(channel, since)
+        if missed is None:
             return None
-        count = entry.messages - since.messages
-        if count > len(entry.recent):
-            return None
-        missed = list(entry.recent)[len(entry.recent) - count :] if count else []
+        entry = self._channels[channel]
         entry.listeners.append(listener)
 
         def stop() -> None:

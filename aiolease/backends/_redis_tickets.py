@@ -37,6 +37,10 @@ holder's watch counts every later message of the name's channel as newer than it
 grant (the ticket keeps where the name's channel stood when the hand-off was heard;
 :mod:`aiolease.backends._redis_takeover`).
 
+The waits of one backend share one listener of its turns channel, which hands each
+message to the wait of the owner it starts with: with many local waiters, a hand-off
+costs one call, not one per wait.
+
 A :class:`Turn` also serves the takeover watches' reading of a message
 (:func:`granted_to`). Asyncio-only, like the backend.
 """
@@ -212,6 +216,10 @@ class Tickets:
         self._tickets: dict[tuple[str, str], tuple[Grant, Mark | None]] = {}
         #: The owners waiting for their turn, by name.
         self._turns: dict[str, set[str]] = {}
+        #: The waits that the turns channel's messages go to, by owner (a message
+        #: starts with the owner it concerns), and how to stop listening to it.
+        self._routes: dict[bytes, Turn] = {}
+        self._routing: Callable[[], None] | None = None
 
     async def wait_turn(
         self,
@@ -236,7 +244,7 @@ class Tickets:
         turn = Turn(owner, after, loop.time() + timeout, lambda: subscriptions.mark(channel))
         listen = subscriptions.listen
         heard = None if since.name is None else listen(channel, since.name, turn.message)
-        told = None if since.turns is None else listen(turns, since.turns, turn.turn)
+        told = None if since.turns is None else self._route(subscriptions, turns, since.turns, turn)
         if heard is None or told is None:
             for listening in (heard, told):
                 if listening is not None:
@@ -259,6 +267,44 @@ class Tickets:
                 del self._turns[name]
         self.turned(name, owner, turn)
         return True
+
+    def _route(
+        self, subscriptions: Subscriptions, turns: bytes, since: Mark, turn: Turn
+    ) -> tuple[list[bytes], Callable[[], None]] | None:
+        """:meth:`Subscriptions.listen` to ``turns`` for ``turn``, through one listener
+        for all the waits of this backend, which hands each message to the wait it
+        concerns only."""
+        if self._routing is None:
+            listening = subscriptions.listen(turns, since, self._routed)
+            if listening is None:
+                return None
+            missed, self._routing = listening
+        else:
+            found = subscriptions.missed(turns, since)
+            if found is None:
+                return None
+            missed = found
+        self._routes[turn.owner] = turn
+
+        def stop() -> None:
+            if self._routes.get(turn.owner) is turn:
+                del self._routes[turn.owner]
+            if not self._routes and self._routing is not None:
+                routing, self._routing = self._routing, None
+                routing()
+
+        return missed, stop
+
+    def _routed(self, payload: bytes | None) -> None:
+        """A message of the turns channel: to the wait of the owner it starts with
+        (``None``, subscribed again after messages were lost: to every wait)."""
+        if payload is None:
+            for waiting in list(self._routes.values()):
+                waiting.turn(None)
+            return
+        turn = self._routes.get(payload.partition(b"\n")[0])
+        if turn is not None:
+            turn.turn(payload)
 
     def has_turns(self, name: str) -> bool:
         """Whether somebody waits for its turn on ``name``."""
