@@ -33,7 +33,6 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from ._bridge import adapt
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, release_shielded
 from ._renewer import Counters, Renewer
@@ -264,7 +263,7 @@ class Holding:
         # is awaited in between), where the backend can: a waiter that the release
         # serves gets the lease sooner.
         try:
-            sent = adapt(lease.backend).release_now(lease.name, lease.owner, lease.token)
+            sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
         except Exception:  # a backend's bug: release() is called instead
             logger.exception("release_now of lease %r failed", lease.name)
             sent = None

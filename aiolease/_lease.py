@@ -24,7 +24,6 @@ from typing import Any, NoReturn, final
 
 import anyio
 
-from ._bridge import adapt
 from ._clock import current_time
 from ._exceptions import (
     BackendError,
@@ -144,7 +143,10 @@ class Lease(metaclass=_NoPublicConstructor):
         self._name = name
         self._owner = owner
         self._identity = identity
-        self._metadata = MappingProxyType(dict(metadata))
+        # A lock's metadata is a read-only view of a dict nobody else holds: shared.
+        self._metadata = (
+            metadata if type(metadata) is MappingProxyType else MappingProxyType(dict(metadata))
+        )
         self._timing = timing
         self._token = grant.token
         self._deadline = timing.deadline_after(sent_at, grant)
@@ -355,6 +357,9 @@ async def release_shielded(
 ) -> bool:
     """Release ``owner``'s grant, shielded from cancellation and bounded in time.
 
+    ``backend`` is the one the grant was asked of (:func:`adapt` ed for the running
+    library, as a :class:`Lease` keeps it).
+
     Never raises for backend trouble (it is logged): a release must not mask the
     exception that ended the protected block.
 
@@ -365,7 +370,7 @@ async def release_shielded(
         try:
             if sent is not None:
                 return await sent
-            return await adapt(backend).release(name, owner, token)
+            return await backend.release(name, owner, token)
         except BackendError as exc:
             logger.warning("release of lease %r failed: %s (it will expire on its own)", name, exc)
             return False

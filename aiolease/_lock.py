@@ -22,6 +22,11 @@ from ._validate import check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, Capability, Grant
 
 _identity: tuple[int, str] = (-1, "")
+#: The default identity once it passed :func:`check_identity`, per process.
+_checked_identity: tuple[int, str] = (-1, "")
+#: Validated timings by their arguments (with their types: ``True`` is not ``1``).
+_timings: dict[tuple[object, ...], Timing] = {}
+_NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
 def default_identity() -> str:
@@ -32,6 +37,34 @@ def default_identity() -> str:
     if _identity[0] != pid:  # first use, or a forked child
         _identity = (pid, f"{socket.gethostname()}:{pid}"[:255])
     return _identity[1]
+
+
+def _checked_default_identity() -> str:
+    """:func:`default_identity`, checked once per process.
+
+    :raises InvalidArgument: the host name makes it more than 255 bytes of UTF-8
+    """
+    global _checked_identity
+    pid = os.getpid()
+    if _checked_identity[0] != pid:
+        _checked_identity = (pid, check_identity(default_identity()))
+    return _checked_identity[1]
+
+
+def _timing(ttl: object, renew_interval: object, margin: object, release_timeout: object) -> Timing:
+    """``Timing.build``, remembered for the arguments seen before (a lock is often made
+    per use, with the same few timings)."""
+    args = (ttl, renew_interval, margin, release_timeout)
+    key = (*args, *map(type, args))
+    try:
+        timing = _timings.get(key)
+    except TypeError:  # unhashable: Timing.build says what is wrong with it
+        return Timing.build(*args)
+    if timing is None:
+        timing = Timing.build(*args)
+        if len(_timings) < 256:
+            _timings[key] = timing
+    return timing
 
 
 @final
@@ -193,9 +226,13 @@ class AsyncLock:
     ) -> None:
         self._backend = validate_backend(backend)
         self._name = check_name(name)
-        self._timing = Timing.build(ttl, renew_interval, margin, release_timeout)
-        self._identity = check_identity(default_identity() if identity is None else identity)
-        self._metadata = MappingProxyType(check_metadata(metadata))
+        self._timing = _timing(ttl, renew_interval, margin, release_timeout)
+        self._identity = (
+            _checked_default_identity() if identity is None else check_identity(identity)
+        )
+        self._metadata = (
+            _NO_METADATA if metadata is None else MappingProxyType(check_metadata(metadata))
+        )
         self._counters = Counters()
         self._held = 0
 

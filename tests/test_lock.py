@@ -350,6 +350,18 @@ async def test_bad_arguments_are_rejected_and_change_nothing(
     assert await inner.read("fresh") is None
 
 
+def test_a_remembered_timing_is_not_given_for_arguments_that_only_equal_it(
+    inner: MemoryBackend,
+) -> None:
+    """Locks made with the same timing share its validation; ``True`` equals ``1`` but
+    is no number of seconds, and an unhashable value is still checked."""
+    assert AsyncLock(inner, "n", ttl=1).timing == AsyncLock(inner, "n", ttl=1.0).timing
+    with pytest.raises(aiolease.InvalidArgument, match="ttl"):
+        AsyncLock(inner, "n", ttl=True)
+    with pytest.raises(aiolease.InvalidArgument, match="ttl"):
+        AsyncLock(inner, "n", ttl=[1])  # type: ignore[arg-type]
+
+
 async def test_bad_urls_are_typed_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     # A backend whose driver is not installed names the extra to install.
     monkeypatch.setitem(_registry.BUILTIN, "fake", "aiolease_no_such_driver:Backend")
