@@ -25,7 +25,7 @@ import aiolease
 from aiolease import AsyncLock, Lease, LossReason
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._redis_resp import Endpoint, LeanClient
-from aiolease.backends._redis_scripts import Keys
+from aiolease.backends._redis_scripts import RENEW, Keys
 from aiolease.backends.redis import RedisBackend
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
@@ -537,6 +537,10 @@ async def test_renewals_slower_than_a_third_of_the_ttl_still_confirm(
             # allowed to be old when a renewal joins it, shorter than the renew interval.
             faulty = FaultyBackend(backend)
             lock = AsyncLock(faulty, "slow", ttl=6.0, renew_interval=2.9, margin=0.05)
+            with redis.Redis.from_url(redis_url) as admin:
+                # A server that never ran it (a fresh one, or after SCRIPT FLUSH) would
+                # answer the first renewal NOSCRIPT: two more slow round trips.
+                admin.script_load(RENEW.source)
             async with lock as lease:
                 await proxy.delay(1.2)
                 with anyio.fail_after(30):
