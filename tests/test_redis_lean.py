@@ -26,7 +26,7 @@ from aiolease import AsyncLock, Lease, LossReason
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._redis_resp import Endpoint, LeanClient
 from aiolease.backends._redis_scripts import RENEW, Keys
-from aiolease.backends.redis import RedisBackend
+from aiolease.backends.redis import ForeignDataError, RedisBackend
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
 
@@ -295,24 +295,32 @@ async def take_once(backend: Backend, name: str, got: list[int]) -> None:
     await lease.release()
 
 
+def noting_rides(found: RedisBackend) -> anyio.Event:
+    """An event set when an attempt through ``found`` starts to wait for a release to
+    ride with."""
+    riding = anyio.Event()
+    ride = found._riders.ride
+
+    async def noted_ride(name: str, args: Any, alone: Any) -> Any:
+        riding.set()
+        return await ride(name, args, alone)
+
+    found._riders.ride = noted_ride  # type: ignore[method-assign]
+    return riding
+
+
 async def test_an_attempt_rides_with_the_release_of_a_local_holder(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
-    """A waiter's attempt while a task of the same backend holds the lease goes in the
-    holder's release request, right after it: no request, and no reply, during the hold."""
+    """A waiter's attempt while a task of the same backend holds the lease goes with the
+    holder's release, which runs it right after: no request, and no reply, during the
+    hold."""
     async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
         found = inner(backend)
         await subscribe(backend, "fair")
         holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
         found._riders._wait = LONG  # only the release sends it
-        riding = anyio.Event()
-        ride = found._riders.ride
-
-        async def noted_ride(name: str, command: Any, alone: Any) -> Any:
-            riding.set()
-            return await ride(name, command, alone)
-
-        found._riders.ride = noted_ride  # type: ignore[method-assign]
+        riding = noting_rides(found)
         sent = requests(backend)
         got: list[int] = []
 
@@ -324,8 +332,63 @@ async def test_an_attempt_rides_with_the_release_of_a_local_holder(
                 await holder.release()
         # the queue was empty: the attempt right after the release was granted
         assert got == [holder.token + 1]
-        # the holder's release with the waiter's attempt, then the waiter's release
-        assert (sent["requests"], sent["EVALSHA"]) == (2, 3)
+        # the holder's release, which ran the waiter's attempt, then the waiter's release
+        assert (sent["requests"], sent["EVALSHA"]) == (2, 2)
+
+
+async def attempt_into(backend: Backend, name: str, outcome: list[object]) -> None:
+    """Acquire ``name`` (waiting as long as it takes) and release it; what happened
+    into ``outcome``: the token, or the backend error raised."""
+    try:
+        await take_once(backend, name, outcome)  # type: ignore[arg-type]
+    except aiolease.BackendError as exc:
+        outcome.append(exc)
+
+
+async def test_an_attempt_that_fails_in_the_release_it_rode_with_fails_alone(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """The release script runs a riding attempt under ``pcall``: its error is its own
+    reply, and the release stands."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+        found._riders._wait = LONG  # only the release sends it
+        riding = noting_rides(found)
+        with redis.Redis.from_url(redis_url) as admin:  # the grant's INCR will fail
+            admin.set(Keys.of(prefix, "fair").token, "not a counter")
+        outcome: list[object] = []
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attempt_into, backend, "fair", outcome)
+                await riding.wait()
+                assert await holder.release()
+        (error,) = outcome
+        assert isinstance(error, ForeignDataError)
+        assert await backend.read("fair") is None
+
+
+async def test_riders_of_a_release_whose_script_is_gone_go_alone(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """``SCRIPT FLUSH`` (a restart, a failover) during a hold: the release and the
+    attempt riding with it load their scripts and run on their own."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+        found._riders._wait = LONG
+        riding = noting_rides(found)
+        outcome: list[object] = []
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attempt_into, backend, "fair", outcome)
+                await riding.wait()
+                with redis.Redis.from_url(redis_url) as admin:
+                    admin.script_flush()
+                assert await holder.release()
+        assert outcome == [holder.token + 1]
 
 
 def noting_waits(found: RedisBackend) -> anyio.Event:
@@ -422,14 +485,7 @@ async def queue_then_ride(
     tg.start_soon(hold_until, backend, "fair", held, go)
     await order.reach(1)
     found._riders._wait = LONG  # the next attempt rides with the release
-    riding = anyio.Event()
-    ride = found._riders.ride
-
-    async def noted_ride(name: str, command: Any, alone: Any) -> Any:
-        riding.set()
-        return await ride(name, command, alone)
-
-    found._riders.ride = noted_ride  # type: ignore[method-assign]
+    riding = noting_rides(found)
     tg.start_soon(take_once, backend, "fair", got)
     await riding.wait()
     return first, order

@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._shield import timeout_after
 
-__all__ = ["Endpoint", "LeanClient", "Sent", "Subscriber"]
+__all__ = ["Endpoint", "LeanClient", "Sent", "Subscriber", "error_of"]
 
 #: connection_kwargs keys a lean connection can honour; any other means "use redis-py".
 _UNDERSTOOD = {
@@ -92,6 +92,11 @@ class Endpoint:
             None if timeout is None else float(timeout),
             float(kwargs.get("socket_connect_timeout") or timeout or 5.0),
         )
+
+
+def error_of(reply: Any) -> Any:
+    """``reply`` (an element of an array reply), an error reply as its exception."""
+    return _error(reply) if isinstance(reply, hiredis.ReplyError) else reply
 
 
 def _error(reply: hiredis.ReplyError) -> ResponseError:

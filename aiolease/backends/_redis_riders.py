@@ -1,14 +1,18 @@
-"""Fair attempts that ride along with a local holder's release, in the same request.
+"""Fair attempts that ride along with a local holder's release, in the same script.
 
 In fair mode a task that asks for a lease which another task of the same backend
 holds is refused and queued: its attempt is a request whose reply arrives while the
 holder holds, and wakes the event loop then (asyncio rounds the remaining time of
 the holder's sleep up to whole milliseconds again, so every such wake-up lengthens
 a short hold). The holder's release is the next request on the same connection
-anyway: the attempt waits for it, briefly, and goes in the same write, right after
-it (:meth:`RedisBackend.release`). The server then runs the attempt after the
-release, as it would run an attempt that took that long to arrive: it joins the
-queue behind everybody already in it, and gets the lease at once if nobody was.
+anyway: the attempt waits for it, briefly, and goes with it
+(:meth:`RedisBackend.release`): its ACQUIRE arguments follow the release's own, and
+the RELEASE script runs the attempt right after the release, as ACQUIRE would run an
+attempt that took that long to arrive: it joins the queue behind everybody already
+in it, and gets the lease at once if nobody was. One script instead of two saves
+the server a script call per attempt, while the new holder's message waits for the
+request to end. The script runs each attempt under ``pcall``: an attempt that fails
+gets its own error, and the release stands.
 
 The wait is bounded by :data:`RIDE_WAIT`: a holder that keeps the lease longer (or
 lost it without releasing) lets the attempt go on its own then. An attempt that
@@ -40,6 +44,11 @@ from .._exceptions import BackendUnavailable
 if TYPE_CHECKING:
     from ._redis_resp import LeanClient
 
+try:  # riders ride on lean connections only, which need hiredis
+    from ._redis_resp import error_of
+except ImportError:  # pragma: no cover - depends on the installed extras
+    pass
+
 __all__ = ["RIDE_WAIT", "Rider", "Riders", "send_with"]
 
 #: Seconds an attempt waits at most for the local holder's release.
@@ -51,20 +60,21 @@ _ALONE = object()
 
 @dataclass(eq=False)
 class Rider:
-    """One attempt waiting for a release to ride with: its command, and its reply."""
+    """One attempt waiting for a release to ride with: the ACQUIRE script's arguments
+    (the RELEASE script runs the attempt after the release), and its reply."""
 
-    command: tuple[Any, ...]
+    args: Sequence[Any]
     reply: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
 
     def settle(self, reply: Any) -> None:
-        """The reply to its command (an error reply as an exception value)."""
+        """The reply to its attempt (an error reply as an exception value)."""
         if not self.reply.done():
             self.reply.set_result(reply)
 
     def fail(self, error: BaseException) -> None:
-        """Its command's fate is unknown."""
+        """Its attempt's fate is unknown."""
         if not self.reply.done():
             self.reply.set_exception(error)
             self.reply.add_done_callback(_retrieve)
@@ -118,14 +128,15 @@ class Riders:
         return self._waiting.pop(name, [])
 
     async def ride(
-        self, name: str, command: tuple[Any, ...], alone: Callable[[], Awaitable[Any]]
+        self, name: str, args: Sequence[Any], alone: Callable[[], Awaitable[Any]]
     ) -> Any:
-        """The reply to ``command``, sent after the local holder's release of ``name``,
+        """The reply to the attempt of ACQUIRE arguments ``args``, run by the local
+        holder's release of ``name``,
         or by ``alone()`` once :data:`RIDE_WAIT` has passed.
 
         :returns: the reply; an error reply as an exception value
         """
-        rider = Rider(command)
+        rider = Rider(args)
         self._waiting.setdefault(name, []).append(rider)
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self._wait, self._due, name)
@@ -167,7 +178,7 @@ class Riders:
 
     @staticmethod
     def go_alone(riders: Sequence[Rider]) -> None:
-        """Have each of ``riders`` send its command on its own."""
+        """Have each of ``riders`` send its attempt on its own."""
         for rider in riders:
             rider.alone()
 
@@ -184,8 +195,9 @@ async def send_with(
     *,
     announce_first: bool,
 ) -> Any:
-    """Send the release ``command`` and then the commands of ``riders`` in one request,
-    and settle the riders; the release's reply (an error reply as an exception value).
+    """Send the RELEASE ``command`` with the attempts of ``riders`` (their arguments
+    after its own: the script runs them after the release), and settle the riders;
+    the release's reply (an error reply as an exception value).
 
     :param announce_first: start with a ``PING``. Redis writes its pending replies
         newest client first, so a client with a reply pending before the script runs
@@ -197,8 +209,8 @@ async def send_with(
     :param settle: gives the riders their replies (:meth:`Riders.settle`)
     :raises redis.exceptions.RedisError: the client failed (the riders fail too)
     """
-    request, at = _request(command, riders, announce_first)
-    return await _settled(client.execute_many(request), riders, at, settle)
+    request = _request(command, riders, announce_first)
+    return await _settled(client.execute_many(request), riders, settle)
 
 
 def sent_with(
@@ -211,28 +223,33 @@ def sent_with(
 ) -> Awaitable[Any] | None:
     """:func:`send_with`'s request, written before returning if the client's
     connection is open; what awaits its reply (``None``: nothing was sent)."""
-    request, at = _request(command, riders, announce_first)
+    request = _request(command, riders, announce_first)
     sent = client.send_now(request)
-    return None if sent is None else _settled(client.replies(sent), riders, at, settle)
+    return None if sent is None else _settled(client.replies(sent), riders, settle)
 
 
 def _request(
     command: tuple[Any, ...], riders: Sequence[Rider], announce_first: bool
-) -> tuple[list[tuple[Any, ...]], int]:
-    """The commands of a release request, and where the riders' start."""
-    commands = [("PING",), command] if announce_first else [command]
-    return [*commands, *(rider.command for rider in riders)], len(commands)
+) -> list[tuple[Any, ...]]:
+    """The commands of a release request: the RELEASE script last."""
+    if riders:
+        command = (*command, *(arg for rider in riders for arg in rider.args))
+    return [("PING",), command] if announce_first else [command]
 
 
-async def _settled(
-    replies: Awaitable[list[Any]], riders: Sequence[Rider], at: int, settle: Settle
-) -> Any:
+async def _settled(replies: Awaitable[list[Any]], riders: Sequence[Rider], settle: Settle) -> Any:
     try:
         got = await replies
     except BaseException as exc:
         for rider in riders:
             rider.fail(BackendUnavailable(f"the request this attempt rode with failed: {exc!r}"))
         raise
-    if riders:
-        settle(riders, got[at:], got[at - 1])
-    return got[at - 1]
+    reply = got[-1]
+    if not riders:
+        return reply
+    if not isinstance(reply, list):  # the script failed as a whole (NOSCRIPT, say)
+        settle(riders, [reply] * len(riders), reply)
+        return reply
+    # {the release's reply, each attempt's}
+    settle(riders, [error_of(r) for r in reply[1:]], reply[0])
+    return reply[0]

@@ -338,40 +338,48 @@ local function hand_off(k, head, entry, after, after_entry, now, channel, announ
 end
 """
 
+# The attempt of ACQUIRE, also run by RELEASE for the attempts that ride with it.
+_ATTEMPT = r"""
+-- k: lease, token, queue, waiters, watched; fair: a boolean; turns: '' for none
+local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
+  local lease = load_lease(k[1])
+  if lease and lease.owner == owner then
+    -- an idempotent retry, or a hand-off this waiter now picks up: reset the expiry
+    redis.call('PEXPIRE', k[1], ttl)
+    return {1, lease.token}
+  end
+  local queued = has_queue(k[3])
+  local now = (queued or fair) and now_ms()  -- the clock only dates queue entries
+  if not lease then
+    local head, entry, after, after_entry
+    if queued then head, entry, after, after_entry = queue_front(k[3], k[4], now) end
+    if not head or head == owner then
+      if head then dequeue(k[3], k[4], owner) end
+      local token = grant(k, owner, identity, metadata, ttl)
+      redis.call('PUBLISH', channel, owner)
+      return {1, token}
+    end
+    -- the lease ran out with a waiter queued: a grant after an expiry, for all to hear
+    lease = hand_off(k, head, entry, after, after_entry, now, channel, true)
+  end
+  if fair then
+    local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
+    enqueue(k[3], k[4], owner, ttl, identity, metadata, now, retry_by, turns)
+  end
+  return holder(lease)
+end
+"""
+
 ACQUIRE = Script(
     "acquire",
     _PRELUDE
     + _QUEUE
+    + _ATTEMPT
     + r"""
 -- KEYS: lease, token, queue, waiters, watched
 -- ARGV: owner, ttl ms, identity, metadata, fair ('1'/'0'), channel, turns channel ('')
-local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local fair, channel, turns = ARGV[5] == '1', ARGV[6], ARGV[7] or ''
-local lease = load_lease(KEYS[1])
-if lease and lease.owner == owner then
-  -- an idempotent retry, or a hand-off this waiter now picks up: reset the expiry
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1, lease.token}
-end
-local queued = has_queue(KEYS[3])
-local now = (queued or fair) and now_ms()  -- the clock only dates queue entries
-if not lease then
-  local head, entry, after, after_entry
-  if queued then head, entry, after, after_entry = queue_front(KEYS[3], KEYS[4], now) end
-  if not head or head == owner then
-    if head then dequeue(KEYS[3], KEYS[4], owner) end
-    local token = grant(KEYS, owner, identity, metadata, ttl)
-    redis.call('PUBLISH', channel, owner)
-    return {1, token}
-  end
-  -- the lease ran out with a waiter queued: a grant after an expiry, for all to hear
-  lease = hand_off(KEYS, head, entry, after, after_entry, now, channel, true)
-end
-if fair then
-  local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
-  enqueue(KEYS[3], KEYS[4], owner, ttl, identity, metadata, now, retry_by, turns)
-end
-return holder(lease)
+return attempt(KEYS, ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5] == '1', ARGV[6],
+               ARGV[7] or '')
 """,
 )
 
@@ -379,34 +387,49 @@ RELEASE = Script(
     "release",
     _PRELUDE
     + _QUEUE
+    + _ATTEMPT
     + r"""
--- KEYS: lease, token, queue, waiters, watched
--- ARGV: owner, token ('' for any), channel
-local owner, token, channel = ARGV[1], ARGV[2], ARGV[3]
-local lease = load_lease(KEYS[1])
-local queued = has_queue(KEYS[3])
--- also undo a queue entry this owner left behind (a cancelled wait); a queue member
--- without a waiter entry is dropped when it comes to the head
--- (A lease's holder has none: a grant dequeues its waiter.)
-if queued and token == '' and typed(KEYS[4], 'waiters hash', 'HDEL', KEYS[4], owner) == 1 then
-  redis.call('ZREM', KEYS[3], owner)
-end
-if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
-  return 0
-end
-if queued then
-  local now = now_ms()
-  local head, entry, after, after_entry = queue_front(KEYS[3], KEYS[4], now)
-  if head then
-    -- rewrites every field; announced on the name's channel only if it is watched
-    local watched = redis.call('EXISTS', KEYS[5]) == 1
-    hand_off(KEYS, head, entry, after, after_entry, now, channel, watched)
-    return {2, head}
+local function release(k, owner, token, channel)
+  local lease = load_lease(k[1])
+  local queued = has_queue(k[3])
+  -- also undo a queue entry this owner left behind (a cancelled wait); a queue member
+  -- without a waiter entry is dropped when it comes to the head
+  -- (A lease's holder has none: a grant dequeues its waiter.)
+  if queued and token == '' and typed(k[4], 'waiters hash', 'HDEL', k[4], owner) == 1 then
+    redis.call('ZREM', k[3], owner)
   end
+  if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
+    return 0
+  end
+  if queued then
+    local now = now_ms()
+    local head, entry, after, after_entry = queue_front(k[3], k[4], now)
+    if head then
+      -- rewrites every field; announced on the name's channel only if it is watched
+      local watched = redis.call('EXISTS', k[5]) == 1
+      hand_off(k, head, entry, after, after_entry, now, channel, watched)
+      return {2, head}
+    end
+  end
+  redis.call('DEL', k[1])
+  redis.call('PUBLISH', channel, '')
+  return 1
 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', channel, '')
-return 1
+
+-- KEYS: lease, token, queue, waiters, watched
+-- ARGV: owner, token ('' for any), channel; then, for each attempt that rides with the
+-- release (see _redis_riders), ACQUIRE's seven arguments.
+local reply = release(KEYS, ARGV[1], ARGV[2], ARGV[3])
+if #ARGV == 3 then return reply end
+-- {release's reply, each attempt's}: an attempt that fails fails alone
+local replies = {reply}
+for i = 4, #ARGV, 7 do
+  local ok, got = pcall(attempt, KEYS, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2],
+                        ARGV[i + 3], ARGV[i + 4] == '1', ARGV[i + 5], ARGV[i + 6] or '')
+  if not ok and not (type(got) == 'table' and got.err) then got = {err = tostring(got)} end
+  replies[#replies + 1] = got
+end
+return replies
 """,
 )
 

@@ -556,10 +556,7 @@ class RedisBackend(Backend):
         (see :mod:`aiolease.backends._redis_riders`)."""
         if self._lean is None or not self._fair or not self._riders.must_wait(name, owner):
             return await self._eval(name, ACQUIRE, keys, *args)
-        command = ("EVALSHA", ACQUIRE.sha, len(keys), *keys, *args)
-        reply = await self._riders.ride(
-            name, command, lambda: self._eval(name, ACQUIRE, keys, *args)
-        )
+        reply = await self._riders.ride(name, args, lambda: self._eval(name, ACQUIRE, keys, *args))
         if isinstance(reply, NoScriptError):
             return await self._eval(name, ACQUIRE, keys, *args)
         if isinstance(reply, BaseException):
