@@ -144,6 +144,34 @@ async def test_the_waits_of_one_backend_share_one_listener_of_its_turns_channel(
         assert entry.listeners == []  # the last wait stopped listening
 
 
+async def test_a_waiter_behind_a_head_of_its_own_backend_is_not_told_how_long_it_lasts(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """The head's process is alive while the waiter behind it is (a head that gives
+    up there releases its grant): the release publishes only the head's message."""
+    name = new_name()
+    async with AsyncExitStack() as stack:
+        a, w = await fair_backends(stack, redis_url, prefix, 2)
+        holder = await a.try_acquire(name, "a", LONG, "a", {})
+        assert isinstance(holder, Grant)
+        refused = await queued(w, name, "w1")
+        assert isinstance(await w.try_acquire(name, "w2", LONG, "w2", {}), HolderInfo)
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(w.wait_turn, name, "w1", LONG, refused)
+                assert await a.release(name, "a", holder.token)
+        with redis.Redis.from_url(redis_url) as admin:  # after all the release published
+            admin.publish(turns(w), b"end")
+        await eventually(lambda: b"end" in heard(w, turns(w)), "the last message")
+        told = [handed(m) for m in heard(w, turns(w))[:-1]]
+        assert [(t.owner, t.token) for t in told if t] == [(b"w1", holder.token + 1)]
+        assert len(told) == 1  # nothing for w2
+        granted = await w.try_acquire(name, "w1", LONG, "w1", {})
+        assert isinstance(granted, Grant)
+        assert await w.release(name, "w1", granted.token)  # hands it on to w2
+        assert await w.release(name, "w2", None)
+
+
 async def test_a_watched_name_has_its_hand_offs_announced(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:

@@ -16,6 +16,7 @@ script touches a single slot::
     <prefix>turns:<id>         pub/sub channel of one fair backend object: the hand-offs
                                to its waiters (the same message as on ``changed``), and
                                "<owner>\\n+<px>" to a waiter next in line behind one
+                               (of another backend object)
 
 **Only the next waiters are woken.** A release hands the lease to the queue's head
 and publishes the hand-off on the head's own turns channel, which only its backend
@@ -321,13 +322,16 @@ end
 -- in line is told how long ("<owner>\n+<px>"), and retries when it ends if it was not
 -- handed the lease by then (a dead head holds nobody up longer).
 -- Redis writes what is pending for its clients newest first: the head's message is
--- published last, so that the head hears of its turn first.
+-- published last, so that the head hears of its turn first. A waiter next in line
+-- behind a head of its own backend (the same turns channel) is not told: the head's
+-- process is alive when it is, and a head that gives up there releases what it was
+-- handed (the core's compensating release).
 local function hand_off(k, head, entry, after, after_entry, now, channel, announce)
   dequeue(k[3], k[4], head)
   local px = math.max(math.min(entry.t, entry.e - now), 1)
   local token = grant(k, head, entry.i, entry.m, px)
   local message = head .. string.format('\n%d:%d', token, px)
-  if after and after_entry.c then
+  if after and after_entry.c and after_entry.c ~= entry.c then
     redis.call('PUBLISH', after_entry.c, after .. string.format('\n+%d', px))
   end
   if announce or not entry.c or (after and not after_entry.c) then

@@ -26,9 +26,10 @@ where both channels stood then (:class:`Marks`); without them (a channel was not
 subscribed throughout) the waiter subscribes and tries again at once instead of
 waiting. The waiter next in line behind the head is told (``<owner>\\n+<px>``) how
 long the head's grant lasts if it is not picked up (its waiter died), and retries
-when it ends, which hands the lease on. A lost subscription wakes the waiter once
-the channel is subscribed again, and its own time limit (the holder's expiry, a
-third of its ttl) bounds the wait anyway.
+when it ends, which hands the lease on; unless the head waits through the same
+backend, whose process is then alive (a head that gives up releases its grant). A
+lost subscription wakes the waiter once the channel is subscribed again, and its own
+time limit (the holder's expiry, a third of its ttl) bounds the wait anyway.
 
 **The new holder's takeover watch.** Messages reach a backend over one connection,
 in publishing order, whatever their channel: a hand-off heard on the turns channel
