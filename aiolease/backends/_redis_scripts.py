@@ -172,14 +172,18 @@ local function is_count(value)
 end
 
 -- The live lease under key, or nil. (HMGET first: a held lease, the common case,
--- costs no TYPE; an error or nothing found tells to look at the type.)
-local function load_lease(key)
+-- costs no TYPE; an error or nothing found tells to look at the type.) Its pttl
+-- too, unless `no_pttl` (a release needs none).
+local function load_lease(key, no_pttl)
   local f = redis.pcall('HMGET', key, 'owner', 'identity', 'token', 'metadata')
   if f.err or not (f[1] or f[2] or f[3] or f[4]) then
     if not exists_as(key, 'hash') then return nil end
   end
   if f.err or not f[1] or not f[2] or not is_count(f[3]) or not f[4] then
     foreign(key, 'is a hash without the fields of an aiolease lease')
+  end
+  if no_pttl then
+    return {owner = f[1], identity = f[2], token = tonumber(f[3]), metadata = f[4]}
   end
   local pttl = redis.call('PTTL', key)
   if pttl < 0 then foreign(key, 'has no expiry, which an aiolease lease always has') end
@@ -270,35 +274,35 @@ local function live_waiter(queue, waiters, now, at)
   end
 end
 
--- The first two live waiters and their entries (the second nil if there is none);
--- nil if nobody waits. One read of each key while the first two are live, as they
--- nearly always are; stale entries in front are dropped.
+-- The first two live waiters and their entries (the second nil if there is none),
+-- and the time `now` (read from the server if not given and somebody is queued); nil
+-- if nobody waits. One read of each key while the first two are live, as they nearly
+-- always are; stale entries in front are dropped.
 local function queue_front(queue, waiters, now)
   local ids = typed(queue, 'queue', 'ZRANGE', queue, 0, 1)
   if not ids[1] then return nil end
+  now = now or now_ms()
   local raw = typed(waiters, 'waiters hash', 'HMGET', waiters, unpack(ids))
   local head, after = entry_of(waiters, raw[1]), entry_of(waiters, raw[2])
   if head and head.e > now and (not ids[2] or (after and after.e > now)) then
-    return ids[1], head, ids[2], after
+    return ids[1], head, ids[2], after, now
   end
   local first, entry = live_waiter(queue, waiters, now, 0)
   if not first then return nil end
   local second, second_entry = live_waiter(queue, waiters, now, 1)
-  return first, entry, second, second_entry
+  return first, entry, second, second_entry, now
 end
 
 -- A refused waiter keeps its place; its entry lasts one ttl. It retries (so refreshes
 -- the entry) by `retry_by` at the latest: a third of its ttl, or the holder's expiry.
 -- Its hand-off is announced on `turns` (its backend's channel), when given.
 local function enqueue(queue, waiters, owner, ttl, identity, metadata, now, retry_by, turns)
-  local place = typed(queue, 'queue', 'ZSCORE', queue, owner)
+  local last = typed(queue, 'queue', 'ZRANGE', queue, -1, -1, 'WITHSCORES')
   local entry = {e = now + ttl, w = retry_by, t = ttl, i = identity, m = metadata}
   if turns ~= '' then entry.c = turns end
   typed(waiters, 'waiters hash', 'HSET', waiters, owner, cjson.encode(entry))
-  if not place then
-    local last = redis.call('ZRANGE', queue, -1, -1, 'WITHSCORES')
-    redis.call('ZADD', queue, (tonumber(last[2]) or 0) + 1, owner)
-  end
+  -- behind the last; a waiter queued already keeps its place (NX)
+  redis.call('ZADD', queue, 'NX', (tonumber(last[2]) or 0) + 1, owner)
   -- the two keys are written together: the queue's expiry stands for both
   if redis.call('PTTL', queue) < ttl then
     redis.call('PEXPIRE', queue, ttl)
@@ -352,11 +356,14 @@ local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
     redis.call('PEXPIRE', k[1], ttl)
     return {1, lease.token}
   end
-  local queued = has_queue(k[3])
-  local now = (queued or fair) and now_ms()  -- the clock only dates queue entries
+  local now = fair and now_ms() or nil  -- the clock only dates queue entries
   if not lease then
     local head, entry, after, after_entry
-    if queued then head, entry, after, after_entry = queue_front(k[3], k[4], now) end
+    if has_queue(k[3]) then
+      local read_at
+      head, entry, after, after_entry, read_at = queue_front(k[3], k[4], now)
+      now = read_at or now
+    end
     if not head or head == owner then
       if head then dequeue(k[3], k[4], owner) end
       local token = grant(k, owner, identity, metadata, ttl)
@@ -394,26 +401,23 @@ RELEASE = Script(
     + _ATTEMPT
     + r"""
 local function release(k, owner, token, channel)
-  local lease = load_lease(k[1])
-  local queued = has_queue(k[3])
+  local lease = load_lease(k[1], true)
   -- also undo a queue entry this owner left behind (a cancelled wait); a queue member
   -- without a waiter entry is dropped when it comes to the head
   -- (A lease's holder has none: a grant dequeues its waiter.)
-  if queued and token == '' and typed(k[4], 'waiters hash', 'HDEL', k[4], owner) == 1 then
+  if token == '' and has_queue(k[3])
+      and typed(k[4], 'waiters hash', 'HDEL', k[4], owner) == 1 then
     redis.call('ZREM', k[3], owner)
   end
   if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
     return 0
   end
-  if queued then
-    local now = now_ms()
-    local head, entry, after, after_entry = queue_front(k[3], k[4], now)
-    if head then
-      -- rewrites every field; announced on the name's channel only if it is watched
-      local watched = redis.call('EXISTS', k[5]) == 1
-      hand_off(k, head, entry, after, after_entry, now, channel, watched)
-      return {2, head}
-    end
+  local head, entry, after, after_entry, now = queue_front(k[3], k[4], nil)
+  if head then
+    -- rewrites every field; announced on the name's channel only if it is watched
+    local watched = redis.call('EXISTS', k[5]) == 1
+    hand_off(k, head, entry, after, after_entry, now, channel, watched)
+    return {2, head}
   end
   redis.call('DEL', k[1])
   redis.call('PUBLISH', channel, '')
