@@ -369,6 +369,35 @@ async def test_an_attempt_that_fails_in_the_release_it_rode_with_fails_alone(
         assert await backend.read("fair") is None
 
 
+async def test_a_riding_attempt_of_the_waiter_the_release_hands_off_to_picks_it_up(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    """A queued waiter that tries again while the holder here holds rides with the
+    release; the release hands the lease to it, and its attempt picks it up."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+        found._riders._wait = 0  # the waiter's first attempt goes alone: it is queued
+        refused = await backend.try_acquire("fair", "waiter", LONG, "waiter", {})
+        assert isinstance(refused, HolderInfo) and refused.owner == holder.owner
+        found._riders._wait = LONG  # its next one rides with the release
+        riding = noting_rides(found)
+        granted: list[object] = []
+
+        async def try_again() -> None:
+            granted.append(await backend.try_acquire("fair", "waiter", LONG, "waiter", {}))
+
+        with anyio.fail_after(LONG / 6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(try_again)
+                await riding.wait()
+                assert await holder.release()
+        (grant,) = granted
+        assert isinstance(grant, Grant) and grant.token == holder.token + 1
+        assert await backend.release("fair", "waiter", grant.token)
+
+
 async def test_riders_of_a_release_whose_script_is_gone_go_alone(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:

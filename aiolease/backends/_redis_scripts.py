@@ -348,6 +348,16 @@ end
 
 # The attempt of ACQUIRE, also run by RELEASE for the attempts that ride with it.
 _ATTEMPT = r"""
+-- The rest of an attempt that finds `lease` held by another owner at `now`: queued
+-- behind it in fair mode; the holder.
+local function queue_behind(k, lease, now, owner, ttl, identity, metadata, fair, turns)
+  if fair then
+    local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
+    enqueue(k[3], k[4], owner, ttl, identity, metadata, now, retry_by, turns)
+  end
+  return holder(lease)
+end
+
 -- k: lease, token, queue, waiters, watched; fair: a boolean; turns: '' for none
 local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
   local lease = load_lease(k[1])
@@ -373,11 +383,7 @@ local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
     -- the lease ran out with a waiter queued: a grant after an expiry, for all to hear
     lease = hand_off(k, head, entry, after, after_entry, now, channel, true)
   end
-  if fair then
-    local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
-    enqueue(k[3], k[4], owner, ttl, identity, metadata, now, retry_by, turns)
-  end
-  return holder(lease)
+  return queue_behind(k, lease, now, owner, ttl, identity, metadata, fair, turns)
 end
 """
 
@@ -416,8 +422,7 @@ local function release(k, owner, token, channel)
   if head then
     -- rewrites every field; announced on the name's channel only if it is watched
     local watched = redis.call('EXISTS', k[5]) == 1
-    hand_off(k, head, entry, after, after_entry, now, channel, watched)
-    return {2, head}
+    return {2, head}, hand_off(k, head, entry, after, after_entry, now, channel, watched), now
   end
   redis.call('DEL', k[1])
   redis.call('PUBLISH', channel, '')
@@ -427,13 +432,20 @@ end
 -- KEYS: lease, token, queue, waiters, watched
 -- ARGV: owner, token ('' for any), channel; then, for each attempt that rides with the
 -- release (see _redis_riders), ACQUIRE's seven arguments.
-local reply = release(KEYS, ARGV[1], ARGV[2], ARGV[3])
+local reply, handed, now = release(KEYS, ARGV[1], ARGV[2], ARGV[3])
 if #ARGV == 3 then return reply end
--- {release's reply, each attempt's}: an attempt that fails fails alone
+-- {release's reply, each attempt's}: an attempt that fails fails alone. After a
+-- hand-off, what an attempt would read is known: the new holder, at `now`.
 local replies = {reply}
 for i = 4, #ARGV, 7 do
-  local ok, got = pcall(attempt, KEYS, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2],
-                        ARGV[i + 3], ARGV[i + 4] == '1', ARGV[i + 5], ARGV[i + 6] or '')
+  local owner, ttl, identity, metadata = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
+  local fair, channel, turns = ARGV[i + 4] == '1', ARGV[i + 5], ARGV[i + 6] or ''
+  local ok, got
+  if handed and handed.owner ~= owner then
+    ok, got = pcall(queue_behind, KEYS, handed, now, owner, ttl, identity, metadata, fair, turns)
+  else
+    ok, got = pcall(attempt, KEYS, owner, ttl, identity, metadata, fair, channel, turns)
+  end
   if not ok and not (type(got) == 'table' and got.err) then got = {err = tostring(got)} end
   replies[#replies + 1] = got
 end
