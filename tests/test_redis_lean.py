@@ -309,18 +309,27 @@ def noting_rides(found: RedisBackend) -> anyio.Event:
     return riding
 
 
+@asynccontextmanager
+async def holding_here(
+    redis_url: str, prefix: str
+) -> AsyncIterator[tuple[Backend, Lease, anyio.Event]]:
+    """A fair backend, a lease on "fair" held through it, and an event set when an
+    attempt through it starts to wait for the lease's release, which alone sends it."""
+    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
+        found = inner(backend)
+        await subscribe(backend, "fair")
+        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
+        found._riders._wait = LONG
+        yield backend, holder, noting_rides(found)
+
+
 async def test_an_attempt_rides_with_the_release_of_a_local_holder(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
     """A waiter's attempt while a task of the same backend holds the lease goes with the
     holder's release, which runs it right after: no request, and no reply, during the
     hold."""
-    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
-        found = inner(backend)
-        await subscribe(backend, "fair")
-        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-        found._riders._wait = LONG  # only the release sends it
-        riding = noting_rides(found)
+    async with holding_here(redis_url, prefix) as (backend, holder, riding):
         sent = requests(backend)
         got: list[int] = []
 
@@ -350,12 +359,7 @@ async def test_an_attempt_that_fails_in_the_release_it_rode_with_fails_alone(
 ) -> None:
     """The release script runs a riding attempt under ``pcall``: its error is its own
     reply, and the release stands."""
-    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
-        found = inner(backend)
-        await subscribe(backend, "fair")
-        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-        found._riders._wait = LONG  # only the release sends it
-        riding = noting_rides(found)
+    async with holding_here(redis_url, prefix) as (backend, holder, riding):
         with redis.Redis.from_url(redis_url) as admin:  # the grant's INCR will fail
             admin.set(Keys.of(prefix, "fair").token, "not a counter")
         outcome: list[object] = []
@@ -403,12 +407,7 @@ async def test_riders_of_a_release_whose_script_is_gone_go_alone(
 ) -> None:
     """``SCRIPT FLUSH`` (a restart, a failover) during a hold: the release and the
     attempt riding with it load their scripts and run on their own."""
-    async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
-        found = inner(backend)
-        await subscribe(backend, "fair")
-        holder = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-        found._riders._wait = LONG
-        riding = noting_rides(found)
+    async with holding_here(redis_url, prefix) as (backend, holder, riding):
         outcome: list[object] = []
         with anyio.fail_after(LONG / 6):
             async with anyio.create_task_group() as tg:
