@@ -169,6 +169,8 @@ class Riders:
 
     def flush(self) -> None:
         """Give the kept refusals to their attempts (a release was just written)."""
+        if not self._kept:
+            return
         if self._flush_at is not None:
             self._flush_at.cancel()
             self._flush_at = None

@@ -661,9 +661,7 @@ class RedisBackend(Backend):
         if self._closed:
             Riders.go_alone(riders)
             raise BackendUnavailable(f"{self!r} is closed")
-        command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
-        request = send_with(self._lean, command, riders, self._settler(name), announce_first=first)
-        self._riders.flush()  # runs once this task waits for the reply
+        request = self._send_release(name, keys, args, riders, first)
         return await self._released(name, request, keys, args)
 
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
@@ -672,14 +670,29 @@ class RedisBackend(Backend):
         if self._lean is None or self._closed or type(self).release is not RedisBackend.release:
             return None
         keys, args, riders, first = self._releasing(name, owner, token)
+        request = self._send_release(name, keys, args, riders, first)
+        self._forget(name, owner)  # after the write: nothing is read before the await
+        return self._released(name, request, keys, args)
+
+    def _send_release(
+        self,
+        name: str,
+        keys: Sequence[bytes],
+        args: Sequence[Any],
+        riders: Sequence[Rider],
+        first: bool,
+    ) -> Awaitable[Any]:
+        """The RELEASE request and its riders over the lean connection, written before
+        returning if it is open (else when awaited, once connected); the kept refusals
+        go to their attempts, which run once this task waits for the reply."""
+        assert self._lean is not None
         command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
         settle = self._settler(name)
         request = sent_with(self._lean, command, riders, settle, announce_first=first)
-        self._forget(name, owner)  # after the write: nothing is read before the await
-        if request is None:  # not connected: it connects when awaited
+        if request is None:
             request = send_with(self._lean, command, riders, settle, announce_first=first)
         self._riders.flush()
-        return self._released(name, request, keys, args)
+        return request
 
     def _settler(self, name: str) -> Callable[[Sequence[Rider], Sequence[Any], Any], None]:
         """What gives the riders of a release of ``name`` their replies: a refusal is
