@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -499,27 +500,37 @@ async def hold_until(backend: Backend, name: str, held: anyio.Event, go: anyio.E
         await go.wait()
 
 
-async def queue_then_ride(
-    backend: Backend, tg: anyio.abc.TaskGroup, got: list[int], held: anyio.Event, go: anyio.Event
-) -> tuple[Lease, Order]:
-    """Hold "fair" here; queue a waiter for its turn (:func:`hold_until`), then start
-    an attempt that rides with the holder's release (:func:`take_once`, into ``got``):
-    that release will hand the lease to the waiter and refuse the attempt."""
+@dataclass
+class Riding:
+    """A lease held here (``first``), a waiter queued behind it that holds the lease
+    once it is handed over (``held``) until told to release it (``go``), and an
+    attempt riding with ``first``'s release, which takes the lease once (token into
+    ``got``); ``order`` notes the releases and the waits."""
+
+    first: Lease
+    order: Order
+    held: anyio.Event = field(default_factory=anyio.Event)
+    go: anyio.Event = field(default_factory=anyio.Event)
+    got: list[int] = field(default_factory=list)
+
+
+async def queue_then_ride(backend: Backend, tg: anyio.abc.TaskGroup) -> Riding:
+    """:class:`Riding` on "fair": ``first``'s release will hand the lease to the waiter
+    and refuse the riding attempt."""
     found = inner(backend)
     await subscribe(backend, "fair")
-    first = await AsyncLock(backend, "fair", ttl=LONG).acquire()
-    order = Order(found)
+    riding = Riding(await AsyncLock(backend, "fair", ttl=LONG).acquire(), Order(found))
     found._riders._wait = 0  # the waiter's attempt goes alone: it is queued
-    tg.start_soon(hold_until, backend, "fair", held, go)
-    await order.reach(1)
+    tg.start_soon(hold_until, backend, "fair", riding.held, riding.go)
+    await riding.order.reach(1)
     found._riders._wait = LONG  # the next attempt rides with the release
-    riding = noting_rides(found)
-    tg.start_soon(take_once, backend, "fair", got)
-    await riding.wait()
-    return first, order
+    started = noting_rides(found)
+    tg.start_soon(take_once, backend, "fair", riding.got)
+    await started.wait()
+    return riding
 
 
-@asyncio_only  # the riders are asyncio's: under trio the test cannot turn that loop
+@asyncio_only  # the riders are asyncio's: under trio the test cannot reach them
 async def test_a_refusal_handed_back_with_a_local_hand_off_waits_for_the_next_release(
     anyio_backend: str, redis_url: str, prefix: str
 ) -> None:
@@ -527,20 +538,17 @@ async def test_a_refusal_handed_back_with_a_local_hand_off_waits_for_the_next_re
     refused, starts waiting for its turn once the new holder's release is written
     (in that request's round trip), not during the new holder's hold."""
     async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
-        got: list[int] = []
-        held, go = anyio.Event(), anyio.Event()
         with anyio.fail_after(LONG / 6):
             async with anyio.create_task_group() as tg:
-                first, order = await queue_then_ride(backend, tg, got, held, go)
-                await first.release()
-                await held.wait()
-                for _ in range(5):  # more than the refusal took to reach its waiter before
-                    await asyncio.sleep(0)
-                assert order.seen == ["wait", "release"]
-                go.set()
-        assert got == [first.token + 2]
+                riding = await queue_then_ride(backend, tg)
+                await riding.first.release()  # its reply settled the riders
+                await riding.held.wait()
+                assert len(inner(backend)._riders._kept) == 1  # the refusal is kept
+                assert riding.order.seen == ["wait", "release"]
+                riding.go.set()
+        assert riding.got == [riding.first.token + 2]
         # the new holder's release, the rider's wait for its turn, the rider's release
-        assert order.seen == ["wait", "release", "release", "wait", "release"]
+        assert riding.order.seen == ["wait", "release", "release", "wait", "release"]
 
 
 @asyncio_only
@@ -550,18 +558,16 @@ async def test_a_kept_refusal_reaches_its_waiter_while_the_new_holder_holds_on(
     """A refusal is kept for the riders' wait at most: a holder that keeps the lease
     does not hold up its waiters."""
     async with aiolease.open_backend(redis_url, prefix=prefix, fair=True) as backend:
-        got: list[int] = []
-        held, go = anyio.Event(), anyio.Event()
         with anyio.fail_after(LONG / 6):
             async with anyio.create_task_group() as tg:
-                first, order = await queue_then_ride(backend, tg, got, held, go)
+                riding = await queue_then_ride(backend, tg)
                 inner(backend)._riders._wait = 0.01
-                await first.release()
-                await held.wait()
-                await order.reach(3)
-                assert order.seen == ["wait", "release", "wait"]  # the lease still held
-                go.set()
-        assert got == [first.token + 2]
+                await riding.first.release()
+                await riding.held.wait()
+                await riding.order.reach(3)
+                assert riding.order.seen == ["wait", "release", "wait"]  # the lease still held
+                riding.go.set()
+        assert riding.got == [riding.first.token + 2]
 
 
 async def test_a_waiter_whose_subscription_dropped_still_gets_its_turn(
