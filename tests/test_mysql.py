@@ -441,6 +441,62 @@ async def test_a_lock_wait_timeout_is_a_timeout(
         assert holder is not None and holder.owner == "owner-1"
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # holds row locks on this loop
+async def test_a_statement_chosen_as_a_deadlock_victim_is_sent_again(
+    my_url: str, database: str, anyio_backend: str
+) -> None:
+    # A transaction of our own writes queue entries of the name while the backend's
+    # release statement locks the row and waits to read them; then it asks for the
+    # row: a deadlock, whose victim is the backend's statement (it has written less).
+    table = unique("leases")
+    url = with_query(my_url, table=table)
+    async with backend(url) as b:
+        token = (await grant(b, "dead", "owner-1")).token
+        await raw(  # marked as having waiters: the release asks the queue
+            my_url,
+            f"UPDATE `{database}`.`{table}` SET queued = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
+        )
+        conn = await asyncmy.connect(**connect_args(my_url), db=database)
+        try:
+            await conn.begin()
+            async with conn.cursor() as cur:
+                await cur.execute(
+                    f"INSERT INTO `{table}_waiters` (name, owner, identity, metadata, ttl, us,"
+                    " expires_at) WITH RECURSIVE n (i) AS (SELECT 1 UNION ALL"
+                    " SELECT i + 1 FROM n WHERE i < 100) SELECT 'dead', CONCAT('w-', i), '',"
+                    " '', 30, 30000000, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR FROM n"
+                )
+                released: list[bool] = []
+
+                async def release() -> None:
+                    released.append(await b.release("dead", "owner-1", token))
+
+                async def blocked() -> bool:  # the row is locked: by that statement
+                    try:
+                        await raw(
+                            my_url,
+                            f"SELECT 1 FROM `{database}`.`{table}` WHERE name = 'dead'"
+                            " FOR UPDATE NOWAIT",
+                        )
+                    except asyncmy.errors.OperationalError:
+                        return True
+                    return False
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(release)
+                    await eventually(blocked, "the release statement holding the row")
+                    await cur.execute(f"UPDATE `{table}` SET token = token WHERE name = 'dead'")
+                    await eventually(
+                        lambda: inner(b, MySQLBackend).statistics().deadlocks > 0, "a deadlock"
+                    )
+                    await conn.rollback()  # the entries go: the retry frees the row
+        finally:
+            conn.close()
+        assert released == [True]
+        assert await b.read("dead") is None
+        assert (await grant(b, "dead", "owner-2")).token == token + 1
+
+
 async def test_renew_by_another_owner_or_token_is_refused(my_url: str) -> None:
     async with backend(my_url) as b:
         name = unique("renew")
