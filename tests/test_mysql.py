@@ -471,7 +471,14 @@ async def test_a_statement_chosen_as_a_deadlock_victim_is_sent_again(
                 async def release() -> None:
                     released.append(await b.release("dead", "owner-1", token))
 
-                async def blocked() -> bool:  # the row is locked: by that statement
+                async def blocked() -> bool:  # that statement runs, and holds the row
+                    running = await raw(
+                        my_url,
+                        "SELECT COUNT(*) FROM information_schema.PROCESSLIST"
+                        f" WHERE INFO LIKE 'UPDATE `{table}` AS l LEFT JOIN%'",
+                    )
+                    if not running[0][0]:
+                        return False
                     try:
                         await raw(
                             my_url,
