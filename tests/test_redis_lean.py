@@ -289,7 +289,7 @@ async def test_a_waiter_not_subscribed_since_its_attempt_subscribes_and_tries_ag
         assert await backend.release("fair", "waiter", granted.token)
 
 
-async def take_once(backend: Backend, name: str, got: list[int]) -> None:
+async def take_once(backend: Backend, name: str, got: list[Any]) -> None:
     """Acquire ``name`` (waiting as long as it takes), note the token, release."""
     lease = await AsyncLock(backend, name, ttl=LONG).acquire()
     got.append(lease.token)
@@ -350,7 +350,7 @@ async def attempt_into(backend: Backend, name: str, outcome: list[object]) -> No
     """Acquire ``name`` (waiting as long as it takes) and release it; what happened
     into ``outcome``: the token, or the backend error raised."""
     try:
-        await take_once(backend, name, outcome)  # type: ignore[arg-type]
+        await take_once(backend, name, outcome)
     except aiolease.BackendError as exc:
         outcome.append(exc)
 

@@ -182,12 +182,12 @@ local function load_lease(key, no_pttl)
   if f.err or not f[1] or not f[2] or not is_count(f[3]) or not f[4] then
     foreign(key, 'is a hash without the fields of an aiolease lease')
   end
-  if no_pttl then
-    return {owner = f[1], identity = f[2], token = tonumber(f[3]), metadata = f[4]}
+  local lease = {owner = f[1], identity = f[2], token = tonumber(f[3]), metadata = f[4]}
+  if not no_pttl then
+    lease.pttl = redis.call('PTTL', key)
+    if lease.pttl < 0 then foreign(key, 'has no expiry, which an aiolease lease always has') end
   end
-  local pttl = redis.call('PTTL', key)
-  if pttl < 0 then foreign(key, 'has no expiry, which an aiolease lease always has') end
-  return {owner = f[1], identity = f[2], token = tonumber(f[3]), metadata = f[4], pttl = pttl}
+  return lease
 end
 
 local function holder(lease)
