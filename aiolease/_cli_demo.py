@@ -34,6 +34,7 @@ from ._elector import Elector
 from ._exceptions import InvalidArgument, LossReason
 from ._lease import Lease
 from ._registry import backend_class, scheme_of
+from ._urls import redact
 from .abc import Backend, Capability
 
 IDENTITIES = ("candidate-a", "candidate-b", "candidate-c")
@@ -274,7 +275,7 @@ class Demo:
     async def run(self) -> int:
         """Run the crash rounds and stop every process on the way out."""
         print(
-            f"aiolease demo: 3 processes elect a leader for {self.name!r} on {self.url}, "
+            f"aiolease demo: 3 processes elect a leader for {self.name!r} on {redact(self.url)}, "
             f"ttl {self.ttl:g}s; the leader is SIGKILLed {CRASHES} times",
             flush=True,
         )
@@ -304,7 +305,9 @@ def check_multi_process(url: str) -> None:
     """:raises InvalidArgument: the backend cannot be shared by several processes"""
     cls = backend_class(scheme_of(url))
     if Capability.MULTI_PROCESS not in cls.capabilities:
-        raise InvalidArgument(f"the demo runs several processes; {url!r} cannot be shared by them")
+        raise InvalidArgument(
+            f"the demo runs several processes; {redact(url)!r} cannot be shared by them"
+        )
 
 
 async def run_demo(args: argparse.Namespace) -> int:

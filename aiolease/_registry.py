@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from importlib.metadata import entry_points
 from typing import Any
-from urllib.parse import urlsplit
 
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
@@ -19,6 +18,7 @@ import anyio
 from ._bridge import adapt, call_asyncio, running_trio
 from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
 from ._renewer import AsyncioTasks, Renewer
+from ._urls import redact, split_url
 from .abc import Backend, Capability
 
 ENTRY_POINT_GROUP = "aiolease.backends"
@@ -104,11 +104,11 @@ def backend_class(scheme: str) -> type[Backend]:
 
 def scheme_of(url: object) -> str:
     """:raises InvalidArgument: ``url`` is not a str with a scheme"""
-    if not isinstance(url, str):
-        raise InvalidArgument(f"backend URL must be a str, not {type(url).__name__}")
-    scheme = urlsplit(url).scheme
+    scheme = split_url(url, "backend").scheme
     if not scheme:
-        raise InvalidArgument(f"backend URL {url!r} has no scheme (like 'sqlite:///path/to/file')")
+        raise InvalidArgument(
+            f"backend URL {redact(url)!r} has no scheme (like 'sqlite:///path/to/file')"
+        )
     return scheme.lower()
 
 
@@ -206,5 +206,5 @@ async def _opened(
         missing = required - bridged.capabilities
         if missing:
             names = ", ".join(sorted(c.value for c in missing))
-            raise UnsupportedCapability(f"the {cls.__name__} for {url!r} lacks: {names}")
+            raise UnsupportedCapability(f"the {cls.__name__} for {redact(url)!r} lacks: {names}")
         yield bridged

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from .._exceptions import InvalidArgument
+from .._urls import redact, scrub, split_url
 from ._sql import parse_count, parse_query, parse_seconds, parse_size
 
 __all__ = ["KEYWORD_ONLY", "URL_OPTIONS", "parse_url"]
@@ -27,17 +28,17 @@ def parse_url(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
     :raises InvalidArgument: not a mysql/mariadb URL, no database, or a bad option
     """
-    parts = urlsplit(url)
+    parts = split_url(url, "MySQL")
     usage = "a MySQL URL is 'mysql://user:password@host:3306/database'"
     if parts.scheme.lower() not in ("mysql", "mariadb") or parts.fragment:
-        raise InvalidArgument(f"{usage}, got {url!r}")
+        raise InvalidArgument(f"{usage}, got {redact(url)!r}")
     database = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
     if not database or "/" in database:
-        raise InvalidArgument(f"{usage}: {url!r} names no database")
+        raise InvalidArgument(f"{usage}: {redact(url)!r} names no database")
     try:
         port = parts.port or 3306
     except ValueError as exc:
-        raise InvalidArgument(f"{usage}: {exc}") from None
+        raise InvalidArgument(scrub(f"{usage}: {redact(url)!r}: {exc}", url)) from None
     ours, _ = parse_query(parts.query, URL_OPTIONS, what="MySQL", keep_unknown=False)
     connect: dict[str, Any] = {
         "host": parts.hostname or "127.0.0.1",

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlunsplit
 
 from .._exceptions import InvalidArgument
+from .._urls import redact, scrub, split_url
 from ._sql import parse_bool, parse_count, parse_query, parse_seconds, parse_size
 
 __all__ = ["KEYWORD_ONLY", "URL_OPTIONS", "parse_pooler", "parse_url"]
@@ -48,15 +49,15 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
 
     :raises InvalidArgument: not a postgres(ql) URL, or a bad option
     """
-    parts = urlsplit(url)
+    parts = split_url(url, "PostgreSQL")
     if parts.scheme.lower() not in ("postgres", "postgresql") or parts.fragment:
         raise InvalidArgument(
-            f"a PostgreSQL URL is 'postgresql://user@host:5432/dbname', got {url!r}"
+            f"a PostgreSQL URL is 'postgresql://user@host:5432/dbname', got {redact(url)!r}"
         )
     ours, rest = parse_query(parts.query, URL_OPTIONS, what="PostgreSQL", keep_unknown=True)
     try:
         parts.port  # noqa: B018 - raises on a malformed port
     except ValueError as exc:
-        raise InvalidArgument(f"PostgreSQL URL {url!r}: {exc}") from None
+        raise InvalidArgument(scrub(f"PostgreSQL URL {redact(url)!r}: {exc}", url)) from None
     dsn = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(rest)))
     return dsn, ours

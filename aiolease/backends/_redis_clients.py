@@ -27,6 +27,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
 from .._exceptions import InvalidArgument
+from .._urls import redact, scrub
 
 __all__ = [
     "Client",
@@ -87,7 +88,9 @@ def _addresses(url: str, parts: SplitResult) -> list[tuple[str, int]]:
     for item in hosts.split(","):
         host, _, port = item.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"Redis URL {url!r}: {item!r} is not host:port")
+            raise InvalidArgument(
+                scrub(f"Redis URL {redact(url)!r}: {item!r} is not host:port", url)
+            )
         found.append((host.strip("[]"), int(port)))
     return found
 
@@ -103,7 +106,7 @@ def _options(url: str, query: str, allowed: tuple[str, ...]) -> dict[str, Any]:
             try:
                 options[key] = float(value)
             except ValueError:
-                raise InvalidArgument(f"Redis URL {url!r}: {key} must be seconds") from None
+                raise InvalidArgument(f"Redis URL {redact(url)!r}: {key} must be seconds") from None
         else:
             options[key] = value
     return options
@@ -131,14 +134,15 @@ def make_multi(url: str, defaults: dict[str, Any]) -> Made:
     common = {**defaults, **_credentials(parts)}
     if scheme in CLUSTER_SCHEMES:
         if parts.path not in ("", "/"):
-            raise InvalidArgument(f"Redis Cluster URL {url!r}: a cluster has no databases")
+            raise InvalidArgument(f"Redis Cluster URL {redact(url)!r}: a cluster has no databases")
         options = {**common, **_options(url, parts.query, (*_FLOATS, "client_name"))}
         nodes = [ClusterNode(host, port) for host, port in addresses]
         return Made(RedisCluster(startup_nodes=nodes, ssl=tls, **options))
     service, _, db = parts.path.strip("/").partition("/")
     if not service or (db and not db.isdigit()):
         raise InvalidArgument(
-            f"a Sentinel URL is redis+sentinel://host:port[,host:port]/service[/db], got {url!r}"
+            "a Sentinel URL is redis+sentinel://host:port[,host:port]/service[/db],"
+            f" got {redact(url)!r}"
         )
     options = {**common, **_options(url, parts.query, (*_FLOATS, *_TEXTS))}
     sentinel_kwargs = {k: options[k] for k in _FLOATS if k in options}

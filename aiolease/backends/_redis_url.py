@@ -6,11 +6,12 @@ See :mod:`aiolease.backends.redis` for the URL forms, and
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode
 
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
 from .._exceptions import InvalidArgument
+from .._urls import redact, scrub, split_url
 from ._redis_clients import CLUSTER_SCHEMES, SENTINEL_SCHEMES
 
 __all__ = ["OUR_OPTIONS", "SCHEMES", "flag", "parse_url", "query_pairs"]
@@ -54,7 +55,7 @@ def query_pairs(url: str, query: str, what: str = "Redis URL") -> list[tuple[str
     try:
         return parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as exc:
-        raise InvalidArgument(f"{what} {url!r} has a malformed query: {exc}") from None
+        raise InvalidArgument(f"{what} {redact(url)!r} has a malformed query: {exc}") from None
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -62,25 +63,25 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
     :raises InvalidArgument: another scheme, a malformed URL, or an unknown option
     """
+    parts = split_url(url, "Redis")
+    multi = parts.scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES
     try:
-        parts = urlsplit(url)
-        multi = parts.scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES
         if not multi:
             parts.port  # noqa: B018 - raises ValueError for a malformed port
     except ValueError as exc:
-        raise InvalidArgument(f"malformed Redis URL {url!r}: {exc}") from None
+        raise InvalidArgument(scrub(f"malformed Redis URL {redact(url)!r}: {exc}", url)) from None
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES or parts.fragment:
         raise InvalidArgument(
             "a Redis URL is redis://host[:port][/db], rediss://..., unix:///path,"
             f" redis+cluster://host:port,... or redis+sentinel://host:port,.../service,"
-            f" got {url!r}"
+            f" got {redact(url)!r}"
         )
     if scheme == "unix" and parts.path in ("", "/"):
-        raise InvalidArgument(f"Redis URL {url!r} names no socket path")
+        raise InvalidArgument(f"Redis URL {redact(url)!r} names no socket path")
     if not multi and scheme != "unix" and parts.path not in ("", "/"):
         if not parts.path[1:].isdigit():
-            raise InvalidArgument(f"Redis URL {url!r}: the path must be a database number")
+            raise InvalidArgument(f"Redis URL {redact(url)!r}: the path must be a database number")
     query = query_pairs(url, parts.query)
     ours: dict[str, str] = {}
     theirs: list[tuple[str, str]] = []

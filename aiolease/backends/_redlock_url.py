@@ -12,13 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from .._exceptions import InvalidArgument
+from .._urls import redact, scrub, split_url
 from ._redis_url import query_pairs
 
 __all__ = [
@@ -78,7 +79,9 @@ def _endpoints(url: str, hosts: str) -> list[tuple[str, int]]:
         host, _, port = item.strip().rpartition(":")
         host = host.strip("[]")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgument(f"Redlock URL {url!r}: {item!r} is not host:port")
+            raise InvalidArgument(
+                scrub(f"Redlock URL {redact(url)!r}: {item!r} is not host:port", url)
+            )
         found.append((host.lower(), int(port)))
     return found
 
@@ -86,22 +89,20 @@ def _endpoints(url: str, hosts: str) -> list[tuple[str, int]]:
 def parse_url(url: str) -> RedlockURL:
     """:raises InvalidArgument: another scheme, no instance, a duplicate instance, a bad
     database or an unknown or repeated option"""
-    if not isinstance(url, str):
-        raise InvalidArgument(f"a Redlock URL must be a str, not {type(url).__name__}")
-    parts = urlsplit(url)
+    parts = split_url(url, "Redlock")
     scheme = parts.scheme.lower()
     if scheme not in SCHEMES or parts.fragment:
         raise InvalidArgument(
-            f"a Redlock URL is redis+redlock://host:port,host:port,...[/db], got {url!r}"
+            f"a Redlock URL is redis+redlock://host:port,host:port,...[/db], got {redact(url)!r}"
         )
     userinfo, at, hosts = parts.netloc.rpartition("@")
     if not hosts:
-        raise InvalidArgument(f"Redlock URL {url!r} names no instance")
+        raise InvalidArgument(f"Redlock URL {redact(url)!r} names no instance")
     endpoints = _endpoints(url, hosts)
-    check_unique(url, [(h, p, 0) for h, p in endpoints])
+    check_unique(f"Redlock URL {redact(url)!r}", [(h, p, 0) for h, p in endpoints])
     db = parts.path.strip("/")
     if db and not db.isdigit():
-        raise InvalidArgument(f"Redlock URL {url!r}: the path must be a database number")
+        raise InvalidArgument(f"Redlock URL {redact(url)!r}: the path must be a database number")
     query = query_pairs(url, parts.query, "Redlock URL")
     ours: dict[str, str] = {}
     theirs: dict[str, str] = {}

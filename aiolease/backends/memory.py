@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 
 from .._clock import current_time
 from .._exceptions import InvalidArgument, LossReason, NotOwnerError
+from .._urls import redact, split_url
 from ..abc import Backend, Capability, Grant, HolderInfo
 
 __all__ = ["MemoryBackend"]
@@ -28,6 +28,20 @@ class _Record:
     token: int
     metadata: dict[str, str]
     expires_at: float
+
+
+#: The options :meth:`MemoryBackend.from_url` takes.
+OPTIONS = ("clock",)
+
+
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """:raises InvalidArgument: an option that is not in :data:`OPTIONS`"""
+    for key in options:
+        if key not in OPTIONS:
+            raise InvalidArgument(
+                f"memory backend option {key!r} is unknown; known: {', '.join(OPTIONS)}"
+            )
+    return options
 
 
 class MemoryBackend(Backend):
@@ -51,11 +65,15 @@ class MemoryBackend(Backend):
 
     @classmethod
     async def from_url(cls, url: str, **options: Any) -> MemoryBackend:
-        """``memory://`` (no host, path or query)."""
-        parts = urlsplit(url)
+        """``memory://`` (no host, path or query).
+
+        :param options: ``clock`` (see the class)
+        :raises InvalidArgument: another URL, or an unknown option
+        """
+        parts = split_url(url, "memory backend")
         if parts.scheme != "memory" or parts.netloc or parts.path not in ("", "/") or parts.query:
-            raise InvalidArgument(f"a memory backend URL is just 'memory://', got {url!r}")
-        return cls(**options)
+            raise InvalidArgument(f"a memory backend URL is just 'memory://', got {redact(url)!r}")
+        return cls(**check_options(options))
 
     def _live(self, name: str) -> _Record | None:
         record = self._records.get(name)

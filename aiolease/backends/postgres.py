@@ -116,6 +116,7 @@ from .._exceptions import (
     LossReason,
     NotOwnerError,
 )
+from .._urls import scrub
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
 from ._pg_errors import map_error as map_error
@@ -397,10 +398,11 @@ class PostgresBackend(Listening, Backend):
         with mapped():
             try:
                 await pool.fill()
+            # Not chained: asyncpg's message may quote the DSN's parts, the password's too.
             except ValueError as exc:  # asyncpg's ClientConfigurationError is one too
-                raise InvalidArgument(f"bad PostgreSQL URL or option: {exc}") from exc
+                raise InvalidArgument(scrub(f"bad PostgreSQL URL or option: {exc}", dsn)) from None
             except TypeError as exc:  # an unknown keyword in connect_options
-                raise InvalidArgument(f"bad PostgreSQL option: {exc}") from exc
+                raise InvalidArgument(scrub(f"bad PostgreSQL option: {exc}", dsn)) from None
         backend._db = None
         backend._pool = pool
         if backend._listen_url is None:

@@ -106,6 +106,7 @@ from .._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
+from .._urls import redact, scrub
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
 from ..abc import Renewal as LeaseRenewal
@@ -410,7 +411,9 @@ class RedisBackend(Backend):
         except InvalidArgument:
             raise
         except (ValueError, TypeError) as exc:
-            raise InvalidArgument(f"Redis URL {url!r} is not usable: {exc}") from None
+            raise InvalidArgument(
+                scrub(f"Redis URL {redact(url)!r} is not usable: {exc}", url)
+            ) from None
         try:
             backend = cls(made.client, timeout=timeout, **settings)
             backend._owns_client = True

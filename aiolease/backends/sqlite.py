@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 import anyio
 import anyio.to_thread
@@ -66,6 +66,7 @@ from .._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
+from .._urls import redact, split_url
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
 
@@ -155,18 +156,19 @@ def parse_url(url: str) -> tuple[str, dict[str, Any]]:
 
     :raises InvalidArgument: wrong scheme, a host, no path, or an unknown option
     """
-    parts = urlsplit(url)
+    parts = split_url(url, "SQLite")
     if parts.scheme.lower() != "sqlite" or parts.netloc or parts.fragment:
         raise InvalidArgument(
-            f"a SQLite URL is 'sqlite:///relative.db' or 'sqlite:////absolute.db', got {url!r}"
+            "a SQLite URL is 'sqlite:///relative.db' or 'sqlite:////absolute.db',"
+            f" got {redact(url)!r}"
         )
     if not parts.path.startswith("/") or len(parts.path) < 2:
-        raise InvalidArgument(f"SQLite URL {url!r} names no file")
+        raise InvalidArgument(f"SQLite URL {redact(url)!r} names no file")
     options: dict[str, Any] = {}
     try:
         query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as exc:
-        raise InvalidArgument(f"SQLite URL {url!r} has a malformed query: {exc}") from None
+        raise InvalidArgument(f"SQLite URL {redact(url)!r} has a malformed query: {exc}") from None
     for key, value in query:
         convert = _URL_OPTIONS.get(key)
         if convert is None or key in options:

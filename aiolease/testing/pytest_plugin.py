@@ -54,6 +54,7 @@ except ImportError:  # pragma: no cover - the [trio] extra is not installed
 
 from .._exceptions import BackendError, BackendNotFound, InvalidArgument
 from .._registry import open_backend, scheme_of
+from .._urls import redact
 from ..abc import Backend
 from . import servers
 from ._support import BackendFactory
@@ -116,7 +117,7 @@ def _url_id(url: str) -> str:
     try:
         return scheme_of(url)
     except InvalidArgument:
-        return url
+        return redact(url)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -179,7 +180,7 @@ async def aiolease_backend(aiolease_url: str, anyio_backend: object) -> AsyncIte
         try:
             backend = await stack.enter_async_context(open_backend(aiolease_url))
         except (BackendError, BackendNotFound) as exc:
-            _unreachable(f"backend {aiolease_url!r}", exc)
+            _unreachable(f"backend {redact(aiolease_url)!r}", exc)
             raise
         yield backend
 
@@ -196,6 +197,6 @@ async def aiolease_backend_factory(
         async with open_backend(aiolease_url):
             pass
     except (BackendError, BackendNotFound) as exc:
-        _unreachable(f"backend {aiolease_url!r}", exc)
+        _unreachable(f"backend {redact(aiolease_url)!r}", exc)
         raise
     yield lambda: open_backend(aiolease_url)

@@ -53,7 +53,7 @@ import sys
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
@@ -69,6 +69,7 @@ from .._exceptions import (
     NotOwnerError,
 )
 from .._registry import open_backend
+from .._urls import redact, scrub, split_url
 from ..abc import Backend, Capability, Grant, HolderInfo
 
 __all__ = ["PROTOCOL", "BackendServer", "RemoteBackend", "main"]
@@ -646,14 +647,12 @@ def _hostport(host: str, port: int) -> str:
 
 def _parse_url(url: str) -> tuple[str, int, dict[str, str]]:
     """:raises InvalidArgument: unless ``url`` is ``remote://HOST:PORT[?options]``"""
-    if not isinstance(url, str):
-        raise InvalidArgument(f"backend URL must be a str, not {type(url).__name__}")
-    usage = f"a remote backend URL is 'remote://HOST:PORT', got {url!r}"
+    parts = split_url(url, "remote backend")
+    usage = f"a remote backend URL is 'remote://HOST:PORT', got {redact(url)!r}"
     try:
-        parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise InvalidArgument(f"{usage}: {exc}") from None
+        raise InvalidArgument(scrub(f"{usage}: {exc}", url)) from None
     if parts.scheme != "remote" or not parts.hostname or parts.username or parts.password:
         raise InvalidArgument(usage)
     if port is None or port == 0 or parts.path not in ("", "/") or parts.fragment:

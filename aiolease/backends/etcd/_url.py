@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
 
 __all__ = ["DEFAULT_PORT", "EtcdUrl", "parse_bool", "parse_url"]
 
@@ -61,7 +62,11 @@ def parse_bool(what: str, value: object) -> bool:
     raise InvalidArgument(f"etcd option {what}={value!r} is not a yes/no value")
 
 
-def _endpoint(part: str) -> tuple[str, int]:
+def _bad_endpoint(url: str, part: str, why: str) -> InvalidArgument:
+    return InvalidArgument(scrub(f"etcd endpoint {part!r} of {redact(url)!r} {why}", url))
+
+
+def _endpoint(url: str, part: str) -> tuple[str, int]:
     if part.startswith("["):  # [v6]:port
         host, _, rest = part[1:].partition("]")
         port = rest.removeprefix(":")
@@ -70,12 +75,12 @@ def _endpoint(part: str) -> tuple[str, int]:
     else:
         host, _, port = part.partition(":")
     if not host:
-        raise InvalidArgument(f"etcd endpoint {part!r} has no host")
+        raise _bad_endpoint(url, part, "has no host")
     if port and not port.isdigit():
-        raise InvalidArgument(f"etcd endpoint {part!r} has a bad port")
+        raise _bad_endpoint(url, part, "has a bad port")
     number = int(port) if port else DEFAULT_PORT
     if not 0 < number < 65536:
-        raise InvalidArgument(f"etcd endpoint {part!r} has a port out of range")
+        raise _bad_endpoint(url, part, "has a port out of range")
     return host, number
 
 
@@ -84,17 +89,17 @@ def parse_url(url: str, options: Mapping[str, Any]) -> EtcdUrl:
 
     :raises InvalidArgument: a malformed URL, an unknown option, or one given twice
     """
-    parts = urlsplit(url)
+    parts = split_url(url, "etcd")
     if parts.scheme != "etcd":
-        raise InvalidArgument(f"an etcd URL starts with 'etcd://', got {url!r}")
+        raise InvalidArgument(f"an etcd URL starts with 'etcd://', got {redact(url)!r}")
     if parts.path not in ("", "/") or parts.fragment:
         raise InvalidArgument(
-            f"an etcd URL has no path (give the key prefix as ?prefix=...), got {url!r}"
+            f"an etcd URL has no path (give the key prefix as ?prefix=...), got {redact(url)!r}"
         )
     userinfo, _, hosts = parts.netloc.rpartition("@")
     if not hosts:
-        raise InvalidArgument(f"etcd URL {url!r} names no endpoint")
-    endpoints = tuple(_endpoint(part.strip()) for part in hosts.split(","))
+        raise InvalidArgument(f"etcd URL {redact(url)!r} names no endpoint")
+    endpoints = tuple(_endpoint(url, part.strip()) for part in hosts.split(","))
     user = None
     if userinfo:
         name, _, password = userinfo.partition(":")
@@ -104,7 +109,7 @@ def parse_url(url: str, options: Mapping[str, Any]) -> EtcdUrl:
             parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
         )
     except ValueError:
-        raise InvalidArgument(f"etcd URL {url!r} has a malformed query") from None
+        raise InvalidArgument(f"etcd URL {redact(url)!r} has a malformed query") from None
     for key in (*query, *options):
         if key not in OPTIONS:
             raise InvalidArgument(
