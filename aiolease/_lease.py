@@ -33,7 +33,7 @@ from ._exceptions import (
     NotOwnerError,
     lost_error,
 )
-from ._validate import check_seconds
+from ._validate import check_seconds, check_ttl
 from .abc import Backend, Grant, SessionClock
 
 if sys.version_info >= (3, 11):
@@ -67,10 +67,10 @@ class Timing:
     ) -> Self:
         """Validate and fill in defaults.
 
-        :raises InvalidArgument: ``ttl <= 0``, or the renew interval does not fit
+        :raises InvalidArgument: ``ttl <= 0`` or over 365 days, or the renew interval does not fit
             in ``ttl - margin``
         """
-        ttl_s = check_seconds("ttl", ttl)
+        ttl_s = check_ttl(ttl)
         margin_s = (
             max(0.1 * ttl_s, MIN_MARGIN)
             if margin is None

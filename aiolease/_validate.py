@@ -11,6 +11,11 @@ from ._exceptions import InvalidArgument
 MAX_NAME_BYTES = 255
 MAX_IDENTITY_BYTES = 255
 MAX_METADATA_BYTES = 4096
+#: The longest ttl, in seconds (365 days), on every backend. Each could store more
+#: (the tightest, MySQL's ``DATETIME``, ends in the year 9999; etcd's lease ttl at
+#: 9e9 s), but a lease that outlives a crashed holder by more than a year is no
+#: lease; one cap for all keeps a lock portable between backends.
+MAX_TTL = 365 * 24 * 3600.0
 
 
 def check_name(name: object) -> str:
@@ -70,6 +75,14 @@ def check_seconds(what: str, value: object, *, allow_zero: bool = False) -> floa
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise InvalidArgument(f"{what} must be finite and {bound}, got {value!r}")
+    return seconds
+
+
+def check_ttl(value: object) -> float:
+    """:raises InvalidArgument: unless ``value`` is a number of seconds in (0, :data:`MAX_TTL`]"""
+    seconds = check_seconds("ttl", value)
+    if seconds > MAX_TTL:
+        raise InvalidArgument(f"ttl must be at most {MAX_TTL:g} seconds (365 days), got {value!r}")
     return seconds
 
 

@@ -16,6 +16,11 @@ Rules every implementation keeps (the conformance checks in
 * **Idempotent retries.** ``try_acquire`` by the current owner returns the current
   grant (same token) and resets the expiry; ``release`` of something not held
   returns ``False``.
+* **Checked arguments.** A bad lease name (not a non-empty str of at most 255
+  UTF-8 bytes without NUL) or ttl (not in (0, 365 days]) raises
+  :class:`InvalidArgument` before a backend's own method runs: the base class wraps
+  every contract method a subclass defines with the checks, so an implementation
+  gets only valid ones, and a bad call changes nothing.
 * **Mapped errors.** Driver exceptions are raised as :class:`BackendUnavailable`
   or :class:`BackendTimeout` ``from`` the original.
 * **Loop neutrality.** A backend whose driver runs only on asyncio sets
@@ -46,6 +51,7 @@ from typing import Any, ClassVar, Protocol
 
 import anyio
 
+from ._checked import install
 from ._exceptions import (
     BackendError,
     BackendTimeout,
@@ -182,6 +188,12 @@ class Backend(abc.ABC):
     #: lease due at once, from one task, instead of a :meth:`renew` call (and a
     #: task) per lease.
     renews_many: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap the contract methods the subclass defines with the argument checks
+        (:mod:`aiolease._checked`)."""
+        super().__init_subclass__(**kwargs)
+        install(cls)
 
     @classmethod
     @abc.abstractmethod
@@ -373,3 +385,6 @@ class Backend(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+install(Backend)  # its own defaults too

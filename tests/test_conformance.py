@@ -21,6 +21,7 @@ from aiolease.testing.conformance import (
     BackendFactory,
     Check,
     check_backend,
+    check_bad_arguments_rejected,
     check_elector_one_leader,
     check_holder_reported,
     check_idempotent_retry,
@@ -124,6 +125,23 @@ async def test_the_default_wait_changed_conforms(check: Check) -> None:
     await check(_PollingDefault)
 
 
+class _ReadsAnyName(MemoryBackend):
+    async def read(self, name: str) -> HolderInfo | None:
+        record = self._records.get(name)  # any key: a bad name reads as free
+        return None if record is None else self._holder(name, record)
+
+
+class _RenewsAnyTtl(MemoryBackend):
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        return Grant(token, ttl)  # takes ttl=1e300 (and any name)
+
+
+# Backend wraps every method a subclass defines with the argument checks: undo it.
+for _unchecked, _method in ((_ReadsAnyName, "read"), (_RenewsAnyTtl, "renew")):
+    _checked = getattr(_unchecked, _method)
+    setattr(_unchecked, _method, getattr(_checked, "__wrapped__", _checked))
+
+
 MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_RenewAdds, check_renew_resets),
     (_RenewRevives, check_renew_does_not_revive),
@@ -140,6 +158,8 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_NoTokenlessRelease, check_release_without_token),
     (_NoTokenlessRelease, check_lock_cancel_in_flight),
     (_SleepsOutTtl, check_wait_changed_prompt),
+    (_ReadsAnyName, check_bad_arguments_rejected),
+    (_RenewsAnyTtl, check_bad_arguments_rejected),
 ]
 
 

@@ -12,6 +12,7 @@ from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
 from .._exceptions import InvalidArgument
 from .._urls import redact, scrub, split_url
+from .._validate import check_count, check_seconds
 from ._redis_clients import CLUSTER_SCHEMES, SENTINEL_SCHEMES
 
 __all__ = ["OUR_OPTIONS", "SCHEMES", "flag", "parse_url", "query_pairs"]
@@ -31,6 +32,10 @@ _REDIS_TEXT_OPTIONS = {
     "ssl_password",
 }
 OUR_OPTIONS = ("prefix", "fair", "wait_replicas", "wait_timeout")
+#: redis-py's query options that are seconds (> 0), and counts (>= 1): checked here,
+#: as redis-py takes -1 or 0 and fails later, or never.
+_SECONDS = ("socket_timeout", "socket_connect_timeout", "timeout")
+_COUNTS = ("max_connections", "socket_read_size")
 #: What the query of a Cluster or Sentinel URL may also hold.
 _MULTI_OPTIONS = {"socket_timeout", "socket_connect_timeout", "client_name", "sentinel_password"}
 
@@ -56,6 +61,20 @@ def query_pairs(url: str, query: str, what: str = "Redis URL") -> list[tuple[str
         return parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError as exc:
         raise InvalidArgument(f"{what} {redact(url)!r} has a malformed query: {exc}") from None
+
+
+def _check_number(key: str, value: str) -> None:
+    """:raises InvalidArgument: ``value`` of a seconds or count option is out of range"""
+    if key not in _SECONDS + _COUNTS:
+        return
+    try:
+        number = float(value) if key in _SECONDS else int(value)
+    except ValueError:
+        raise InvalidArgument(f"Redis URL option {key} must be a number, got {value!r}") from None
+    if key in _SECONDS:
+        check_seconds(f"Redis URL option {key}", number)
+    else:
+        check_count(f"Redis URL option {key}", number)
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -94,6 +113,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
                 f"{', '.join(OUR_OPTIONS)}, redis-py's {', '.join(sorted(known))}"
             )
         seen.add(key)
+        _check_number(key, value)
         if key in OUR_OPTIONS:
             ours[key] = value
         else:

@@ -34,6 +34,7 @@ from ._api_checks import (
     check_lock_release_after_takeover,
     check_lock_wakes_on_release,
 )
+from ._argument_checks import check_bad_arguments_rejected
 from ._backend_checks import (
     check_expiry_allows_takeover,
     check_grant_when_free,
@@ -59,6 +60,7 @@ __all__ = [
     "BackendFactory",
     "Check",
     "check_backend",
+    "check_bad_arguments_rejected",
     "check_elector_one_leader",
     "check_expiry_allows_takeover",
     "check_grant_when_free",
@@ -108,6 +110,7 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_metadata_round_trip,
     check_names_accepted,
     check_names_independent,
+    check_bad_arguments_rejected,
     check_lock_mutual_exclusion,
     check_lock_acquire_timeout,
     check_lock_acquire_nowait,

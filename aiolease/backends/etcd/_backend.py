@@ -140,6 +140,11 @@ class EtcdBackend(Backend):
     def _setup(self, wire: Wire, prefix: object, fair: object, idle: object) -> None:
         if not isinstance(prefix, str):
             raise InvalidArgument(f"etcd prefix must be a str, not {type(prefix).__name__}")
+        if not prefix:
+            # etcd has no empty key: the first read would fail as "key is not provided".
+            raise InvalidArgument(
+                f"etcd prefix must not be empty (the default is {DEFAULT_PREFIX!r})"
+            )
         self._wire = wire
         self._prefix = prefix
         self._layout = Layout(prefix.encode())

@@ -1,0 +1,97 @@
+"""The argument checks of the backend contract, run before any backend's own code.
+
+:class:`~aiolease.abc.Backend` wraps each contract method that a class defines (its
+own defaults and every subclass's overrides) so that a bad lease name or ttl raises
+:class:`InvalidArgument` before the backend sees it, as :class:`~aiolease.AsyncLock`
+does: nothing is sent, nothing held changes. A backend's code can therefore take
+its arguments as valid, and no backend can forget a check.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._exceptions import InvalidArgument
+from ._validate import check_name, check_ttl
+
+__all__ = ["check_arguments", "install"]
+
+#: Which positional argument (after ``self``) of each method is checked, and how.
+_Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
+_NAME: _Spec = ((0, "name", check_name),)
+SPECS: dict[str, _Spec] = {
+    "try_acquire": (*_NAME, (2, "ttl", check_ttl)),
+    "renew": (*_NAME, (3, "ttl", check_ttl)),
+    "release": _NAME,
+    "read": _NAME,
+    "wait_changed": _NAME,
+    "wait_taken": _NAME,
+    "wait_turn": (*_NAME, (2, "ttl", check_ttl)),
+    "wait_lost": _NAME,
+    "hold": _NAME,
+    "on_taken": _NAME,
+}
+#: Set on a wrapped method, so that it is not wrapped twice.
+_MARK = "__aiolease_checked__"
+
+
+def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Check the arguments of a call of the contract method ``method``.
+
+    :raises InvalidArgument: a bad name or ttl
+    """
+    if method == "renew_many":
+        renewals = args[0] if args else kwargs.get("renewals", ())
+        for renewal in renewals:
+            check_name(renewal[0])
+            check_ttl(renewal[3])
+        return
+    for index, key, check in SPECS[method]:
+        if index < len(args):
+            check(args[index])
+        elif key in kwargs:
+            check(kwargs[key])
+
+
+def _wrap(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    if method == "release_now":
+        # Must never raise: a bad name gets no early release, and the core's
+        # release() that follows raises.
+        @functools.wraps(fn)
+        def release_now(self: object, *args: Any, **kwargs: Any) -> Any:
+            try:
+                check_arguments("release", args, kwargs)
+            except InvalidArgument:
+                return None
+            return fn(self, *args, **kwargs)
+
+        wrapped: Callable[..., Any] = release_now
+    elif inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def checked(self: object, *args: Any, **kwargs: Any) -> Any:
+            check_arguments(method, args, kwargs)
+            return await fn(self, *args, **kwargs)
+
+        wrapped = checked
+    else:
+
+        @functools.wraps(fn)
+        def checked_sync(self: object, *args: Any, **kwargs: Any) -> Any:
+            check_arguments(method, args, kwargs)
+            return fn(self, *args, **kwargs)
+
+        wrapped = checked_sync
+    setattr(wrapped, _MARK, True)
+    return wrapped
+
+
+def install(cls: type) -> None:
+    """Wrap the contract methods that ``cls`` itself defines with their checks."""
+    for method in (*SPECS, "renew_many", "release_now"):
+        fn = cls.__dict__.get(method)
+        if inspect.isfunction(fn) and not getattr(fn, _MARK, False):
+            setattr(cls, method, _wrap(method, fn))
