@@ -10,6 +10,9 @@ does not show it either.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -142,6 +145,27 @@ def test_scheme_of_a_malformed_url_is_invalid() -> None:
     with pytest.raises(InvalidArgument, match="Invalid IPv6") as caught:
         scheme_of(f"redis://:{SECRET}@[::1")
     assert_hidden(caught.value, SECRET)
+
+
+#: The URLs of the issue, as the CLI was given them.
+CLI_URLS = MALFORMED[:8]
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+@pytest.mark.parametrize("url", CLI_URLS, ids=[_scheme_id(u) for u in CLI_URLS])
+def test_the_cli_never_prints_the_password(url: str, how: str) -> None:
+    args = ["status", "n"] + (["--backend", url] if how == "option" else [])
+    result = subprocess.run(
+        [sys.executable, "-m", "aiolease", *args],
+        text=True,
+        capture_output=True,
+        env={**os.environ, "AIOLEASE_URL": url},
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "error" in result.stderr and "Traceback" not in result.stderr
+    assert SECRET not in result.stdout + result.stderr
+    assert MASK in result.stderr
 
 
 # -- valid URLs with a password, on the real servers ----------------------------------
