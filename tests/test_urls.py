@@ -21,6 +21,8 @@ import aiolease
 from aiolease import BackendError, InvalidArgument
 from aiolease._registry import backend_class, scheme_of
 from aiolease._urls import MASK, redact, scrub
+from aiolease.backends._redlock_url import parse_url as parse_redlock_url
+from aiolease.backends.etcd._url import parse_url as parse_etcd_url
 
 pytestmark = pytest.mark.anyio
 
@@ -216,6 +218,14 @@ async def test_a_missing_capability_does_not_show_the_password(
             pass  # pragma: no cover
     assert_hidden(caught.value, SECRET)
     assert f"postgres:{MASK}@" in str(caught.value)
+
+
+def test_parsed_urls_do_not_show_the_password() -> None:
+    redlock = parse_redlock_url(f"redis+redlock://u:{SECRET}@h:1,h:2")
+    assert redlock.credentials == {"username": "u", "password": SECRET}
+    etcd = parse_etcd_url(f"etcd://root:{SECRET}@h:2379", {})
+    assert etcd.user == ("root", SECRET)
+    assert SECRET not in repr(redlock) + repr(etcd)
 
 
 # -- the helper ----------------------------------------------------------------------

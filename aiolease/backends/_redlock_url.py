@@ -49,7 +49,7 @@ class RedlockURL:
     endpoints: list[tuple[str, int]]
     db: int
     tls: bool
-    credentials: dict[str, str] = field(default_factory=dict)
+    credentials: dict[str, str] = field(default_factory=dict, repr=False)
     options: dict[str, str] = field(default_factory=dict)
     client_options: dict[str, str] = field(default_factory=dict)
 

@@ -13,7 +13,7 @@ the files turns TLS on).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -42,7 +42,7 @@ class EtcdUrl:
     """
 
     endpoints: tuple[tuple[str, int], ...]
-    user: tuple[str, str] | None
+    user: tuple[str, str] | None = field(repr=False)
     options: Mapping[str, Any]
 
     def described(self) -> str:
