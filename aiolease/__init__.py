@@ -8,6 +8,7 @@ from ._exceptions import BackendError as BackendError
 from ._exceptions import BackendNotFound as BackendNotFound
 from ._exceptions import BackendTimeout as BackendTimeout
 from ._exceptions import BackendUnavailable as BackendUnavailable
+from ._exceptions import ForeignDataError as ForeignDataError
 from ._exceptions import InvalidArgument as InvalidArgument
 from ._exceptions import LeaseError as LeaseError
 from ._exceptions import LeaseExpiredError as LeaseExpiredError
@@ -38,6 +39,7 @@ __all__ = [
     "Capability",
     "Elector",
     "ElectorStatistics",
+    "ForeignDataError",
     "HolderInfo",
     "InvalidArgument",
     "Lease",

@@ -9,6 +9,7 @@
      +-- BackendError                        the backend failed; nothing was granted
      |    +-- BackendUnavailable             connection refused, reset, server down
      |    +-- BackendTimeout                 the backend did not answer in time
+     |    +-- ForeignDataError               a lease's record holds data aiolease did not write
      +-- LeaseError                          about one lease (``.name``)
           +-- LeaseHeldError                 somebody else holds it (``.holder``)
           +-- NotOwnerError                  the caller does not own it (any more)
@@ -33,6 +34,7 @@ __all__ = [
     "BackendNotFound",
     "BackendTimeout",
     "BackendUnavailable",
+    "ForeignDataError",
     "InvalidArgument",
     "LeaseError",
     "LeaseExpiredError",
@@ -88,6 +90,21 @@ class BackendUnavailable(BackendError):
 
 class BackendTimeout(BackendError):
     """The backend did not answer in time; the outcome of the request is unknown."""
+
+
+class ForeignDataError(BackendError):
+    """A lease's record (a key, a row) holds something aiolease did not write, or a
+    damaged value; it was left unchanged, and nothing was granted over it.
+
+    Another program writes where aiolease keeps its leases: give aiolease a key
+    prefix or table of its own.
+
+    :ivar name: the lease name whose record is affected
+    """
+
+    def __init__(self, message: str, *, name: str) -> None:
+        super().__init__(message)
+        self.name = name
 
 
 class LeaseError(AioleaseError):

@@ -15,6 +15,9 @@ _EXPIRY = f"{_NOW} + INTERVAL %(us)s MICROSECOND"
 #: The caller already holds it, live: an idempotent retry (or a hand-off to it).
 _RETRY = f"(owner <=> %(owner)s AND expires_at > {_NOW})"
 _MINE = "owner <=> %(owner)s"
+#: A row with an owner is held: live, or with no expiry (not aiolease's: it is never
+#: granted over, and reading it raises ForeignDataError).
+_HELD = f"IFNULL(expires_at > {_NOW}, TRUE)"
 #: Waiters may be queued for the row.
 _QUEUED = f"IFNULL(queued > {_NOW}, FALSE)"
 #: What the acquire statement reports for a row that expired under another owner (a
@@ -98,7 +101,7 @@ class Sql:
             f" WHEN {_RETRY} THEN LAST_INSERT_ID(token)"
             f" WHEN {_MINE} OR (owner IS NULL AND NOT {_QUEUED})"
             " THEN LAST_INSERT_ID(token + 1)"
-            f" WHEN owner IS NOT NULL AND expires_at > {_NOW} THEN token + LAST_INSERT_ID(0)"
+            f" WHEN owner IS NOT NULL AND {_HELD} THEN token + LAST_INSERT_ID(0)"
         )
         # A free row is anyone's unless waiters may be queued (``queued``: a release
         # hands the row to the oldest live waiter, so it is rarely free then). That row,
@@ -149,7 +152,7 @@ class Sql:
         self.holder = Prepared.of(
             "SELECT owner, identity, token, metadata,"
             f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at) FROM {t}"
-            f" WHERE name = %(name)s AND owner IS NOT NULL AND expires_at > {_NOW}"
+            f" WHERE name = %(name)s AND owner IS NOT NULL AND {_HELD}"
         )
         # Whom a refusal reports when the row is free but kept for the oldest waiter.
         self.reserved = Prepared.of(

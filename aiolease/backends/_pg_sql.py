@@ -290,13 +290,17 @@ class Sql:
             " RETURNING l.owner, l.identity, l.token, l.metadata, l.expires_at)"
             " SELECT w.owner, w.identity, w.token, w.metadata,"
             " extract(epoch FROM w.expires_at - n.t)::float8 AS remaining"
-            " FROM w, n WHERE w.owner IS NOT NULL AND w.expires_at > n.t"
+            " FROM w, n WHERE w.owner IS NOT NULL"
+            " AND (w.expires_at > n.t OR w.expires_at IS NULL)"
         )
+        # A held row with no expiry is not aiolease's: read, it is reported as foreign
+        # (remaining NULL). No statement grants over it, as none counts it expired.
         self.read = (
             "SELECT l.owner, l.identity, l.token, l.metadata,"
             " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
             f" FROM {t} l, (SELECT clock_timestamp() AS t) n"
-            " WHERE l.name = $1 AND l.owner IS NOT NULL AND l.expires_at > n.t"
+            " WHERE l.name = $1 AND l.owner IS NOT NULL"
+            " AND (l.expires_at > n.t OR l.expires_at IS NULL)"
         )
 
 

@@ -28,7 +28,6 @@ from urllib.parse import parse_qsl
 
 from .._exceptions import BackendError, InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
-from ..abc import HolderInfo
 from ._shield import run_to_end, timeout_after
 
 T = TypeVar("T")
@@ -43,10 +42,8 @@ __all__ = [
     "now",
     "wait_event",
     "check_owner",
-    "decode_metadata",
     "encode_metadata",
     "finished",
-    "holder",
     "parse_bool",
     "parse_count",
     "parse_query",
@@ -93,23 +90,6 @@ def check_owner(owner: str) -> bytes:
 def encode_metadata(metadata: Mapping[str, str]) -> str:
     """Metadata as the JSON text stored in the row (keys sorted, unicode kept)."""
     return json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
-
-
-def decode_metadata(text: str | bytes | None) -> dict[str, str]:
-    """The metadata of a stored row (``{}`` for none)."""
-    if not text:
-        return {}
-    loaded = json.loads(text)
-    return {str(k): str(v) for k, v in loaded.items()}
-
-
-def holder(
-    name: str, owner: str, identity: str, token: int, metadata: str | bytes | None, remaining: float
-) -> HolderInfo:
-    """A :class:`HolderInfo` from row values; ``remaining`` is clamped at 0."""
-    return HolderInfo(
-        name, owner, identity, int(token), decode_metadata(metadata), max(remaining, 0.0)
-    )
 
 
 # -- URL options ---------------------------------------------------------------------------

@@ -104,12 +104,12 @@ from ._sql import (
     check_owner,
     encode_metadata,
     finished,
-    holder,
     now,
     pool_size,
     wait_event,
 )
 from ._sql_pool import LeanPool, PoolStatistics
+from ._sql_rows import row_holder
 from ._sql_turns import Turn, Turns
 
 __all__ = ["MySQLBackend", "MySQLStatistics"]
@@ -561,7 +561,8 @@ class MySQLBackend(Backend):
             return None
         await asyncio.sleep(0)  # a checkpoint, as a statement would be
         self._turns.refused(name, owner, float(ttl), identity, meta, at, (0, self._changes))
-        return holder(name, held.owner, held.identity, held.token, held.meta, remaining)
+        where = f"`{self._table}`"
+        return row_holder(where, name, held.owner, held.identity, held.token, held.meta, remaining)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         if self._closed:
@@ -691,8 +692,12 @@ class MySQLBackend(Backend):
         return None if not rows else self._holder(name, rows[0])
 
     def _holder(self, name: str, row: Any) -> HolderInfo:
+        """The holder a row reports (``owner, identity, token, metadata, microseconds left``).
+
+        :raises ForeignDataError: the row holds what aiolease did not write
+        """
         owner, identity, token, meta, micros = row
-        return holder(name, owner.decode(), identity.decode(), token, meta, micros / 1e6)
+        return row_holder(f"`{self._table}`", name, owner, identity, token, meta, micros, unit=1e-6)
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen`` (renewals do not count).

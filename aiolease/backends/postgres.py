@@ -135,12 +135,12 @@ from ._sql import (
     check_owner,
     encode_metadata,
     finished,
-    holder,
     now,
     pool_size,
     wait_event,
 )
 from ._sql_pool import LeanPool, PoolStatistics
+from ._sql_rows import HOLDER_COLUMNS, row_holder
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
 
@@ -277,6 +277,7 @@ class PostgresBackend(Listening, Backend):
         if not self._listen:
             self.capabilities = self.capabilities - {Capability.PUSH_WAKEUP}  # type: ignore[misc]
         self._sql = Sql(self._schema, self._table)
+        self._where = f'"{self._schema}"."{self._table}"'  # as errors name the table
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
         self._queue = Queue()
@@ -577,14 +578,11 @@ class PostgresBackend(Listening, Backend):
                 fast = False
             elif row is not None and row["owner"] not in (None, owner) and row["remaining"] > 0:
                 self._queue.refused(name, owner, ask)
-                return holder(
-                    name,
-                    row["owner"],
-                    row["identity"],
-                    row["token"],
-                    row["metadata"],
-                    row["remaining"],
-                )
+                return row_holder(self._where, name, *(row[c] for c in HOLDER_COLUMNS))
+            elif row is None:
+                # Neither granted nor refused: a row this statement's snapshot does not
+                # show yet, or one held with no expiry (foreign: the read raises).
+                await self._read(name, self._sql.read, name)
             # Refused by a row this statement's snapshot does not show yet: ask again.
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
@@ -678,7 +676,9 @@ class PostgresBackend(Listening, Backend):
             remaining = held.sent_at + held.ttl - now()
             if remaining > 0:
                 await asyncio.sleep(0)
-                return holder(name, held.owner, held.identity, held.token, held.meta, remaining)
+                return row_holder(
+                    self._where, name, held.owner, held.identity, held.token, held.meta, remaining
+                )
         return await self._read(name, self._sql.read, name)
 
     async def _read(self, name: str, sql: str, *args: Any) -> HolderInfo | None:
@@ -691,9 +691,7 @@ class PostgresBackend(Listening, Backend):
         if held is not None and (held.owner, held.token) == (row["owner"], row["token"]):
             held.identity, held.meta = row["identity"], row["metadata"]
             held.mark = mark  # seen unchanged: answer from here again
-        return holder(
-            name, row["owner"], row["identity"], row["token"], row["metadata"], row["remaining"]
-        )
+        return row_holder(self._where, name, *(row[c] for c in HOLDER_COLUMNS))
 
     async def _watched_read(self, name: str) -> HolderInfo | None:
         """:meth:`read`, having marked the row watched (see ``WATCH_FOR``) unless it is

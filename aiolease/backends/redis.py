@@ -103,6 +103,7 @@ from .._exceptions import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
+    ForeignDataError,
     InvalidArgument,
     NotOwnerError,
 )
@@ -170,19 +171,6 @@ WATCH_FOR = 60.0
 WATCH_AGAIN = 30.0
 #: Names whose watch marks a backend remembers before it drops the lapsed ones.
 MAX_WATCHED = 1024
-
-
-class ForeignDataError(BackendError):
-    """A key of a lease holds something aiolease did not write; it was left unchanged.
-
-    Another program writes under the same key prefix: choose another ``prefix``.
-
-    :ivar name: the lease name whose keys are affected
-    """
-
-    def __init__(self, message: str, *, name: str) -> None:
-        super().__init__(message)
-        self.name = name
 
 
 @final

@@ -69,6 +69,7 @@ from .._exceptions import (
 from .._urls import redact, split_url
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
+from ._sql_rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -351,10 +352,26 @@ class SQLiteBackend(Backend):
     def _params(self, name: str, now: float, **extra: object) -> dict[str, object]:
         return {"name": name, "now": now, "boot": self._boot_id, **extra}
 
-    def _holder(self, name: str, row: tuple[Any, ...], now: float) -> HolderInfo:
-        owner, identity, token, metadata, expires_at = row
-        meta = json.loads(metadata) if metadata else {}
-        return HolderInfo(name, owner, identity, token, meta, max(expires_at - now, 0.0))
+    def _holder(self, name: str, row: tuple[Any, ...], now: float) -> HolderInfo | None:
+        """The holder that row ``name`` (as :meth:`_read_sync` selects it) stands for, or
+        ``None`` when it is free or expired.
+
+        SQLite keeps any value in any column: a token that is not an integer (the next
+        grant would restart it at 1), or a row with an owner whose expiry or ttl is not a
+        number (its liveness cannot be judged), is foreign, free or not.
+
+        :raises ForeignDataError: the row holds what aiolease did not write
+        """
+        owner, identity, token, metadata, expires_at, ttl, live = row
+        where = f"{self._table!r} of {self._path!r}"
+        check_token(where, name, token)
+        if owner is not None:
+            for what, value in (("expiry", expires_at), ("ttl", ttl)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise foreign(where, name, f"its {what} is {value!r}")
+        if not live:
+            return None
+        return row_holder(where, name, owner, identity, token, metadata, expires_at, since=now)
 
     # -- the operations, each run in a worker thread on the one connection ------------
 
@@ -366,12 +383,17 @@ class SQLiteBackend(Backend):
         try:
             now = self._clock()  # read only now that the write lock is ours
             p = self._params(name, now, owner=owner, ttl=ttl, identity=identity, metadata=meta)
-            rows = conn.execute(
-                f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
-                f" WHERE name = :name AND owner = :owner AND {_LIVE} RETURNING token",
-                p,
-            ).fetchall()
-            if rows:
+            # The row first: one aiolease did not write is never granted over.
+            current = self._read_sync(conn, name, now)
+            if current is not None and current.owner != owner:
+                conn.execute("COMMIT")
+                return current
+            if current is not None:  # a retry by the live holder
+                rows = conn.execute(
+                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
+                    f" WHERE name = :name AND owner = :owner AND {_LIVE} RETURNING token",
+                    p,
+                ).fetchall()
                 conn.execute("COMMIT")
                 return Grant(rows[0][0], ttl)
             rows = conn.execute(
@@ -384,16 +406,13 @@ class SQLiteBackend(Backend):
                 " RETURNING token",
                 p,
             ).fetchall()
-            result: Grant | HolderInfo | None = Grant(rows[0][0], ttl) if rows else None
-            if result is None:
-                result = self._read_sync(conn, name, now)
             conn.execute("COMMIT")
         except BaseException:
             conn.rollback()
             raise
-        if result is None:  # pragma: no cover - the live row cannot vanish under our lock
+        if not rows:  # pragma: no cover - the row read above cannot change under our lock
             raise BackendUnavailable(f"lease {name!r} neither granted nor held")
-        return result
+        return Grant(rows[0][0], ttl)
 
     def _renew_sync(
         self, conn: sqlite3.Connection, name: str, owner: str, token: int, ttl: float
@@ -419,8 +438,8 @@ class SQLiteBackend(Backend):
 
     def _read_sync(self, conn: sqlite3.Connection, name: str, now: float) -> HolderInfo | None:
         rows = conn.execute(
-            f"SELECT owner, identity, token, metadata, expires_at FROM {self._table}"
-            f" WHERE name = :name AND {_LIVE}",
+            f"SELECT owner, identity, token, metadata, expires_at, ttl, {_LIVE}"
+            f" FROM {self._table} WHERE name = :name",
             {"name": name, "now": now, "boot": self._boot_id},
         ).fetchall()
         return self._holder(name, rows[0], now) if rows else None

@@ -18,6 +18,7 @@ from aetcd import rpc
 from ..._exceptions import (
     BackendError,
     BackendUnavailable,
+    ForeignDataError,
     InvalidArgument,
     LossReason,
     NotOwnerError,
@@ -304,7 +305,7 @@ class EtcdBackend(Backend):
         ``None``: for a grant made through another backend object, whose slot is unknown."""
         reply = await self._wire.range(self._layout.every(name))
         for kv in reply.kvs:
-            if self._layout.holder(name, kv).owner == owner and (
+            if self._layout.owner(name, kv) == owner and (
                 token is None or int(kv.create_revision) == token
             ):
                 return kv
@@ -583,8 +584,8 @@ class EtcdBackend(Backend):
         """
         try:
             return await finishing(attempt, CANCEL_GRACE)
-        except SessionGone:
-            raise  # the lease is gone: nothing was written
+        except (SessionGone, ForeignDataError):
+            raise  # the lease is gone (nothing written), or the reply came: nothing in doubt
         except BaseException:
             self._note_unsure(name, owner)
             raise

@@ -23,10 +23,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from aetcd import rpc
 
+from ..._exceptions import ForeignDataError
 from ...abc import HolderInfo
 
 __all__ = ["DEFAULT_PREFIX", "Layout", "decode_value", "encode_value", "with_owner"]
@@ -77,20 +78,39 @@ def with_owner(value: bytes, owner: str) -> bytes:
     return b'{"owner":' + quoted + b"," + value[1:]
 
 
+def _strings(value: object) -> TypeGuard[dict[str, str]]:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
 def _decode(raw: bytes) -> tuple[str, dict[str, str], str | None]:
+    """Identity, metadata and owner (``None``: the slot) from a key's value.
+
+    :raises ValueError: a value aiolease did not write (not a JSON object with a text
+        ``identity``, a ``metadata`` object of strings, and at most a text ``owner``)
+    """
     try:
         document = json.loads(raw)
-        identity = document["identity"]
-        metadata = {str(k): str(v) for k, v in dict(document["metadata"]).items()}
-    except (ValueError, TypeError, KeyError):
-        return "", {}, None
+    except ValueError:
+        document = None
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    identity, metadata = document.get("identity"), document.get("metadata")
     owner = document.get("owner")
-    return str(identity), metadata, None if owner is None else str(owner)
+    if not isinstance(identity, str) or not _strings(metadata):
+        raise ValueError("no text identity and metadata object of strings")
+    if owner is not None and (not isinstance(owner, str) or not owner):
+        raise ValueError(f"its owner is {owner!r}")
+    return identity, metadata, owner
 
 
 def decode_value(raw: bytes) -> tuple[str, dict[str, str]]:
     """Identity and metadata from a key's value (empty for a value aiolease did not write)."""
-    identity, metadata, _ = _decode(raw)
+    try:
+        identity, metadata, _ = _decode(raw)
+    except ValueError:
+        return "", {}
     return identity, metadata
 
 
@@ -167,11 +187,30 @@ class Layout:
         return bytes(kv.key)[len(self.start(name)) :].decode(errors="replace")
 
     def holder(self, name: str, kv: Any) -> HolderInfo:
-        """The :class:`HolderInfo` that the key-value ``kv`` of ``name`` stands for."""
-        identity, metadata, owner = _decode(kv.value)
+        """The :class:`HolderInfo` that the key-value ``kv`` of ``name`` stands for.
+
+        :raises ForeignDataError: its value is not one aiolease writes
+        """
+        try:
+            identity, metadata, owner = _decode(kv.value)
+        except ValueError as exc:
+            raise ForeignDataError(
+                f"etcd key {bytes(kv.key)!r} of lease {name!r} holds a value aiolease did not"
+                f" write ({exc}: {bytes(kv.value)[:80]!r}); it was left unchanged, and nothing"
+                " is granted over it: another program seems to write under the key prefix"
+                f" {self.prefix.decode(errors='replace')!r}; give aiolease another prefix",
+                name=name,
+            ) from None
         if owner is None:
             owner = self.slot(name, kv)
         return HolderInfo(name, owner, identity, int(kv.create_revision), metadata, None)
+
+    def owner(self, name: str, kv: Any) -> str | None:
+        """The owner of the key-value ``kv`` of ``name`` (``None``: not aiolease's)."""
+        try:
+            return self.holder(name, kv).owner
+        except ForeignDataError:
+            return None
 
     # -- requests -------------------------------------------------------------------
 
