@@ -230,7 +230,7 @@ async def test_command_ignoring_sigterm_is_killed_after_grace(
         assert await child.line() == b"term"
         assert await child.line() == b""  # SIGKILL: gone without another word
     assert codes == [EXIT_LOST]
-    assert "sending SIGKILL" in capsys.readouterr().err
+    assert "after SIGTERM; sent SIGKILL" in capsys.readouterr().err
 
 
 @pytest.mark.anyio
