@@ -250,7 +250,7 @@ class Keeper:
             if self.done():
                 assert self.status is not None
                 return self.status
-            watched = [self.wake_r, self.channel] if self.open else [self.wake_r]
+            watched = [self.wake_r, self.channel.fileno()] if self.open else [self.wake_r]
             ready, _, _ = select.select(watched, [], [], self.timeout())
             if self.kill_at is not None and time.monotonic() >= self.kill_at:
                 assert self.term_at is not None
@@ -259,7 +259,7 @@ class Keeper:
             if self.wake_r in ready:
                 for signum in os.read(self.wake_r, 256):
                     self.on_signal(signum)
-            if self.channel in ready:
+            if self.open and self.channel.fileno() in ready:
                 self.on_message()
 
 

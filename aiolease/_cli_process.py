@@ -169,11 +169,12 @@ class Keeper:
         elif word == "exit":
             self.status = int(rest)
         elif word == "killed":
-            say(f"command (process group {self.group}) still running {rest}s after SIGTERM; "
-                "sent SIGKILL")
+            say(
+                f"command (process group {self.group}) still running {rest}s after SIGTERM; "
+                "sent SIGKILL"
+            )
         elif word == "leftovers":
-            say(f"the command exited and left processes in its group ({self.group}); "
-                "stopping them")
+            say(f"the command exited and left processes in its group ({self.group}); stopping them")
 
     async def started(self) -> None:
         """Wait until the command runs.
