@@ -44,7 +44,7 @@ from typing import Any
 import anyio
 
 from ._bridge import adapt
-from ._cli_process import CommandError, interruptible, run_command, say
+from ._cli_process import EXIT_ERROR, CommandError, interruptible, run_command, say
 from ._clock import current_time
 from ._elector import Elector, LeaderInfo
 from ._exceptions import (
@@ -67,7 +67,6 @@ __all__ = ["EXIT_ERROR", "EXIT_LOST", "EXIT_TIMEOUT", "EXIT_USAGE", "build_parse
 
 logger = logging.getLogger("aiolease")
 
-EXIT_ERROR = 1
 EXIT_USAGE = 2
 #: The lease was lost while the command ran (EX_SOFTWARE).
 EXIT_LOST = 70

@@ -505,6 +505,16 @@ def test_process_leftovers_of_the_command_are_stopped(env: dict[str, str]) -> No
                 os.kill(sleeper, signal.SIGKILL)
 
 
+@pytest.mark.slow
+def test_process_command_outlives_the_thread_that_started_its_keeper() -> None:
+    # trio starts processes from a worker thread, which ends after 10 idle seconds (no
+    # SQLite queries reuse it on memory://); the keeper's parent-death signal follows
+    # that thread, but aiolease is still there.
+    script = "import time; time.sleep(12); print('finished')"
+    result = finish("--loop", "trio", "lock", "n", "--backend", "memory://", "--", PY, "-c", script)
+    assert (result.returncode, result.stdout) == (0, "finished\n"), result.stderr
+
+
 def test_process_command_gets_the_lease_in_its_environment(env: dict[str, str]) -> None:
     show = 'echo "$AIOLEASE_NAME $AIOLEASE_TOKEN $AIOLEASE_IDENTITY"'
     outputs = [
