@@ -3,27 +3,36 @@
 The command runs a user's program while it holds a lease, and must stop that
 program when the lease ends: SIGTERM first, SIGKILL after a grace period. The
 stop is shielded, so that outer cancellation (Ctrl-C, SIGTERM to aiolease) still
-waits for the child to be gone before the lease is released.
+waits for the program to be gone before the lease is released.
+
+On POSIX the program runs under a keeper process (:mod:`aiolease._cli_keeper`), in
+a session of its own: the stop reaches its whole process group, and the keeper
+kills that group at once if aiolease dies, even by SIGKILL. On Windows the program
+is a plain child: only it is stopped, and nothing stops it if aiolease is killed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import suppress
+from pathlib import Path
 from typing import TypeVar
 
 import anyio
 from anyio import CancelScope
 from anyio.abc import Process
 
+# The keeper imports only the standard library: it runs as a script, not from the package.
+from ._cli_keeper import EXIT_CANNOT_RUN, exit_status, start_error
+
 T = TypeVar("T")
 
-#: The exit status of a command that could not be found (as in POSIX shells).
-EXIT_NOT_FOUND = 127
-#: The exit status of a command that was found but could not be run.
-EXIT_CANNOT_RUN = 126
+#: aiolease's own runtime error.
+EXIT_ERROR = 1
 
 
 class CommandError(Exception):
@@ -42,9 +51,9 @@ def say(message: str) -> None:
     print(f"aiolease: {message}", file=sys.stderr, flush=True)
 
 
-def exit_status(returncode: int) -> int:
-    """A shell-style exit status: ``n`` for exit code ``n``, ``128 + s`` for death by signal."""
-    return returncode if returncode >= 0 else 128 - returncode
+#: Whether commands run under a keeper (process groups, ``pass_fds``: POSIX only).
+KEEPER_SUPPORTED = sys.platform != "win32"
+KEEPER_SCRIPT = Path(__file__).with_name("_cli_keeper.py")
 
 
 async def start_child(command: Sequence[str], **options: object) -> Process:
@@ -56,12 +65,9 @@ async def start_child(command: Sequence[str], **options: object) -> Process:
     kwargs.update(options)
     try:
         return await anyio.open_process(list(command), **kwargs)  # type: ignore[arg-type]
-    except FileNotFoundError as exc:
-        raise CommandError(f"command not found: {command[0]!r}", EXIT_NOT_FOUND) from exc
-    except PermissionError as exc:
-        raise CommandError(f"cannot run {command[0]!r}: {exc.strerror}", EXIT_CANNOT_RUN) from exc
     except OSError as exc:
-        raise CommandError(f"cannot run {command[0]!r}: {exc}", EXIT_CANNOT_RUN) from exc
+        code, message = start_error(command[0], exc)
+        raise CommandError(message, code) from exc
 
 
 async def stop_child(process: Process, grace: float) -> None:
@@ -83,7 +89,9 @@ async def stop_child(process: Process, grace: float) -> None:
         await process.wait()
 
 
-async def run_child(command: Sequence[str], grace: float) -> int:
+async def run_child(
+    command: Sequence[str], grace: float, env: Mapping[str, str] | None = None
+) -> int:
     """Run ``command`` to completion and return its exit status.
 
     If this is cancelled (the lease was lost, or aiolease is interrupted), the child
@@ -91,11 +99,162 @@ async def run_child(command: Sequence[str], grace: float) -> int:
 
     :raises CommandError: it cannot be found or run
     """
-    process = await start_child(command)
+    process = await start_child(command, env=env)
     try:
         return exit_status(await process.wait())
     finally:
         await stop_child(process, grace)
+
+
+class Keeper:
+    """aiolease's end of one keeper process (see :mod:`aiolease._cli_keeper`)."""
+
+    def __init__(self, process: Process, channel: socket.socket) -> None:
+        self._process = process
+        self._channel = channel
+        self._buffer = b""
+        self._eof = False
+        self._error: CommandError | None = None
+        #: The command's pid, which is also its process group id.
+        self.group: int | None = None
+        #: The command's exit status, once the keeper reported it.
+        self.status: int | None = None
+
+    @classmethod
+    async def spawn(
+        cls, command: Sequence[str], grace: float, env: Mapping[str, str] | None
+    ) -> Keeper:
+        """Start a keeper that runs ``command`` (:meth:`started` says when it does).
+
+        :raises CommandError: the keeper itself cannot be started
+        """
+        ours, theirs = socket.socketpair()
+        fd = theirs.fileno()
+        argv = [sys.executable, "-I", str(KEEPER_SCRIPT), str(fd), str(os.getpid()), repr(grace)]
+        try:
+            process = await start_child([*argv, "--", *command], env=env, pass_fds=(fd,))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return cls(process, ours)
+
+    async def _line(self) -> str | None:
+        """The keeper's next line, or ``None`` at end-of-file."""
+        while b"\n" not in self._buffer:
+            if self._eof:
+                return None
+            await anyio.wait_readable(self._channel)
+            try:
+                data = self._channel.recv(4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            self._eof = not data
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def _note(self, line: str) -> None:
+        word, _, rest = line.partition(" ")
+        if word == "started":
+            self.group = int(rest)
+        elif word == "error":
+            code, _, message = rest.partition(" ")
+            self._error = CommandError(message, int(code))
+            self.status = int(code)
+        elif word == "exit":
+            self.status = int(rest)
+        elif word == "killed":
+            say(
+                f"command (process group {self.group}) still running {rest}s after SIGTERM; "
+                "sent SIGKILL"
+            )
+        elif word == "leftovers":
+            say(f"the command exited and left processes in its group ({self.group}); stopping them")
+
+    async def started(self) -> None:
+        """Wait until the command runs.
+
+        :raises CommandError: it cannot be found or run
+        """
+        while self.group is None and self.status is None:
+            line = await self._line()
+            if line is None:
+                code = exit_status(await self._process.wait())
+                self.status = EXIT_CANNOT_RUN
+                raise CommandError(
+                    f"the keeper of the command exited with status {code}", EXIT_CANNOT_RUN
+                )
+            self._note(line)
+        if self._error is not None:
+            raise self._error
+
+    async def wait(self) -> int:
+        """Wait until the command and its group are gone; return the command's status."""
+        while self.status is None:
+            line = await self._line()
+            if line is None:
+                return await self._vanished()
+            self._note(line)
+        await self._process.wait()
+        return self.status
+
+    async def _vanished(self) -> int:
+        """The keeper died without a report: kill the group it kept; status 1."""
+        code = await self._process.wait()
+        if self.group is not None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.group, signal.SIGKILL)
+        say(
+            f"error: the keeper of the command (pid {self._process.pid}) died with status "
+            f"{exit_status(code)}; the command's process group was killed"
+        )
+        self.status = EXIT_ERROR
+        return self.status
+
+    async def stop(self, kill_after: float) -> None:
+        """Stop the command's group unless it is gone (SIGTERM, then SIGKILL ``kill_after``
+        seconds later; at once if 0), and wait until it is. Shielded from cancellation."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if self.status is None:
+                    with suppress(OSError):  # the keeper is gone: wait() finds out
+                        self._channel.send(f"stop {max(kill_after, 0.0)!r}\n".encode())
+                    await self.wait()
+                else:
+                    await self._process.wait()
+            finally:
+                self._channel.close()
+
+
+async def run_command(
+    command: Sequence[str],
+    grace: float,
+    env: Mapping[str, str] | None,
+    kill_after: Callable[[], float],
+) -> int:
+    """Run ``command`` to completion (under a keeper on POSIX) and return its status.
+
+    If this is cancelled (the lease was lost, or aiolease is interrupted), the
+    command's process group gets SIGTERM, then SIGKILL ``kill_after()`` seconds
+    later (asked at that moment), before the cancellation goes on.
+
+    :param grace: seconds between SIGTERM and SIGKILL for what the command leaves
+        running in its group when it exits by itself
+    :raises CommandError: it cannot be found or run
+    """
+    if not KEEPER_SUPPORTED:  # pragma: no cover - Windows: a plain child
+        return await run_child(command, grace, env)
+    keeper = await Keeper.spawn(command, grace, env)
+    try:
+        await keeper.started()
+        return await keeper.wait()
+    finally:
+        await keeper.stop(kill_after())
 
 
 async def _cancel_on_signal(scope: CancelScope, received: list[int]) -> None:

@@ -14,6 +14,15 @@ file in the user's state directory). Exit statuses: the command's own status
 (``128 + s`` if it died of signal ``s``), 1 for runtime errors, 2 for usage
 errors, 70 when the lease was lost while the command ran, 75 when ``--timeout``
 ran out, ``128 + s`` when aiolease itself was stopped by signal ``s``.
+
+``lock`` and ``elect`` run the command in a session of its own, under a keeper
+process (:mod:`aiolease._cli_keeper`), with ``AIOLEASE_NAME``, ``AIOLEASE_TOKEN``
+and ``AIOLEASE_IDENTITY`` in its environment. When the lease ends, its whole
+process group gets SIGTERM, then SIGKILL ``--grace`` seconds later, timed so that
+the SIGKILL lands before the lease can expire on the server: the lease's margin
+is the usual safety margin (a tenth of the ttl) plus the grace, so the stop
+starts ``--grace`` seconds before the old deadline. If aiolease dies, even by
+SIGKILL, the keeper kills the group at once.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import os
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -34,13 +44,15 @@ from typing import Any
 import anyio
 
 from ._bridge import adapt
-from ._cli_process import CommandError, interruptible, run_child, say
+from ._cli_process import EXIT_ERROR, CommandError, interruptible, run_command, say
+from ._clock import current_time
 from ._elector import Elector, LeaderInfo
 from ._exceptions import (
     AioleaseError,
     BackendError,
     BackendNotFound,
     InvalidArgument,
+    LeaseHeldError,
     LeaseLostError,
     LossReason,
     UnsupportedCapability,
@@ -55,7 +67,6 @@ __all__ = ["EXIT_ERROR", "EXIT_LOST", "EXIT_TIMEOUT", "EXIT_USAGE", "build_parse
 
 logger = logging.getLogger("aiolease")
 
-EXIT_ERROR = 1
 EXIT_USAGE = 2
 #: The lease was lost while the command ran (EX_SOFTWARE).
 EXIT_LOST = 70
@@ -65,6 +76,8 @@ EXIT_TIMEOUT = 75
 #: ttl used by ``watch``: only bounds how long an observer waits between re-reads.
 WATCH_TTL = 10.0
 ENV_URL = "AIOLEASE_URL"
+#: ``--grace`` when not given: this, or a third of the ttl if that is shorter.
+DEFAULT_GRACE = 5.0
 
 
 # -- where the leases live ---------------------------------------------------------------
@@ -165,8 +178,9 @@ def _add_command_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grace",
         type=float,
-        default=5.0,
-        help="seconds between SIGTERM and SIGKILL when the command must stop (default 5)",
+        help="seconds between SIGTERM and SIGKILL to the command's process group when the "
+        "lease ends; the stop starts early enough that SIGKILL lands before the lease can "
+        "expire (default 5, or a third of --ttl if less)",
     )
 
 
@@ -262,19 +276,104 @@ def validate(args: argparse.Namespace) -> None:
     if getattr(args, "timeout", None) is not None:
         check_seconds("timeout", args.timeout, allow_zero=True)
     if hasattr(args, "grace"):
-        check_seconds("grace", args.grace, allow_zero=True)
+        command_timing(args.ttl, args.grace)
+
+
+@dataclass(frozen=True)
+class CommandTiming:
+    """How ``lock`` and ``elect`` time the stop of their command.
+
+    :param grace: seconds between SIGTERM and SIGKILL
+    :param margin: the lease's margin: the default one (clock drift, a tenth of the
+        ttl) plus ``grace``, so that the lease is lost, and the command gets SIGTERM,
+        ``grace`` seconds before the command must be dead
+    """
+
+    grace: float
+    margin: float
+
+
+def command_timing(ttl: float, grace: float | None) -> CommandTiming:
+    """The grace (given or default) and the lease margin that makes room for it.
+
+    :raises InvalidArgument: the grace leaves no time to renew the lease
+    """
+    drift = Timing.build(ttl).margin
+    # Timing.build asks that a renewal (every ttl / 3) fit in ttl - margin.
+    limit = ttl - ttl / 3 - drift
+    if grace is None:
+        grace_s = min(DEFAULT_GRACE, ttl / 3)
+        grace_s = grace_s if grace_s < limit else limit / 2  # a ttl under 0.15s
+    else:
+        grace_s = check_seconds("grace", grace, allow_zero=True)
+    if grace_s >= limit:
+        raise InvalidArgument(
+            f"--grace {grace_s:g}s does not fit in --ttl {ttl:g}s: the command must be dead "
+            f"{drift:g}s before the lease can expire, and the lease is renewed every "
+            f"{ttl / 3:g}s, so --grace must be under {limit:g}s (or use a longer --ttl)"
+        )
+    return CommandTiming(grace_s, drift + grace_s)
+
+
+def command_env(lease: Lease) -> dict[str, str]:
+    """The command's environment: aiolease's, plus the lease it runs under (for fencing)."""
+    return {
+        **os.environ,
+        "AIOLEASE_NAME": lease.name,
+        "AIOLEASE_TOKEN": str(lease.token),
+        "AIOLEASE_IDENTITY": lease.identity,
+    }
+
+
+def kill_after(lease: Lease, grace: float) -> float:
+    """Seconds from now until the command's group must get SIGKILL.
+
+    The lease's margin includes ``grace`` (:func:`command_timing`): the command must
+    be dead by ``lease.deadline + grace``. A lease the backend no longer has
+    (STOLEN) may be somebody else's already: SIGKILL at once.
+    """
+    if lease.lost is LossReason.STOLEN:
+        return 0.0
+    return max(min(grace, lease.deadline + grace - current_time()), 0.0)
+
+
+async def run_leased(command: Sequence[str], lease: Lease, grace: float) -> int:
+    """Run the command while ``lease`` is held; return its exit status."""
+    return await run_command(command, grace, command_env(lease), partial(kill_after, lease, grace))
 
 
 # -- the subcommands ---------------------------------------------------------------------
 
 
+async def _hold_and_run(
+    args: argparse.Namespace, lock: AsyncLock, grace: float, timeout: float | None
+) -> int:
+    async with lock.hold(timeout=timeout) as lease:
+        logger.info("holding %r, token %d; running %s", lease.name, lease.token, args.command)
+        return await run_leased(args.command, lease, grace)
+
+
 async def cmd_lock(args: argparse.Namespace, backend: Backend) -> int:
-    """Hold the lock while the command runs; stop the command if the lock is lost."""
-    lock = AsyncLock(backend, args.name, ttl=args.ttl, identity=args.identity)
+    """Hold the lock while the command runs; stop the command if the lock is lost.
+
+    The first try does not wait: if the lock is held, say once who holds it, then wait.
+    """
+    timing = command_timing(args.ttl, args.grace)
+    lock = AsyncLock(backend, args.name, ttl=args.ttl, margin=timing.margin, identity=args.identity)
+    started = current_time()
     try:
-        async with lock.hold(timeout=args.timeout) as lease:
-            logger.info("holding %r, token %d; running %s", lease.name, lease.token, args.command)
-            return await run_child(args.command, args.grace)
+        try:
+            return await _hold_and_run(args, lock, timing.grace, 0)
+        except TimeoutError as exc:
+            if args.timeout == 0 or not isinstance(exc.__cause__, LeaseHeldError):
+                raise
+            holder = exc.__cause__.holder
+            who = f"{holder.identity!r} (token {holder.token})" if holder else "another owner"
+            say(f"lock {args.name!r} is held by {who}; waiting")
+        left = None if args.timeout is None else args.timeout - (current_time() - started)
+        if left is not None and left <= 0:
+            raise TimeoutError
+        return await _hold_and_run(args, lock, timing.grace, left)
     except TimeoutError:
         holder = await adapt(backend).read(args.name)
         who = f" (held by {holder.identity!r}, token {holder.token})" if holder else ""
@@ -291,13 +390,19 @@ async def cmd_elect(args: argparse.Namespace, backend: Backend) -> int:
     def defeated(reason: LossReason) -> None:
         say(f"lost leadership of {args.name!r} ({reason.value}); the command was stopped")
 
+    timing = command_timing(args.ttl, args.grace)
     elector = Elector(
-        backend, args.name, ttl=args.ttl, identity=args.identity, on_defeated=defeated
+        backend,
+        args.name,
+        ttl=args.ttl,
+        margin=timing.margin,
+        identity=args.identity,
+        on_defeated=defeated,
     )
 
     async def term(lease: Lease) -> int:
         say(f"{lease.identity} leads {lease.name!r} (token {lease.token}); starting the command")
-        return await run_child(args.command, args.grace)
+        return await run_leased(args.command, lease, timing.grace)
 
     code = await elector.run(term)
     say(f"the command exited with status {code}; resigned from {args.name!r}")

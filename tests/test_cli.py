@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
@@ -230,7 +233,7 @@ async def test_command_ignoring_sigterm_is_killed_after_grace(
         assert await child.line() == b"term"
         assert await child.line() == b""  # SIGKILL: gone without another word
     assert codes == [EXIT_LOST]
-    assert "sending SIGKILL" in capsys.readouterr().err
+    assert "after SIGTERM; sent SIGKILL" in capsys.readouterr().err
 
 
 @pytest.mark.anyio
@@ -369,6 +372,179 @@ def test_process_sigterm_stops_command_and_releases(env: dict[str, str]) -> None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert json.loads(finish("status", "n", "--json", env=env).stdout)["held"] is False
+
+
+# -- as real processes: the command's whole process group ---------------------------------
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc and uses pidfds (Linux)"
+)
+
+#: A command whose shell starts a grandchild and prints "SHELL_PID GRANDCHILD_PID". The
+#: grandchild does not hold aiolease's pipes: a survivor fails a test instead of hanging it.
+SLEEPER = "sleep 300 </dev/null >/dev/null 2>&1 & echo $$ $!"
+GROUP = SLEEPER + "; wait"
+#: The same, with SIGTERM ignored by the shell and (inherited) by the grandchild.
+STUBBORN = "trap '' TERM; " + GROUP
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has exited: no such process, or a zombie (not reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def gone_by(pid: int, deadline: float) -> bool:
+    """Wait until ``pid`` exits (a pidfd tells) or ``time.monotonic()`` reaches ``deadline``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+def printed_pids(proc: subprocess.Popen[str]) -> list[int]:
+    """The two pids the :data:`SLEEPER` command prints on aiolease's stdout."""
+    assert proc.stdout is not None
+    pids = [int(word) for word in proc.stdout.readline().split()]
+    assert len(pids) == 2, pids
+    return pids
+
+
+@contextmanager
+def group_of(proc: subprocess.Popen[str]) -> Iterator[list[int]]:
+    """The pids of a running :data:`GROUP` command; whatever survives the test is killed."""
+    pids = printed_pids(proc)
+    try:
+        assert not any(map(gone, pids)), pids
+        yield pids
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def db_path(env: dict[str, str]) -> str:
+    return env["AIOLEASE_URL"].removeprefix("sqlite://")
+
+
+@linux_only
+def test_process_lost_lease_kills_the_whole_group(env: dict[str, str]) -> None:
+    argv = ("lock", "n", "--ttl", "3", "--", "sh", "-c", GROUP)
+    with (
+        cli(*argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc,
+        group_of(proc) as pids,
+    ):
+        with sqlite3.connect(db_path(env)) as db:  # the lock is gone behind its back
+            assert db.execute("DELETE FROM aiolease_leases WHERE name = 'n'").rowcount == 1
+        assert proc.wait(timeout=60) == EXIT_LOST
+        assert proc.stderr is not None
+        assert "lost lock 'n' (stolen)" in proc.stderr.read()
+        assert [pid for pid in pids if not gone(pid)] == []
+
+
+@linux_only
+@pytest.mark.parametrize("subcommand", ["lock", "elect"])
+def test_process_sigkill_of_aiolease_kills_the_whole_group(
+    env: dict[str, str], subcommand: str
+) -> None:
+    argv = (subcommand, "n", "--", "sh", "-c", GROUP)
+    with cli(*argv, env=env, stdout=subprocess.PIPE) as proc, group_of(proc) as pids:
+        proc.kill()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        deadline = time.monotonic() + 30
+        assert [pid for pid in pids if not gone_by(pid, deadline)] == []
+
+
+@linux_only
+@pytest.mark.slow
+def test_process_command_ignoring_sigterm_is_dead_before_the_lease_expires(
+    env: dict[str, str],
+) -> None:
+    # Renewals are blocked by holding SQLite's write lock; the row's expires_at is then
+    # the server's expiry, on the same system-wide monotonic clock as time.monotonic().
+    argv = ("lock", "n", "--ttl", "8", "--grace", "2", "--", "sh", "-c", STUBBORN)
+    with (
+        cli(*argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc,
+        group_of(proc) as pids,
+    ):
+        db = sqlite3.connect(db_path(env), timeout=30, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            (expires_at,) = db.execute(
+                "SELECT expires_at FROM aiolease_leases WHERE name = 'n'"
+            ).fetchone()
+            assert [pid for pid in pids if not gone_by(pid, expires_at)] == []
+        finally:
+            db.execute("ROLLBACK")
+            db.close()
+        assert proc.wait(timeout=60) == EXIT_LOST
+        assert proc.stderr is not None
+        assert "after SIGTERM; sent SIGKILL" in proc.stderr.read()
+
+
+@linux_only
+def test_process_leftovers_of_the_command_are_stopped(env: dict[str, str]) -> None:
+    argv = ("lock", "n", "--", "sh", "-c", SLEEPER)  # the shell exits, its sleep does not
+    with cli(*argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        shell, sleeper = printed_pids(proc)
+        try:
+            assert proc.wait(timeout=60) == 0
+            assert proc.stderr is not None
+            assert "the command exited and left processes in its group" in proc.stderr.read()
+            assert gone(sleeper)
+        finally:
+            with suppress(ProcessLookupError):
+                os.kill(sleeper, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_process_command_outlives_the_thread_that_started_its_keeper() -> None:
+    # trio starts processes from a worker thread, which ends after 10 idle seconds (no
+    # SQLite queries reuse it on memory://); the keeper's parent-death signal follows
+    # that thread, but aiolease is still there.
+    script = "import time; time.sleep(12); print('finished')"
+    result = finish("--loop", "trio", "lock", "n", "--backend", "memory://", "--", PY, "-c", script)
+    assert (result.returncode, result.stdout) == (0, "finished\n"), result.stderr
+
+
+def test_process_command_gets_the_lease_in_its_environment(env: dict[str, str]) -> None:
+    show = 'echo "$AIOLEASE_NAME $AIOLEASE_TOKEN $AIOLEASE_IDENTITY"'
+    outputs = [
+        finish(sub, "jobs/a", "--identity", "me", "--", "sh", "-c", show, env=env).stdout
+        for sub in ("lock", "elect", "lock")
+    ]
+    assert outputs == ["jobs/a 1 me\n", "jobs/a 2 me\n", "jobs/a 3 me\n"]
+
+
+def test_process_lock_says_once_who_holds_it_while_waiting(env: dict[str, str]) -> None:
+    with holding(env, "shared") as holder:
+        argv = ("lock", "shared", "--timeout", "20", "--", PY, "-c", "pass")
+        with cli(*argv, env=env, stderr=subprocess.PIPE) as waiter:
+            assert waiter.stderr is not None
+            line = waiter.stderr.readline()
+            assert line == "aiolease: lock 'shared' is held by 'holder-1' (token 1); waiting\n"
+            assert holder.stdin is not None
+            holder.stdin.close()  # the holder's command exits, and the lock is released
+            assert holder.wait(timeout=30) == 0
+            assert waiter.wait(timeout=30) == 0
+            assert "waiting" not in waiter.stderr.read()
+
+
+@pytest.mark.anyio
+async def test_grace_must_fit_in_the_ttl(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = lock_argv("n", ["true"], "--ttl", "3", "--grace", "2")
+    assert await run(argv, backend=MemoryBackend()) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--grace 2s does not fit in --ttl 3s" in err
+    assert "--grace must be under 1.7s" in err
 
 
 def test_process_watch_prints_changes(env: dict[str, str]) -> None:
