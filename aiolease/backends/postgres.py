@@ -615,8 +615,11 @@ class PostgresBackend(Listening, Backend):
         """Free ``owner``'s grant of ``name`` (handing it to the oldest live waiter, if
         any), and drop ``owner``'s waiter row (a caller that stops waiting releases)."""
         self._batcher.forget(name, owner, token)
-        asker = self._queue.get(name, owner)
-        queued = asker is not None and asker.refused_at is not None  # it wrote a waiter row
+        # It may have a waiter row if it sent a queue-aware ask (one whose refusal it
+        # never saw, too: a caller cancelled while the statement ran to its end), or
+        # if this is the core's compensating release (no token), which must never
+        # leave a row that a later release hands the name to.
+        queued = self._queue.get(name, owner) is not None or token is None
         self._queue.done(name, owner)
         held = self._held.get(name)
         mine = held is not None and held.owner == owner
