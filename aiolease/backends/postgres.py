@@ -57,9 +57,11 @@ from the send time of the ask whose row the release saw, which ran before the
 release read its clock. A waiter asks again a third of its ttl after its latest
 refusal, when the holder's ttl runs out, and after a release with nobody to hand
 to. A waiter that stops (cancelled, timed out, or refused by ``acquire_nowait``) is
-released by the core with its owner id: that deletes its row and gives back a
-hand-off it may have got; a hand-off and a waiter that leaves at the same moment
-are told apart by the waiter rows each statement deleted, and the grant given back.
+released by the core with its owner id: that deletes its row (also one written by an
+ask whose refusal it never saw) and gives back a hand-off it may have got; expired
+rows of dead waiters are swept (see ``Sweeps``); a hand-off and a waiter that leaves
+at the same moment are told apart by the waiter rows each statement deleted, and the
+grant given back.
 Every statement locks the lease row before waiter rows, so none can deadlock.
 A refusal marks the lease row (``queued_until``, at least its waiter row's expiry),
 so the uncontended acquire and release touch the lease table only: they grant and
@@ -128,6 +130,7 @@ from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 from ._sql import (
     Key,
     RenewBatcher,
+    Sweeps,
     Takers,
     Wakeups,
     check_identifier,
@@ -279,6 +282,7 @@ class PostgresBackend(Listening, Backend):
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
         self._queue = Queue()
+        self._sweeps = Sweeps()
         #: Owners granted from a hand-off, whose waiter row an ask that crossed the
         #: hand-off may have written again: their release deletes it.
         self._rowed: set[tuple[str, str]] = set()
@@ -775,6 +779,8 @@ class PostgresBackend(Listening, Backend):
         if asker is None or asker.refused_at is None:  # not refused here: no row of ours
             await self.wait_changed(name, seen)
             return
+        if self._sweeps.due():  # expired rows of dead waiters, of any name
+            await self._fetch(self._sql.sweep)
         deadline = asker.refused_at + ttl * _REFRESH_SHARE
         if seen.remaining is not None:
             deadline = min(deadline, now() + seen.remaining)
