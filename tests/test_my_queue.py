@@ -19,7 +19,7 @@ from my_support import raw, scratch_database
 from sql_support import eventually, inner, on_asyncio, unique, with_query
 
 import aiolease
-from aiolease import AsyncLock, InvalidArgument
+from aiolease import AsyncLock, InvalidArgument, Lease
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._sql import now
 from aiolease.backends.mysql import MySQLBackend
@@ -211,6 +211,42 @@ async def test_a_table_made_by_an_older_version_gains_the_queue(
             assert await lease.release()  # handed to the waiter
         assert tokens == [43]
         assert await first.read("old") is None
+
+
+async def test_a_waiter_sweeps_expired_entries_of_every_name(
+    my_url: str, database: str, table: str
+) -> None:
+    # Entries of waiters that died, of a name nobody queues for again, expire but are
+    # deleted by nobody: the first wait in a queue of a backend sweeps them, and
+    # leaves live entries alone.
+    async with backends(my_url, 1) as (b,):
+        name, idle = unique("busy"), unique("idle")
+        first = await AsyncLock(b, name, ttl=30).acquire()  # (makes the tables)
+        for owner, seconds in (("dead-1", -60), ("dead-2", -2), ("alive", 3600)):
+            await raw(
+                my_url,
+                f"INSERT INTO `{database}`.`{table}_waiters`"
+                " (name, owner, identity, metadata, ttl, us, expires_at)"
+                " VALUES (%s, %s, '', '', 30, 30000000,"
+                " UTC_TIMESTAMP(6) + INTERVAL %s SECOND)",
+                idle.encode(),
+                owner.encode(),
+                seconds,
+            )
+        got: list[Lease] = []
+
+        async def take() -> None:
+            got.append(await AsyncLock(b, name, ttl=30).acquire())
+
+        with anyio.fail_after(20):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take)
+                await eventually(waiting(b), "the waiter queued")  # it swept first
+                left = await entries(my_url, database, table, idle)
+                assert [bytes(owner) for owner, _ in left] == [b"alive"]
+                assert await first.release()
+        assert await got[0].release()
+        assert await entries(my_url, database, table, name) == []
 
 
 def test_the_waiters_table_name_must_fit() -> None:

@@ -429,3 +429,38 @@ async def test_a_refusal_by_a_holder_that_released_meanwhile_is_asked_again(
         finally:
             await conn.close()
         assert isinstance(results[0], Grant), f"refused by a holder that is gone: {results[0]}"
+
+
+async def test_a_waiter_sweeps_expired_rows_of_every_name(
+    pg: str, schema: str, table_url: tuple[str, str]
+) -> None:
+    # Rows of waiters that died, of a name nobody queues for again, expire but are
+    # deleted by no statement of that name: the first wait in a queue of a backend
+    # sweeps them, and leaves live rows alone.
+    url, table = table_url
+    waiters = f'"{schema}"."{table}_waiters"'
+    async with backend(url) as b:
+        name, idle = unique("busy"), unique("idle")
+        first = await AsyncLock(b, name, ttl=30).acquire()  # (makes the tables)
+        for owner, seconds in (("dead-1", -60.0), ("dead-2", -2.0), ("alive", 3600.0)):
+            await raw(
+                pg,
+                f"INSERT INTO {waiters} (name, owner, ttl, ask, expires_at)"
+                " VALUES ($1, $2, 30, 0, clock_timestamp() + make_interval(secs => $3))",
+                idle,
+                owner,
+                seconds,
+            )
+        got: list[Lease] = []
+        with anyio.fail_after(20):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(lambda: take_into(got, b, name))
+                await waiting(b)  # it swept before it waited
+                assert await waiter_rows(pg, schema, table, idle) == ["alive"]
+                assert await first.release()
+        assert await got[0].release()
+        assert await waiter_rows(pg, schema, table, name) == []
+
+
+async def take_into(got: list[Lease], b: Backend, name: str) -> None:
+    got.append(await AsyncLock(b, name, ttl=30).acquire())

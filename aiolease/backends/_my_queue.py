@@ -13,7 +13,8 @@ row ``queued`` (until a second after the entry runs out), and
 * a release of a marked row hands it to the oldest live waiter (token + 1, the
   waiter's ttl, identity and metadata) or, with nobody waiting, frees it;
 * an entry lives a ttl after it was last written (``UTC_TIMESTAMP(6)`` + the waiter's
-  own ttl): a waiter that died holds up the queue no longer than that.
+  own ttl): a waiter that died holds up the queue no longer than that, and its entry
+  is deleted by a sweep of the table (:meth:`Queue.sweep`).
 
 A waiter elsewhere learns of its hand-off by looking: of one backend's waiters for a
 name only the oldest in the queue (:meth:`Queue.poller`) does, with a plain
@@ -35,7 +36,7 @@ from typing import Any
 
 from ._my_bell import Bells
 from ._my_sql import Sql
-from ._sql import finished, now, wait_event
+from ._sql import SWEEP_AFTER, SWEEP_LIMIT, Sweeps, finished, now, wait_event
 from ._sql_turns import Turn, Turns
 
 __all__ = ["Place", "Queue", "pause"]
@@ -98,8 +99,9 @@ class Queue:
         self.bells: Bells | None = None
         #: Acquire statements sent by polling waiters.
         self.polls = 0
-        #: Statements that wrote entries (join, refresh, leave).
+        #: Statements that wrote entries (join, refresh, leave, sweep).
         self.writes = 0
+        self._sweeps = Sweeps()
 
     def poller(self, name: str) -> Turn | None:
         """The waiter here that is oldest in the queue (the one a hand-off from
@@ -141,7 +143,20 @@ class Queue:
             await self.bells.hold(name, place.seq)
             if self.places.get(key) is not place:  # it left meanwhile
                 await self.bells.drop(name, place.seq)
+        if new and self._sweeps.due():
+            await self.sweep()
         return place
+
+    async def sweep(self) -> int:
+        """Delete expired entries (of dead waiters) of any name (see
+        :class:`~aiolease.backends._sql.Sweeps`); how many."""
+        after = round(SWEEP_AFTER * 1_000_000)
+        rows = await self._execute(self._sql.expired, [after, SWEEP_LIMIT], "rows")
+        if not rows:
+            return 0
+        seqs = [int(row[0]) for row in rows]
+        self.writes += 1
+        return int(await self._execute(self._sql.sweep(len(seqs)), [*seqs, after], "count"))
 
     async def _join(self, params: dict[str, Any]) -> int:
         """Mark the row as having waiters (first: the mark covers every entry), then

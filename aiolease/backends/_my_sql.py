@@ -227,6 +227,17 @@ class Sql:
         )
         # Leave the queue (by the unique key: one row locked, no range).
         self.leave = Prepared.of(f"DELETE FROM {w} WHERE name = %(name)s AND owner = %(owner)s")
+        # Entries that expired at least a while ago (microseconds), at most so many,
+        # but for the entry of a live holder (a granted waiter keeps its entry until
+        # it releases: the entry behind it waits on its bell): a plain SELECT, which
+        # locks nothing. ``sweep`` then deletes them by their primary key.
+        self.expired = (
+            f"SELECT q.seq FROM {w} AS q LEFT JOIN {t} AS l ON l.name = q.name"
+            f" AND l.owner = q.owner AND l.expires_at > {_NOW}"
+            f" WHERE q.expires_at < {_NOW} - INTERVAL %s MICROSECOND AND l.name IS NULL"
+            " LIMIT %s"
+        )
+        self._waiters = w
         self._table = t
         self.has_queued = (
             "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE()"
@@ -252,6 +263,15 @@ class Sql:
             " ON l.name = v.name AND l.owner = v.owner AND l.token = v.token"
             f" SET l.ttl = v.ttl, l.expires_at = {_NOW} + INTERVAL v.us MICROSECOND"
             f" WHERE l.expires_at > {_NOW}"
+        )
+
+    def sweep(self, count: int) -> str:
+        """Delete ``count`` entries by their ``seq`` if they are still expired (one
+        refreshed meanwhile stays): params the seqs, then the microseconds."""
+        seqs = ", ".join(["%s"] * count)
+        return (
+            f"DELETE FROM {self._waiters} WHERE seq IN ({seqs})"
+            f" AND expires_at < {_NOW} - INTERVAL %s MICROSECOND"
         )
 
     def live(self, count: int) -> str:

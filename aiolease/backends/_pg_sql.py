@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 
+from ._sql import SWEEP_AFTER, SWEEP_LIMIT
+
 __all__ = [
     "Notice",
     "Payload",
@@ -277,6 +279,15 @@ class Sql:
             " RETURNING token, watched_until)"
             " SELECT r.token, CASE WHEN NOT $5::bool OR r.watched_until > clock_timestamp()"
             " THEN pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified FROM r"
+        )
+        # Delete waiter rows of any name that expired SWEEP_AFTER seconds ago or more,
+        # at most SWEEP_LIMIT (see ``Sweeps``). Only rows nobody has locked (SKIP
+        # LOCKED): it never waits, so it takes part in no deadlock, whatever order it
+        # meets the rows in; a row being refreshed is left to the next sweep.
+        self.sweep = (
+            f"DELETE FROM {w} d WHERE d.ctid = ANY(ARRAY(SELECT s.ctid FROM {w} s"
+            f" WHERE s.expires_at < clock_timestamp() - make_interval(secs => {SWEEP_AFTER})"
+            f" LIMIT {SWEEP_LIMIT} FOR UPDATE SKIP LOCKED))"
         )
         # $1 name, $2 seconds: mark the row watched for that long (a row made for it
         # is free, token 0: the first grant's is 1), and read it. The row's lock orders

@@ -236,7 +236,8 @@ class MySQLStatistics:
     :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
     :param pool: the connections of a backend made from a URL (``None``: the user's)
     :param polls: acquire statements sent by waiters polling for their turn
-    :param queue_writes: statements that wrote waiters' entries (join, refresh, leave)
+    :param queue_writes: statements that wrote waiters' entries (join, refresh, leave,
+        sweep)
     :param bell_waits: waits sent on the bell of the entry ahead (``_my_bell``)
     :param rings: those that returned because the bell was let go (or was free)
     :param deadlocks: statements the server chose as a deadlock's victim, sent again

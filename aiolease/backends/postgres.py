@@ -57,9 +57,11 @@ from the send time of the ask whose row the release saw, which ran before the
 release read its clock. A waiter asks again a third of its ttl after its latest
 refusal, when the holder's ttl runs out, and after a release with nobody to hand
 to. A waiter that stops (cancelled, timed out, or refused by ``acquire_nowait``) is
-released by the core with its owner id: that deletes its row and gives back a
-hand-off it may have got; a hand-off and a waiter that leaves at the same moment
-are told apart by the waiter rows each statement deleted, and the grant given back.
+released by the core with its owner id: that deletes its row (also one written by an
+ask whose refusal it never saw) and gives back a hand-off it may have got; expired
+rows of dead waiters are swept (see ``Sweeps``); a hand-off and a waiter that leaves
+at the same moment are told apart by the waiter rows each statement deleted, and the
+grant given back.
 Every statement locks the lease row before waiter rows, so none can deadlock.
 A refusal marks the lease row (``queued_until``, at least its waiter row's expiry),
 so the uncontended acquire and release touch the lease table only: they grant and
@@ -129,6 +131,7 @@ from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 from ._sql import (
     Key,
     RenewBatcher,
+    Sweeps,
     Takers,
     Wakeups,
     check_identifier,
@@ -281,6 +284,7 @@ class PostgresBackend(Listening, Backend):
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
         self._queue = Queue()
+        self._sweeps = Sweeps()
         #: Owners granted from a hand-off, whose waiter row an ask that crossed the
         #: hand-off may have written again: their release deletes it.
         self._rowed: set[tuple[str, str]] = set()
@@ -615,8 +619,11 @@ class PostgresBackend(Listening, Backend):
         """Free ``owner``'s grant of ``name`` (handing it to the oldest live waiter, if
         any), and drop ``owner``'s waiter row (a caller that stops waiting releases)."""
         self._batcher.forget(name, owner, token)
-        asker = self._queue.get(name, owner)
-        queued = asker is not None and asker.refused_at is not None  # it wrote a waiter row
+        # It may have a waiter row if it sent a queue-aware ask (one whose refusal it
+        # never saw, too: a caller cancelled while the statement ran to its end), or
+        # if this is the core's compensating release (no token), which must never
+        # leave a row that a later release hands the name to.
+        queued = self._queue.get(name, owner) is not None or token is None
         self._queue.done(name, owner)
         held = self._held.get(name)
         mine = held is not None and held.owner == owner
@@ -772,6 +779,8 @@ class PostgresBackend(Listening, Backend):
         if asker is None or asker.refused_at is None:  # not refused here: no row of ours
             await self.wait_changed(name, seen)
             return
+        if self._sweeps.due():  # expired rows of dead waiters, of any name
+            await self._fetch(self._sql.sweep)
         deadline = asker.refused_at + ttl * _REFRESH_SHARE
         if seen.remaining is not None:
             deadline = min(deadline, now() + seen.remaining)
