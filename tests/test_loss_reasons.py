@@ -32,7 +32,8 @@ from aiolease.testing.servers import server
 pytestmark = pytest.mark.anyio
 
 TTL = 1.0
-#: Far longer than any wait of these tests: the old code waited this out after a loss.
+#: Far longer than any wait of these tests: what a release that cannot get through
+#: would be waited for, were a lost lease's release not bounded by its margin.
 RELEASE_TIMEOUT = 30.0
 #: How long a lost lease may take to be reported once the body stopped: a tenth of
 #: what waiting out the release would take, and many times what it takes here.
@@ -54,6 +55,7 @@ Opener = Callable[[], AbstractAsyncContextManager[tuple[FaultProxy, Backend]]]
 
 @pytest.fixture(params=["redis", "postgres", "etcd"])
 def kind(request: pytest.FixtureRequest) -> str:
+    """The server the holder is cut off from."""
     return str(request.param)
 
 
