@@ -100,7 +100,8 @@ class Elector:
     :param retry_backoff: mean seconds to wait before campaigning again after a
         term ends or the backend fails (jittered by +-50 %)
     :param on_elected: called with the lease when a term starts (sync or async)
-    :param on_defeated: called with the :class:`LossReason` when a term is lost
+    :param on_defeated: called with the :class:`LossReason` as soon as a term is lost
+        (the work cancelled), before the lost lease's release
     :raises InvalidArgument: on any bad argument
     """
 

@@ -14,7 +14,7 @@
           +-- LeaseHeldError                 somebody else holds it (``.holder``)
           +-- NotOwnerError                  the caller does not own it (any more)
           +-- LeaseLostError                 a held lease was lost (``.reason``)
-               +-- LeaseExpiredError         ... because its local safe deadline passed
+               +-- LeaseExpiredError         ... because it was not renewed in time (``EXPIRED``)
 
 Driver exceptions never escape a backend: they are mapped to :class:`BackendError`
 subclasses at the backend boundary, with the original as ``__cause__``.
@@ -48,13 +48,18 @@ __all__ = [
 
 
 class LossReason(str, enum.Enum):
-    """Why a lease ended."""
+    """Why a lease ended (the table in ``docs/concepts.md`` lists what produces each)."""
 
-    #: The local safe deadline passed without a confirmed renewal.
+    #: The local safe deadline passed and no renewal had been sent since the last
+    #: confirmed one: the holder did not renew in time (a paused process, a blocked
+    #: event loop, a lease from ``acquire()`` nobody renewed); the backend was not at fault.
     EXPIRED = "expired"
-    #: The backend reports that this owner no longer holds the name (taken over or removed).
+    #: The backend answered that this owner no longer holds the name: taken over by
+    #: another holder, deleted, or already expired on the server.
     STOLEN = "stolen"
-    #: Renewals failed with backend errors until the local safe deadline.
+    #: The local safe deadline passed while renewals were being sent and none was
+    #: confirmed: each failed (refused, reset, an error, a timeout) or went unanswered
+    #: (a blackholed or hung server). For a session backend: its keepalives failed.
     UNREACHABLE = "unreachable"
     #: The health probe failed too many times in a row; the holder stepped down.
     UNHEALTHY = "unhealthy"
@@ -152,7 +157,8 @@ class LeaseLostError(LeaseError):
 
 
 class LeaseExpiredError(LeaseLostError):
-    """The lease's local safe deadline passed before a renewal was confirmed."""
+    """The lease was lost with :attr:`LossReason.EXPIRED`: its local safe deadline
+    passed and no renewal had been sent in time."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name, LossReason.EXPIRED)

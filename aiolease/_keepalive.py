@@ -129,8 +129,10 @@ class Holding:
     Entering registers the lease with its backend's renewer and starts the watches
     it needs; the body runs in a cancel scope that the end of the lease cancels.
     Leaving releases (shielded and bounded) and raises :class:`LeaseLostError` if the
-    lease was lost; outer cancellation and the body's own exceptions propagate
-    unchanged (a cancellation from outside wins over the loss).
+    lease was lost: then ``on_lost`` is called first, and the release of the lost
+    lease is bounded by :meth:`Timing.release_bound`, so that neither waits for a
+    release that cannot get through. Outer cancellation and the body's own
+    exceptions propagate unchanged (a cancellation from outside wins over the loss).
     """
 
     def __init__(
@@ -211,11 +213,26 @@ class Holding:
             assert self._tg is not None
             self._tg.cancel_scope.cancel()
 
-    async def _release(self, sent: Awaitable[bool] | None = None) -> None:
+    async def _release(
+        self, sent: Awaitable[bool] | None = None, lost: LossReason | None = None
+    ) -> None:
         lease = self.lease
         await release_shielded(
-            lease.backend, lease.name, lease.owner, lease.token, lease.timing, sent
+            lease.backend, lease.name, lease.owner, lease.token, lease.timing, sent, lost=lost
         )
+
+    async def _leave_task_group(self) -> None:
+        tg, self._tg = self._tg, None
+        if tg is not None:
+            await tg.__aexit__(None, None, None)
+
+    async def _report_loss(self, reason: LossReason) -> None:
+        """Tell of the loss at once: the guards' tasks are done with first (the task
+        group's cancelled scope would cancel ``on_lost``), the release comes after."""
+        await self._leave_task_group()
+        self._counters.lost(reason)
+        if self._on_lost is not None:
+            await self._on_lost(reason)
 
     def _end_body(self, reason: LossReason) -> None:
         if reason is not LossReason.RELEASED or not self._left:
@@ -267,6 +284,7 @@ class Holding:
         except Exception:  # a backend's bug: release() is called instead
             logger.exception("release_now of lease %r failed", lease.name)
             sent = None
+        reason: LossReason | None = None
         try:
             cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
             self._left = True
@@ -274,19 +292,18 @@ class Holding:
             if reason is None:
                 lease.end(LossReason.RELEASED)
             self._unguard()
+            if reason is not None and reason is not LossReason.RELEASED:
+                await self._report_loss(reason)
         finally:
             # Awaited before leaving the task group: the guards' tasks, cancelled
             # above, finish during its round trip, so leaving then costs no extra wait.
+            # The release of a lost lease comes after the report, tightly bounded.
             try:
-                await self._release(sent)
+                await self._release(sent, reason)
             finally:
-                if self._tg is not None:
-                    await self._tg.__aexit__(None, None, None)
+                await self._leave_task_group()
         if reason is None or reason is LossReason.RELEASED:
             return cancelled_by_us
-        self._counters.lost(reason)
-        if self._on_lost is not None:
-            await self._on_lost(reason)
         if exc is not None and not cancelled_by_us:
             if isinstance(exc, anyio.get_cancelled_exc_class()):
                 return False  # cancelled from outside as well: that cancellation goes on

@@ -27,7 +27,6 @@ import anyio
 from ._clock import current_time
 from ._exceptions import (
     BackendError,
-    BackendUnavailable,
     InvalidArgument,
     LossReason,
     NotOwnerError,
@@ -93,6 +92,19 @@ class Timing:
         )
         return cls(ttl_s, renew_s, margin_s, release_s)
 
+    def release_bound(self, lost: LossReason | None) -> float:
+        """How long the release of a lease that ended with ``lost`` may take.
+
+        ``release_timeout``; but a lease lost at or past its deadline (``EXPIRED``,
+        ``UNREACHABLE``) or no longer ours (``STOLEN``) gets at most ``margin`` (at
+        least :data:`MIN_MARGIN`): the server frees it by itself about then, and the
+        holder must learn of the loss at once, not when a release that cannot get
+        through times out.
+        """
+        if lost in _LAPSED:
+            return min(self.release_timeout, max(self.margin, MIN_MARGIN))
+        return self.release_timeout
+
     def deadline_after(self, sent_at: float, grant: Grant) -> float:
         """The local safe deadline for a grant confirmed by a request sent at ``sent_at``."""
         return effective_sent(sent_at, grant) + min(self.ttl, grant.ttl) - self.margin
@@ -103,6 +115,10 @@ class Timing:
         when the server granted less than the ttl asked for."""
         good_for = min(self.ttl, grant.ttl)
         return effective_sent(sent_at, grant) + self.renew_interval * min(good_for / self.ttl, 1.0)
+
+
+#: Losses after which the server frees the name by itself within about ``margin``.
+_LAPSED = frozenset({LossReason.EXPIRED, LossReason.UNREACHABLE, LossReason.STOLEN})
 
 
 def effective_sent(sent_at: float, grant: Grant) -> float:
@@ -156,7 +172,7 @@ class Lease(metaclass=_NoPublicConstructor):
         self._reason: LossReason | None = None
         self._ended: anyio.Event | None = None  # made by wait_lost(), on first use
         self._on_end: list[Callable[[LossReason], object]] = []
-        self._last_error: BaseException | None = None
+        self._unconfirmed = False  # a renewal was sent since the last confirmation
         self._renewals = 0
         self._warned = False
 
@@ -205,17 +221,17 @@ class Lease(metaclass=_NoPublicConstructor):
     def lost(self) -> LossReason | None:
         """Why the lease ended, or ``None`` while it is held.
 
-        Reading this after the deadline reports :attr:`LossReason.EXPIRED` even if
-        the watchdog has not woken up yet.
+        Reading this after the deadline ends the lease even if the watchdog has not
+        woken up yet: :attr:`LossReason.UNREACHABLE` if a renewal was sent since the
+        last confirmed one (it failed, or is still unanswered), else
+        :attr:`LossReason.EXPIRED`.
         """
         if self._reason is None and current_time() >= self._deadline:
-            error = self._last_error
+            unreachable = self._unconfirmed
             if self._clock is not None:
                 self._follow_clock()
-                error = error or self._clock.error
+                unreachable = unreachable or self._clock.error is not None
             if current_time() >= self._deadline:
-                # Refused connections mean UNREACHABLE; unanswered renewals mean EXPIRED.
-                unreachable = isinstance(error, BackendUnavailable)
                 self._end(LossReason.UNREACHABLE if unreachable else LossReason.EXPIRED)
         return self._reason
 
@@ -246,6 +262,7 @@ class Lease(metaclass=_NoPublicConstructor):
         """
         self._raise_if_lost()
         sent_at = current_time()
+        self._unconfirmed = True
         try:
             grant = await self._backend.renew(
                 self._name, self._owner, self._token, self._timing.ttl
@@ -254,13 +271,13 @@ class Lease(metaclass=_NoPublicConstructor):
             self._end(LossReason.STOLEN)
             self._raise_if_lost()
             raise
-        except BackendError as exc:
-            self._last_error = exc
-            raise
         self.confirm(sent_at, grant)
 
     async def release(self) -> bool:
         """Release the lease: shielded, bounded by the release timeout, idempotent.
+
+        A lease lost at its deadline or taken by someone else is released for at most
+        its margin (:meth:`Timing.release_bound`): the server frees it by then anyway.
 
         :returns: ``True`` if this call freed it; ``False`` if it was already
             released or lost (logged once), or the backend could not be told
@@ -275,7 +292,7 @@ class Lease(metaclass=_NoPublicConstructor):
             logger.warning("release of lease %r after it was lost (%s)", self._name, reason.value)
         # Even a lost lease may still sit on the server; the owner check makes this safe.
         freed = await release_shielded(
-            self._backend, self._name, self._owner, self._token, self._timing
+            self._backend, self._name, self._owner, self._token, self._timing, lost=reason
         )
         return freed and reason is None
 
@@ -286,7 +303,7 @@ class Lease(metaclass=_NoPublicConstructor):
         if self._reason is None:
             self._deadline = max(self._deadline, self._timing.deadline_after(sent_at, grant))
             self._next_renewal = self._timing.renewal_after(sent_at, grant)
-            self._last_error = None
+            self._unconfirmed = False
             self._renewals += 1
 
     def next_renewal(self) -> float:
@@ -298,10 +315,18 @@ class Lease(metaclass=_NoPublicConstructor):
         :meth:`Backend.hold`): ``clock.expires - margin``, never earlier than it is."""
         self._clock = clock
 
+    def renewal_sent(self) -> None:
+        """A renewal is being sent now: if the deadline passes before a renewal is
+        confirmed, the backend could not be reached (``UNREACHABLE``), whether this one
+        failed or is never answered. (Sent once the deadline has passed, it is too
+        late: the lease has ``EXPIRED``.)"""
+        if self.lost is None:
+            self._unconfirmed = True
+
     def note_error(self, exc: BaseException) -> None:
-        """Remember a failed renewal: if the deadline passes after a refused connection
-        (:class:`BackendUnavailable`) the reason is UNREACHABLE, else EXPIRED."""
-        self._last_error = exc
+        """Remember a failed renewal (it was sent: see :meth:`renewal_sent`)."""
+        if self._reason is None:
+            self._unconfirmed = True
 
     def on_end(self, callback: Callable[[LossReason], object]) -> None:
         """Call ``callback(reason)`` when the lease ends (at once if it has)."""
@@ -354,6 +379,8 @@ async def release_shielded(
     token: int | None,
     timing: Timing,
     sent: Awaitable[bool] | None = None,
+    *,
+    lost: LossReason | None = None,
 ) -> bool:
     """Release ``owner``'s grant, shielded from cancellation and bounded in time.
 
@@ -365,8 +392,11 @@ async def release_shielded(
 
     :param sent: the release already sent (:meth:`Backend.release_now`): awaited
         instead of calling :meth:`Backend.release`
+    :param lost: why the lease ended, if it was lost: bounds the release more tightly
+        (:meth:`Timing.release_bound`)
     """
-    with anyio.CancelScope(deadline=current_time() + timing.release_timeout, shield=True):
+    bound = timing.release_bound(lost)
+    with anyio.CancelScope(deadline=current_time() + bound, shield=True):
         try:
             if sent is not None:
                 return await sent
@@ -374,5 +404,5 @@ async def release_shielded(
         except BackendError as exc:
             logger.warning("release of lease %r failed: %s (it will expire on its own)", name, exc)
             return False
-    logger.warning("release of lease %r timed out after %gs", name, timing.release_timeout)
+    logger.warning("release of lease %r timed out after %gs", name, bound)
     return False

@@ -208,7 +208,8 @@ class AsyncLock:
         (default ``max(0.1 * ttl, 0.05)``)
     :param identity: who holds it, for humans (default ``host:pid``)
     :param metadata: a small ``str -> str`` map published with the grant
-    :param release_timeout: upper bound on a release (default ``min(max(ttl, 1), 10)``)
+    :param release_timeout: upper bound on a release (default ``min(max(ttl, 1), 10)``);
+        a lease lost at its deadline or taken is released for at most ``margin``
     :raises InvalidArgument: on any bad argument; nothing is sent
     """
 

@@ -10,8 +10,9 @@ sit in one heap, and one task per backend wakes at the earliest of them. It then
   backends that batch renewals answer them in one round trip); retries failures
   with back-off, as long as the deadline allows; a "not owner" answer ends the lease
   (``STOLEN``);
-* ends every lease whose deadline passed (``EXPIRED``, or ``UNREACHABLE`` after
-  refused connections), whatever its renewal is doing.
+* ends every lease whose deadline passed, whatever its renewal is doing:
+  ``UNREACHABLE`` if a renewal was sent since the last confirmed one (it failed, or
+  is still unanswered), else ``EXPIRED`` (none was sent in time: a paused process).
 
 Session backends whose renew is only local bookkeeping (:meth:`Backend.hold`) are
 not renewed at all: their leases follow the session's confirmed expiry, and the
@@ -437,6 +438,7 @@ class Renewer:
         lease = renewed.lease
         timing = lease.timing
         sent_at = current_time()
+        lease.renewal_sent()
         result: Grant | BaseException | None = None
         try:
             with anyio.fail_after(timing.renew_interval):
@@ -451,6 +453,8 @@ class Renewer:
         """Renew every lease of ``batch`` (one backend's) in one call."""
         backend = batch[0].lease.backend
         sent_at = current_time()
+        for renewed in batch:
+            renewed.lease.renewal_sent()
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
         try:
             with anyio.fail_after(min(r.lease.timing.renew_interval for r in batch)):

@@ -157,7 +157,9 @@ class SessionClock(Protocol):
 
     @property
     def error(self) -> BaseException | None:
-        """Why the latest keepalive failed, or ``None`` if it succeeded."""
+        """Why the latest keepalive failed (an error, or no answer in time), or ``None``
+        if it succeeded: a lease whose deadline passes while this is set ends with
+        :attr:`LossReason.UNREACHABLE`, else with ``EXPIRED``."""
         ...  # pragma: no cover
 
 

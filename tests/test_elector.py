@@ -53,9 +53,9 @@ async def test_run_recampaigns_after_loss_with_a_higher_token() -> None:
 
     assert await elector.run(work) == "done"
     assert tokens == [1, 2]
-    assert events == [("elected", 1), LossReason.EXPIRED, ("elected", 2)]
+    assert events == [("elected", 1), LossReason.UNREACHABLE, ("elected", 2)]
     stats = elector.statistics()
-    assert stats.terms == 2 and stats.losses == {LossReason.EXPIRED: 1}
+    assert stats.terms == 2 and stats.losses == {LossReason.UNREACHABLE: 1}
 
 
 async def test_work_exception_propagates_and_resigns() -> None:

@@ -145,7 +145,7 @@ async def test_a_hanging_renewal_delays_no_other_deadline(anyio_backend: object)
         tg.cancel_scope.cancel()
     # Each ends exactly at its deadline (sent at 0, ttl 3, margin 0.3), whatever the
     # other's renewal does: one hangs (each attempt bounded by the renew interval).
-    assert ended == {"hangs": (2.7, LossReason.EXPIRED), "fails": (2.7, LossReason.UNREACHABLE)}
+    assert ended == {"hangs": (2.7, LossReason.UNREACHABLE), "fails": (2.7, LossReason.UNREACHABLE)}
     assert backend.renewed["hangs"] == 2  # at 1 s, then at 2 s after the first timed out
     assert backend.renewed["fails"] > 3  # retried with back-off until the deadline
 

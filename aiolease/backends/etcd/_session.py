@@ -473,7 +473,8 @@ class Sessions:
 
 def _reason(error: BackendError | None, *, gone: bool = False) -> LossReason:
     """Why leases on a lost session ended: removed on the server while we kept it
-    alive (``STOLEN``), or not kept alive in time (``UNREACHABLE``/``EXPIRED``)."""
+    alive (``STOLEN``), keepalives sent and failing, refused or unanswered until too
+    late (``UNREACHABLE``), or none sent in time (``EXPIRED``: a paused process)."""
     if gone:
         return LossReason.STOLEN
-    return LossReason.UNREACHABLE if isinstance(error, BackendUnavailable) else LossReason.EXPIRED
+    return LossReason.EXPIRED if error is None else LossReason.UNREACHABLE
