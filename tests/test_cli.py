@@ -276,7 +276,7 @@ async def test_elect_restarts_command_per_term_and_exits_with_its_status(
     assert codes == [7]
     assert await faulty.read("e") is None
     err = capsys.readouterr().err
-    assert "lost leadership of 'e' (expired)" in err
+    assert "lost leadership of 'e' (unreachable)" in err
     assert "cand leads 'e' (token 1)" in err and "cand leads 'e' (token 2)" in err
 
 
