@@ -222,7 +222,7 @@ class RoutedRedlock(RedlockBackend):
 class Stubborn(redis.asyncio.Redis):
     """A client whose commands ignore a cancellation and run on to their reply or their
     socket timeout, as redis-py's (8.1) now and then do (see
-    :mod:`aiolease.backends._redis_cancel`): here always, so that a test can count on it."""
+    :mod:`aiolease.backends._asyncio`): here always, so that a test can count on it."""
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         command = asyncio.ensure_future(super().execute_command(*args, **options))  # type: ignore[no-untyped-call]

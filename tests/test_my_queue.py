@@ -21,7 +21,7 @@ from sql_support import eventually, inner, on_asyncio, unique, with_query
 import aiolease
 from aiolease import AsyncLock, InvalidArgument, Lease
 from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends._sql import now
+from aiolease.backends._asyncio import now
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.testing.servers import server
 

@@ -47,9 +47,9 @@ from aiolease import (
     NotOwnerError,
 )
 from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.backends._asyncio import run_to_end, timeout_after, wait_event
 from aiolease.backends._pg_sql import grants_channel, parse_payload
-from aiolease.backends._shield import run_to_end
-from aiolease.backends._sql import Takers, timeout_after, wait_event
+from aiolease.backends._sql import Takers
 from aiolease.backends._sql_pool import LeanPool
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing import CHECKS, Check

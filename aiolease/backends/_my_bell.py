@@ -38,9 +38,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._asyncio import now, timeout_after, wait_any
 from ._my_sql import Prepared
-from ._shield import timeout_after
-from ._sql import finished, now
+from ._sql import finished
 
 __all__ = ["Bells"]
 
@@ -200,12 +200,7 @@ class Bells:
             if wait is None:
                 return None
         if not wait.task.done():
-            waiter = asyncio.ensure_future(event.wait())
-            either: set[asyncio.Future[Any]] = {wait.task, waiter}
-            try:
-                await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
+            await wait_any([wait.task], event, timeout)
         if not wait.task.done():
             return 0, None, wait.sent_at
         if wait.task.cancelled() or wait.task.exception() is not None:

@@ -34,9 +34,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._asyncio import now, wait_event
 from ._my_bell import Bells
 from ._my_sql import Sql
-from ._sql import SWEEP_AFTER, SWEEP_LIMIT, Sweeps, finished, now, wait_event
+from ._sql import SWEEP_AFTER, SWEEP_LIMIT, Sweeps, finished
 from ._sql_turns import Turn, Turns
 
 __all__ = ["Place", "Queue", "pause"]

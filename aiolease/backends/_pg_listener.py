@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._exceptions import BackendUnavailable
+from ._asyncio import now, timeout_after
 from ._pg_queue import Queue
 from ._pg_sql import parse_notice
-from ._sql import Takers, Wakeups, now, timeout_after
+from ._sql import Takers, Wakeups
 
 __all__ = ["LISTEN_CHECK", "Held", "Listening"]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ._sql import now
+from ._asyncio import now
 
 __all__ = ["Asker", "Queue"]
 

@@ -32,7 +32,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .._exceptions import BackendError, BackendTimeout, NotOwnerError
-from ._shield import timeout_after
+from ._asyncio import now as loop_now
+from ._asyncio import timeout_after
 
 __all__ = ["Renewal", "RenewalBatcher"]
 
@@ -100,7 +101,7 @@ class RenewalBatcher:
         :raises NotOwnerError: the server says ``owner`` does not hold it with ``token``
         :raises BackendError: the batch failed
         """
-        now = _now()
+        now = loop_now()
         lease = self._leases.get((name, owner))
         if lease is None or lease.token != token:
             lease = Renewal(name, owner, token, ttl, now, answered=self._seq)
@@ -151,7 +152,7 @@ class RenewalBatcher:
         return list(self._leases.values())
 
     async def _run_batch(self) -> None:
-        now = _now()
+        now = loop_now()
         self._seq += 1
         members = self._members(now)
         batch = _Batch(self._seq, now, members, [m.ttl for m in members])
@@ -184,7 +185,3 @@ class RenewalBatcher:
             lease.result_seq, lease.result_sent = batch.seq, batch.sent_at
             lease.result_ttl, lease.result = ttl, result
         batch.done.set()
-
-
-def _now() -> float:
-    return asyncio.get_running_loop().time()

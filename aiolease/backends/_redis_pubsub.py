@@ -60,7 +60,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._redis_cancel import wait_event
+from ._asyncio import now, wait_event
 
 if TYPE_CHECKING:
     from ._redis_resp import LeanClient, Subscriber
@@ -319,7 +319,7 @@ class Subscriptions:
         entry.prune = None
         if not entry.idle or self._channels.get(channel) is not entry:
             return
-        idle = asyncio.get_running_loop().time() - entry.idle_since
+        idle = now() - entry.idle_since
         if idle < LINGER:
             entry.prune = asyncio.get_running_loop().call_later(
                 LINGER - idle, self._prune, channel, entry

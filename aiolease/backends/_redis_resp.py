@@ -12,7 +12,7 @@ connection is a lean one too (:class:`Subscriber`): every reply goes to its list
 over one connection: each caller writes its command and waits for its own reply, in
 order. A caller that is cancelled, or times out, leaves its place in the queue, and its
 reply is dropped when it arrives, so cancellation is immediate and never lost (unlike
-redis-py's, see :mod:`aiolease.backends._redis_cancel`) and the stream stays in step.
+redis-py's, see :mod:`aiolease.backends._asyncio`) and the stream stays in step.
 As with any client, a command cancelled after it was written may still run.
 
 A timeout closes the connection (it is suspect); a lost connection fails what it
@@ -33,7 +33,7 @@ from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._shield import timeout_after
+from ._asyncio import timeout_after
 
 __all__ = ["Endpoint", "LeanClient", "Sent", "Subscriber", "error_of"]
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BackendUnavailable
+from ._asyncio import retrieve
 
 if TYPE_CHECKING:
     from ._redis_resp import LeanClient
@@ -77,16 +78,11 @@ class Rider:
         """Its attempt's fate is unknown."""
         if not self.reply.done():
             self.reply.set_exception(error)
-            self.reply.add_done_callback(_retrieve)
+            self.reply.add_done_callback(retrieve)
 
     def alone(self) -> None:
         """It must be sent on its own."""
         self.settle(_ALONE)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved: asyncio does not log it as lost
 
 
 class Riders:

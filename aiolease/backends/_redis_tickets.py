@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ..abc import Grant
+from ._asyncio import now
 from ._redis_pubsub import Mark, Subscriptions
 
 __all__ = ["Handed", "Marks", "Tickets", "Turn", "granted_to", "handed", "next_in_line"]
@@ -320,7 +321,7 @@ class Tickets:
         ``marks``: older hand-offs are void."""
         key = (name, owner)
         self._tickets.pop(key, None)
-        self._attempts[key] = (asyncio.get_running_loop().time(), marks)
+        self._attempts[key] = (now(), marks)
 
     def turned(self, name: str, owner: str, turn: Turn) -> None:
         """``owner``'s wait on ``name`` ended as ``turn`` did: keep the hand-off it

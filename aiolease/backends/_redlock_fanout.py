@@ -34,10 +34,10 @@ from redis.exceptions import NoScriptError
 
 from .._exceptions import BackendError, BackendTimeout, BackendUnavailable
 from ..abc import HolderInfo
+from ._asyncio import retrieve, timeout_after
 from ._redis_clients import where
 from ._redis_pubsub import Subscriptions
 from ._redis_scripts import Script
-from ._shield import timeout_after
 from .redis import ForeignDataError, holder_from, mapped_error
 
 __all__ = ["Fanout", "Instance", "Late", "Outcome", "holder_from", "mapped", "votes"]
@@ -221,7 +221,7 @@ class Fanout:
 
     def _forget(self, task: asyncio.Task[Any]) -> None:
         self._background.discard(task)
-        _retrieve(task)
+        retrieve(task)
 
     async def drain(self, timeout: float) -> None:
         """Let every task (requests, background work, and what they start meanwhile)
@@ -261,11 +261,6 @@ def _succeeded(task: asyncio.Task[Any], then: Callable[[Any], None]) -> None:
         reply = task.result()
         if not isinstance(reply, _Failed):
             then(reply)
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # retrieved: asyncio does not log it as lost
 
 
 def votes(replies: Mapping[int, HolderInfo | None]) -> dict[str, list[HolderInfo]]:

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl
 
 from .._exceptions import BackendError, InvalidArgument, LossReason
 from .._validate import check_count, check_seconds
-from ._shield import run_to_end, timeout_after
+from ._asyncio import now, run_to_end, timeout_after
 
 T = TypeVar("T")
 
@@ -42,8 +42,6 @@ __all__ = [
     "Takers",
     "Wakeups",
     "check_identifier",
-    "now",
-    "wait_event",
     "check_owner",
     "encode_metadata",
     "finished",
@@ -186,11 +184,6 @@ def pool_size(min_size: object, max_size: object) -> tuple[int, int]:
 # -- asyncio helpers and wake-ups ------------------------------------------------------------
 
 
-def now() -> float:
-    """The event loop's clock: ``anyio.current_time()`` of the caller, also under trio-asyncio."""
-    return asyncio.get_running_loop().time()
-
-
 #: Seconds a cancelled caller still waits for its statement that may grant a lease.
 FINISH_GRACE = 5.0
 
@@ -199,7 +192,7 @@ async def finished(statement: Awaitable[T], grace: float | None = None) -> T:
     """Await ``statement`` (one that may grant a lease) to its end even if the caller is
     cancelled meanwhile (for at most ``grace`` more seconds, default
     :data:`FINISH_GRACE`), then re-raise the cancellation (see
-    :func:`~aiolease.backends._shield.run_to_end`).
+    :func:`~aiolease.backends._asyncio.run_to_end`).
 
     Interrupting the statement at once would only close its connection: the server
     still runs it to its commit, possibly *after* the compensating release that the
@@ -239,22 +232,6 @@ class Sweeps:
             return False
         self._next = at + self._every
         return True
-
-
-async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait for ``event`` at most ``timeout`` seconds (``None``: no limit); whether it was set.
-
-    A cancel is always raised, also one that comes in the step the event is set in.
-    """
-    if timeout is not None and timeout <= 0:
-        await asyncio.sleep(0)
-        return event.is_set()
-    try:
-        async with timeout_after(timeout):
-            await event.wait()
-    except asyncio.TimeoutError:
-        return False
-    return True
 
 
 @dataclass

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from .._exceptions import BackendUnavailable
-from ._shield import timeout_after
+from ._asyncio import timeout_after
 
 __all__ = ["LeanPool", "PoolStatistics"]
 

@@ -91,6 +91,7 @@ from .._exceptions import (
 )
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
+from ._asyncio import now, wait_event
 from ._my_bell import Bells
 from ._my_errors import answered, errno, mapped
 from ._my_queue import REFRESH, Queue
@@ -104,9 +105,7 @@ from ._sql import (
     check_owner,
     encode_metadata,
     finished,
-    now,
     pool_size,
-    wait_event,
 )
 from ._sql_pool import LeanPool, PoolStatistics
 from ._sql_rows import row_holder

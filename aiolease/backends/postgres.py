@@ -121,6 +121,7 @@ from .._exceptions import (
 from .._urls import scrub
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
+from ._asyncio import now, wait_event
 from ._pg_errors import map_error as map_error
 from ._pg_errors import mapped
 from ._pg_listener import LISTEN_CHECK as LISTEN_CHECK
@@ -138,9 +139,7 @@ from ._sql import (
     check_owner,
     encode_metadata,
     finished,
-    now,
     pool_size,
-    wait_event,
 )
 from ._sql_pool import LeanPool, PoolStatistics
 from ._sql_rows import HOLDER_COLUMNS, row_holder

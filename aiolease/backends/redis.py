@@ -111,8 +111,8 @@ from .._urls import redact, scrub
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
 from ..abc import Renewal as LeaseRenewal
+from ._asyncio import guarded, now, wait_event, wait_for_or_none
 from ._redis_batch import Renewal, RenewalBatcher
-from ._redis_cancel import guarded, wait_event, wait_for_or_none
 from ._redis_clients import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
@@ -742,7 +742,7 @@ class RedisBackend(Backend):
     async def read(self, name: str) -> HolderInfo | None:
         keys = self._keys(name)
         stamp = self._subscriptions.stamp(keys.channel)
-        sent_at = asyncio.get_running_loop().time()
+        sent_at = now()
         reply = await self._eval(name, READ, (keys.lease,))
         holder = None if reply is None else self._holder(name, reply)
         self._subscriptions.noted(keys.channel, holder, sent_at, stamp)
@@ -767,13 +767,13 @@ class RedisBackend(Backend):
                     sent_at = None
                 current = seen
                 if sent_at is None:
-                    sent_at = asyncio.get_running_loop().time()
+                    sent_at = now()
                     current = await self.read(name)
                     if _identity_of(current) != _identity_of(seen):
                         return
                 timeout = None
                 if current is not None and current.remaining is not None:
-                    elapsed = asyncio.get_running_loop().time() - sent_at
+                    elapsed = now() - sent_at
                     timeout = max(current.remaining + EXPIRY_SLACK - elapsed, 0.0)
                 await wait_event(changed, timeout)
         except (RedisError, OSError) as exc:
@@ -785,17 +785,16 @@ class RedisBackend(Backend):
         """Mark ``name`` watched, unless it is known to stay marked for a while yet: the
         loop time from which it has been marked throughout (a read sent since then
         was answered after the mark was set)."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        since, until = self._watched.get(name, (now, 0.0))
-        if until - now > WATCH_AGAIN:
+        at = now()
+        since, until = self._watched.get(name, (at, 0.0))
+        if until - at > WATCH_AGAIN:
             return since
         await self._eval(name, WATCH, (self._keys(name).watched,), _ms(WATCH_FOR))
-        if until <= loop.time():  # lapsed, or never marked: marked from now on
-            since = loop.time()
+        if until <= now():  # lapsed, or never marked: marked from now on
+            since = now()
         if len(self._watched) >= MAX_WATCHED:
-            self._watched = {n: w for n, w in self._watched.items() if w[1] > now}
-        self._watched[name] = (since, now + WATCH_FOR)  # counted from the send: safe
+            self._watched = {n: w for n, w in self._watched.items() if w[1] > at}
+        self._watched[name] = (since, at + WATCH_FOR)  # counted from the send: safe
         return since
 
     async def wait_taken(self, name: str, held: HolderInfo) -> None:

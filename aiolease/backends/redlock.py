@@ -78,7 +78,7 @@ from redis.asyncio import Redis
 from .._exceptions import BackendTimeout, BackendUnavailable, InvalidArgument, NotOwnerError
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
-from ._redis_cancel import wait_event
+from ._asyncio import now, wait_event
 from ._redis_scripts import DEFAULT_PREFIX, Keys, check_prefix
 from ._redlock_fanout import Fanout, Instance, Outcome, holder_from, votes
 from ._redlock_scripts import ACQUIRE, READ, RELEASE, RENEW
@@ -296,7 +296,7 @@ class RedlockBackend(Backend):
                 undo = abandoned and int(reply[2]) == 1
                 self._fanout.spawn(self._release_on(index, name, owner, undo=undo))
 
-        started = asyncio.get_running_loop().time()
+        started = now()
         try:
             outcome = await self._run(
                 name,
@@ -304,7 +304,7 @@ class RedlockBackend(Backend):
                 self._per_request(ttl),
                 late,
             )
-            elapsed = asyncio.get_running_loop().time() - started
+            elapsed = now() - started
             grants = [int(r[1]) for r in outcome.replies.values() if int(r[0]) == 1]
             refusals = [holder_from(name, r) for r in outcome.replies.values() if int(r[0]) != 1]
             validity = ttl - elapsed - self.drift(ttl)
@@ -368,7 +368,7 @@ class RedlockBackend(Backend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         keys = self._keys(name)
         n, q = len(self._fanout.instances), self._quorum
-        started = asyncio.get_running_loop().time()
+        started = now()
         # Every instance is waited for (up to the timeout), not only a majority, and a
         # late one is left to finish: all instances stay in step while none fails.
         outcome = await self._run(
@@ -377,7 +377,7 @@ class RedlockBackend(Backend):
             self._per_request(ttl),
             "finish",
         )
-        elapsed = asyncio.get_running_loop().time() - started
+        elapsed = now() - started
         confirmed = sum(1 for r in outcome.replies.values() if int(r) == 1)
         if confirmed >= q:
             if ttl - elapsed - self.drift(ttl) <= 0:

@@ -15,14 +15,10 @@ from urllib.parse import urlsplit
 
 from .._exceptions import InvalidArgument
 from ..abc import Grant, HolderInfo
-from ..backends._shield import timeout_after
+from ..backends._asyncio import now, timeout_after
 from ..backends.memory import MemoryBackend
 
 __all__ = ["AsyncioOnlyBackend"]
-
-
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
 
 
 async def _step() -> None:
@@ -36,7 +32,7 @@ class AsyncioOnlyBackend(MemoryBackend):
     requires_asyncio = True
 
     def __init__(self) -> None:
-        super().__init__(clock=_loop_time)
+        super().__init__(clock=now)
         self._events: dict[str, asyncio.Event] = {}
 
     @classmethod

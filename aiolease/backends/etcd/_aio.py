@@ -1,11 +1,8 @@
 """The few asyncio tools the backend needs.
 
-The backend runs only on asyncio (grpc.aio); under trio the core runs it on a
-trio-asyncio loop. There anyio's asyncio backend may hold the ``get_running_loop``
-that trio-asyncio has not patched (it depends on import order), so the backend uses
-asyncio's own primitives, looked up at call time, and never anyio's. Its clock,
-``loop.time()``, is the core's ``anyio.current_time()`` on both: asyncio's loop
-clock, or trio's clock on a trio-asyncio loop.
+What grpc.aio calls need beyond the backends' toolkit
+(:mod:`aiolease.backends._asyncio`, where the clock and the waits are): calls that
+finish through a cancellation, and calls cancelled by a closed channel.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar, cast
 
 from ..._exceptions import BackendUnavailable
-from .._shield import retrieve, run_to_end
+from .._asyncio import now, retrieve, run_to_end
 
 __all__ = [
     "CallCancelled",
@@ -26,9 +23,7 @@ __all__ = [
     "await_unary",
     "cancellable",
     "finishing",
-    "now",
     "shielded",
-    "wait_until",
 ]
 
 T = TypeVar("T")
@@ -56,28 +51,6 @@ _GRACE: contextvars.ContextVar[_Grace | None] = contextvars.ContextVar("_GRACE",
 
 class CallCancelled(BackendUnavailable):
     """A gRPC call was cancelled by something other than its caller (a closed channel)."""
-
-
-def now() -> float:
-    """The running loop's clock (the core's ``anyio.current_time()``)."""
-    return asyncio.get_running_loop().time()
-
-
-async def wait_until(event: asyncio.Event, deadline: float) -> None:
-    """Wait until ``event`` is set or the loop's clock reaches ``deadline``."""
-    timeout = deadline - now()
-    if event.is_set() or timeout <= 0:
-        await asyncio.sleep(0)
-    elif math.isinf(timeout):
-        await event.wait()
-    else:
-        # Not asyncio.wait_for: before Python 3.12 it returns if the event is set in the
-        # step a cancel arrives in, and drops the cancel (trio-asyncio sends it once).
-        waiter = asyncio.ensure_future(event.wait())
-        try:
-            await asyncio.wait([waiter], timeout=timeout)
-        finally:
-            waiter.cancel()
 
 
 async def shielded(coro: Coroutine[Any, Any, T], grace: float = math.inf) -> T:

@@ -25,7 +25,8 @@ from ..._exceptions import (
 )
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
-from ._aio import finishing, now, shielded
+from .._asyncio import now
+from ._aio import finishing, shielded
 from ._handoff import Handoffs
 from ._keys import DEFAULT_PREFIX, Layout, encode_value, with_owner
 from ._session import Entry, Session, Sessions

@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._exceptions import BackendError, BackendUnavailable, LossReason
-from ._aio import Tasks, now, shielded, wait_until
+from .._asyncio import now, wait_until
+from ._aio import Tasks, shielded
 from ._wire import LeaseIdTaken, Wire
 
 __all__ = ["Entry", "Session", "SessionStats", "Sessions"]

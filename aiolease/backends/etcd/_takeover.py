@@ -29,6 +29,7 @@ from typing import Any
 from aetcd import rpc
 
 from ..._exceptions import BackendError
+from .._asyncio import now
 from ._keys import Layout
 from ._session import RETRY_MIN, Entry
 from ._wire import Wire
@@ -126,12 +127,12 @@ class Takeovers:
         delay = RETRY_MIN
         try:
             while self._watched:
-                opened = asyncio.get_running_loop().time()
+                opened = now()
                 try:
                     await self._stream()
                 except BackendError as exc:
                     logger.info("etcd takeover watch stream failed, reopening: %r", exc)
-                if asyncio.get_running_loop().time() - opened > 1.0:
+                if now() - opened > 1.0:
                     delay = RETRY_MIN  # it was up for a while: a new failure
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
