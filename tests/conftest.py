@@ -15,5 +15,5 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def redis_url(aiolease_server: Callable[[str], str]) -> str:
-    """The URL of the ``redis`` server (tests/test_redis.py, tests/test_redis_lean.py)."""
+    """The URL of the ``redis`` server (tests/backends/redis/)."""
     return aiolease_server("redis")

@@ -31,7 +31,7 @@ etcd_install() {
     local pkgs=()
     command -v etcd >/dev/null || pkgs+=(etcd-server)
     command -v etcdctl >/dev/null || pkgs+=(etcd-client)
-    # The TLS tests (tests/test_etcd_tls.py) make their certificates with openssl.
+    # The TLS tests (tests/backends/etcd/test_etcd_tls.py) make their certificates with openssl.
     command -v openssl >/dev/null || apt_install openssl
     [ ${#pkgs[@]} -gt 0 ] || return 0
     apt_install "${pkgs[@]}" || die "could not install ${pkgs[*]}"

@@ -1,0 +1,99 @@
+"""The safety harness on etcd: OS processes contend for one lease while the holder is
+paused, cut off, or the server or the cluster's leader member is killed.
+
+etcd grants whole seconds and at least 2 s (its minimum with a 1 s election timeout),
+so the runs use ``ttl=2``: a holder that stops answering keeps its key on the server
+for at least that long, and a shorter ttl would only make every fault a wait for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from aiolease.testing.etcd_cluster import EtcdCluster
+from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
+from aiolease.testing.servers import server
+from tests.backends.etcd.support import WAIT, private_etcd
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+#: etcd's smallest granted TTL, and so the ttl of these runs.
+TTL = 2.0
+#: What every run shares: the margin is wider than the default (0.2 s) because a
+#: holder starved of CPU on a busy machine for longer than its margin would really
+#: overlap (that is what the margin is for).
+SHORT: dict[str, Any] = {"ttl": TTL, "margin": 0.4, "processes": 4, "fault_every": 0.5}
+#: Seconds per run: a few bodies (each 0.5-1.5 ttl), or a fault with time on both sides.
+DURATION = {
+    Fault.NONE: 5.0,
+    Fault.SIGSTOP: 9.0,
+    Fault.BLACKHOLE: 9.0,
+    Fault.SERVER_RESTART: 10.0,
+    Fault.ETCD_LEADER_KILL: 12.0,
+}
+
+
+async def short_run(
+    url: str, fault: Fault, loop: str, workdir: Path, **options: Any
+) -> SafetyReport:
+    """A short run whose workers run on ``loop`` (the test's own); the records stay in
+    ``workdir`` (pytest keeps the last few), to study a failure."""
+    asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
+    options = {**SHORT, "duration": DURATION[fault], **options}
+    return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
+
+
+@pytest.fixture
+def single_url(aiolease_server: Callable[[str], str]) -> str:
+    return aiolease_server("etcd")
+
+
+@pytest.mark.parametrize("fault", [Fault.NONE, Fault.SIGSTOP])
+async def test_etcd_is_safe(
+    tmp_path: Path, anyio_backend: str, single_url: str, fault: Fault
+) -> None:
+    report = await short_run(single_url, fault, anyio_backend, tmp_path)
+    assert_safe(report, min_acquisitions=1)
+
+
+async def test_etcd_is_safe_when_the_holder_is_cut_off(
+    tmp_path: Path, anyio_backend: str, single_url: str
+) -> None:
+    """Each worker reaches etcd through its own proxy; the holder's is blackholed right
+    after its grant, and bodies outlast the ttl, so it surely loses its lease while cut
+    off and must stop, with ``LeaseLostError``, before etcd drops its key."""
+    report = await short_run(
+        single_url, Fault.BLACKHOLE, anyio_backend, tmp_path, fault_aim="fresh", hold=(1.2, 2.0)
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
+
+
+async def test_etcd_is_safe_when_the_server_restarts(tmp_path: Path, anyio_backend: str) -> None:
+    """A node of the test's own is killed (``SIGKILL``) and started again on its data:
+    revisions, and so tokens, go on from where they were."""
+    async with private_etcd(tmp_path / "etcd") as etcd:
+        report = await short_run(
+            etcd.url,
+            Fault.SERVER_RESTART,
+            anyio_backend,
+            tmp_path / "records",
+            server_control=etcd,
+            fault_length=TTL,
+        )
+    assert_safe(report, min_acquisitions=1)
+
+
+async def test_etcd_cluster_is_safe_when_its_leader_is_killed(
+    tmp_path: Path, anyio_backend: str, aiolease_server: Callable[[str], str]
+) -> None:
+    url = aiolease_server("etcd-cluster")
+    cluster = EtcdCluster([f"{h}:{p}" for h, p in server("etcd-cluster").addresses])
+    await cluster.wait_healthy(WAIT)
+    report = await short_run(url, Fault.ETCD_LEADER_KILL, anyio_backend, tmp_path)
+    await cluster.wait_healthy(WAIT)
+    assert_safe(report, min_acquisitions=1)

@@ -1,0 +1,192 @@
+"""The MySQL/MariaDB bells on the real server: a waiter in another backend object (a
+stand-in for another process) is woken by its predecessor's release, not by its
+poll; a bell whose session is killed still lets the waiter through; a cancelled
+wait leaves no session blocked and no bell held; the uncontended path sends no bell
+statement.
+
+Every run works in a database of its own (dropped at the end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncLock, Lease
+from aiolease.abc import Backend
+from aiolease.backends._my_bell import Bells
+from aiolease.backends.mysql import MySQLBackend
+from aiolease.testing.servers import server
+from tests.backends.mysql.support import raw, scratch_database
+from tests.support import eventually, inner, unique, with_query
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    with scratch_database(server("mariadb").url, "aiolease_bell") as name:
+        yield name
+
+
+@pytest.fixture
+def my_url(aiolease_server: Callable[[str], str], database: str) -> str:
+    """A URL whose leases (and waiters) live in a table of this test's own."""
+    url = aiolease_server("mariadb").rsplit("/", 1)[0] + f"/{database}"
+    return with_query(url, table=unique("leases"))
+
+
+@asynccontextmanager
+async def backends(*urls: str) -> AsyncIterator[list[Backend]]:
+    """A backend object of its own per URL: stand-ins for as many processes."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(aiolease.open_backend(url)) for url in urls]
+
+
+def bells(b: Backend) -> Bells:
+    found = inner(b, MySQLBackend)._queue.bells
+    assert found is not None
+    return found
+
+
+def polls(b: Backend) -> int:
+    return inner(b, MySQLBackend).statistics().polls
+
+
+async def has_blocked(url: str, sessions: list[int]) -> bool:
+    """Whether the server has every one of ``sessions`` blocked in ``GET_LOCK``."""
+    return await blocked(url, sessions) == len(sessions)
+
+
+async def blocked(url: str, sessions: list[int]) -> int:
+    """How many of ``sessions`` the server has blocked in ``GET_LOCK``."""
+    if not sessions:
+        return 0
+    marks = ", ".join(["%s"] * len(sessions))
+    rows = await raw(
+        url,
+        "SELECT COUNT(*) FROM information_schema.processlist WHERE state = 'User lock'"
+        f" AND id IN ({marks})",
+        *sessions,
+    )
+    return int(rows[0][0])
+
+
+@dataclass
+class Queued:
+    """``first`` held (it never queued: no bell); ``holder``, queued behind it, was
+    handed the name and holds it with a bell; ``waiter``, queued behind ``holder``,
+    waits on that bell. ``go`` makes ``holder`` release; ``done`` is set once the
+    waiter had its turn (its lease in ``got``) and released."""
+
+    holder: Backend
+    waiter: Backend
+    name: str
+    lease: Lease
+    go: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    got: list[Lease] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def queued_behind_a_bell(url: str, waiter_url: str) -> AsyncIterator[Queued]:
+    async with backends(url, url, waiter_url) as (first, holder, waiter):
+        name = unique("bell")
+        lease = await AsyncLock(first, name, ttl=120).acquire()
+        held: list[Lease] = []
+
+        async def hold() -> None:
+            held.append(await AsyncLock(holder, name, ttl=120).acquire())
+
+        with anyio.fail_after(60):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await eventually(lambda: inner(holder, MySQLBackend).statistics().waiting > 0, "h")
+                assert await lease.release()  # to ``holder``, which finds out by polling
+                await eventually(lambda: bool(held), "the holder's turn")
+                queued = Queued(holder, waiter, name, held[0])
+
+                async def wait() -> None:
+                    queued.got.append(await AsyncLock(waiter, name, ttl=120).acquire())
+                    assert await queued.got[0].release()
+                    queued.done.set()
+
+                async def release() -> None:
+                    await queued.go.wait()
+                    assert await queued.lease.release()
+
+                tg.start_soon(wait)
+                tg.start_soon(release)
+                await eventually(lambda: bells(waiter).in_flight == 1, "the waiter on the bell")
+                yield queued
+                queued.go.set()
+
+
+async def test_a_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(my_url: str) -> None:
+    # The waiter polls at most every 30 s: only the bell brings its turn this soon.
+    slow = with_query(my_url, poll_interval=30)
+    async with queued_behind_a_bell(my_url, slow) as q:
+        assert await blocked(my_url, bells(q.waiter).sessions) == 1
+        looked, rung = polls(q.waiter), bells(q.waiter).rings
+        q.go.set()
+        await q.done.wait()
+        assert q.got[0].token == q.lease.token + 1
+        assert bells(q.waiter).rings == rung + 1
+        assert polls(q.waiter) == looked  # the look that came with the ring sufficed
+        assert await q.waiter.read(q.name) is None
+
+
+async def test_a_waiter_gets_its_turn_when_the_bell_s_session_is_killed(my_url: str) -> None:
+    async with queued_behind_a_bell(my_url, my_url) as q:
+        rung = bells(q.waiter).rings
+        keeper = bells(q.holder).keeper
+        assert keeper is not None
+        await raw(my_url, f"KILL {keeper}")  # the server frees the bells it held
+        await eventually(lambda: bells(q.waiter).rings > rung, "the waiter woken")
+        assert not q.got  # woken, but it is not its turn: it polls now
+        q.go.set()  # the release hands the name on; its ring fails quietly
+        await q.done.wait()
+        assert q.got[0].token == q.lease.token + 1
+        assert await q.waiter.read(q.name) is None
+
+
+async def test_a_cancelled_wait_leaves_no_session_blocked_and_no_bell_held(
+    my_url: str,
+) -> None:
+    async with backends(my_url, my_url, my_url) as (first, holder, waiter):
+        name = unique("cancel")
+        lease = await AsyncLock(first, name, ttl=120).acquire()
+        with anyio.fail_after(60):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(AsyncLock(holder, name, ttl=120).acquire)
+                await eventually(lambda: bells(holder).kept > 0, "the holder's bell")
+                async with anyio.create_task_group() as inner_tg:
+                    inner_tg.start_soon(AsyncLock(waiter, name, ttl=120).acquire)
+                    await eventually(lambda: bells(waiter).in_flight == 1, "the waiter's wait")
+                    sessions = bells(waiter).sessions
+                    # (in flight here, the wait may not have reached the server yet)
+                    await eventually(
+                        lambda: has_blocked(my_url, sessions), "the waiter's session blocked"
+                    )
+                    inner_tg.cancel_scope.cancel()  # the holder's bell stays held
+                assert bells(waiter).in_flight == 0
+                assert await blocked(my_url, sessions) == 0
+                assert bells(waiter).held == 0  # it left the queue: its bell let go
+                tg.cancel_scope.cancel()
+        assert bells(holder).held == 0
+        assert await lease.release()
+        assert await first.read(name) is None
+
+
+async def test_the_uncontended_path_sends_no_bell_statement(my_url: str) -> None:
+    async with backends(my_url) as (b,):
+        lock = AsyncLock(b, unique("alone"), ttl=30)
+        for _ in range(3):
+            async with lock:
+                pass
+        assert (bells(b).kept, bells(b).waits, bells(b).keeper) == (0, 0, None)

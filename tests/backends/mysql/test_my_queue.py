@@ -1,0 +1,256 @@
+"""The MySQL/MariaDB waiter queue on the real server: fair hand-offs across backend
+objects (stand-ins for processes), dead and cancelled waiters, the handed grant's
+deadline.
+
+Every run works in a database of its own (dropped at the end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncLock, InvalidArgument, Lease
+from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.backends._asyncio import now
+from aiolease.backends.mysql import MySQLBackend
+from aiolease.testing.servers import server
+from tests.backends.mysql.support import raw, scratch_database
+from tests.support import eventually, inner, on_asyncio, unique, with_query
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def database() -> Iterator[str]:
+    with scratch_database(server("mariadb").url, "aiolease_queue") as name:
+        yield name
+
+
+@pytest.fixture
+def table() -> str:
+    return unique("leases")
+
+
+@pytest.fixture
+def my_url(aiolease_server: Callable[[str], str], database: str, table: str) -> str:
+    """A URL whose leases (and waiters) live in a table of this test's own."""
+    url = urlunsplit(urlsplit(aiolease_server("mariadb"))._replace(path=f"/{database}"))
+    return with_query(url, table=table)
+
+
+@asynccontextmanager
+async def backends(url: str, count: int) -> AsyncIterator[list[Backend]]:
+    """``count`` backend objects of their own: stand-ins for as many processes."""
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(aiolease.open_backend(url)) for _ in range(count)]
+
+
+async def entries(url: str, database: str, table: str, name: str) -> list[tuple[Any, ...]]:
+    """The waiters table's entries for ``name`` (owner, live), oldest first."""
+    return await raw(
+        url,
+        f"SELECT owner, expires_at > UTC_TIMESTAMP(6) FROM `{database}`.`{table}_waiters`"
+        " WHERE name = %s ORDER BY seq",
+        name.encode(),
+    )
+
+
+def waiting(b: Backend) -> Callable[[], bool]:
+    return lambda: inner(b, MySQLBackend).statistics().waiting > 0
+
+
+async def test_waiters_are_served_in_order_across_backends(my_url: str) -> None:
+    # Three waiters queue in order, then a newcomer; each release hands the name to
+    # the oldest, and the first, asking again at once after its turn, comes last.
+    async with backends(my_url, 5) as (holder, *others):
+        name = unique("fifo")
+        first = await AsyncLock(holder, name, ttl=30).acquire()
+        order: list[str] = []
+        tokens: list[int] = []
+
+        async def take(label: str, b: Backend, again: bool = False) -> None:
+            lease = await AsyncLock(b, name, ttl=30).acquire()
+            order.append(label)
+            tokens.append(lease.token)
+            assert await lease.release()
+            if again:
+                await take(f"{label} again", b)
+
+        with anyio.fail_after(30):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                for label, b in zip("abcn", others, strict=True):
+                    tg.start_soon(take, label, b, label == "a")
+                    await eventually(waiting(b), f"waiter {label} queued")
+                assert await first.release()
+        assert order == ["a", "b", "c", "n", "a again"]
+        assert tokens == [first.token + i for i in range(1, 6)]
+        assert sum(inner(b, MySQLBackend).statistics().hand_offs for b in [holder, *others]) >= 4
+        assert await holder.read(name) is None
+
+
+async def test_a_dead_waiter_holds_up_the_queue_for_its_ttl_only(
+    my_url: str, database: str, table: str
+) -> None:
+    async with backends(my_url, 2) as (holder, waiter):
+        name = unique("dead")
+        first = await AsyncLock(holder, name, ttl=30).acquire()
+        # A waiter whose process died: its entry (ttl 1 s) is older than anyone's.
+        await raw(
+            my_url,
+            f"INSERT INTO `{database}`.`{table}_waiters` (name, owner, identity, metadata,"
+            " ttl, us, expires_at) VALUES (%s, 'dead', 'dead', '{}', 1.0, 1000000,"
+            " UTC_TIMESTAMP(6) + INTERVAL 1 SECOND)",
+            name.encode(),
+        )
+        with anyio.fail_after(30):  # a hang guard: the dead waiter's ttl is 1 s
+            async with anyio.create_task_group() as tg:
+
+                async def wait() -> None:
+                    lease = await AsyncLock(waiter, name, ttl=30).acquire()
+                    assert lease.token == first.token + 2  # after the dead one's grant
+                    assert await lease.release()
+
+                tg.start_soon(wait)
+                await eventually(waiting(waiter), "the live waiter queued")
+                assert await first.release()
+                held = await holder.read(name)  # handed to the oldest: the dead one
+                assert held is None or held.owner in ("dead", "")
+        assert await holder.read(name) is None
+        assert await entries(my_url, database, table, name) in ([], [(b"dead", 0)])
+
+
+async def test_a_cancelled_waiter_leaves_no_entry_and_holds_nothing(
+    my_url: str, database: str, table: str
+) -> None:
+    async with backends(my_url, 2) as (holder, waiter):
+        name = unique("cancelled")
+        first = await AsyncLock(holder, name, ttl=30).acquire()
+        with anyio.fail_after(30):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(AsyncLock(waiter, name, ttl=30).acquire)
+                await eventually(waiting(waiter), "the waiter queued")
+                assert len(await entries(my_url, database, table, name)) == 1
+                tg.cancel_scope.cancel()
+        assert await entries(my_url, database, table, name) == []
+        assert await first.release()
+        assert await holder.read(name) is None  # not handed to the waiter that left
+
+
+async def test_a_handed_grant_counts_from_before_the_hand_off(my_url: str) -> None:
+    # The waiter finds the hand-off by a read sent after it, and the server's expiry
+    # counts from the releasing statement: the grant's ``sent_at`` must come before
+    # that statement's end (the read that found the row not yet its own qualifies).
+    async with backends(my_url, 2) as (holder_b, waiter_b):
+        holder, waiter = inner(holder_b, MySQLBackend), inner(waiter_b, MySQLBackend)
+        name = unique("deadline")
+
+        async def scenario() -> tuple[Grant, float, int]:
+            first = await holder.try_acquire(name, "first", 30, "first", {})
+            assert isinstance(first, Grant)
+            seen = await waiter.try_acquire(name, "second", 30, "second", {})
+            assert isinstance(seen, HolderInfo)
+            wait = asyncio.ensure_future(waiter.wait_turn(name, "second", 30, seen))
+            with anyio.fail_after(30):  # a hang guard
+                while waiter.statistics().polls < 20:  # noqa: ASYNC110 - it looks less often by now
+                    await asyncio.sleep(0.001)
+                assert await holder.release(name, "first", first.token)
+                released = now()
+                await wait
+            granted = await waiter.try_acquire(name, "second", 30, "second", {})
+            assert isinstance(granted, Grant)
+            return granted, released, first.token
+
+        granted, released, token = await on_asyncio(scenario)
+        assert granted.token == token + 1
+        assert granted.sent_at is not None and granted.sent_at <= released
+        seen = await waiter_b.read(name)
+        assert seen is not None and seen.owner == "second"
+        assert seen.remaining is not None and seen.remaining <= 30
+
+
+async def test_a_table_made_by_an_older_version_gains_the_queue(
+    my_url: str, database: str, table: str
+) -> None:
+    await raw(
+        my_url,
+        f"CREATE TABLE `{database}`.`{table}` (name VARBINARY(255) NOT NULL PRIMARY KEY,"
+        " token BIGINT UNSIGNED NOT NULL, owner VARBINARY(255) NULL,"
+        " identity VARBINARY(1024) NULL, metadata BLOB NULL, ttl DOUBLE NULL,"
+        " acquired_at DATETIME(6) NULL, expires_at DATETIME(6) NULL) ENGINE=InnoDB",
+    )
+    await raw(my_url, f"INSERT INTO `{database}`.`{table}` (name, token) VALUES ('old', 41)")
+    async with backends(my_url, 2) as (first, second):
+        lease = await AsyncLock(first, "old", ttl=30).acquire()  # adds the column
+        assert lease.token == 42
+        columns = await raw(
+            my_url,
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s"
+            " AND table_name = %s AND column_name = 'queued'",
+            database,
+            table,
+        )
+        assert len(columns) == 1
+        tokens: list[int] = []
+
+        async def wait() -> None:
+            handed = await AsyncLock(second, "old", ttl=30).acquire()
+            tokens.append(handed.token)
+            assert await handed.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await eventually(waiting(second), "the waiter queued")
+            assert await lease.release()  # handed to the waiter
+        assert tokens == [43]
+        assert await first.read("old") is None
+
+
+async def test_a_waiter_sweeps_expired_entries_of_every_name(
+    my_url: str, database: str, table: str
+) -> None:
+    # Entries of waiters that died, of a name nobody queues for again, expire but are
+    # deleted by nobody: the first wait in a queue of a backend sweeps them, and
+    # leaves live entries alone.
+    async with backends(my_url, 1) as (b,):
+        name, idle = unique("busy"), unique("idle")
+        first = await AsyncLock(b, name, ttl=30).acquire()  # (makes the tables)
+        for owner, seconds in (("dead-1", -60), ("dead-2", -2), ("alive", 3600)):
+            await raw(
+                my_url,
+                f"INSERT INTO `{database}`.`{table}_waiters`"
+                " (name, owner, identity, metadata, ttl, us, expires_at)"
+                " VALUES (%s, %s, '', '', 30, 30000000,"
+                " UTC_TIMESTAMP(6) + INTERVAL %s SECOND)",
+                idle.encode(),
+                owner.encode(),
+                seconds,
+            )
+        got: list[Lease] = []
+
+        async def take() -> None:
+            got.append(await AsyncLock(b, name, ttl=30).acquire())
+
+        with anyio.fail_after(20):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take)
+                await eventually(waiting(b), "the waiter queued")  # it swept first
+                left = await entries(my_url, database, table, idle)
+                assert [bytes(owner) for owner, _ in left] == [b"alive"]
+                assert await first.release()
+        assert await got[0].release()
+        assert await entries(my_url, database, table, name) == []
+
+
+def test_the_waiters_table_name_must_fit() -> None:
+    with pytest.raises(InvalidArgument, match="pool"):  # the table name passed
+        MySQLBackend(None, table="t" * 56)
+    with pytest.raises(InvalidArgument, match="waiters"):
+        MySQLBackend(None, table="t" * 57)

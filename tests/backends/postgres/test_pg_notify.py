@@ -1,0 +1,200 @@
+"""PostgreSQL's LISTEN/NOTIFY: who is woken by which notification, which rows are
+watched (so that grants and releases nobody queued for are announced), and the
+fallback when the listener connection is lost or cannot connect."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncLock, Capability
+from aiolease.backends.postgres import PostgresBackend
+from aiolease.testing.proxy import FaultProxy
+from aiolease.testing.servers import server
+from tests.backends.postgres.support import changed, no_tls, raw, schema_of_run, waiting
+from tests.support import eventually, grant, inner, unique, with_query
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def schema() -> Iterator[str]:
+    yield from schema_of_run("aiolease_notify")
+
+
+@pytest.fixture
+def pg(aiolease_server: Callable[[str], str]) -> str:
+    return no_tls(aiolease_server("postgres"))
+
+
+@pytest.fixture
+def pg_url(pg: str, schema: str) -> str:
+    return with_query(pg, schema=schema)
+
+
+backend = aiolease.open_backend
+
+
+async def test_notify_wakes_a_waiter_of_another_backend(pg_url: str) -> None:
+    # With no polling and a long ttl, only a NOTIFY can wake the waiter in time.
+    async with backend(pg_url, poll_interval=60) as waiter, backend(pg_url) as holder_side:
+        name = unique("notify")
+        granted = await grant(holder_side, name, "owner-1", ttl=60)
+        seen = await waiter.read(name)
+        async with changed(waiter, name, seen):
+            assert inner(waiter, PostgresBackend).statistics().listening
+            assert await holder_side.release(name, "owner-1", granted.token)
+
+
+async def test_notify_on_takeover_wakes_the_old_holders_watch(
+    pg: str, pg_url: str, schema: str
+) -> None:
+    async with backend(pg_url, poll_interval=60) as waiter, backend(pg_url) as other:
+        name = unique("takeover")
+        await grant(other, name, "owner-1", ttl=60)
+        seen = await waiter.read(name)
+        async with changed(waiter, name, seen):
+            await raw(
+                pg,
+                f'UPDATE "{schema}".aiolease_leases'
+                " SET expires_at = clock_timestamp() WHERE name = $1",
+                name,
+            )
+            await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
+
+
+@pytest.mark.parametrize("free", ["never held", "released"])
+async def test_notify_of_a_grant_wakes_a_wait_for_a_holder_to_appear(
+    pg_url: str, free: str
+) -> None:
+    # Grants of a free name go to the grants channel, which a wait for a holder listens to.
+    async with backend(pg_url, poll_interval=60) as watcher, backend(pg_url) as other:
+        name = unique("appear")
+        if free == "released":
+            granted = await grant(other, name, "owner-0", ttl=60)
+            assert await other.release(name, "owner-0", granted.token)
+        async with changed(watcher, name, None):
+            await grant(other, name, "owner-1", ttl=60)
+        holder = await watcher.read(name)
+        assert holder is not None and holder.owner == "owner-1"
+
+
+async def test_holders_do_not_hear_grants_and_releases_nobody_waits_for(pg_url: str) -> None:
+    async with backend(pg_url) as b, backend(pg_url) as other:
+        pg_b = inner(b, PostgresBackend)
+        async with AsyncLock(b, unique("held"), ttl=60):  # connects the listener
+            assert pg_b.statistics().listening
+            heard = pg_b._notes
+            for i in range(3):  # each a grant of a free name, then its release
+                name = unique(f"free-{i}")
+                granted = await grant(other, name, "owner-1", ttl=60)
+                assert await other.release(name, "owner-1", granted.token)
+            # A release in the name of a grant made elsewhere is announced to holders:
+            # once it arrives, anything committed before it has arrived too.
+            name = unique("elsewhere")
+            granted = await grant(other, name, "owner-2", ttl=60)
+            assert await b.release(name, "owner-2", granted.token)
+            await _heard_more_than(pg_b, heard)
+            assert pg_b._notes == heard + 1  # ... and none of the grants and releases
+
+
+async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
+    pg_url: str,
+) -> None:
+    # A wait for a holder to appear marks its row watched; other rows' grants of a free
+    # name and releases nobody queued for send no notification at all.
+    async with backend(pg_url, poll_interval=60) as watcher, backend(pg_url) as other:
+        pg_watcher = inner(watcher, PostgresBackend)
+        watched = unique("watched")
+        async with changed(watcher, watched, None):
+            heard = pg_watcher._notes
+            for i in range(3):  # grants of free names nobody watches, and their releases
+                name = unique(f"unwatched-{i}")
+                granted = await grant(other, name, "owner-1", ttl=60)
+                assert await other.release(name, "owner-1", granted.token)
+            # The watched row's grant is announced; notifications come in commit order,
+            # so any of the others would have come before it.
+            first = await grant(other, watched, "owner-2", ttl=60)
+        await _heard_more_than(pg_watcher, heard)
+        assert pg_watcher._notes == heard + 1
+        assert first.token == 1  # the row the watch made is free, and tokens start at 1
+
+
+async def _heard_more_than(pg_backend: PostgresBackend, count: int) -> None:
+    await eventually(lambda: pg_backend._notes > count, "notifications delivered")
+
+
+async def test_a_killed_listener_wakes_waiters_and_reconnects(pg: str, schema: str) -> None:
+    app = unique("aiolease_listener")
+    url = with_query(pg, schema=schema, application_name=app)
+    async with backend(url, poll_interval=60) as waiter, backend(url) as other:
+        name = unique("killed")
+        granted = await grant(other, name, "owner-1", ttl=60)
+        seen = await waiter.read(name)
+        pg_waiter = inner(waiter, PostgresBackend)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter.wait_changed, name, seen)
+            await waiting(waiter)
+            await raw(
+                pg,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+                app,
+            )
+            # The waiter returns although nothing changed: it never hangs on a dead listener.
+            await eventually(lambda: pg_waiter.statistics().waiting == 0, "the waiter waking")
+            assert not pg_waiter.statistics().listening
+            tg.cancel_scope.cancel()
+        # The next wait listens again, and NOTIFY works as before.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter.wait_changed, name, seen)
+            await waiting(waiter)
+            assert pg_waiter.statistics().listening
+            assert pg_waiter.statistics().listener_connects == 2
+            assert await other.release(name, "owner-1", granted.token)
+            await eventually(lambda: pg_waiter.statistics().waiting == 0, "NOTIFY after reconnect")
+
+
+async def test_waiting_polls_while_the_listener_cannot_connect(pg: str, schema: str) -> None:
+    host, port = server("postgres").addresses[0]
+    async with FaultProxy(host, port) as proxy:
+        url = with_query(pg, schema=schema)
+        options: dict[str, Any] = {
+            "listen_url": proxy.url_for(pg),
+            "poll_interval": 0.2,
+            "connect_timeout": 2,
+        }
+        async with backend(url, **options) as waiter, backend(url) as other:
+            pg_waiter = inner(waiter, PostgresBackend)
+            name = unique("fallback")
+            granted = await grant(other, name, "owner-1", ttl=60)
+            seen = await waiter.read(name)
+            await waiter.wait_changed(name, None)  # listens, returns at once
+            assert pg_waiter.statistics().listening
+            await proxy.reset()  # drops the listener, and every reconnect
+            await eventually(lambda: not pg_waiter.statistics().listening, "the listener dropping")
+            with anyio.fail_after(10):  # polling every 0.2 s notices the release
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(waiter.wait_changed, name, seen)
+                    await waiting(waiter)
+                    assert await other.release(name, "owner-1", granted.token)
+            await proxy.pass_through()
+            with anyio.fail_after(20):  # reconnects after a back-off of a few polls
+                while not pg_waiter.statistics().listening:
+                    await waiter.wait_changed(name, seen)  # free: returns at once
+            assert pg_waiter.statistics().listener_connects >= 2
+
+
+async def test_without_listen_there_is_no_push(pg_url: str) -> None:
+    async with backend(pg_url, listen=False, poll_interval=0.1) as b:
+        assert Capability.PUSH_WAKEUP not in b.capabilities
+        name = unique("nolisten")
+        granted = await grant(b, name, "owner-1")
+        seen = await b.read(name)
+        assert await b.release(name, "owner-1", granted.token)
+        await b.wait_changed(name, seen)
+        assert not inner(b, PostgresBackend).statistics().listening

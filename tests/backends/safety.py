@@ -1,0 +1,121 @@
+"""What the safety-harness tests share: the short runs' settings, and the control that
+kills a dedicated server of ``scripts/services.sh`` and starts it again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+
+from aiolease.testing.pytest_plugin import server_missing
+from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
+from aiolease.testing.servers import server, services_dir
+
+__all__ = [
+    "CUT_OFF_FRESH",
+    "REPO",
+    "SHORT",
+    "ServiceRestart",
+    "assert_fault_took_effect",
+    "restartable",
+    "short_run",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+#: Short runs: the margin covers a holder starved of CPU.
+SHORT: dict[str, Any] = {
+    "ttl": 0.5,
+    "margin": 0.15,
+    "processes": 4,
+    "fault_every": 0.05,
+    "fault_length": 0.75,
+}
+
+#: Blackhole options: hit a holder right after its grant, with bodies longer than the
+#: ttl, so that it surely loses its lease while cut off, and must stop in time.
+CUT_OFF_FRESH: dict[str, Any] = {"fault_aim": "fresh", "hold": (1.2, 2.0)}
+
+
+async def short_run(
+    url: str,
+    fault: Fault,
+    loop: str,
+    workdir: Path,
+    durations: Mapping[Fault, float],
+    **options: Any,
+) -> SafetyReport:
+    """A :data:`SHORT` run of ``durations[fault]`` seconds; ``options`` override both.
+
+    :param loop: the workers' event loop, ``"asyncio"`` or ``"trio"``
+    """
+    asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
+    options = {**SHORT, "duration": durations[fault], **options}
+    return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
+
+
+def assert_fault_took_effect(report: SafetyReport, fault: Fault) -> None:
+    """The run was safe, and its fault did what it is there for.
+
+    :raises AssertionError: an unsafe run, a ``sigstop`` run in which no frozen holder
+        lost its lease to another (or no stale write was refused), or a ``blackhole``
+        run in which no cut-off holder lost its lease and stopped
+    """
+    assert_safe(report)
+    if fault is Fault.SIGSTOP:
+        # Frozen holders lost their leases, others took over, the fence refused
+        # what the frozen ones wrote on waking up.
+        assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
+        assert report.stale_rejected >= 1, report.line()
+    if fault is Fault.BLACKHOLE:
+        assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
+
+
+class ServiceRestart:
+    """Kills a dedicated server of ``scripts/services.sh`` with SIGKILL, and starts it
+    again with ``bash scripts/services.sh start SERVICE`` (on the same data)."""
+
+    def __init__(self, service: str, pidfile: Path) -> None:
+        self.service = service
+        self._pidfile = pidfile
+        self.kills = 0
+
+    async def kill(self) -> None:
+        pid = int(self._pidfile.read_text())
+        os.kill(pid, signal.SIGKILL)
+        self.kills += 1
+        # Not our child: its exit cannot be awaited; wait until the port is closed.
+        while _port_open(server(self.service).addresses[0]):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+    async def start(self) -> None:
+        await anyio.run_process(
+            ["bash", "scripts/services.sh", "start", self.service],
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+        )
+
+
+def _port_open(address: tuple[str, int]) -> bool:
+    try:
+        socket.create_connection(address, timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def restartable(service: str, pidfile: str) -> ServiceRestart:
+    """The control of ``service``, which must be a server services.sh started (its
+    pidfile, ``pidfile`` in the service's directory, exists; else a failure)."""
+    path = services_dir() / service / pidfile
+    if not path.exists():
+        server_missing(
+            f"server-restart needs the {service} server that `bash scripts/services.sh"
+            f" start {service}` starts (no pidfile at {path})"
+        )
+    return ServiceRestart(service, path)

@@ -1,0 +1,595 @@
+"""The SQLite backend: the contract on a real file, durability, bad input, and several processes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import closing
+from pathlib import Path
+from typing import NamedTuple
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncLock, BackendTimeout, BackendUnavailable, InvalidArgument
+from aiolease.abc import Capability, Grant, HolderInfo
+from aiolease.backends.sqlite import SQLiteBackend
+
+TTL = 5.0
+
+
+class FakeClock:
+    """A settable host clock, shared by the backends of one test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "leases.db"
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def backend(db: Path, clock: FakeClock) -> AsyncIterator[SQLiteBackend]:
+    async with SQLiteBackend(db) as b:
+        b._clock = clock
+        yield b
+
+
+async def opened(
+    db: Path,
+    clock: Callable[[], float] | None = None,
+    *,
+    busy_timeout: float = 5.0,
+    poll_interval: float = 0.05,
+) -> SQLiteBackend:
+    b = SQLiteBackend(db, busy_timeout=busy_timeout, poll_interval=poll_interval)
+    await b.open()
+    if clock is not None:
+        b._clock = clock
+    return b
+
+
+async def grant(b: SQLiteBackend, owner: str, name: str = "job", ttl: float = TTL) -> Grant:
+    result = await b.try_acquire(name, owner, ttl, f"id-{owner}", {"owner": owner})
+    assert isinstance(result, Grant), result
+    return result
+
+
+async def held_by(b: SQLiteBackend, owner: str, name: str = "job") -> HolderInfo:
+    result = await b.try_acquire(name, owner, TTL, f"id-{owner}", {})
+    assert isinstance(result, HolderInfo), result
+    return result
+
+
+def raw_sql(db: Path, sql: str) -> None:
+    """Change the file behind the backend's back, as another process would."""
+    with closing(sqlite3.connect(db)) as raw, raw:
+        raw.execute(sql)
+
+
+# -- the contract on one file ---------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_grant_then_held_reports_the_holder(backend: SQLiteBackend, clock: FakeClock) -> None:
+    meta = {"host": "a", "note": "naïve ☃"}
+    first = await backend.try_acquire("job", "o1", TTL, "host-a", meta)
+    assert isinstance(first, Grant) and first.ttl == TTL
+    clock.now += 2
+    holder = await held_by(backend, "o2")
+    assert (holder.owner, holder.identity, holder.token) == ("o1", "host-a", first.token)
+    assert holder.metadata == meta
+    assert holder.remaining == pytest.approx(TTL - 2)
+    assert await backend.read("job") == holder
+
+
+@pytest.mark.anyio
+async def test_idempotent_retry_keeps_token_and_resets_expiry(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    first = await grant(backend, "o1")
+    clock.now += 3
+    again = await grant(backend, "o1")
+    assert again.token == first.token
+    holder = await backend.read("job")
+    assert holder is not None and holder.remaining == pytest.approx(TTL)
+
+
+@pytest.mark.anyio
+async def test_renew_resets_never_adds(backend: SQLiteBackend, clock: FakeClock) -> None:
+    g = await grant(backend, "o1")
+    clock.now += 1
+    renewed = await backend.renew("job", "o1", g.token, TTL)
+    assert renewed.token == g.token
+    holder = await backend.read("job")
+    assert holder is not None and holder.remaining == pytest.approx(TTL)
+
+
+@pytest.mark.anyio
+async def test_renew_refused_to_others_and_after_expiry(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    g = await grant(backend, "o1")
+    with pytest.raises(aiolease.NotOwnerError):
+        await backend.renew("job", "o2", g.token, TTL)
+    with pytest.raises(aiolease.NotOwnerError):
+        await backend.renew("job", "o1", g.token + 1, TTL)
+    clock.now += TTL
+    with pytest.raises(aiolease.NotOwnerError) as info:
+        await backend.renew("job", "o1", g.token, TTL)
+    assert info.value.name == "job"
+    assert await backend.read("job") is None  # an expired record is not revived
+
+
+@pytest.mark.anyio
+async def test_release_is_owner_checked_and_idempotent(backend: SQLiteBackend) -> None:
+    g = await grant(backend, "o1")
+    assert await backend.release("job", "o2", None) is False
+    assert await backend.release("job", "o1", g.token + 1) is False
+    assert (await held_by(backend, "o2")).owner == "o1"
+    assert await backend.release("job", "o1", g.token) is True
+    assert await backend.release("job", "o1", g.token) is False
+    assert await backend.read("job") is None
+
+
+@pytest.mark.anyio
+async def test_release_without_token_frees_the_owners_grant(backend: SQLiteBackend) -> None:
+    await grant(backend, "o1")
+    assert await backend.release("job", "o1", None) is True
+    assert await backend.read("job") is None
+
+
+@pytest.mark.anyio
+async def test_expired_grant_is_free_for_others(backend: SQLiteBackend, clock: FakeClock) -> None:
+    first = await grant(backend, "o1")
+    clock.now += TTL - 0.01
+    assert (await held_by(backend, "o2")).owner == "o1"
+    clock.now += 0.01
+    assert await backend.read("job") is None
+    assert await backend.release("job", "o1", first.token) is False
+    assert (await grant(backend, "o2")).token > first.token
+
+
+@pytest.mark.anyio
+async def test_tokens_increase_across_release_expiry_and_reopening(
+    db: Path, clock: FakeClock
+) -> None:
+    tokens = []
+    async with await opened(db, clock) as b:
+        tokens.append((await grant(b, "o1")).token)
+        assert await b.release("job", "o1", tokens[-1])
+        tokens.append((await grant(b, "o2")).token)
+        clock.now += TTL  # o2's grant expires
+        tokens.append((await grant(b, "o3")).token)
+    async with await opened(db, clock) as b:
+        assert (await held_by(b, "o4")).token == tokens[-1]
+        assert await b.release("job", "o3", None)
+        tokens.append((await grant(b, "o4")).token)
+    assert tokens == sorted(set(tokens)), tokens
+
+
+@pytest.mark.anyio
+async def test_names_are_independent(backend: SQLiteBackend) -> None:
+    a = await grant(backend, "o1", name="a")
+    b = await grant(backend, "o2", name="b")
+    assert (await held_by(backend, "o3", name="a")).owner == "o1"
+    assert await backend.release("b", "o2", b.token)
+    assert (await held_by(backend, "o3", name="a")).token == a.token
+
+
+@pytest.mark.anyio
+async def test_a_row_from_another_boot_counts_as_expired(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    first = await grant(backend, "o1")
+    backend._boot_id = "a-later-boot"
+    assert await backend.read("job") is None
+    assert (await grant(backend, "o2")).token > first.token
+
+
+@pytest.mark.anyio
+async def test_a_row_from_another_clock_epoch_counts_as_expired(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    # Without a boot id (not Linux) a reboot shows as a monotonic clock far behind
+    # the stored expiry; the row must not keep the name for that long.
+    backend._boot_id = ""
+    first = await grant(backend, "o1")
+    clock.now -= 500
+    assert await backend.read("job") is None
+    assert (await grant(backend, "o2")).token > first.token
+
+
+@pytest.mark.anyio
+async def test_two_backend_objects_on_one_file_are_one_store(db: Path, clock: FakeClock) -> None:
+    async with await opened(db, clock) as a, await opened(db, clock) as b:
+        g = await grant(a, "o1")
+        holder = await held_by(b, "o2")
+        assert (holder.owner, holder.token) == ("o1", g.token)
+        with pytest.raises(aiolease.NotOwnerError):
+            await b.renew("job", "o2", g.token, TTL)
+        await b.renew("job", "o1", g.token, TTL)  # the owner id alone proves ownership
+        assert await b.release("job", "o1", g.token)
+        assert await a.read("job") is None
+        assert (await grant(a, "o2")).token > g.token
+
+
+@pytest.mark.anyio
+async def test_custom_table_is_separate(db: Path) -> None:
+    async with await opened(db) as a, SQLiteBackend(db, table="other_leases") as b:
+        await grant(a, "o1")
+        assert b.table == "other_leases"
+        assert await b.read("job") is None
+        await grant(b, "o2")
+
+
+# -- wait_changed -----------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_wait_changed_wakes_at_once_on_release_in_this_process(db: Path) -> None:
+    # A poll interval and a ttl far beyond the test's bound: only the wake-up can end the wait.
+    async with await opened(db, poll_interval=60) as a, await opened(db, poll_interval=60) as b:
+        g = await a.try_acquire("job", "o1", 60, "a", {})
+        assert isinstance(g, Grant)
+        seen = await b.read("job")
+        assert seen is not None
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(b.wait_changed, "job", seen)
+                await anyio.wait_all_tasks_blocked()
+                assert await a.release("job", "o1", g.token)
+
+
+@pytest.mark.anyio
+async def test_wait_changed_polls_for_changes_by_other_processes(db: Path) -> None:
+    async with await opened(db, poll_interval=0.02) as b:
+        assert isinstance(await b.try_acquire("job", "o1", 60, "a", {}), Grant)
+        seen = await b.read("job")
+        assert seen is not None
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(b.wait_changed, "job", seen)
+                await anyio.wait_all_tasks_blocked()
+                # Another process frees it: no in-process wake-up reaches this waiter.
+                raw_sql(db, "UPDATE aiolease_leases SET owner = NULL")
+
+
+@pytest.mark.anyio
+async def test_wait_changed_ignores_renewals(backend: SQLiteBackend) -> None:
+    backend.poll_interval = 0.01
+    g = await grant(backend, "o1", ttl=60)
+    seen = await backend.read("job")
+    returned = anyio.Event()
+
+    async def waiter() -> None:
+        await backend.wait_changed("job", seen)
+        returned.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        for _ in range(5):
+            await backend.renew("job", "o1", g.token, 60)
+            await anyio.sleep(0.02)  # give several polls a chance to see the renewals
+        assert not returned.is_set()
+        assert await backend.release("job", "o1", g.token)
+        with anyio.fail_after(5):
+            await returned.wait()
+
+
+@pytest.mark.anyio
+async def test_wait_changed_returns_when_the_seen_holder_expires(db: Path) -> None:
+    async with await opened(db, poll_interval=60) as b:
+        assert isinstance(await b.try_acquire("job", "o1", 0.2, "a", {}), Grant)
+        seen = await b.read("job")
+        assert seen is not None
+        with anyio.fail_after(5):
+            await b.wait_changed("job", seen)
+        assert await b.read("job") is None
+
+
+@pytest.mark.anyio
+async def test_wait_changed_returns_at_once_when_already_changed(backend: SQLiteBackend) -> None:
+    await grant(backend, "o1")
+    with anyio.fail_after(5):
+        await backend.wait_changed("job", None)
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_busy_database_is_a_timeout(db: Path) -> None:
+    async with await opened(db, busy_timeout=0.05) as b:
+        raw = sqlite3.connect(db, isolation_level=None)
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            with pytest.raises(BackendTimeout) as info:
+                await b.try_acquire("job", "o1", TTL, "a", {})
+            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+            raw.execute("ROLLBACK")
+        finally:
+            raw.close()
+        await grant(b, "o1")  # usable again once the other writer is gone
+
+
+@pytest.mark.anyio
+async def test_other_sqlite_errors_are_unavailable(db: Path) -> None:
+    async with await opened(db) as b:
+        raw_sql(db, "DROP TABLE aiolease_leases")
+        with pytest.raises(BackendUnavailable) as info:
+            await b.read("job")
+        assert isinstance(info.value.__cause__, sqlite3.Error)
+
+
+@pytest.mark.anyio
+async def test_aclose_is_idempotent_and_final(db: Path) -> None:
+    b = await opened(db)
+    await b.aclose()
+    await b.aclose()
+    with pytest.raises(BackendUnavailable):
+        await b.read("job")
+
+
+# -- opening: URLs and bad input ------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_url_forms_follow_sqlalchemy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with aiolease.open_backend("sqlite:///rel.db?table=t1&poll_interval=0.2") as b:
+        assert isinstance(b, SQLiteBackend)
+        assert (b.path, b.table, b.poll_interval) == (str(tmp_path / "rel.db"), "t1", 0.2)
+        assert b.capabilities == {
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
+        }
+    absolute = tmp_path / "sub" / "abs.db"
+    absolute.parent.mkdir()
+    async with aiolease.open_backend(f"sqlite:///{absolute}", busy_timeout=1) as b:
+        assert isinstance(b, SQLiteBackend) and b.path == str(absolute)
+    assert sorted(_snapshot(tmp_path)) == ["rel.db", "sub", "sub/abs.db"]
+
+
+def _bad_paths(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "a_file").write_text("plain text")
+    (tmp_path / "not_a_db.db").write_bytes(b"this is not a SQLite database, just bytes")
+    return {
+        "directory": tmp_path / "a_dir",
+        "missing parent": tmp_path / "missing" / "x.db",
+        "parent is a file": tmp_path / "a_file" / "x.db",
+        "not a database": tmp_path / "not_a_db.db",
+    }
+
+
+BAD_PATH_KINDS = ["directory", "missing parent", "parent is a file", "not a database"]
+
+
+def _snapshot(root: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("kind", BAD_PATH_KINDS)
+def test_bad_path_is_rejected_by_the_constructor(tmp_path: Path, kind: str) -> None:
+    path = _bad_paths(tmp_path)[kind]
+    before = _snapshot(tmp_path)
+    with pytest.raises(InvalidArgument, match="SQLite"):
+        SQLiteBackend(path)
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", BAD_PATH_KINDS)
+async def test_bad_path_is_rejected_by_open_backend(tmp_path: Path, kind: str) -> None:
+    path = _bad_paths(tmp_path)[kind]
+    before = _snapshot(tmp_path)
+    with pytest.raises(InvalidArgument):
+        async with aiolease.open_backend(f"sqlite:///{path}"):
+            pass
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.fixture
+def corrupt_db(db: Path) -> Path:
+    db.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    return db
+
+
+@pytest.mark.anyio
+async def test_corrupt_database_behind_a_valid_header_is_rejected_at_open(
+    corrupt_db: Path,
+) -> None:
+    db = corrupt_db
+    before = _snapshot(db.parent)
+    backend = SQLiteBackend(db)  # the header alone looks right
+    with pytest.raises(InvalidArgument, match="cannot be used"):
+        await backend.open()
+    assert _snapshot(db.parent) == before
+
+
+@pytest.mark.parametrize(
+    "table", ["", "1leases", "lea-ses", "leases; DROP TABLE x", "a" * 64, "lé", "leases\n", None]
+)
+def test_bad_table_name(db: Path, table: object) -> None:
+    with pytest.raises(InvalidArgument, match="table"):
+        SQLiteBackend(db, table=table)  # type: ignore[arg-type]
+    assert not db.exists()
+
+
+def test_longest_table_name_is_accepted(db: Path) -> None:
+    assert SQLiteBackend(db, table="_" + "a" * 62).table == "_" + "a" * 62
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("busy_timeout", -1.0), ("poll_interval", 0.0), ("busy_timeout", "1")]
+)
+def test_bad_timeouts(db: Path, option: str, value: object) -> None:
+    with pytest.raises(InvalidArgument, match=option):
+        SQLiteBackend(db, **{option: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://host/x.db",
+        "sqlite://",
+        "sqlite:///",
+        "sqlite:///:memory:",
+        "sqlite:///x.db?unknown=1",
+        "sqlite:///x.db?table=a&table=b",
+        "sqlite:///x.db?busy_timeout=soon",
+        "sqlite:///x.db?poll_interval=-1",
+        "sqlite:///x.db?table=no-dashes",
+        "sqlite:///x.db#frag",
+    ],
+)
+async def test_bad_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgument):
+        async with aiolease.open_backend(url):
+            pass
+    assert _snapshot(tmp_path) == {}
+
+
+@pytest.mark.anyio
+async def test_option_in_url_and_keyword_is_rejected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgument, match="table"):
+        async with aiolease.open_backend("sqlite:///x.db?table=a", table="b"):
+            pass
+    with pytest.raises(InvalidArgument, match="bogus"):
+        async with aiolease.open_backend("sqlite:///x.db", bogus=1):
+            pass
+    assert _snapshot(tmp_path) == {}
+
+
+# -- AsyncLock on SQLite ------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_async_lock_hands_over_in_process(db: Path) -> None:
+    async with await opened(db) as b:
+        lock = AsyncLock(b, "job", ttl=2)
+        got: list[aiolease.Lease] = []
+
+        async def wait_for_it() -> None:
+            got.append(await lock.acquire(timeout=5))
+
+        async with anyio.create_task_group() as tg:
+            async with lock as first:
+                with pytest.raises(aiolease.LeaseHeldError) as info:
+                    await lock.acquire_nowait()
+                assert info.value.holder is not None
+                assert info.value.holder.token == first.token
+                tg.start_soon(wait_for_it)
+                await anyio.wait_all_tasks_blocked()
+                assert got == []
+            # Leaving the block released the lease and woke the waiter.
+        [second] = got
+        assert second.token > first.token
+        assert await second.release()
+
+
+# -- several OS processes ------------------------------------------------------------------
+
+WORKERS = 4
+
+
+class Hold(NamedTuple):
+    """One process's stay in the protected body, on the host's monotonic clock."""
+
+    start: float
+    end: float
+    token: int
+    worker: int
+
+
+ROUNDS = 4
+CONTENDER = Path(__file__).with_name("contender.py")
+
+
+def _run_contenders(db: Path, out_dir: Path, ttl: float) -> list[Hold]:
+    start_at = time.monotonic() + 1.5  # every process starts contending at once
+    procs = []
+    for worker in range(WORKERS):
+        loop = "trio" if worker % 2 else "asyncio"
+        args = [str(db), str(out_dir / f"{worker}.jsonl"), str(worker), str(ROUNDS), str(ttl)]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(CONTENDER), *args, repr(start_at), loop],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    for proc in procs:
+        output, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, output.decode(errors="replace")
+    holds = []
+    for worker in range(WORKERS):
+        for line in (out_dir / f"{worker}.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            hold = Hold(float(r["start"]), float(r["end"]), int(r["token"]), int(r["worker"]))
+            holds.append(hold)
+    return holds
+
+
+def test_processes_never_hold_the_lock_at_once(tmp_path: Path) -> None:
+    db = tmp_path / "shared.db"
+    holds = sorted(_run_contenders(db, tmp_path, ttl=0.5))
+    assert len(holds) == WORKERS * ROUNDS
+    assert {h.worker for h in holds} == set(range(WORKERS))
+    for before, after in zip(holds, holds[1:], strict=False):
+        assert before.start < before.end <= after.start, (before, after)
+        assert before.token < after.token, (before, after)
+    with closing(sqlite3.connect(db)) as raw:
+        [(stored,)] = raw.execute("SELECT token FROM aiolease_leases WHERE name = 'contended'")
+    assert stored == holds[-1].token
+
+
+@pytest.mark.anyio
+async def test_lease_of_a_killed_process_passes_on_after_its_ttl(db: Path) -> None:
+    ttl = 1.0
+    async with await anyio.open_process(
+        [sys.executable, str(CONTENDER), "hold", str(db), str(ttl)]
+    ) as proc:
+        assert proc.stdout is not None
+        with anyio.fail_after(30):
+            line = await proc.stdout.receive()
+        crashed_token = int(line.decode())
+        async with await opened(db) as b:
+            lock = AsyncLock(b, "contended", ttl=ttl)
+            with pytest.raises(aiolease.LeaseHeldError):
+                await lock.acquire_nowait()  # renewed while the process lives
+            proc.kill()
+            killed_at = time.monotonic()
+            await proc.wait()
+            lease = await lock.acquire(timeout=10)
+            elapsed = time.monotonic() - killed_at
+            # Its last renewal was sent at most one renew interval (ttl / 3) before the kill,
+            # so the row lived on for at least the rest of that ttl, and at most a ttl.
+            assert ttl * 2 / 3 - 0.1 <= elapsed <= ttl + 1
+            assert lease.token > crashed_token
+            assert await lease.release()

@@ -1,0 +1,70 @@
+"""The stateful model test: each configured backend against the memory model.
+
+Runs under asyncio and trio (the event loop of the machine's blocking portal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import HealthCheck, Phase, Verbosity, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+import aiolease
+from aiolease import NotOwnerError
+from aiolease.abc import Grant, HolderInfo
+from aiolease.backends.memory import MemoryBackend
+from aiolease.testing.model import make_model_machine
+from tests.testing.mutants import ReleaseByAnyone, TokensRestart
+
+SETTINGS = settings(
+    max_examples=30,
+    stateful_step_count=50,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+#: Quiet and quick: only whether the machine notices matters here.
+MUTANT_SETTINGS = settings(
+    SETTINGS,
+    max_examples=100,
+    phases=[Phase.generate],
+    report_multiple_bugs=False,
+    verbosity=Verbosity.quiet,
+)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_backend_agrees_with_model(aiolease_url: str, loop: str) -> None:
+    machine = make_model_machine(lambda: aiolease.open_backend(aiolease_url), anyio_backend=loop)
+    run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+# -- the machine catches broken backends -----------------------------------------------
+
+
+class _RenewRevives(MemoryBackend):
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        try:
+            return await super().renew(name, owner, token, ttl)
+        except NotOwnerError:
+            return Grant(token, ttl)  # as if renewing a record that is gone
+
+
+class _ForgetsMetadata(MemoryBackend):
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        return await super().try_acquire(name, owner, ttl, identity, {})
+
+
+@pytest.mark.parametrize(
+    "mutant",
+    [TokensRestart, ReleaseByAnyone, _RenewRevives, _ForgetsMetadata],
+    ids=lambda m: m.__name__.strip("_"),
+)
+def test_model_catches_broken_backend(mutant: type[MemoryBackend]) -> None:
+    machine = make_model_machine(mutant, anyio_backend="asyncio")
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine, settings=MUTANT_SETTINGS)
