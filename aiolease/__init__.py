@@ -15,6 +15,7 @@ from ._exceptions import LeaseHeldError as LeaseHeldError
 from ._exceptions import LeaseLostError as LeaseLostError
 from ._exceptions import LossReason as LossReason
 from ._exceptions import NotOwnerError as NotOwnerError
+from ._exceptions import ReentrantAcquireError as ReentrantAcquireError
 from ._exceptions import UnsupportedCapability as UnsupportedCapability
 from ._lease import Lease as Lease
 from ._lease import Timing as Timing
@@ -49,6 +50,7 @@ __all__ = [
     "LockStatistics",
     "LossReason",
     "NotOwnerError",
+    "ReentrantAcquireError",
     "Timing",
     "UnsupportedCapability",
     "open_backend",

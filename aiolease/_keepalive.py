@@ -35,6 +35,7 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, release_shielded
+from ._life import Tenancy
 from ._renewer import Counters, Renewer
 from .abc import Capability, HolderInfo, SessionClock
 
@@ -213,6 +214,8 @@ class Holding:
 
     async def _release(self, sent: Awaitable[bool] | None = None) -> None:
         lease = self.lease
+        if sent is None and lease.lost is LossReason.SHUTDOWN:
+            return  # the backend's close released it (or tried), and it is closed now
         await release_shielded(
             lease.backend, lease.name, lease.owner, lease.token, lease.timing, sent
         )
@@ -249,6 +252,7 @@ class Holding:
                 await self._release()
             raise
         lease.on_end(self._end_body)
+        Tenancy.of(lease.backend).enter_block(lease)
         self._body.__enter__()
         return lease
 

@@ -18,6 +18,7 @@ from ._clock import current_time
 from ._exceptions import BackendTimeout, LeaseHeldError, LossReason
 from ._keepalive import Counters, Holding
 from ._lease import Lease, Timing, release_shielded
+from ._life import Tenancy
 from ._validate import check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, Capability, Grant
 
@@ -112,9 +113,13 @@ async def acquire_lease(
     A request whose reply may have been lost, or a queue entry left behind by a
     cancelled wait, is undone by a shielded release with the same owner id.
 
+    :raises ReentrantAcquireError: the running task holds ``name`` through ``backend``
+        in a block already; nothing is sent
     :raises LeaseHeldError: not ``blocking`` and somebody else holds it
     :raises BackendError: the backend failed; nothing is held
     """
+    tenancy = Tenancy.of(backend)
+    tenancy.check_reentry(name)
     backend = adapt(backend)
     owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
     fair = Capability.FAIR_QUEUE in backend.capabilities
@@ -133,6 +138,7 @@ async def acquire_lease(
                     lease: Lease = Lease._create(
                         backend, name, owner, identity, metadata, timing, sent_at, result
                     )
+                    tenancy.track(lease)
                     return lease
                 # The grant came back too late to be of any use: give it back.
                 await release_shielded(backend, name, owner, result.token, timing)
@@ -198,7 +204,9 @@ class AsyncLock:
     ``async with lock as lease:`` acquires (waiting as long as it takes), renews
     in the background, cancels the block if the lease is lost (then raises
     :class:`LeaseLostError`), and releases on exit. One lock object may be used
-    by many tasks at once; each ``async with`` is its own grant.
+    by many tasks at once; each ``async with`` is its own grant. Locks are not
+    reentrant: inside ``async with lock``, acquiring the same name through the same
+    backend object in the same task raises :class:`ReentrantAcquireError` at once.
 
     :param backend: where the lease lives
     :param name: the lease name: non-empty, at most 255 UTF-8 bytes, no NUL
@@ -258,6 +266,7 @@ class AsyncLock:
 
         :param timeout: give up after this many seconds; ``0`` tries once and does not wait
         :raises TimeoutError: ``timeout`` ran out; nothing is held
+        :raises ReentrantAcquireError: this task holds the name in a block already
         :raises BackendError: the backend failed; nothing is held
         """
         if timeout is None:
@@ -277,6 +286,7 @@ class AsyncLock:
         """Try once.
 
         :raises LeaseHeldError: somebody else holds it (``.holder`` says who)
+        :raises ReentrantAcquireError: this task holds the name in a block already
         :raises BackendError: the backend failed; nothing is held
         """
         return await self._acquire(blocking=False)

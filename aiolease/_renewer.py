@@ -108,12 +108,15 @@ class RenewerStatistics:
     :param wakeups: times its task woke up
     :param renewals: renewals it started
     :param hosts: tasks it ran in so far (one per move between holdings)
+    :param entries: entries in its heap: at most one per lease or session registered
+        now, plus fewer stale ones (of leases ended since) than those
     """
 
     leases: int
     wakeups: int
     renewals: int
     hosts: int
+    entries: int = 0
 
 
 class _Renewed:
@@ -179,7 +182,9 @@ class Renewer:
 
     def statistics(self) -> RenewerStatistics:
         """A snapshot of the counters."""
-        return RenewerStatistics(len(self._leases), self._wakeups, self._renewals, self._host_count)
+        return RenewerStatistics(
+            len(self._leases), self._wakeups, self._renewals, self._host_count, len(self._heap)
+        )
 
     # -- registering ------------------------------------------------------------------
 
@@ -273,10 +278,26 @@ class Renewer:
         if not group.leases and self._groups.get(key) is group:
             del self._groups[key]
             group.version += 1  # its heap entry is stale now
+            self._drop_stale()
 
     def _forget(self, renewed: _Renewed) -> None:
         renewed.version += 1
         self._leases.pop(renewed.lease, None)
+        self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """Drop the heap's stale entries once they may outnumber the live ones.
+
+        An ended lease's entry would otherwise stay until its time came (its next
+        renewal: a lease granted and released in a loop grew the heap, and kept each
+        lease alive, for a renew interval). Rebuilt in place, as callers may hold the
+        list; each rebuild follows as many endings as it keeps entries, so it costs
+        O(1) per ending on average, and nothing stays once nothing is held.
+        """
+        heap = self._heap
+        if len(heap) > 2 * (len(self._leases) + len(self._groups)):
+            heap[:] = [entry for entry in heap if entry[2] == entry[3].version]
+            heapq.heapify(heap)
 
     # -- the heap ---------------------------------------------------------------------
 
@@ -335,13 +356,13 @@ class Renewer:
             if version != item.version:
                 heapq.heappop(heap)
                 continue  # moved or forgotten since
+            entry = heapq.heappop(heap)
             if isinstance(item, _Group):
-                heapq.heappop(heap)
                 self._group_due(item, now)
             elif tg is None and self._renewal_due(item, now):
+                heapq.heappush(heap, entry)  # popped first: reading .lost may drop entries
                 return False
             else:
-                heapq.heappop(heap)
                 if batch is None and item.lease.backend.renews_many:
                     batch = []
                 self._lease_due(tg, renewing, item, now, batch)
