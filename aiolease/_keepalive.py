@@ -214,8 +214,6 @@ class Holding:
 
     async def _release(self, sent: Awaitable[bool] | None = None) -> None:
         lease = self.lease
-        if sent is None and lease.lost is LossReason.SHUTDOWN:
-            return  # the backend's close released it (or tried), and it is closed now
         await release_shielded(
             lease.backend, lease.name, lease.owner, lease.token, lease.timing, sent
         )

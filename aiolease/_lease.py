@@ -273,8 +273,6 @@ class Lease(metaclass=_NoPublicConstructor):
         elif not self._warned:
             self._warned = True
             logger.warning("release of lease %r after it was lost (%s)", self._name, reason.value)
-        if reason is LossReason.SHUTDOWN:
-            return False  # the backend's close released it (or tried), and it is closed now
         # Even a lost lease may still sit on the server; the owner check makes this safe.
         freed = await release_shielded(
             self._backend, self._name, self._owner, self._token, self._timing

@@ -113,13 +113,14 @@ async def acquire_lease(
     A request whose reply may have been lost, or a queue entry left behind by a
     cancelled wait, is undone by a shielded release with the same owner id.
 
-    :raises ReentrantAcquireError: the running task holds ``name`` through ``backend``
-        in a block already; nothing is sent
-    :raises LeaseHeldError: not ``blocking`` and somebody else holds it
+    :raises ReentrantAcquireError: ``blocking``, and the running task holds ``name``
+        through ``backend`` in a block already (it would wait for itself); nothing is sent
+    :raises LeaseHeldError: not ``blocking`` and somebody else (or this task) holds it
     :raises BackendError: the backend failed; nothing is held
     """
     tenancy = Tenancy.of(backend)
-    tenancy.check_reentry(name)
+    if blocking:
+        tenancy.check_reentry(name)
     backend = adapt(backend)
     owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
     fair = Capability.FAIR_QUEUE in backend.capabilities
@@ -205,8 +206,9 @@ class AsyncLock:
     in the background, cancels the block if the lease is lost (then raises
     :class:`LeaseLostError`), and releases on exit. One lock object may be used
     by many tasks at once; each ``async with`` is its own grant. Locks are not
-    reentrant: inside ``async with lock``, acquiring the same name through the same
-    backend object in the same task raises :class:`ReentrantAcquireError` at once.
+    reentrant: inside ``async with lock``, waiting for the same name through the same
+    backend object in the same task raises :class:`ReentrantAcquireError` at once
+    (``acquire_nowait()`` reports the holder, as for any other).
 
     :param backend: where the lease lives
     :param name: the lease name: non-empty, at most 255 UTF-8 bytes, no NUL
@@ -266,7 +268,8 @@ class AsyncLock:
 
         :param timeout: give up after this many seconds; ``0`` tries once and does not wait
         :raises TimeoutError: ``timeout`` ran out; nothing is held
-        :raises ReentrantAcquireError: this task holds the name in a block already
+        :raises ReentrantAcquireError: this task holds the name in a block already, and
+            ``timeout`` is not ``0``
         :raises BackendError: the backend failed; nothing is held
         """
         if timeout is None:
@@ -285,8 +288,8 @@ class AsyncLock:
     async def acquire_nowait(self) -> Lease:
         """Try once.
 
-        :raises LeaseHeldError: somebody else holds it (``.holder`` says who)
-        :raises ReentrantAcquireError: this task holds the name in a block already
+        :raises LeaseHeldError: somebody else holds it (``.holder`` says who), or this
+            task does
         :raises BackendError: the backend failed; nothing is held
         """
         return await self._acquire(blocking=False)

@@ -165,6 +165,7 @@ class Renewer:
         self._scope: anyio.CancelScope | None = None
         self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
+        self._dropped_at = -math.inf  # the latest time of an entry _drop_stale dropped
         self._renewing: set[_Renewed] = set()  # renewals started by the current task
         self._groups: dict[tuple[int, float], _Group] = {}
         self._wakeups = 0
@@ -296,7 +297,13 @@ class Renewer:
         """
         heap = self._heap
         if len(heap) > 2 * (len(self._leases) + len(self._groups)):
-            heap[:] = [entry for entry in heap if entry[2] == entry[3].version]
+            live = []
+            for entry in heap:
+                if entry[2] == entry[3].version:
+                    live.append(entry)
+                elif entry[0] > self._dropped_at:
+                    self._dropped_at = entry[0]
+            heap[:] = live
             heapq.heapify(heap)
 
     # -- the heap ---------------------------------------------------------------------
@@ -377,15 +384,18 @@ class Renewer:
         """When the task must wake next: the earliest entry still in force.
 
         Entries of leases released since are dropped from the top first. When none is
-        left in force, the task still wakes at the last dropped one's time rather than
-        at the next grant's push: a backend that grants and releases short leases in a
-        row then wakes the task about once per renew interval, not once per lease.
+        left in force, the task still wakes at the last dropped one's time (here or by
+        :meth:`_drop_stale`) rather than at the next grant's push: a backend that grants
+        and releases short leases in a row then wakes the task about once per renew
+        interval, not once per lease.
         """
         heap = self._heap
-        last = math.inf
+        last, self._dropped_at = self._dropped_at, -math.inf
         while heap and heap[0][2] != heap[0][3].version:
-            last = heapq.heappop(heap)[0]
-        return heap[0][0] if heap else last
+            last = max(last, heapq.heappop(heap)[0])
+        if heap:
+            return heap[0][0]
+        return last if last > -math.inf else math.inf
 
     def _join_early(self, batch: list[_Renewed], renewing: set[_Renewed], now: float) -> None:
         """Add to ``batch`` the leases due within half their renew interval.
