@@ -26,7 +26,7 @@ import weakref
 
 import anyio
 
-from ._bridge import AsyncioBridge, running_trio
+from ._bridge import AsyncioBridge
 from ._clock import current_time
 from ._exceptions import LossReason, ReentrantAcquireError
 from ._lease import Lease
@@ -40,6 +40,9 @@ logger = logging.getLogger("aiolease")
 #: through it, in seconds (less if every such lease's ``release_timeout`` is shorter).
 CLOSE_TIMEOUT = 5.0
 
+#: How many leases a tenancy tracks before it first looks for lapsed ones.
+_FIRST_SWEEP = 64
+
 _tenancies: weakref.WeakKeyDictionary[Backend, Tenancy] = weakref.WeakKeyDictionary()
 
 
@@ -47,28 +50,32 @@ def current_task() -> object:
     """The running task (asyncio's or trio's): the owner of a block, for the
     reentrancy check. Cheaper than ``anyio.get_current_task()``, which builds an object
     per call."""
-    if running_trio():
+    # No asyncio task runs in a trio task, even with a trio-asyncio loop open.
+    loop = asyncio._get_running_loop()
+    task = None if loop is None else asyncio.current_task(loop)
+    if task is None:
         import trio
 
         return trio.lowlevel.current_task()
-    return asyncio.current_task()
+    return task
 
 
 class Tenancy:
     """The live leases of one backend object, and the blocks that hold them."""
 
-    __slots__ = ("__weakref__", "blocks", "leases")
+    __slots__ = ("__weakref__", "_sweep_at", "blocks", "leases")
 
     def __init__(self) -> None:
         #: Every lease granted through the backend and not yet ended.
         self.leases: dict[Lease, None] = {}
         #: Per name, the leases held in an open block, with the task that entered it.
         self.blocks: dict[str, list[tuple[object, Lease]]] = {}
+        self._sweep_at = _FIRST_SWEEP
 
     @classmethod
     def of(cls, backend: Backend) -> Tenancy:
         """The tenancy of ``backend`` (of the backend behind it, if it is the trio bridge)."""
-        if isinstance(backend, AsyncioBridge):
+        if type(backend) is AsyncioBridge:  # (cheaper than an ABC's isinstance)
             backend = backend.inner
         tenancy = _tenancies.get(backend)
         if tenancy is None:
@@ -78,8 +85,19 @@ class Tenancy:
     def track(self, lease: Lease) -> None:
         """Know ``lease`` until it ends (a new grant: :func:`end_leases` ends it)."""
         leases = self.leases
+        if len(leases) >= self._sweep_at:
+            self._sweep()
         leases[lease] = None
         lease.on_end(lambda _: leases.pop(lease, None))
+
+    def _sweep(self) -> None:
+        """Forget the leases past their deadline that nobody looked at since (a lease
+        from ``acquire()`` that its caller dropped): reading :attr:`Lease.lost` ends
+        them. Each sweep follows as many grants as it keeps leases: O(1) per grant on
+        average."""
+        for lease in list(self.leases):
+            _ = lease.lost
+        self._sweep_at = max(2 * len(self.leases), _FIRST_SWEEP)
 
     def enter_block(self, lease: Lease) -> None:
         """The running task holds ``lease`` in a block until the lease ends."""
@@ -115,7 +133,7 @@ async def end_leases(backend: Backend) -> None:
     ``backend`` is the object being closed: the trio bridge (released from trio) or the
     backend itself (released on its own loop).
     """
-    tenancy = _tenancies.get(backend.inner if isinstance(backend, AsyncioBridge) else backend)
+    tenancy = _tenancies.get(backend.inner if type(backend) is AsyncioBridge else backend)
     if tenancy is None or not tenancy.leases:
         return
     leases = list(tenancy.leases)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from trio.testing import MockClock
 
 import aiolease
 from aiolease import (
@@ -25,6 +26,7 @@ from aiolease import (
     LossReason,
     ReentrantAcquireError,
 )
+from aiolease._life import Tenancy
 from aiolease._renewer import Renewer
 from aiolease.abc import Backend
 from aiolease.backends.memory import MemoryBackend
@@ -162,6 +164,22 @@ async def test_closing_releases_through_every_backend_class(anyio_backend: str) 
     assert backend.closed == 1
     assert lease.lost is LossReason.SHUTDOWN
     assert await backend.read("n") is None
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
+)
+async def test_dropped_leases_are_not_kept_for_the_close(anyio_backend: object) -> None:
+    """Leases from ``acquire()`` that their callers dropped without a release are
+    forgotten once past their deadline (the close has nothing left to end), so a
+    backend that is never closed does not keep them all."""
+    backend = MemoryBackend()
+    lock = AsyncLock(backend, "n", ttl=1)
+    for _ in range(500):
+        await lock.acquire()
+        await anyio.sleep(1)  # virtual time: the lease lapses
+    assert len(Tenancy.of(backend).leases) <= 64
 
 
 # -- the scheduler forgets released leases -----------------------------------------------
