@@ -31,6 +31,8 @@ from aiolease._renewer import Renewer
 from aiolease.abc import Backend
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.faults import FaultyBackend
+from aiolease.testing.proxy import FaultProxy
+from aiolease.testing.servers import server
 
 pytestmark = pytest.mark.anyio
 
@@ -145,6 +147,27 @@ async def test_closing_on_a_dead_server_is_bounded_and_does_not_raise(
     closing = [r for r in caplog.records if r.getMessage().startswith("closing ")]
     assert len(closing) == 1 and "1 of 1 leases" in closing[0].getMessage()
     assert (await backend.inner.read("n")) is not None  # left to expire on its own
+
+
+async def test_closing_on_a_cut_off_redis_is_bounded_and_does_not_raise(
+    anyio_backend: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same against a real server whose connection goes silent: the close gives up
+    on the release after its timeout, raises nothing, and the lease ends anyway."""
+    host, port = server("redis").addresses[0]
+    name = unique("cut-off")
+    async with FaultProxy(host, port) as proxy:
+        with caplog.at_level(logging.WARNING, logger="aiolease"), anyio.fail_after(30):
+            async with aiolease.open_backend(proxy.url_for(redis_url)) as backend:
+                lock = AsyncLock(backend, name, ttl=30, release_timeout=0.5)
+                lease = await lock.acquire_nowait()
+                await proxy.blackhole()
+        assert lease.lost is LossReason.SHUTDOWN
+        assert any(r.getMessage().startswith("closing ") for r in caplog.records)
+        async with aiolease.open_backend(redis_url) as direct:
+            holder = await direct.read(name)  # not released: it expires on its own
+            assert holder is not None and holder.owner == lease.owner
+            assert await direct.release(name, lease.owner, lease.token)
 
 
 async def test_closing_releases_through_every_backend_class(anyio_backend: str) -> None:
