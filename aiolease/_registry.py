@@ -202,8 +202,8 @@ async def _opened(
         else:
             # Not a task group: on asyncio, another task may close the backend.
             stack.callback(renewer.serve(AsyncioTasks()))
-        # First on the way out: the leases still held are released while the backend
-        # is open (the scheduler would end them with SHUTDOWN, but leave them held).
+        # First on the way out, while the backend is still open: end the leases still
+        # held and release them (the scheduler's stop would only end them).
         stack.push_async_callback(end_leases, bridged)
         # Checked on the open instance: a proxy backend (remote://) learns its
         # capabilities from the server it connects to.
