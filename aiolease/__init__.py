@@ -16,6 +16,7 @@ from ._exceptions import LeaseHeldError as LeaseHeldError
 from ._exceptions import LeaseLostError as LeaseLostError
 from ._exceptions import LossReason as LossReason
 from ._exceptions import NotOwnerError as NotOwnerError
+from ._exceptions import ReentrantAcquireError as ReentrantAcquireError
 from ._exceptions import UnsupportedCapability as UnsupportedCapability
 from ._lease import Lease as Lease
 from ._lease import Timing as Timing
@@ -51,6 +52,7 @@ __all__ = [
     "LockStatistics",
     "LossReason",
     "NotOwnerError",
+    "ReentrantAcquireError",
     "Timing",
     "UnsupportedCapability",
     "open_backend",

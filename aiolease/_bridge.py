@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ._exceptions import LossReason, UnsupportedCapability
+from ._exceptions import BackendUnavailable, LossReason, UnsupportedCapability
 from .abc import Backend, Grant, HolderInfo, Renewal, RenewResult, SessionClock
 
 T = TypeVar("T")
@@ -75,6 +75,7 @@ class AsyncioBridge(Backend):
         self.poll_interval = inner.poll_interval
         self.reports_takeover = inner.reports_takeover
         self.renews_many = inner.renews_many
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<AsyncioBridge to {self.inner!r}>"
@@ -83,34 +84,44 @@ class AsyncioBridge(Backend):
     async def from_url(cls, url: str, **options: Any) -> AsyncioBridge:
         raise UnsupportedCapability("bridges are made by adapt(), not from URLs")
 
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """:func:`call_asyncio`, or, once closed, what a closed backend raises under asyncio.
+
+        :raises BackendUnavailable: the bridge was closed (its trio-asyncio loop may be
+            gone too, which would be an :class:`UnsupportedCapability` under trio only)
+        """
+        if self._closed:
+            raise BackendUnavailable(f"{self.inner!r} is closed")
+        return await call_asyncio(fn, *args)
+
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
-        return await call_asyncio(self.inner.try_acquire, name, owner, ttl, identity, metadata)
+        return await self._call(self.inner.try_acquire, name, owner, ttl, identity, metadata)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        return await call_asyncio(self.inner.renew, name, owner, token, ttl)
+        return await self._call(self.inner.renew, name, owner, token, ttl)
 
     async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
-        return await call_asyncio(self.inner.renew_many, renewals)
+        return await self._call(self.inner.renew_many, renewals)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        return await call_asyncio(self.inner.release, name, owner, token)
+        return await self._call(self.inner.release, name, owner, token)
 
     async def read(self, name: str) -> HolderInfo | None:
-        return await call_asyncio(self.inner.read, name)
+        return await self._call(self.inner.read, name)
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        await call_asyncio(self.inner.wait_changed, name, seen)
+        await self._call(self.inner.wait_changed, name, seen)
 
     async def wait_taken(self, name: str, held: HolderInfo) -> None:
-        await call_asyncio(self.inner.wait_taken, name, held)
+        await self._call(self.inner.wait_taken, name, held)
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        await call_asyncio(self.inner.wait_turn, name, owner, ttl, seen)
+        await self._call(self.inner.wait_turn, name, owner, ttl, seen)
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
-        return await call_asyncio(self.inner.wait_lost, name, owner, token)
+        return await self._call(self.inner.wait_lost, name, owner, token)
 
     def hold(
         self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
@@ -126,4 +137,6 @@ class AsyncioBridge(Backend):
         return self.inner.on_taken(name, owner, token, taken)
 
     async def aclose(self) -> None:
-        await call_asyncio(self.inner.aclose)
+        if not self._closed:
+            self._closed = True
+            await call_asyncio(self.inner.aclose)

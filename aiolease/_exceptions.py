@@ -13,6 +13,7 @@
      +-- LeaseError                          about one lease (``.name``)
           +-- LeaseHeldError                 somebody else holds it (``.holder``)
           +-- NotOwnerError                  the caller does not own it (any more)
+          +-- ReentrantAcquireError (RuntimeError)  the task holds it in a block already
           +-- LeaseLostError                 a held lease was lost (``.reason``)
                +-- LeaseExpiredError         ... because it was not renewed in time (``EXPIRED``)
 
@@ -42,6 +43,7 @@ __all__ = [
     "LeaseLostError",
     "LossReason",
     "NotOwnerError",
+    "ReentrantAcquireError",
     "UnsupportedCapability",
     "lost_error",
 ]
@@ -140,6 +142,24 @@ class NotOwnerError(LeaseError):
 
     def __init__(self, name: str, message: str | None = None) -> None:
         super().__init__(message or f"lease {name!r} is not held by this owner", name=name)
+
+
+class ReentrantAcquireError(LeaseError, RuntimeError):
+    """The running task asked for a name that it already holds in an ``async with``
+    block (a lock's or an elector's term) through the same backend object.
+
+    Locks are not reentrant: the acquire would wait for the task's own lease, which
+    is renewed while the task waits, so it would never end. Raised at once, before
+    anything is sent. A programming error, so not a :class:`LeaseHeldError` (code
+    that retries on those would retry forever).
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"lease {name!r} is already held by this task through this backend: "
+            "locks are not reentrant",
+            name=name,
+        )
 
 
 class LeaseLostError(LeaseError):

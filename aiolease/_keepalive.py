@@ -35,6 +35,7 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, release_shielded
+from ._life import Tenancy
 from ._renewer import Counters, Renewer
 from .abc import Capability, HolderInfo, SessionClock
 
@@ -266,6 +267,7 @@ class Holding:
                 await self._release()
             raise
         lease.on_end(self._end_body)
+        Tenancy.of(lease.backend).enter_block(lease)
         self._body.__enter__()
         return lease
 

@@ -18,6 +18,7 @@ from ._clock import current_time
 from ._exceptions import BackendTimeout, LeaseHeldError, LossReason
 from ._keepalive import Counters, Holding
 from ._lease import Lease, Timing, release_shielded
+from ._life import Tenancy
 from ._validate import check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, Capability, Grant
 
@@ -112,9 +113,14 @@ async def acquire_lease(
     A request whose reply may have been lost, or a queue entry left behind by a
     cancelled wait, is undone by a shielded release with the same owner id.
 
-    :raises LeaseHeldError: not ``blocking`` and somebody else holds it
+    :raises ReentrantAcquireError: ``blocking``, and the running task holds ``name``
+        through ``backend`` in a block already (it would wait for itself); nothing is sent
+    :raises LeaseHeldError: not ``blocking`` and somebody else (or this task) holds it
     :raises BackendError: the backend failed; nothing is held
     """
+    tenancy = Tenancy.of(backend)
+    if blocking:
+        tenancy.check_reentry(name)
     backend = adapt(backend)
     owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
     fair = Capability.FAIR_QUEUE in backend.capabilities
@@ -133,6 +139,7 @@ async def acquire_lease(
                     lease: Lease = Lease._create(
                         backend, name, owner, identity, metadata, timing, sent_at, result
                     )
+                    tenancy.track(lease)
                     return lease
                 # The grant came back too late to be of any use: give it back.
                 await release_shielded(backend, name, owner, result.token, timing)
@@ -198,7 +205,10 @@ class AsyncLock:
     ``async with lock as lease:`` acquires (waiting as long as it takes), renews
     in the background, cancels the block if the lease is lost (then raises
     :class:`LeaseLostError`), and releases on exit. One lock object may be used
-    by many tasks at once; each ``async with`` is its own grant.
+    by many tasks at once; each ``async with`` is its own grant. Locks are not
+    reentrant: inside ``async with lock``, waiting for the same name through the same
+    backend object in the same task raises :class:`ReentrantAcquireError` at once
+    (``acquire_nowait()`` reports the holder, as for any other).
 
     :param backend: where the lease lives
     :param name: the lease name: non-empty, at most 255 UTF-8 bytes, no NUL
@@ -259,6 +269,8 @@ class AsyncLock:
 
         :param timeout: give up after this many seconds; ``0`` tries once and does not wait
         :raises TimeoutError: ``timeout`` ran out; nothing is held
+        :raises ReentrantAcquireError: this task holds the name in a block already, and
+            ``timeout`` is not ``0``
         :raises BackendError: the backend failed; nothing is held
         """
         if timeout is None:
@@ -277,7 +289,8 @@ class AsyncLock:
     async def acquire_nowait(self) -> Lease:
         """Try once.
 
-        :raises LeaseHeldError: somebody else holds it (``.holder`` says who)
+        :raises LeaseHeldError: somebody else holds it (``.holder`` says who), or this
+            task does
         :raises BackendError: the backend failed; nothing is held
         """
         return await self._acquire(blocking=False)

@@ -17,6 +17,7 @@ import anyio
 
 from ._bridge import adapt, call_asyncio, running_trio
 from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
+from ._life import end_leases
 from ._renewer import AsyncioTasks, Renewer
 from ._urls import redact, split_url
 from .abc import Backend, Capability
@@ -193,7 +194,7 @@ async def _opened(
         bridged = adapt(backend)
         stack.push_async_callback(bridged.aclose)
         # The renewal scheduler's home while the backend is open: holding a lease then
-        # starts no task. Leases still held when the block ends end with SHUTDOWN.
+        # starts no task.
         renewer = Renewer.of(bridged)
         if running_trio():
             service = await stack.enter_async_context(anyio.create_task_group())
@@ -201,6 +202,9 @@ async def _opened(
         else:
             # Not a task group: on asyncio, another task may close the backend.
             stack.callback(renewer.serve(AsyncioTasks()))
+        # First on the way out, while the backend is still open: end the leases still
+        # held and release them (the scheduler's stop would only end them).
+        stack.push_async_callback(end_leases, bridged)
         # Checked on the open instance: a proxy backend (remote://) learns its
         # capabilities from the server it connects to.
         missing = required - bridged.capabilities

@@ -109,12 +109,15 @@ class RenewerStatistics:
     :param wakeups: times its task woke up
     :param renewals: renewals it started
     :param hosts: tasks it ran in so far (one per move between holdings)
+    :param entries: entries in its heap: at most one per lease or session registered
+        now, plus fewer stale ones (of leases ended since) than those
     """
 
     leases: int
     wakeups: int
     renewals: int
     hosts: int
+    entries: int = 0
 
 
 class _Renewed:
@@ -163,6 +166,7 @@ class Renewer:
         self._scope: anyio.CancelScope | None = None
         self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
+        self._dropped_at = -math.inf  # the latest time of an entry _drop_stale dropped
         self._renewing: set[_Renewed] = set()  # renewals started by the current task
         self._groups: dict[tuple[int, float], _Group] = {}
         self._wakeups = 0
@@ -180,7 +184,9 @@ class Renewer:
 
     def statistics(self) -> RenewerStatistics:
         """A snapshot of the counters."""
-        return RenewerStatistics(len(self._leases), self._wakeups, self._renewals, self._host_count)
+        return RenewerStatistics(
+            len(self._leases), self._wakeups, self._renewals, self._host_count, len(self._heap)
+        )
 
     # -- registering ------------------------------------------------------------------
 
@@ -274,10 +280,32 @@ class Renewer:
         if not group.leases and self._groups.get(key) is group:
             del self._groups[key]
             group.version += 1  # its heap entry is stale now
+            self._drop_stale()
 
     def _forget(self, renewed: _Renewed) -> None:
         renewed.version += 1
         self._leases.pop(renewed.lease, None)
+        self._drop_stale()
+
+    def _drop_stale(self) -> None:
+        """Drop the heap's stale entries once they may outnumber the live ones.
+
+        An ended lease's entry would otherwise stay until its time came (its next
+        renewal: a lease granted and released in a loop grew the heap, and kept each
+        lease alive, for a renew interval). Rebuilt in place, as callers may hold the
+        list; each rebuild follows as many endings as it keeps entries, so it costs
+        O(1) per ending on average, and nothing stays once nothing is held.
+        """
+        heap = self._heap
+        if len(heap) > 2 * (len(self._leases) + len(self._groups)):
+            live = []
+            for entry in heap:
+                if entry[2] == entry[3].version:
+                    live.append(entry)
+                elif entry[0] > self._dropped_at:
+                    self._dropped_at = entry[0]
+            heap[:] = live
+            heapq.heapify(heap)
 
     # -- the heap ---------------------------------------------------------------------
 
@@ -336,13 +364,13 @@ class Renewer:
             if version != item.version:
                 heapq.heappop(heap)
                 continue  # moved or forgotten since
+            entry = heapq.heappop(heap)
             if isinstance(item, _Group):
-                heapq.heappop(heap)
                 self._group_due(item, now)
             elif tg is None and self._renewal_due(item, now):
+                heapq.heappush(heap, entry)  # popped first: reading .lost may drop entries
                 return False
             else:
-                heapq.heappop(heap)
                 if batch is None and item.lease.backend.renews_many:
                     batch = []
                 self._lease_due(tg, renewing, item, now, batch)
@@ -357,15 +385,18 @@ class Renewer:
         """When the task must wake next: the earliest entry still in force.
 
         Entries of leases released since are dropped from the top first. When none is
-        left in force, the task still wakes at the last dropped one's time rather than
-        at the next grant's push: a backend that grants and releases short leases in a
-        row then wakes the task about once per renew interval, not once per lease.
+        left in force, the task still wakes at the last dropped one's time (here or by
+        :meth:`_drop_stale`) rather than at the next grant's push: a backend that grants
+        and releases short leases in a row then wakes the task about once per renew
+        interval, not once per lease.
         """
         heap = self._heap
-        last = math.inf
+        last, self._dropped_at = self._dropped_at, -math.inf
         while heap and heap[0][2] != heap[0][3].version:
-            last = heapq.heappop(heap)[0]
-        return heap[0][0] if heap else last
+            last = max(last, heapq.heappop(heap)[0])
+        if heap:
+            return heap[0][0]
+        return last if last > -math.inf else math.inf
 
     def _join_early(self, batch: list[_Renewed], renewing: set[_Renewed], now: float) -> None:
         """Add to ``batch`` the leases due within half their renew interval.

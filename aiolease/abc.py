@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Protocol
@@ -167,11 +168,31 @@ def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
     return None if holder is None else (holder.owner, holder.token)
 
 
+async def _end_leases(backend: Backend) -> None:
+    from ._life import end_leases  # the core imports this module: not at import time
+
+    await end_leases(backend)
+
+
+def _ending_leases_first(
+    close: Callable[[Backend], Coroutine[Any, Any, None]],
+) -> Callable[[Backend], Coroutine[Any, Any, None]]:
+    """``close``, after the leases still held through the backend were ended and released."""
+
+    @functools.wraps(close)
+    async def aclose(self: Backend) -> None:
+        await _end_leases(self)
+        await close(self)
+
+    return aclose
+
+
 class Backend(abc.ABC):
     """A coordination backend. Subclass this to add one.
 
-    Instances are async context managers; :meth:`aclose` closes only what the
-    backend opened itself (never a client the user passed in).
+    Instances are async context managers; :meth:`aclose` releases the leases still
+    held through the backend, then closes only what the backend opened itself (never
+    a client the user passed in).
     """
 
     #: What this backend guarantees beyond the contract.
@@ -374,8 +395,21 @@ class Backend(abc.ABC):
         """
         return None
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook, default does nothing
-        """Close what this backend opened. Idempotent."""
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        close = cls.__dict__.get("aclose")
+        if close is not None:
+            # setattr: a method replaced on the class, which mypy would not type.
+            setattr(cls, "aclose", _ending_leases_first(close))  # noqa: B010
+
+    async def aclose(self) -> None:
+        """Close what this backend opened. Idempotent.
+
+        Every subclass's ``aclose`` first ends the leases still held through the
+        backend (:attr:`LossReason.SHUTDOWN`) and releases them, bounded in time and
+        shielded (the core wraps it); an override only closes its own resources.
+        """
+        await _end_leases(self)
 
     async def __aenter__(self) -> Self:
         return self

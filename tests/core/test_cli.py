@@ -158,9 +158,11 @@ async def test_status_text(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.anyio
 async def test_lock_timeout_exits_75(capsys: pytest.CaptureFixture[str]) -> None:
     backend = MemoryBackend()
-    async with AsyncLock(backend, "busy", ttl=10, identity="other"):
-        argv = lock_argv("busy", [PY, "-c", "raise SystemExit(9)"], "--timeout", "0.1")
-        assert await run(argv, backend=backend) == EXIT_TIMEOUT
+    # A bare acquire: a block of this task would make the command's wait reentrant.
+    other = await AsyncLock(backend, "busy", ttl=10, identity="other").acquire()
+    argv = lock_argv("busy", [PY, "-c", "raise SystemExit(9)"], "--timeout", "0.1")
+    assert await run(argv, backend=backend) == EXIT_TIMEOUT
+    assert await other.release()
     err = capsys.readouterr().err
     assert "timed out after 0.1s waiting for lock 'busy'" in err
     assert "'other'" in err
