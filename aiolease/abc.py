@@ -213,10 +213,15 @@ class Backend(abc.ABC):
     renews_many: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Wrap the contract methods the subclass defines with the argument checks
-        (:mod:`aiolease._checked`)."""
+        """Wrap what the subclass defines: its contract methods with the argument
+        checks (:mod:`aiolease._checked`), its ``aclose`` with the ending of the
+        leases still held (:mod:`aiolease._life`)."""
         super().__init_subclass__(**kwargs)
         install(cls)
+        close = cls.__dict__.get("aclose")
+        if close is not None:
+            # setattr: a method replaced on the class, which mypy would not type.
+            setattr(cls, "aclose", _ending_leases_first(close))  # noqa: B010
 
     @classmethod
     @abc.abstractmethod
@@ -394,13 +399,6 @@ class Backend(abc.ABC):
         :meth:`wait_taken` in a task of its own.
         """
         return None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        close = cls.__dict__.get("aclose")
-        if close is not None:
-            # setattr: a method replaced on the class, which mypy would not type.
-            setattr(cls, "aclose", _ending_leases_first(close))  # noqa: B010
 
     async def aclose(self) -> None:
         """Close what this backend opened. Idempotent.
