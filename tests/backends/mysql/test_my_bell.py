@@ -19,8 +19,8 @@ import pytest
 import aiolease
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
-from aiolease.backends._my_bell import Bells
 from aiolease.backends.mysql import MySQLBackend
+from aiolease.backends.mysql._bell import Bells
 from aiolease.testing.servers import server
 from tests.backends.mysql.support import raw, scratch_database
 from tests.support import eventually, inner, unique, with_query

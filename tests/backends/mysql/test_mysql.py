@@ -755,7 +755,7 @@ async def test_an_interrupted_statements_connection_is_never_reused(
     my: str, own_database: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An acquire's statement is waited for after a cancel (``finished``): not this one.
-    monkeypatch.setattr("aiolease.backends._sql.FINISH_GRACE", 0.0)
+    monkeypatch.setattr("aiolease.backends.sql._running.FINISH_GRACE", 0.0)
     table = unique("leases")
     url = with_query(in_database(my, own_database), table=table, max_size=2)
     async with backend(url) as b, backend(url) as other:

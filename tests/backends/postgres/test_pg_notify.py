@@ -88,7 +88,7 @@ async def test_holders_do_not_hear_grants_and_releases_nobody_waits_for(pg_url: 
         pg_b = inner(b, PostgresBackend)
         async with AsyncLock(b, unique("held"), ttl=60):  # connects the listener
             assert pg_b.statistics().listening
-            heard = pg_b._notes
+            heard = pg_b._listener.notes
             for i in range(3):  # each a grant of a free name, then its release
                 name = unique(f"free-{i}")
                 granted = await grant(other, name, "owner-1", ttl=60)
@@ -99,7 +99,7 @@ async def test_holders_do_not_hear_grants_and_releases_nobody_waits_for(pg_url: 
             granted = await grant(other, name, "owner-2", ttl=60)
             assert await b.release(name, "owner-2", granted.token)
             await _heard_more_than(pg_b, heard)
-            assert pg_b._notes == heard + 1  # ... and none of the grants and releases
+            assert pg_b._listener.notes == heard + 1  # ... and none of the grants and releases
 
 
 async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
@@ -111,7 +111,7 @@ async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
         pg_watcher = inner(watcher, PostgresBackend)
         watched = unique("watched")
         async with changed(watcher, watched, None):
-            heard = pg_watcher._notes
+            heard = pg_watcher._listener.notes
             for i in range(3):  # grants of free names nobody watches, and their releases
                 name = unique(f"unwatched-{i}")
                 granted = await grant(other, name, "owner-1", ttl=60)
@@ -120,12 +120,12 @@ async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
             # so any of the others would have come before it.
             first = await grant(other, watched, "owner-2", ttl=60)
         await _heard_more_than(pg_watcher, heard)
-        assert pg_watcher._notes == heard + 1
+        assert pg_watcher._listener.notes == heard + 1
         assert first.token == 1  # the row the watch made is free, and tokens start at 1
 
 
 async def _heard_more_than(pg_backend: PostgresBackend, count: int) -> None:
-    await eventually(lambda: pg_backend._notes > count, "notifications delivered")
+    await eventually(lambda: pg_backend._listener.notes > count, "notifications delivered")
 
 
 async def test_a_killed_listener_wakes_waiters_and_reconnects(pg: str, schema: str) -> None:

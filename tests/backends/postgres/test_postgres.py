@@ -31,10 +31,10 @@ from aiolease import (
 )
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends._asyncio import run_to_end, timeout_after, wait_event
-from aiolease.backends._pg_sql import grants_channel, parse_payload
-from aiolease.backends._sql import Takers
-from aiolease.backends._sql_pool import LeanPool
 from aiolease.backends.postgres import PostgresBackend
+from aiolease.backends.postgres._statements import grants_channel, parse_payload
+from aiolease.backends.postgres._takers import Takers
+from aiolease.backends.sql._pool import LeanPool
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.model import make_model_machine
@@ -753,7 +753,7 @@ async def test_an_interrupted_statements_connection_is_never_reused(
     pg: str, schema: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # An acquire's statement is waited for after a cancel (``finished``): not this one.
-    monkeypatch.setattr("aiolease.backends._sql.FINISH_GRACE", 0.0)
+    monkeypatch.setattr("aiolease.backends.sql._running.FINISH_GRACE", 0.0)
     app = unique("aiolease_interrupt")
     url, table = fresh_table_url(pg, schema, max_size=2, listen="false", application_name=app)
     async with backend(url) as b:
