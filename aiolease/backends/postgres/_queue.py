@@ -1,7 +1,7 @@
 """The waiters of one PostgreSQL backend object: their asks, and the hand-offs to them.
 
 The queue itself lives in the database (the waiters table, see
-:class:`~aiolease.backends._pg_sql.Sql`): a refused acquire writes its caller's row, a
+:class:`~aiolease.backends.postgres._statements.Sql`): a refused acquire writes its caller's row, a
 release hands the lease row to the oldest live waiter in the release statement, and
 says so by ``NOTIFY`` (``'h'``: token, the waiter's ask number, owner, name). This
 keeps, per waiting caller of this backend, what a hand-off needs to be taken without
@@ -17,7 +17,7 @@ another statement:
   knows it before the notification arrives), and an event per ask that a hand-off,
   a release with nobody to hand to, or a reconnected listener sets.
 
-Driver-free and asyncio-only, like :mod:`aiolease.backends._sql`.
+Driver-free and asyncio-only, like :mod:`aiolease.backends.sql`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ._asyncio import now
+from .._asyncio import now
 
 __all__ = ["Asker", "Queue"]
 

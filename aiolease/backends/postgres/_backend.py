@@ -1,108 +1,4 @@
-"""The PostgreSQL backend (asyncpg): lease rows judged by the server's clock, NOTIFY wake-ups.
-
-URLs are asyncpg's (libpq's) with a few options of ours in the query; anything else
-in the query goes to asyncpg (``sslmode``, or a server setting like
-``application_name``)::
-
-    postgresql://user:password@host:5432/dbname
-    postgresql://host/db?table=leases&schema=app&poll_interval=0.5&max_size=10
-
-or wrap a pool or connection you already have (it is never closed by the backend)::
-
-    backend = PostgresBackend(pool, table="leases")
-
-**The tables.** One row per name, created by :meth:`PostgresBackend.setup` or on first
-use (``CREATE TABLE IF NOT EXISTS`` under a transaction-scoped advisory lock, so
-that many processes starting at once do not trip over each other)::
-
-    name text COLLATE "C" PRIMARY KEY, token bigint, owner text, identity text,
-    metadata text, ttl float8, acquired_at timestamptz, expires_at timestamptz,
-    queued_until timestamptz (the mark: waiters may be live until then; added to
-    older tables by setup or on first use)
-
-and, beside it, the queue: ``<table>_waiters`` (``aiolease_w`` and a hash where that
-name would be too long), one row per refused caller that may still wait::
-
-    name, owner (PRIMARY KEY (name, owner)), identity, metadata, ttl float8,
-    ask bigint, seq bigserial (the queue's order), expires_at timestamptz
-
-Table and schema names are validated as plain identifiers *and* always quoted;
-values only ever travel as bind parameters.
-
-**One statement per operation.** Acquire is one ``INSERT ... ON CONFLICT (name) DO
-UPDATE ... WHERE <expired or ours> RETURNING``, wrapped in a statement that also
-reports the holder when the name is taken, and sends ``NOTIFY`` on a new grant: on
-the table's channel when it takes the name from another owner, else on the grants
-channel (the channel's name and ``_g``), which a listener hears only while some wait
-of its backend waits for a holder to appear (``wait_changed(name, None)``, as
-``observe()`` does), so that holders are not woken by every grant of a free name.
-Every notification carries its token (see :func:`~aiolease.backends._pg_sql.parse_payload`).
-``clock_timestamp()`` decides expiry, read once per statement; a retry by the
-current owner keeps its token, identity and metadata and resets the expiry, and any
-other grant increments the token. Release clears the owner and keeps the row (and
-its token), and sends ``NOTIFY``. A refusal whose holder is not yet visible to the
-statement's snapshot (a concurrent first grant) is asked again.
-
-**A queue in the database** (``FAIR_QUEUE``, across processes). A refused acquire
-writes its caller's waiter row in the same statement (its place, ``seq``, is kept
-while it asks again before the row expires, its own ttl after each ask: a waiter
-that died holds nobody up for longer). A free or expired name is granted only to a
-caller that no live waiter is queued before, so a newcomer queues behind those
-waiting. A release hands the row to the oldest live waiter in the release statement
-itself (token + 1, that waiter's identity, metadata and ttl, until its own ttl from
-the release or its row's expiry, whichever is sooner) and announces it (``'h'``),
-else clears it. The waiter, in any process, takes the grant from the notification
-without a statement (:mod:`aiolease.backends._pg_queue`): its local deadline counts
-from the send time of the ask whose row the release saw, which ran before the
-release read its clock. A waiter asks again a third of its ttl after its latest
-refusal, when the holder's ttl runs out, and after a release with nobody to hand
-to. A waiter that stops (cancelled, timed out, or refused by ``acquire_nowait``) is
-released by the core with its owner id: that deletes its row (also one written by an
-ask whose refusal it never saw) and gives back a hand-off it may have got; expired
-rows of dead waiters are swept (see ``Sweeps``); a hand-off and a waiter that leaves
-at the same moment are told apart by the waiter rows each statement deleted, and the
-grant given back.
-Every statement locks the lease row before waiter rows, so none can deadlock.
-A refusal marks the lease row (``queued_until``, at least its waiter row's expiry),
-so the uncontended acquire and release touch the lease table only: they grant and
-free only a row that is not marked (checked again on the newest row version), and
-leave a marked one to the queue-aware statements, whose release clears the mark
-when nobody is left to hand to.
-
-**Batched renewals.** All leases renewed through one backend object share one
-``UPDATE ... FROM unnest(...)`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`);
-a renew answered from a statement sent for the batch says so in ``Grant.sent_at``.
-
-**Wake-ups.** One listening connection per backend object (opened with a backend
-made from a URL, else on the first ``wait_changed``) receives ``NOTIFY`` on release,
-hand-off and takeover and wakes the waiting tasks: watchers on any change, a waiter
-on a hand-off to it or a release. Expiry sends nothing: a waiter also wakes when the
-holder's remaining ttl runs out. If the listening connection drops, every waiter
-wakes, waiting falls back to polling every ``poll_interval`` (a read: is the name
-free, or ours?, never later than the holder's expiry), and the next wait reconnects.
-While it is up, held leases are watched by callback (:meth:`PostgresBackend.on_taken`),
-without a task per lease. Grants of a free name, and releases nobody queued for, are
-announced only on an observers' channel, and only for rows that a wait for a holder
-to appear marked watched (``watched_until``): an uncontended cycle notifies nobody.
-
-**Connections.** A backend made from a URL runs its statements on a lean pool of
-its own (:mod:`aiolease.backends._sql_pool`: no per-statement timers, proxies or
-reset round trip); one passed in is used as it is.
-
-**Hand-offs.** A release hands the name to the oldest waiter of any process (see
-above); one through the same backend object learns it from the release's own
-reply, before the notification. ``read`` of a live lease held through the backend
-is answered without a statement while the listener proves the row unchanged (see
-``Held``). All statements but the renewal use at most all but one of the pool's
-connections, so a burst of acquires never starves renewals.
-
-**Poolers.** Correctness needs no session state, so the lease statements work
-through PgBouncer in transaction mode: give ``pooler=transaction``, which turns
-asyncpg's named prepared statements off (``statement_cache_size=0``, unless given)
-and never sends ``LISTEN`` through the pooler, where it would hear nothing. Waiters
-then poll every ``poll_interval``, or, with ``listen_url`` pointing at the server
-directly (or at a session-mode pool), are woken by ``NOTIFY`` as usual.
-"""
+"""PostgresBackend: the contract of :mod:`aiolease.abc` on PostgreSQL (see the package)."""
 
 from __future__ import annotations
 
@@ -111,38 +7,30 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import (
+from ..._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
     LossReason,
-    NotOwnerError,
 )
-from .._urls import scrub
-from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo
-from ._asyncio import now, wait_event
-from ._pg_errors import map_error as map_error
-from ._pg_errors import mapped
-from ._pg_listener import LISTEN_CHECK as LISTEN_CHECK
-from ._pg_listener import Held, Listening
-from ._pg_queue import Queue
-from ._pg_sql import Sql, advisory_key, default_channel, grants_channel
-from ._pg_url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
-from ._sql import (
-    Key,
-    RenewBatcher,
-    Sweeps,
-    Takers,
-    Wakeups,
-    check_identifier,
-    check_owner,
-    encode_metadata,
-    finished,
-    pool_size,
-)
-from ._sql_pool import LeanPool, PoolStatistics
-from ._sql_rows import HOLDER_COLUMNS, row_holder
+from ..._urls import scrub
+from ..._validate import check_seconds
+from ...abc import Backend, Capability, Grant, HolderInfo
+from .._asyncio import now, wait_event
+from ..sql._options import pool_size
+from ..sql._pool import LeanPool, PoolStatistics
+from ..sql._renewals import Key, RenewBatcher, renew_held
+from ..sql._rows import HOLDER_COLUMNS, row_holder
+from ..sql._running import finished
+from ..sql._sweeps import Sweeps
+from ..sql._values import check_identifier, check_owner, encode_metadata
+from ..sql._wakeups import Wakeups
+from ._errors import mapped
+from ._listener import LISTEN_CHECK, Held, Listener
+from ._queue import Queue
+from ._statements import Sql, advisory_key, default_channel, grants_channel
+from ._takers import Takers
+from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
 
@@ -201,7 +89,7 @@ def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
     return None if holder is None else (holder.owner, holder.token)
 
 
-class PostgresBackend(Listening, Backend):
+class PostgresBackend(Backend):
     """Leases as rows of a PostgreSQL table, on asyncpg.
 
     :param db: an ``asyncpg.Pool`` or ``asyncpg.Connection`` (yours: never closed here;
@@ -255,8 +143,6 @@ class PostgresBackend(Listening, Backend):
             channel = default_channel(self._schema, self._table)
         self._channel = check_identifier("channel", channel)
         self._grants_channel = grants_channel(self._channel)
-        self._want_grants = False  # once a wait for a holder to appear asked for them
-        self._grants_on: Any = None  # the listener that listens to the grants channel
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         window = check_seconds("renew_window", renew_window, allow_zero=True)
         self._timeout = (
@@ -273,10 +159,7 @@ class PostgresBackend(Listening, Backend):
         self._pool: LeanPool[Any] | None = None
         self._answered = asyncpg.PostgresError
         self._gate: asyncio.Semaphore | bool | None = None
-        self._listen = bool(listen)
-        self._listen_url = listen_url
-        self._connect_options = dict(connect_options or {})
-        if not self._listen:
+        if not listen:
             self.capabilities = self.capabilities - {Capability.PUSH_WAKEUP}  # type: ignore[misc]
         self._sql = Sql(self._schema, self._table)
         self._where = f'"{self._schema}"."{self._table}"'  # as errors name the table
@@ -294,20 +177,24 @@ class PostgresBackend(Listening, Backend):
         #: Until when (at least) the rows a wait for a holder marked watched stay marked.
         self._watched: dict[str, float] = {}
         self._setup_lock = asyncio.Lock()
-        self._listen_lock = asyncio.Lock()
-        self._listener: Any = None
-        self._on_lost: Any = None
-        self._listener_checked = 0.0
-        self._listener_retry_at = -1.0
-        self._listener_backoff = 0.0
-        self._listener_connects = 0
-        #: Notifications received; per name, the count at its latest one and the owner
-        #: it granted to (``None``: released), remembered since the floor.
-        self._notes = 0
-        self._noted: dict[str, tuple[int, str | None]] = {}
-        self._noted_floor = 0
         self._waiting = 0
         self._closed = False
+        self._listener = Listener(
+            db,
+            self._conn_lock,
+            channel=self._channel,
+            grants_channel=self._grants_channel,
+            enabled=bool(listen),
+            url=listen_url,
+            connect_timeout=self._connect_timeout,
+            connect_options=dict(connect_options or {}),
+            poll_interval=self.poll_interval,
+            closed=lambda: self._closed,
+            wakeups=self._wakeups,
+            queue=self._queue,
+            takers=self._takers,
+            what=repr(self),
+        )
 
     def __repr__(self) -> str:
         return f"<PostgresBackend {self._schema}.{self._table}>"
@@ -332,8 +219,8 @@ class PostgresBackend(Listening, Backend):
         return PostgresStatistics(
             renew_statements=self._batcher.statements,
             renewals_shared=self._batcher.shared,
-            listening=self._listener is not None,
-            listener_connects=self._listener_connects,
+            listening=self._listener.up,
+            listener_connects=self._listener.connects,
             waiting=self._waiting,
             pool=None if self._pool is None else self._pool.statistics(),
             acquire_statements=self._acquire_statements,
@@ -409,14 +296,13 @@ class PostgresBackend(Listening, Backend):
                 raise InvalidArgument(scrub(f"bad PostgreSQL option: {exc}", dsn)) from None
         backend._db = None
         backend._pool = pool
-        if backend._listen_url is None:
-            backend._listen_url = dsn
+        backend._listener.own_connections(dsn)
         if min_size:
             # Listen from the start (as the pool connects ahead of use), so that held
             # leases are watched by callback (``on_taken``) from the first one on. A
             # listener that cannot connect is retried by the next wait, as ever.
             try:
-                await backend._ensure_listening()
+                await backend._listener.ensure()
             except BaseException:  # cancelled: leave no connection open
                 backend._closed = True
                 pool.terminate()
@@ -560,7 +446,7 @@ class PostgresBackend(Listening, Backend):
         fast = asker is None or asker.refused_at is None
         args = (name, owner, identity, meta, float(ttl), self._channel, self._grants_channel)
         for _ in range(_RACE_RETRIES + fast):
-            asked_at, mark = now(), self._mark()
+            asked_at, mark = now(), self._listener.mark()
             if fast:
                 sql, ask = self._sql.acquire_fast, 0
             else:
@@ -592,16 +478,7 @@ class PostgresBackend(Listening, Backend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        sent_at = await self._batcher.renew((name, owner, token), float(ttl))
-        held = self._held.get(name)
-        if held is not None and (held.owner, held.token) == (owner, token):
-            if sent_at is None:
-                del self._held[name]
-            else:
-                held.ttl, held.sent_at = float(ttl), max(held.sent_at, sent_at)
-        if sent_at is None:
-            raise NotOwnerError(name)
-        return Grant(token, ttl, sent_at=sent_at)
+        return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
         rows = await self._fetch(
@@ -678,7 +555,7 @@ class PostgresBackend(Listening, Backend):
         """The holder of ``name``. For a live grant made through this backend, answered
         without a statement while the listener proves the row unchanged (see ``Held``)."""
         held = self._held.get(name)
-        if held is not None and self._unchanged_since(name, held.mark, held.owner):
+        if held is not None and self._listener.unchanged_since(name, held.mark, held.owner):
             remaining = held.sent_at + held.ttl - now()
             if remaining > 0:
                 await asyncio.sleep(0)
@@ -688,7 +565,7 @@ class PostgresBackend(Listening, Backend):
         return await self._read(name, self._sql.read, name)
 
     async def _read(self, name: str, sql: str, *args: Any) -> HolderInfo | None:
-        mark = self._mark()
+        mark = self._listener.mark()
         rows = await self._fetch(sql, *args)
         if not rows:
             return None
@@ -723,11 +600,11 @@ class PostgresBackend(Listening, Backend):
         Only while the listener is up (else ``None``: the core's watch task waits in
         :meth:`wait_taken`, which connects it). Notifications carry their token, so a
         late one from before the grant ends nothing (see
-        :class:`~aiolease.backends._sql.Takers`). A takeover whose notification is
+        :class:`~aiolease.backends.postgres._takers.Takers`). A takeover whose notification is
         missed (the listener was down) ends nothing here: the holder's next renewal
         finds the row gone, within one renew interval.
         """
-        if self._listener is None or self._closed:
+        if not self._listener.up or self._closed:
             return None
         return self._takers.add(name, owner, token, taken)
 
@@ -743,11 +620,11 @@ class PostgresBackend(Listening, Backend):
         # Grants of a free name, and releases nobody queued for, are announced only to
         # listeners that ask for them (see ``release``), and only for a row that a wait
         # marked watched (``_watched_read``).
-        listening = await self._listen_for_grants()
+        listening = await self._listener.for_grants()
         self._waiting += 1
         try:
             with self._wakeups.watching(name) as event:
-                mark = self._mark()
+                mark = self._listener.mark()
                 current = await (self._watched_read(name) if listening else self.read(name))
                 if _key(current) != _key(seen):
                     return
@@ -757,7 +634,7 @@ class PostgresBackend(Listening, Backend):
                 deadline = now() + timeout
                 woken = await wait_event(event, timeout)
             while woken and current is not None:
-                if not self._unchanged_since(name, mark, current.owner):
+                if not self._listener.unchanged_since(name, mark, current.owner):
                     return
                 with self._wakeups.watching(name) as event:  # the holder's own grant: wait on
                     woken = await wait_event(event, deadline - now())
@@ -787,7 +664,7 @@ class PostgresBackend(Listening, Backend):
         self._waiting += 1
         try:
             while asker.handed is None:
-                listening = await self._ensure_listening()  # a reconnect sets the event
+                listening = await self._listener.ensure()  # a reconnect sets the event
                 left = deadline - now()
                 if left <= 0:
                     return
@@ -809,8 +686,7 @@ class PostgresBackend(Listening, Backend):
         self._wakeups.wake_all()
         self._queue.wake_all()
         try:
-            async with self._listen_lock:
-                await self._drop_listener(terminate=False)
+            await self._listener.aclose()
         finally:
             if self._pool is not None:
                 await self._pool.aclose()

@@ -12,7 +12,7 @@ the order they first asked, and:
 * **wakes one**: a change seen otherwise (NOTIFY from another process) wakes only the
   oldest waiter; a woken waiter that leaves without retrying passes the wake on.
 
-Driver-free and asyncio-only, like :mod:`aiolease.backends._sql`.
+Driver-free and asyncio-only, like :mod:`aiolease.backends.sql`.
 """
 
 from __future__ import annotations

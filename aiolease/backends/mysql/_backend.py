@@ -1,77 +1,4 @@
-"""The MySQL / MariaDB backend (asyncmy): lease rows judged by the server's clock.
-
-For MySQL 8 and MariaDB 10.6+::
-
-    mysql://user:password@host:3306/dbname
-    mariadb://user@host/dbname?table=leases&poll_interval=0.25&max_size=10
-
-or wrap an ``asyncmy`` pool you already have (it is never closed by the backend)::
-
-    backend = MySQLBackend(pool, table="leases")
-
-**The table.** One row per name, created by :meth:`MySQLBackend.setup` or on first
-use (``CREATE TABLE IF NOT EXISTS``, which the server's metadata lock makes safe
-when many processes start at once), with ``<table>_waiters``, the queue. Names,
-owners and identities are ``VARBINARY``: compared byte for byte, so case, accents
-and trailing spaces count, whatever the server's default collation::
-
-    name VARBINARY(255) PRIMARY KEY, token BIGINT UNSIGNED, owner VARBINARY(255),
-    identity VARBINARY(1024), metadata BLOB, ttl DOUBLE,
-    acquired_at DATETIME(6), expires_at DATETIME(6), queued DATETIME(6)
-
-(``queued``, until when waiters may be queued, is added to a table made by an older
-version on first use.)
-
-**Server time.** Expiry is ``UTC_TIMESTAMP(6)``: the same statement-start clock as
-``NOW(6)``, but free of the session time zone (``NOW()`` in a ``DATETIME`` would
-jump an hour at a daylight-saving change, and differ between sessions).
-
-**Acquire is one statement.** ``INSERT ... ON DUPLICATE KEY UPDATE`` decides
-atomically under the row lock. MySQL has no ``WHERE`` on that update and evaluates
-its assignments left to right, each seeing the columns assigned before it, so the
-token is assigned first (from the untouched row), then the owner, and every later
-column asks "is the owner now the caller?". The statement reports its outcome in
-the OK packet: the token column is assigned through ``LAST_INSERT_ID(expr)``, so the
-reply carries the granted token, or 0 when the name is held. Only a refusal is
-followed by a second statement, a plain ``SELECT`` of the holder to report (the
-decision is already made; MySQL has no ``RETURNING`` for this). A row that expired
-under another owner, or a free one marked ``queued``, takes a second statement too,
-which gives it to the oldest live waiter: a statement that so much as names the
-waiters table costs the uncontended path (about 80 µs on MariaDB), so only those do.
-
-**Batched renewals.** All leases renewed through one backend object share one
-``UPDATE`` per tick (see :class:`~aiolease.backends._sql.RenewBatcher`); its
-affected-row count says when every lease of the batch was renewed, else one
-``SELECT`` tells which are still the caller's and live.
-
-**Hand-offs, across processes** (:mod:`aiolease.backends._my_queue`). A waiter
-marks the row ``queued`` and joins the waiters table (its entry lives its own ttl
-past its last refresh). A release frees a row not marked ``queued`` in one cheap
-statement; else (and first, for a holder that was a waiter) it hands the row to
-the oldest live entry (token + 1, the waiter's ttl, identity and metadata), or
-frees it when none waits: first come, first served, the releaser asking again at
-once included. A waiter leaves the
-queue before its release or when it stops waiting. Within one backend object the
-oldest waiter is handed the row in the release statement and answered from memory
-(:mod:`aiolease.backends._sql_turns`), if no older waiter elsewhere is ahead. While
-a grant made here is live (see ``_Held``), other callers of this backend are
-refused without a statement.
-
-**Wake-ups.** MySQL has no push: each queue entry has a *bell*, a user-level lock
-held while it lives, and the oldest waiter of a backend blocks in ``GET_LOCK`` on
-the bell of the entry ahead of it, which that entry's release (after the hand-off)
-lets go (see :mod:`aiolease.backends._my_bell`). Else (no bell ahead) it looks with a
-plain ``SELECT``, from every 0.2 ms near the head of the queue to every
-``poll_interval``; the others wake for a change made here, when the holder's ttl
-runs out, or every ``poll_interval``.
-
-**Connections.** A backend made from a URL runs its statements on a lean pool of
-its own (:mod:`aiolease.backends._sql_pool`), whose connections keep the fixed
-statements (acquire, release, hand-off, the queue's) as server-side prepared
-statements where asyncmy supports it (``stmt_cache_size``): parsed once per
-connection, not per call. Its bells take connections outside the pool, opened on
-first contention: one that holds them, one per wait in flight.
-"""
+"""MySQLBackend: the contract of :mod:`aiolease.abc` on MySQL and MariaDB (see the package)."""
 
 from __future__ import annotations
 
@@ -83,33 +10,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import (
+from ..._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
-    NotOwnerError,
 )
-from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo
-from ._asyncio import now, wait_event
-from ._my_bell import Bells
-from ._my_errors import answered, errno, mapped
-from ._my_queue import REFRESH, Queue
-from ._my_sql import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
-from ._my_url import KEYWORD_ONLY, URL_OPTIONS, parse_url
-from ._sql import (
-    Key,
-    RenewBatcher,
-    Wakeups,
-    check_identifier,
-    check_owner,
-    encode_metadata,
-    finished,
-    pool_size,
-)
-from ._sql_pool import LeanPool, PoolStatistics
-from ._sql_rows import row_holder
-from ._sql_turns import Turn, Turns
+from ..._validate import check_seconds
+from ...abc import Backend, Capability, Grant, HolderInfo
+from .._asyncio import now, wait_event
+from ..sql._options import pool_size
+from ..sql._pool import LeanPool, PoolStatistics
+from ..sql._renewals import Held, Key, RenewBatcher, renew_held
+from ..sql._rows import row_holder
+from ..sql._running import finished
+from ..sql._values import check_identifier, check_owner, encode_metadata
+from ..sql._wakeups import Wakeups
+from ._bell import Bells
+from ._errors import answered, errno, mapped
+from ._queue import REFRESH, Queue
+from ._statements import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
+from ._turns import Turn, Turns
+from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 
 __all__ = ["MySQLBackend", "MySQLStatistics"]
 
@@ -149,7 +70,7 @@ _DRIFT = 0.001
 
 
 @dataclass(slots=True)
-class _Held:
+class _Held(Held):
     """A grant made through this backend, to refuse other callers without a statement.
 
     Until it is released through this backend, the row stays this owner's at least
@@ -157,14 +78,8 @@ class _Held:
     renewed it was sent, before the server read its clock).
     """
 
-    owner: str
-    token: int
-    identity: str
-    meta: str
-    ttl: float
-    sent_at: float
-
     def remaining(self, at: float) -> float:
+        """Seconds it surely has left at ``at`` (clock-rate drift allowed for)."""
         return self.sent_at + self.ttl * (1 - _DRIFT) - at
 
 
@@ -182,7 +97,7 @@ async def _exchange(
 ) -> Any:
     """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
 
-    A :class:`~aiolease.backends._my_sql.Prepared` statement takes its parameters from
+    A :class:`~aiolease.backends.mysql._statements.Prepared` statement takes its parameters from
     the mapping ``params``; a plain one (a batch, whose text differs with its size, so
     preparing it would cost a round trip per new size) goes as text.
     """
@@ -237,7 +152,7 @@ class MySQLStatistics:
     :param polls: acquire statements sent by waiters polling for their turn
     :param queue_writes: statements that wrote waiters' entries (join, refresh, leave,
         sweep)
-    :param bell_waits: waits sent on the bell of the entry ahead (``_my_bell``)
+    :param bell_waits: waits sent on the bell of the entry ahead (:mod:`._bell`)
     :param rings: those that returned because the bell was let go (or was free)
     :param deadlocks: statements the server chose as a deadlock's victim, sent again
     """
@@ -567,16 +482,7 @@ class MySQLBackend(Backend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        sent_at = None if token < 1 else await self._batcher.renew((name, owner, token), ttl)
-        held = self._held.get(name)
-        if held is not None and (held.owner, held.token) == (owner, token):
-            if sent_at is None:
-                del self._held[name]
-            else:
-                held.ttl, held.sent_at = float(ttl), max(held.sent_at, sent_at)
-        if sent_at is None:
-            raise NotOwnerError(name)
-        return Grant(token, ttl, sent_at=sent_at)
+        return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
         """Renew every lease of ``items`` in one statement; which ones were renewed.

@@ -38,9 +38,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._asyncio import now, timeout_after, wait_any
-from ._my_sql import Prepared
-from ._sql import finished
+from .._asyncio import now, timeout_after, wait_any
+from ..sql._running import finished
+from ._statements import Prepared
 
 __all__ = ["Bells"]
 
@@ -181,7 +181,7 @@ class Bells:
         who: str,
     ) -> tuple[int, Any, float] | None:
         """Wait at most ``timeout`` seconds for the bell of entry ``seq`` to be let go, or
-        for ``event``, with ``ring`` (:attr:`~aiolease.backends._my_sql.Sql.ring`, on
+        for ``event``, with ``ring`` (:attr:`~aiolease.backends.mysql._statements.Sql.ring`, on
         ``params``: it looks at the row the moment the wait ends, no round trip later).
         ``None``: no wait could be sent (poll instead); else (1 when the bell was let go
         or was free, else 0; the rest of the row ``ring`` returned, ``None`` if the wait

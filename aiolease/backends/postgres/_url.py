@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode, urlunsplit
 
-from .._exceptions import InvalidArgument
-from .._urls import redact, scrub, split_url
-from ._sql import parse_bool, parse_count, parse_query, parse_seconds, parse_size
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
+from ..sql._options import parse_bool, parse_count, parse_query, parse_seconds, parse_size
 
 __all__ = ["KEYWORD_ONLY", "URL_OPTIONS", "parse_pooler", "parse_url"]
 

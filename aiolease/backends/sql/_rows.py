@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 
-from .._exceptions import ForeignDataError
-from ..abc import HolderInfo
+from ..._exceptions import ForeignDataError
+from ...abc import HolderInfo
 
 __all__ = ["HOLDER_COLUMNS", "check_token", "decode_metadata", "foreign", "row_holder"]
 

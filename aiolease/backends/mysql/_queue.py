@@ -25,7 +25,7 @@ handed to it is its grant as it stands: its local deadline counts from the send 
 of its newest look that found the row not its own (the hand-off came after, and the
 server's expiry counts from the hand-off).
 
-Driver-free and asyncio-only, like :mod:`aiolease.backends._sql_turns`.
+Driver-free and asyncio-only, like :mod:`aiolease.backends.mysql._turns`.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._asyncio import now, wait_event
-from ._my_bell import Bells
-from ._my_sql import Sql
-from ._sql import SWEEP_AFTER, SWEEP_LIMIT, Sweeps, finished
-from ._sql_turns import Turn, Turns
+from .._asyncio import now, wait_event
+from ..sql._running import finished
+from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT, Sweeps
+from ._bell import Bells
+from ._statements import Sql
+from ._turns import Turn, Turns
 
 __all__ = ["Place", "Queue", "pause"]
 
@@ -150,7 +151,7 @@ class Queue:
 
     async def sweep(self) -> int:
         """Delete expired entries (of dead waiters) of any name (see
-        :class:`~aiolease.backends._sql.Sweeps`); how many."""
+        :class:`~aiolease.backends.sql._sweeps.Sweeps`); how many."""
         after = round(SWEEP_AFTER * 1_000_000)
         rows = await self._execute(self._sql.expired, [after, SWEEP_LIMIT], "rows")
         if not rows:
@@ -216,7 +217,7 @@ class Queue:
         is its grant as it stands; a free row with nobody ahead is asked for with the
         acquire statement. ``expiry``: when the holder's ttl runs out. Between looks
         it waits on the bell of the entry ahead of it (see
-        :mod:`aiolease.backends._my_bell`), else (no such entry, or one whose bell
+        :mod:`aiolease.backends.mysql._bell`), else (no such entry, or one whose bell
         was found free with nothing changed: nobody rings it) for its pause.
         """
         params = _params(name, owner, ttl, turn)

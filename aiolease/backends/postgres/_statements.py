@@ -1,14 +1,14 @@
 """The SQL text of the PostgreSQL backend, and what its notifications say (no driver).
 
 See :mod:`aiolease.backends.postgres` for what each statement guarantees, and
-:mod:`aiolease.backends._pg_queue` for the waiters' side of the queue.
+:mod:`aiolease.backends.postgres._queue` for the waiters' side of the queue.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from ._sql import SWEEP_AFTER, SWEEP_LIMIT
+from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT
 
 __all__ = [
     "Notice",

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
-from .._exceptions import InvalidArgument
-from .._urls import redact, scrub, split_url
-from ._sql import parse_count, parse_query, parse_seconds, parse_size
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
+from ..sql._options import parse_count, parse_query, parse_seconds, parse_size
 
 __all__ = ["KEYWORD_ONLY", "URL_OPTIONS", "parse_url"]
 

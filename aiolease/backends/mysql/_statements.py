@@ -125,7 +125,7 @@ class Sql:
         # caller's (handed to it) and live, whether it is free or expired, and how many
         # live waiters are ahead of the caller.
         # Then the place of the entry just ahead of the caller's (its predecessor, whose
-        # bell it waits on: see :mod:`aiolease.backends._my_bell`): live, or the
+        # bell it waits on: see :mod:`aiolease.backends.mysql._bell`): live, or the
         # holder's (a granted waiter keeps its entry, unrefreshed, until it releases);
         # last, the microseconds the row has left.
         self.peek = Prepared.of(
@@ -136,7 +136,7 @@ class Sql:
             f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, l.expires_at)"
             f" FROM {t} AS l WHERE l.name = %(name)s"
         )
-        # A wait on a bell, then a look (see :mod:`aiolease.backends._my_bell`), in one
+        # A wait on a bell, then a look (see :mod:`aiolease.backends.mysql._bell`), in one
         # statement: the bell is let go in the step it is got (1: it was let go, or
         # free; 0: timed out), and the row is read after (a subquery that names the
         # derived table's column runs only once it is made; ``LIMIT`` keeps the derived

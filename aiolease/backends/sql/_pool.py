@@ -21,7 +21,7 @@ a visible share of the cost. :class:`LeanPool` is a deque of idle connections wi
 
 Idle connections are reused newest first, so after a burst the extra ones stay idle
 (they are kept open until :meth:`LeanPool.aclose`; a server that drops them is
-noticed before reuse). Driver-free and asyncio-only, like :mod:`aiolease.backends._sql`.
+noticed before reuse). Driver-free and asyncio-only, like :mod:`aiolease.backends.sql`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .._exceptions import BackendUnavailable
-from ._asyncio import timeout_after
+from ..._exceptions import BackendUnavailable
+from .._asyncio import timeout_after
 
 __all__ = ["LeanPool", "PoolStatistics"]
 

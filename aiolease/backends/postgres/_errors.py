@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from contextlib import AbstractContextManager
 
-from .._exceptions import BackendError, BackendTimeout, BackendUnavailable
-from ._sql import mapped_errors
+from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable
+from ..sql._running import mapped_errors
 
 __all__ = ["map_error", "mapped"]
 
