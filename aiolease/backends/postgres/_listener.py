@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._exceptions import BackendUnavailable
+from ..._urls import scrub
 from .._asyncio import now, timeout_after
 from ..sql._renewals import Held as _Held
 from ..sql._wakeups import Wakeups
@@ -130,6 +131,12 @@ class Listener:
         """Whether the listening connection is up now."""
         return self._conn is not None
 
+    def _log_failure(self, what: str, exc: BaseException) -> None:
+        """Log that the listener ``what`` (failed a check, ...), with ``exc`` masked: a
+        driver's message may quote the listening URL or a piece of its password."""
+        shown = scrub(repr(exc), self._url)
+        logger.info("PostgreSQL listener of %s %s: %s", self._what, what, shown)
+
     def own_connections(self, url: str) -> None:
         """From now on, listen on connections of its own to ``url`` (a backend made from a
         URL, once its pool is open), unless it was given a ``listen_url``."""
@@ -156,7 +163,7 @@ class Listener:
             async with timeout_after(self._connect_timeout):
                 await self._conn.fetchval("SELECT 1")
         except Exception as exc:  # any failure (a timeout too): drop it and connect anew
-            logger.info("PostgreSQL listener of %s failed a check: %r", self._what, exc)
+            self._log_failure("failed a check", exc)
             await self._drop(terminate=True)
             return False
         self._checked = now()
@@ -169,7 +176,7 @@ class Listener:
         except Exception as exc:  # refused, reset, timed out, ...: poll, and try again later
             self._backoff = min(max(self._backoff * 2, self._poll_interval), _MAX_LISTEN_BACKOFF)
             self._retry_at = now() + self._backoff
-            logger.info("PostgreSQL listener of %s cannot connect: %r", self._what, exc)
+            self._log_failure("cannot connect", exc)
             return False
         self._on_lost = lambda _conn: self._lost(conn)
         conn.add_termination_listener(self._on_lost)
@@ -216,7 +223,7 @@ class Listener:
                 async with timeout_after(self._connect_timeout):
                     await self._listen_on(conn, self._grants_channel)
             except Exception as exc:  # as a failed check: drop it, connect anew later
-                logger.info("PostgreSQL listener of %s cannot listen: %r", self._what, exc)
+                self._log_failure("cannot listen", exc)
                 await self._drop(terminate=True)
                 return False
             self._grants_on = conn

@@ -299,3 +299,18 @@ async def _lock_table(url: str, table: str) -> None:
             await conn.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
     finally:
         await conn.close()
+
+
+async def test_listener_log_lines_never_show_the_listen_url_password(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``listen_url`` that asyncpg cannot parse: its error quotes a piece of the
+    password (cut at the ``/``), which the listener's log line must mask."""
+    listen_url = "postgresql://u:pw1/pw2@[::1/test"
+    caplog.set_level("INFO", logger="aiolease.postgres")
+    async with aiolease.open_backend(pg_url, listen_url=listen_url) as b:
+        with anyio.move_on_after(0.5):
+            await b.wait_changed("listener-log", None)
+    shown = [r.getMessage() for r in caplog.records if "listener" in r.getMessage()]
+    assert any("cannot connect" in line for line in shown), shown
+    assert not any("pw1" in line or "pw2" in line for line in shown), shown
