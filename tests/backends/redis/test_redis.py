@@ -33,8 +33,9 @@ from aiolease import (
 )
 from aiolease._bridge import adapt, call_asyncio, running_trio
 from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends._redis_scripts import RENEW, Keys
 from aiolease.backends.redis import ForeignDataError, RedisBackend, parse_url
+from aiolease.backends.redis._keys import Keys
+from aiolease.backends.redis._scripts import RENEW
 from aiolease.testing import CHECKS, Check
 from tests.backends.model import agrees_with_the_model
 from tests.backends.redis.support import Tap, inner, new_name, prefix_fixture, subscribe

@@ -18,8 +18,8 @@ from redis.crc import key_slot
 import aiolease
 from aiolease import AsyncLock, Capability, InvalidArgument
 from aiolease.abc import Backend
-from aiolease.backends._redis_scripts import Keys
 from aiolease.backends.redis import RedisBackend
+from aiolease.backends.redis._keys import Keys
 from aiolease.testing import CHECKS, Check
 
 pytestmark = pytest.mark.anyio

@@ -24,7 +24,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 import aiolease
 from aiolease import AsyncLock, BackendError, Capability
 from aiolease.abc import Backend
-from aiolease.backends._redis_scripts import Keys
+from aiolease.backends.redis._keys import Keys
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.servers import services_dir
