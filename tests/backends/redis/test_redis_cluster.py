@@ -7,7 +7,7 @@ Each test works under its own key prefix and deletes its keys afterwards.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -23,11 +23,6 @@ from aiolease.backends.redis._keys import Keys
 from aiolease.testing import CHECKS, Check
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def cluster_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis-cluster")
 
 
 def sync_cluster(url: str) -> RedisCluster:

@@ -32,14 +32,11 @@ from aiolease.backends.redis._transport import LeanTransport, RedisPyTransport
 from aiolease.backends.redis._url import lean_endpoint
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
-from tests.backends.redis.support import in_database, inner, prefix_fixture, subscribe
+from tests.backends.redis.support import in_database, inner, subscribe
 
 pytestmark = pytest.mark.anyio
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 LONG = 30.0
-
-
-prefix = prefix_fixture("lean", dbs=(0, 5))
 
 
 @asynccontextmanager

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,6 @@ pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICE = "aiolease"
-
-
-@pytest.fixture
-def sentinel_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis-sentinel")
 
 
 def master(url: str) -> redis.Redis:
