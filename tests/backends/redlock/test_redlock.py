@@ -508,7 +508,7 @@ async def test_redlock_is_safe(
                 anyio_backend,
                 tmp_path,
                 DURATION,
-                backend_factory="redlock_support:RoutedRedlock",
+                backend_factory="tests.backends.redlock.support:RoutedRedlock",
                 **options,
             )
             assert min(router.routed) >= 1, router.routed
