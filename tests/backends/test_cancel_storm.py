@@ -27,7 +27,7 @@ import redis
 import aiolease
 from aiolease import AsyncLock
 from aiolease.abc import Backend
-from aiolease.backends._redis_scripts import Keys
+from aiolease.backends.redis._keys import Keys
 from tests.backends.etcd.support import Gateway, unique_prefix
 from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import no_tls

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.redis import RedisBackend
 
 __all__ = [
+    "Opener",
     "Tap",
     "delete_under",
     "in_database",
@@ -26,6 +28,9 @@ __all__ = [
     "prefix_fixture",
     "subscribe",
 ]
+
+#: Opens a backend with the given options (the ``open_redis`` and ``open_redlock`` fixtures).
+Opener = Callable[..., AbstractAsyncContextManager[Backend]]
 
 
 def new_prefix(label: str) -> str:

@@ -10,7 +10,7 @@ import random
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, suppress
+from contextlib import asynccontextmanager, contextmanager, suppress
 from typing import Any, TypeVar
 
 import anyio
@@ -32,33 +32,18 @@ from aiolease import (
     UnsupportedCapability,
 )
 from aiolease._bridge import adapt, call_asyncio, running_trio
-from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends._redis_scripts import RENEW, Keys
+from aiolease.abc import Grant, HolderInfo
 from aiolease.backends.redis import ForeignDataError, RedisBackend, parse_url
+from aiolease.backends.redis._keys import Keys
+from aiolease.backends.redis._scripts import RENEW
 from aiolease.testing import CHECKS, Check
 from tests.backends.model import agrees_with_the_model
-from tests.backends.redis.support import Tap, inner, new_name, prefix_fixture, subscribe
+from tests.backends.redis.support import Opener, Tap, inner, new_name, subscribe
 
 pytestmark = pytest.mark.anyio
 
 T = TypeVar("T")
 LONG = 30.0
-
-
-prefix = prefix_fixture("test")
-
-
-Opener = Callable[..., AbstractAsyncContextManager[Backend]]
-
-
-@pytest.fixture
-def open_redis(redis_url: str, prefix: str) -> Opener:
-    """``open_redis(fair=True)``: ``aiolease.open_backend`` on the test server and prefix."""
-
-    def opener(**options: Any) -> AbstractAsyncContextManager[Backend]:
-        return aiolease.open_backend(redis_url, prefix=prefix, **options)
-
-    return opener
 
 
 @asynccontextmanager

@@ -24,34 +24,33 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 import aiolease
 from aiolease import AsyncLock, Lease, LossReason
 from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends._redis_resp import Endpoint, LeanClient
-from aiolease.backends._redis_scripts import RENEW, Keys
 from aiolease.backends.redis import ForeignDataError, RedisBackend
+from aiolease.backends.redis._keys import Keys
+from aiolease.backends.redis._resp import LeanClient
+from aiolease.backends.redis._scripts import RENEW
+from aiolease.backends.redis._transport import LeanTransport, RedisPyTransport
+from aiolease.backends.redis._url import lean_endpoint
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
-from tests.backends.redis.support import in_database, inner, prefix_fixture, subscribe
+from tests.backends.redis.support import in_database, inner, subscribe
 
 pytestmark = pytest.mark.anyio
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 LONG = 30.0
 
 
-prefix = prefix_fixture("lean", dbs=(0, 5))
-
-
 @asynccontextmanager
 async def lean(url: str, **options: Any) -> AsyncIterator[LeanClient]:
-    """A lean client configured as the backend would configure it from ``url``."""
-    made = redis.asyncio.Redis.from_url(url, **options)
-    pool = made.connection_pool
-    endpoint = Endpoint.of(pool.connection_class.__name__, pool.connection_kwargs)
+    """A lean client configured as the backend would configure it from ``url`` with
+    ``options`` in its query."""
+    query = "&".join(f"{key}={value}" for key, value in options.items())
+    endpoint = lean_endpoint(f"{url}{'&' if '?' in url else '?'}{query}" if query else url, 5.0)
     assert endpoint is not None
     client = LeanClient(endpoint)
     try:
         yield client
     finally:
         await client.aclose()
-        await made.aclose()
 
 
 def counted(backend: Backend) -> Counter[str]:
@@ -70,17 +69,33 @@ def counted(backend: Backend) -> Counter[str]:
 
 
 def test_only_what_a_lean_connection_can_do_gets_one() -> None:
-    plain = redis.asyncio.Redis.from_url("redis://h:1/2?client_name=x", socket_timeout=3)
-    endpoint = Endpoint.of(
-        plain.connection_pool.connection_class.__name__, plain.connection_pool.connection_kwargs
-    )
-    assert endpoint is not None and (endpoint.host, endpoint.db, endpoint.timeout) == ("h", 2, 3)
-    tls = redis.asyncio.Redis.from_url("rediss://h:1/0")
-    pool = tls.connection_pool
-    assert Endpoint.of(pool.connection_class.__name__, pool.connection_kwargs) is None
-    resp3 = redis.asyncio.Redis.from_url("redis://h:1/0", protocol=3)
-    pool = resp3.connection_pool
-    assert Endpoint.of(pool.connection_class.__name__, pool.connection_kwargs) is None
+    endpoint = lean_endpoint("redis://u:p%40ss@h:1/2?client_name=x&socket_timeout=3", 5.0)
+    assert endpoint is not None
+    assert (endpoint.host, endpoint.port, endpoint.db, endpoint.timeout) == ("h", 1, 2, 3)
+    assert (endpoint.username, endpoint.password, endpoint.client_name) == ("u", "p@ss", "x")
+    assert endpoint.connect_timeout == 5.0
+    sock = lean_endpoint("unix:///tmp/r.sock?db=4", 1.0)
+    assert sock is not None and (sock.path, sock.db, sock.host) == ("/tmp/r.sock", 4, None)
+    assert lean_endpoint("redis://h:1/2?db=3", 5.0) == lean_endpoint("redis://h:1/3", 5.0)
+    assert lean_endpoint("rediss://h:1/0", 5.0) is None
+    assert lean_endpoint("redis://h:1/0?protocol=3", 5.0) is None
+    assert lean_endpoint("redis+cluster://h:1", 5.0) is None
+
+
+async def test_the_transport_option_chooses_how_commands_travel(
+    anyio_backend: str, redis_url: str, prefix: str
+) -> None:
+    for choice, kind in (("auto", LeanTransport), ("lean", LeanTransport)):
+        async with aiolease.open_backend(redis_url, prefix=prefix, transport=choice) as backend:
+            assert isinstance(inner(backend)._wire, kind)
+    async with aiolease.open_backend(redis_url, prefix=prefix, transport="redis-py") as backend:
+        assert isinstance(inner(backend)._wire, RedisPyTransport)
+        assert inner(backend).release_now("x", "me", 1) is None  # redis-py writes when awaited
+    async with aiolease.open_backend(redis_url, prefix=prefix, wait_replicas=0) as backend:
+        assert isinstance(inner(backend)._wire, LeanTransport)
+    for bad in ("lean&wait_replicas=1", "tcp"):
+        with pytest.raises(aiolease.InvalidArgument, match="transport"):
+            await aiolease.open_backend(f"{redis_url}?transport={bad}").__aenter__()
 
 
 @asyncio_only
@@ -144,35 +159,33 @@ async def test_the_lean_connection_uses_the_urls_database(
 
 
 def requests(backend: Backend) -> Counter[str]:
-    """Count the commands the RedisBackend behind ``backend`` sends on its lean
-    connections (not its pub/sub connection), by command, and the requests
-    (``"requests"``: each one write of one or more commands)."""
-    found = getattr(backend, "inner", backend)
-    assert isinstance(found, RedisBackend) and found._lean is not None
-    client = found._lean
+    """Count the commands the RedisBackend behind ``backend`` sends through its transport
+    (not its pub/sub connection), by command, and the requests (``"requests"``: each
+    one write of one or more commands)."""
+    wire = inner(backend)._wire
     calls: Counter[str] = Counter()
-    execute, execute_many = client.execute, client.execute_many
+    call, batch, batch_now = wire.call, wire.batch, wire.batch_now
 
-    async def counted_execute(*args: Any) -> Any:
-        calls["requests"] += 1
-        calls[str(args[0])] += 1
-        return await execute(*args)
-
-    async def counted_execute_many(commands: Any, **options: Any) -> Any:
+    def note(commands: Any) -> None:
         calls["requests"] += 1
         for command in commands:
-            calls[str(command[0])] += 1
-        return await execute_many(commands, **options)
+            calls[str(command[0]).split()[0]] += 1
 
-    def counted_send_now(commands: Any) -> Any:
-        calls["requests"] += 1
-        for command in commands:
-            calls[str(command[0])] += 1
-        return send_now(commands)
+    async def counted_call(*args: Any) -> Any:
+        note([args])
+        return await call(*args)
 
-    client.execute = counted_execute  # type: ignore[method-assign]
-    client.execute_many = counted_execute_many  # type: ignore[method-assign]
-    send_now, client.send_now = client.send_now, counted_send_now  # type: ignore[method-assign]
+    async def counted_batch(commands: Any, **options: Any) -> Any:
+        note(commands)
+        return await batch(commands, **options)
+
+    def counted_batch_now(commands: Any) -> Any:
+        note(commands)
+        return batch_now(commands)
+
+    wire.call = counted_call  # type: ignore[method-assign]
+    wire.batch = counted_batch  # type: ignore[method-assign]
+    wire.batch_now = counted_batch_now  # type: ignore[method-assign]
     return calls
 
 

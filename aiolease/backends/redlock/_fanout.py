@@ -30,17 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
-from .._exceptions import BackendError, BackendTimeout, BackendUnavailable
-from ..abc import HolderInfo
-from ._asyncio import retrieve, timeout_after
-from ._redis_clients import where
-from ._redis_pubsub import Subscriptions
-from ._redis_scripts import Script
-from .redis import ForeignDataError, holder_from, mapped_error
+from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable, ForeignDataError
+from ...abc import HolderInfo
+from .._asyncio import retrieve, timeout_after
+from ..redis._shared import RedisPyTransport, Script, Subscriptions, evaluate, mapped_error, where
 
-__all__ = ["Fanout", "Instance", "Late", "Outcome", "holder_from", "mapped", "votes"]
+__all__ = ["Fanout", "Instance", "Late", "Outcome", "mapped", "votes"]
 
 T = TypeVar("T")
 #: Loop turns given, at the timeout, to replies that have arrived but not been read.
@@ -67,7 +63,7 @@ class Instance:
     def __init__(self, client: Redis, confirm_timeout: float, hard_timeout: float) -> None:
         self.client = client
         self.where = where(client)
-        self.subscriptions = Subscriptions(client, confirm_timeout)
+        self.subscriptions = Subscriptions(RedisPyTransport(client).subscriber, confirm_timeout)
         self._hard_timeout = hard_timeout
 
     async def call(self, *args: Any) -> Any:
@@ -81,12 +77,8 @@ class Instance:
             return await cast(Any, self.client).execute_command(*args)
 
     async def eval(self, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
-        """EVALSHA, loading the script on NOSCRIPT."""
-        try:
-            return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await self.call("SCRIPT LOAD", script.source)
-        return await self.call("EVALSHA", script.sha, len(keys), *keys, *args)
+        """EVALSHA, loading the script on NOSCRIPT; each command bounded as :meth:`call`."""
+        return await evaluate(self.call, script, keys, *args)
 
 
 @dataclass

@@ -26,8 +26,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
-from .._exceptions import InvalidArgument
-from .._urls import redact, scrub
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub
 
 __all__ = [
     "Client",

@@ -1,21 +1,31 @@
-"""Redis URLs: what goes to redis-py, and the options that are aiolease's own.
+"""Redis URLs: what goes to redis-py, the options that are aiolease's own, and where
+a lean connection goes (:func:`lean_endpoint`).
 
 See :mod:`aiolease.backends.redis` for the URL forms, and
-:mod:`aiolease.backends._redis_clients` for the Cluster and Sentinel ones.
+:mod:`aiolease.backends.redis._clients` for the Cluster and Sentinel ones.
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
-from .._exceptions import InvalidArgument
-from .._urls import redact, scrub, split_url
-from .._validate import check_count, check_seconds
-from ._redis_clients import CLUSTER_SCHEMES, SENTINEL_SCHEMES
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
+from ..._validate import check_count, check_seconds
+from ._clients import CLUSTER_SCHEMES, SENTINEL_SCHEMES
 
-__all__ = ["OUR_OPTIONS", "SCHEMES", "flag", "parse_url", "query_pairs"]
+__all__ = [
+    "OUR_OPTIONS",
+    "SCHEMES",
+    "Endpoint",
+    "flag",
+    "lean_endpoint",
+    "parse_url",
+    "query_pairs",
+]
 
 SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 _TRUE = {"1", "true", "yes", "on"}
@@ -31,13 +41,31 @@ _REDIS_TEXT_OPTIONS = {
     "ssl_ca_data",
     "ssl_password",
 }
-OUR_OPTIONS = ("prefix", "fair", "wait_replicas", "wait_timeout")
+OUR_OPTIONS = ("prefix", "fair", "wait_replicas", "wait_timeout", "transport")
 #: redis-py's query options that are seconds (> 0), and counts (>= 1): checked here,
 #: as redis-py takes -1 or 0 and fails later, or never.
 _SECONDS = ("socket_timeout", "socket_connect_timeout", "timeout")
 _COUNTS = ("max_connections", "socket_read_size")
 #: What the query of a Cluster or Sentinel URL may also hold.
 _MULTI_OPTIONS = {"socket_timeout", "socket_connect_timeout", "client_name", "sentinel_password"}
+#: redis-py's query options that a lean connection honours (``max_connections`` sizes
+#: redis-py's pool only); any other makes the URL redis-py's alone.
+_LEAN_OPTIONS = {"db", "client_name", "socket_timeout", "socket_connect_timeout", "max_connections"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how a lean connection connects (:mod:`aiolease.backends.redis._resp`)."""
+
+    host: str | None
+    port: int
+    path: str | None
+    db: int
+    username: str | None
+    password: str | None
+    client_name: str | None
+    timeout: float | None
+    connect_timeout: float | None
 
 
 def flag(key: str, value: object) -> bool:
@@ -122,3 +150,30 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     if theirs:
         rebuilt += f"?{urlencode(theirs)}"
     return rebuilt, ours
+
+
+def lean_endpoint(url: str, timeout: float) -> Endpoint | None:
+    """Where a lean connection for ``url`` (as :func:`parse_url` gives it to redis-py)
+    connects, read as redis-py reads it; ``None`` if only redis-py can do what the URL
+    asks (TLS, Cluster, Sentinel, RESP3, or another option of redis-py's).
+
+    :param timeout: the seconds a command and a connect take, unless the URL says
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    query = dict(parse_qsl(parts.query))
+    if scheme not in ("redis", "unix") or not set(query) <= _LEAN_OPTIONS:
+        return None
+    # As redis-py: the query's db comes before the path's.
+    db = query.get("db") or (parts.path.strip("/") if scheme == "redis" else "") or "0"
+    return Endpoint(
+        host=unquote(parts.hostname) if scheme == "redis" and parts.hostname else None,
+        port=(parts.port or 6379) if scheme == "redis" else 6379,
+        path=unquote(parts.path) if scheme == "unix" else None,
+        db=int(db),
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        client_name=query.get("client_name") or None,
+        timeout=float(query.get("socket_timeout", timeout)),
+        connect_timeout=float(query.get("socket_connect_timeout", timeout)),
+    )

@@ -29,15 +29,15 @@ server, and a watcher that starts from it need not read again
 
 **Listeners.** A held lease's takeover watch listens to its channel's messages
 without a task (:meth:`Subscriptions.listen`, see
-:mod:`aiolease.backends._redis_takeover`): each channel keeps its latest
+:mod:`aiolease.backends.redis._takeover`): each channel keeps its latest
 :data:`RECENT` payloads, and a listener gets those since a :class:`Mark` it took
 while the channel was confirmed subscribed, then every later one from the listener's
 dispatch; a listener keeps the channel subscribed, as a watcher does.
 
-**Lean connections.** A backend that talks through a lean client
-(:mod:`aiolease.backends._redis_resp`) subscribes over a lean connection too:
-hiredis parses its messages, dispatched from the protocol callback, without
-redis-py's read path.
+**Connections.** The backend's transport opens the connection
+(:mod:`aiolease.backends.redis._transport`): a lean one, whose messages hiredis parses
+and the protocol callback dispatches without redis-py's read path, or one of
+redis-py's pool.
 
 Like the rest of the backend this module is asyncio-only (the core bridges it under
 trio), so it uses asyncio's primitives, never anyio's.
@@ -47,25 +47,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
+from typing import Any, NamedTuple, Protocol
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from ._asyncio import now, wait_event
+from .._asyncio import now, wait_event
 
-if TYPE_CHECKING:
-    from ._redis_resp import LeanClient, Subscriber
-
-__all__ = ["Listener", "Mark", "Subscriptions"]
+__all__ = ["Connect", "Dispatch", "Listener", "Mark", "Subscriptions", "Wire"]
 
 logger = logging.getLogger("aiolease.redis")
 
@@ -150,13 +143,16 @@ Release = Callable[[], Awaitable[None]]
 Dispatch = Callable[[object], None]
 
 
-class _Wire(Protocol):
-    """One pub/sub connection, as the owner task uses it."""
+class Wire(Protocol):
+    """One pub/sub connection, as the owner task uses it (each transport of
+    :mod:`aiolease.backends.redis._transport` opens its own kind)."""
 
     @property
-    def alive(self) -> bool: ...
+    def alive(self) -> bool:
+        """Whether the connection is still open (writing must not reconnect it)."""
 
-    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None: ...
+    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None:
+        """Send ``commands``; their replies go to the listener."""
 
     async def listen(self, dispatch: Dispatch) -> None:
         """Give every reply to ``dispatch`` until the connection fails (raises)."""
@@ -165,95 +161,19 @@ class _Wire(Protocol):
         """Disconnect it (and give it back to its pool)."""
 
 
-class _RedisPyWire:
-    """A connection of redis-py's pool (TLS, Cluster, Sentinel, a client passed in)."""
-
-    def __init__(self, conn: AbstractConnection, release: Release) -> None:
-        self._conn = conn
-        self._release = release
-
-    @property
-    def alive(self) -> bool:
-        return bool(self._conn.is_connected)
-
-    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None:
-        conn = self._conn
-        await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-
-    async def listen(self, dispatch: Dispatch) -> None:
-        while True:
-            reply = await self._conn.read_response(
-                timeout=math.inf, disconnect_on_error=False, push_request=True
-            )
-            dispatch(reply)
-
-    async def release(self) -> None:
-        await self._release()
-
-
-class _LeanWire:
-    """A lean connection: hiredis parses, and replies are dispatched from the protocol's
-    callback (a tenth of redis-py's CPU per message)."""
-
-    def __init__(self, subscriber: Subscriber) -> None:
-        self._subscriber = subscriber
-
-    @property
-    def alive(self) -> bool:
-        return self._subscriber.alive
-
-    async def write(self, commands: Sequence[tuple[Any, ...]]) -> None:
-        self._subscriber.write(commands)
-
-    async def listen(self, dispatch: Dispatch) -> None:
-        await self._subscriber.listen(dispatch)
-
-    async def release(self) -> None:
-        self._subscriber.close()
-
-
-async def _open(client: Redis | RedisCluster, lean: LeanClient | None) -> _Wire:
-    """A connected connection (lean if ``lean`` is given, else one of the client's own)."""
-    if lean is not None:
-        return _LeanWire(await lean.subscriber())
-    if isinstance(client, RedisCluster):
-        # Plain pub/sub messages reach every node of a Cluster: any node will do.
-        node = client.get_random_node()
-        node_conn = node.acquire_connection()
-
-        async def give_back() -> None:
-            try:
-                await node_conn.disconnect(nowait=True)
-            finally:
-                node.release(node_conn)
-
-        try:
-            await cast(Any, node_conn).connect()
-        except BaseException:
-            await asyncio.shield(give_back())
-            raise
-        return _RedisPyWire(node_conn, give_back)
-    pool = client.connection_pool
-    conn: AbstractConnection = await cast(Any, pool).get_connection()
-
-    async def release() -> None:
-        try:
-            await conn.disconnect(nowait=True)
-        finally:
-            await pool.release(conn)
-
-    return _RedisPyWire(conn, release)
+#: Opens a connected pub/sub connection.
+Connect = Callable[[], Awaitable[Wire]]
 
 
 class Subscriptions:
     """Watch Redis pub/sub channels from many tasks over one connection.
 
-    :param client: the client whose connection pool provides the connection
+    :param connect: opens the connection (a new one after each failure)
     :param confirm_timeout: seconds to wait for the server to confirm a subscription
     """
 
-    def __init__(self, client: Redis | RedisCluster, confirm_timeout: float) -> None:
-        self._client = client
+    def __init__(self, connect: Connect, confirm_timeout: float) -> None:
+        self._connect = connect
         self._confirm_timeout = confirm_timeout
         #: The channels somebody watches: the owner makes the connection's match it.
         self._channels: dict[bytes, _Channel] = {}
@@ -264,8 +184,6 @@ class Subscriptions:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._delay = RETRY_MIN
         self._closed = False
-        #: Connect through this lean client instead of redis-py, when set.
-        self.lean: LeanClient | None = None
         #: A channel subscribed along with the first one watched, and kept (a fair
         #: backend's turns channel: its waiters then need no subscription of their own).
         self.companion = b""
@@ -417,7 +335,7 @@ class Subscriptions:
         """Keep one connection's subscriptions in step with the watched channels, until
         it fails (raises) or the backend closes: the connection is then disconnected,
         never used again."""
-        wire = await _open(self._client, self.lean)
+        wire = await self._connect()
         self._delay = RETRY_MIN
         listener = asyncio.get_running_loop().create_task(wire.listen(self._dispatch))
         listener.add_done_callback(lambda _: self._changed.set())
@@ -444,7 +362,7 @@ class Subscriptions:
         self._pings.clear()
         await release()
 
-    async def _sync(self, wire: _Wire, subscribed: dict[bytes, _Channel]) -> None:
+    async def _sync(self, wire: Wire, subscribed: dict[bytes, _Channel]) -> None:
         """Send what makes the connection's subscriptions those of ``self._channels``."""
         new = {ch: e for ch, e in self._channels.items() if subscribed.get(ch) is not e}
         gone = [ch for ch in subscribed if ch not in self._channels]

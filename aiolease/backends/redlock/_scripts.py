@@ -1,7 +1,7 @@
 """The Lua scripts that every Redlock instance runs: one per operation, one instance each.
 
 Keys per lease name on each instance (the one-server backend's layout, see
-:class:`aiolease.backends._redis_scripts.Keys`, of which Redlock uses three)::
+:class:`aiolease.backends.redis._keys.Keys`, of which Redlock uses three)::
 
     <prefix>{<name>}:lease     HASH owner, identity, token, metadata; PX = the ttl
     <prefix>{<name>}:token     STRING, this instance's token counter (never expires)
@@ -25,7 +25,7 @@ backend's marker, so :class:`~aiolease.backends.redis.ForeignDataError` is raise
 
 from __future__ import annotations
 
-from ._redis_scripts import FOREIGN, LEASE_FUNCTIONS, READ_BODY, Script
+from ..redis._shared import FOREIGN, LEASE_FUNCTIONS, READ_BODY, Script
 
 __all__ = ["ACQUIRE", "FOREIGN", "READ", "RELEASE", "RENEW"]
 

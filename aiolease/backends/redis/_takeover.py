@@ -3,10 +3,10 @@
 The core asks a push backend to report a takeover of each lease it holds
 (:meth:`Backend.on_taken`); otherwise it runs a watch task per held lease, which
 waits in ``wait_taken`` and reads the name after each message. The Redis backend
-answers it from the messages its :class:`~aiolease.backends._redis_pubsub.Subscriptions`
+answers it from the messages its :class:`~aiolease.backends.redis._pubsub.Subscriptions`
 already receive: every grant publishes the new owner on the name's channel (a
 hand-off to a waiter goes on that waiter's backend's turns channel instead, with the
-grant's token and ttl, see :mod:`aiolease.backends._redis_tickets`), and every
+grant's token and ttl, see :mod:`aiolease.backends.redis._tickets`), and every
 release without a hand-off publishes ``""``.
 
 A message ends the lease only when it is known to be newer than the lease's own
@@ -38,9 +38,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..abc import LossReason
-from ._redis_pubsub import Mark, Subscriptions
-from ._redis_tickets import granted_to
+from ...abc import LossReason
+from ._pubsub import Mark, Subscriptions
+from ._tickets import granted_to
 
 __all__ = ["Followers"]
 

@@ -26,7 +26,7 @@ waiting for its turn, and it would do that while the new holder's hold has begun
 the same rounding lengthens the hold by that work. Run after the next release is
 written, the work fits in that request's round trip, when the loop is idle. The
 waiter loses nothing: it hears every message since its attempt (see
-:meth:`~aiolease.backends._redis_tickets.Tickets.wait_turn`), and its turn comes
+:meth:`~aiolease.backends.redis._tickets.Tickets.wait_turn`), and its turn comes
 after that release at the earliest.
 
 Asyncio-only, like the backend.
@@ -39,16 +39,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import BackendUnavailable
-from ._asyncio import retrieve
+from ..._exceptions import BackendUnavailable
+from .._asyncio import retrieve
 
 if TYPE_CHECKING:
-    from ._redis_resp import LeanClient
-
-try:  # riders ride on lean connections only, which need hiredis
-    from ._redis_resp import error_of
-except ImportError:  # pragma: no cover - depends on the installed extras
-    pass
+    from ._transport import Transport
 
 __all__ = ["RIDE_WAIT", "Rider", "Riders", "send_with"]
 
@@ -186,7 +181,7 @@ Settle = Callable[[Sequence[Rider], Sequence[Any], Any], None]
 
 
 async def send_with(
-    client: LeanClient,
+    transport: Transport,
     command: tuple[Any, ...],
     riders: Sequence[Rider],
     settle: Settle,
@@ -205,25 +200,25 @@ async def send_with(
         which may ride with the new holder's release, before the waiter starts its
         turn.) The ``PING`` costs the server a few microseconds.
     :param settle: gives the riders their replies (:meth:`Riders.settle`)
-    :raises redis.exceptions.RedisError: the client failed (the riders fail too)
+    :raises redis.exceptions.RedisError: the transport failed (the riders fail too)
     """
     request = _request(command, riders, announce_first)
-    return await _settled(client.execute_many(request), riders, settle)
+    return await _settled(transport.batch(request, guard=True), riders, settle)
 
 
 def sent_with(
-    client: LeanClient,
+    transport: Transport,
     command: tuple[Any, ...],
     riders: Sequence[Rider],
     settle: Settle,
     *,
     announce_first: bool,
 ) -> Awaitable[Any] | None:
-    """:func:`send_with`'s request, written before returning if the client's
-    connection is open; what awaits its reply (``None``: nothing was sent)."""
+    """:func:`send_with`'s request, written before returning if the transport can
+    (:meth:`Transport.batch_now`); what awaits its reply (``None``: nothing was sent)."""
     request = _request(command, riders, announce_first)
-    sent = client.send_now(request)
-    return None if sent is None else _settled(client.replies(sent), riders, settle)
+    sent = transport.batch_now(request)
+    return None if sent is None else _settled(sent, riders, settle)
 
 
 def _request(
@@ -249,5 +244,5 @@ async def _settled(replies: Awaitable[list[Any]], riders: Sequence[Rider], settl
         settle(riders, [reply] * len(riders), reply)
         return reply
     # {the release's reply, each attempt's}
-    settle(riders, [error_of(r) for r in reply[1:]], reply[0])
+    settle(riders, reply[1:], reply[0])
     return reply[0]

@@ -1,22 +1,7 @@
-"""The Redis backend's keys and Lua scripts: one script per operation.
+"""The Redis backend's Lua scripts: one script per operation, and how they are run.
 
-Every key of one lease name shares one Redis Cluster hash tag, ``{<name>}``, so each
-script touches a single slot::
-
-    <prefix>{<name>}:lease     HASH owner, identity, token, metadata; PX = the ttl
-    <prefix>{<name>}:token     STRING, the fencing token counter (INCR; never expires)
-    <prefix>{<name>}:queue     ZSET owner -> arrival number (fair mode's waiters)
-    <prefix>{<name>}:waiters   HASH owner -> JSON {e: expiry ms, w: retry-by ms, t: ttl ms,
-                               i: identity, m: metadata, c: the waiter's turns channel}:
-                               what a hand-off needs
-    <prefix>{<name>}:watched   STRING "1" with a PX: somebody waits for the name's holder
-                               to change (``wait_changed``), so releases announce hand-offs
-    <prefix>{<name>}:changed   pub/sub channel: the new owner (for a hand-off to a
-                               waiter followed by "\\n<token>:<px>"), or "" when freed
-    <prefix>turns:<id>         pub/sub channel of one fair backend object: the hand-offs
-                               to its waiters (the same message as on ``changed``), and
-                               "<owner>\\n+<px>" to a waiter next in line behind one
-                               (of another backend object)
+The keys they are given are :mod:`aiolease.backends.redis._keys`'s. A script is called
+with EVALSHA and loaded on NOSCRIPT (:func:`evaluate`).
 
 **Only the next waiters are woken.** A release hands the lease to the queue's head
 and publishes the hand-off on the head's own turns channel, which only its backend
@@ -28,8 +13,7 @@ when the hand-off follows an expiry (a grant after a lease ran out, which a hold
 that outlived its lease must hear of). Every other process that waits, or held the
 name before, hears nothing of it.
 
-``{``, ``}`` and ``%`` in a name are percent-encoded inside the tag, so the tag is
-always the whole name. Scripts read the server's clock (``TIME``, allowed since
+Scripts read the server's clock (``TIME``, allowed since
 Redis 5 replicates scripts by their effects) only to date queue entries; lease
 expiry is Redis's own ``PEXPIRE``.
 
@@ -44,15 +28,15 @@ refusal, which writes nothing, is reported as foreign; every request and every
 
 from __future__ import annotations
 
-import functools
 import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from .._exceptions import InvalidArgument
+from redis.exceptions import NoScriptError
 
 __all__ = [
     "ACQUIRE",
-    "DEFAULT_PREFIX",
     "FOREIGN",
     "LEASE_FUNCTIONS",
     "READ",
@@ -60,77 +44,12 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "WATCH",
-    "Keys",
     "Script",
-    "check_prefix",
-    "keys_of",
+    "evaluate",
 ]
 
-#: The key prefix used when none is given.
-DEFAULT_PREFIX = "aiolease:"
 #: How a script's error about a foreign value under our keys starts.
 FOREIGN = "AIOLEASE_FOREIGN"
-MAX_PREFIX_BYTES = 128
-
-
-def check_prefix(prefix: object) -> str:
-    """:raises InvalidArgument: unless ``prefix`` is 1-128 bytes of printable UTF-8 without
-    ``{``, ``}`` or spaces (a brace would move the Cluster hash tag into the prefix)"""
-    if not isinstance(prefix, str):
-        raise InvalidArgument(f"key prefix must be a str, not {type(prefix).__name__}")
-    if not prefix or len(prefix.encode("utf-8", "surrogatepass")) > MAX_PREFIX_BYTES:
-        raise InvalidArgument(f"key prefix must be 1 to {MAX_PREFIX_BYTES} bytes, got {prefix!r}")
-    bad = sorted({c for c in prefix if c in "{}" or not c.isprintable() or c.isspace()})
-    if bad:
-        raise InvalidArgument(
-            f"key prefix {prefix!r} contains {bad!r}: braces, spaces and control characters"
-            " are not allowed"
-        )
-    try:
-        prefix.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgument(f"key prefix {prefix!r} is not valid UTF-8 text: {exc}") from None
-    return prefix
-
-
-def _tag(name: str) -> str:
-    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-
-
-@dataclass(frozen=True, slots=True)
-class Keys:
-    """The keys and channel of one lease name (all in one hash slot)."""
-
-    lease: bytes
-    token: bytes
-    queue: bytes
-    waiters: bytes
-    watched: bytes
-    channel: bytes
-
-    @classmethod
-    def of(cls, prefix: str, name: str) -> Keys:
-        """The keys of ``name`` under ``prefix``."""
-        base = f"{prefix}{{{_tag(name)}}}:".encode()
-        return cls(
-            base + b"lease",
-            base + b"token",
-            base + b"queue",
-            base + b"waiters",
-            base + b"watched",
-            base + b"changed",
-        )
-
-    @property
-    def all(self) -> tuple[bytes, bytes, bytes, bytes, bytes]:
-        """The five keys every write script is given, in order."""
-        return (self.lease, self.token, self.queue, self.waiters, self.watched)
-
-
-@functools.lru_cache(maxsize=1024)
-def keys_of(prefix: str, name: str) -> Keys:
-    """:meth:`Keys.of`, remembered for the names used most recently."""
-    return Keys.of(prefix, name)
 
 
 @dataclass(frozen=True)
@@ -147,6 +66,21 @@ class Script:
     def __post_init__(self) -> None:
         digest = hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
         object.__setattr__(self, "sha", digest)
+
+
+async def evaluate(
+    call: Callable[..., Awaitable[Any]], script: Script, keys: Sequence[bytes], *args: Any
+) -> Any:
+    """Run ``script`` by EVALSHA through ``call`` (one command, raising the driver's
+    errors), loading it first if the server answers NOSCRIPT.
+
+    :raises redis.exceptions.RedisError: what ``call`` raises
+    """
+    try:
+        return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        await call("SCRIPT LOAD", script.source)
+    return await call("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 #: The Lua functions every script that reads a lease uses (the Redlock scripts too):
@@ -320,7 +254,7 @@ local function grant(k, owner, identity, metadata, px)
 end
 
 -- Grant the free lease to the queue's head, and announce it as "<owner>\n<token>:<px>"
--- (the waiter's confirmation, see _redis_tickets) on the head's turns channel, and on
+-- (the waiter's confirmation, see _tickets) on the head's turns channel, and on
 -- the name's channel if `announce` (or a waiter concerned has no turns channel). The
 -- lease lasts what is left of the head's entry until it picks it up: the waiter next
 -- in line is told how long ("<owner>\n+<px>"), and retries when it ends if it was not
@@ -431,7 +365,7 @@ end
 
 -- KEYS: lease, token, queue, waiters, watched
 -- ARGV: owner, token ('' for any), channel; then, for each attempt that rides with the
--- release (see _redis_riders), ACQUIRE's seven arguments.
+-- release (see _riders), ACQUIRE's seven arguments.
 local reply, handed, now = release(KEYS, ARGV[1], ARGV[2], ARGV[3])
 if #ARGV == 3 then return reply end
 -- {release's reply, each attempt's}: an attempt that fails fails alone. After a

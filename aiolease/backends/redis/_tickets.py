@@ -6,7 +6,7 @@ milliseconds the server keeps it (what is left of the waiter's queue entry). It 
 on the *turns* channel of the waiter's backend object, named in its queue entry,
 which only that backend subscribes (it subscribes it with the first channel it
 watches, and keeps it); on the name's channel only while somebody watches the name
-(see :mod:`aiolease.backends._redis_scripts`). The waiter needs no wake-up list and
+(see :mod:`aiolease.backends.redis._scripts`). The waiter needs no wake-up list and
 no ``BLPOP`` of its own: in :meth:`RedisBackend.wait_turn` it listens to both
 channels (a :class:`Turn`), and its next ``try_acquire`` is answered from the
 message. Processes that wait further back hear nothing of it.
@@ -36,7 +36,7 @@ in publishing order, whatever their channel: a hand-off heard on the turns chann
 comes after every message of the name's channel published before it, so the
 holder's watch counts every later message of the name's channel as newer than its
 grant (the ticket keeps where the name's channel stood when the hand-off was heard;
-:mod:`aiolease.backends._redis_takeover`).
+:mod:`aiolease.backends.redis._takeover`).
 
 The waits of one backend share one listener of its turns channel, which hands each
 message to the wait of the owner it starts with: with many local waiters, a hand-off
@@ -52,9 +52,9 @@ import asyncio
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..abc import Grant
-from ._asyncio import now
-from ._redis_pubsub import Mark, Subscriptions
+from ...abc import Grant
+from .._asyncio import now
+from ._pubsub import Mark, Subscriptions
 
 __all__ = ["Handed", "Marks", "Tickets", "Turn", "granted_to", "handed", "next_in_line"]
 

@@ -31,9 +31,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from .._exceptions import BackendError, BackendTimeout, NotOwnerError
-from ._asyncio import now as loop_now
-from ._asyncio import timeout_after
+from ..._exceptions import BackendError, BackendTimeout, NotOwnerError
+from .._asyncio import now as loop_now
+from .._asyncio import timeout_after
 
 __all__ = ["Renewal", "RenewalBatcher"]
 

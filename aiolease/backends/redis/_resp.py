@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,74 +33,14 @@ from redis.exceptions import AuthenticationError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._asyncio import timeout_after
+from .._asyncio import timeout_after
+from ._url import Endpoint
 
-__all__ = ["Endpoint", "LeanClient", "Sent", "Subscriber", "error_of"]
-
-#: connection_kwargs keys a lean connection can honour; any other means "use redis-py".
-_UNDERSTOOD = {
-    "host",
-    "port",
-    "path",
-    "db",
-    "username",
-    "password",
-    "client_name",
-    "socket_timeout",
-    "socket_connect_timeout",
-    # redis-py bookkeeping with no effect on the wire
-    "himport_registry",
-    "maint_notifications_pool_handler",
-    "maint_notifications_config",
-    "orig_host_address",
-    "orig_socket_timeout",
-    "orig_socket_connect_timeout",
-}
+__all__ = ["LeanClient", "Sent", "Subscriber"]
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to connect (what a redis-py pool's ``connection_kwargs`` said)."""
-
-    host: str | None
-    port: int
-    path: str | None
-    db: int
-    username: str | None
-    password: str | None
-    client_name: str | None
-    timeout: float | None
-    connect_timeout: float | None
-
-    @classmethod
-    def of(cls, kind: str, kwargs: Mapping[str, Any]) -> Endpoint | None:
-        """The endpoint of a redis-py connection class and its kwargs, or ``None`` if a
-        lean connection cannot do what redis-py's would (TLS, RESP3, credential providers)."""
-        if kind not in ("Connection", "UnixDomainSocketConnection"):
-            return None
-        if any(key not in _UNDERSTOOD for key, value in kwargs.items() if value is not None):
-            return None
-        timeout = kwargs.get("socket_timeout")
-        return cls(
-            kwargs.get("host"),
-            int(kwargs.get("port") or 6379),
-            kwargs.get("path"),
-            int(kwargs.get("db") or 0),
-            kwargs.get("username"),
-            kwargs.get("password"),
-            kwargs.get("client_name"),
-            None if timeout is None else float(timeout),
-            float(kwargs.get("socket_connect_timeout") or timeout or 5.0),
-        )
-
-
-def error_of(reply: Any) -> Any:
-    """``reply`` (an element of an array reply), an error reply as its exception."""
-    return _error(reply) if isinstance(reply, hiredis.ReplyError) else reply
-
-
-def _error(reply: hiredis.ReplyError) -> ResponseError:
-    message = str(reply)
+def _error(message: str) -> ResponseError:
+    """An error reply (also one inside an array reply) as redis-py's exception."""
     if message.startswith("NOSCRIPT"):
         return NoScriptError(message)
     return ResponseError(message)
@@ -115,7 +55,7 @@ class _Connection(asyncio.Protocol):
     """One socket: commands written in order, replies handed back in order."""
 
     def __init__(self) -> None:
-        self.reader = hiredis.Reader()
+        self.reader = hiredis.Reader(replyError=_error)
         self.pending: deque[asyncio.Future[Any]] = deque()
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -218,8 +158,8 @@ class Subscriber:
             raise RedisConnectionError("the Redis connection is closed")
 
         def deliver(reply: Any) -> None:
-            if isinstance(reply, hiredis.ReplyError):  # a refused SUBSCRIBE, say: give up
-                conn.close(_error(reply))
+            if isinstance(reply, ResponseError):  # a refused SUBSCRIBE, say: give up
+                conn.close(reply)
             else:
                 dispatch(reply)
 
@@ -351,9 +291,7 @@ class LeanClient:
         finally:
             if timer is not None:
                 timer.cancel()
-        return [
-            _error(r) if isinstance(r, hiredis.ReplyError) else r for r in map(_result, futures)
-        ]
+        return [_result(future) for future in futures]
 
     async def _shared_connection(self) -> _Connection:
         conn = self._shared

@@ -1,119 +1,41 @@
-"""The Redis backend: one Lua script per operation, push wake-ups, fair queueing, batched renewals.
+"""The :class:`RedisBackend`: the contract over one Lua script per operation (see the
+package docstring, :mod:`aiolease.backends.redis`).
 
-URLs are redis-py's::
-
-    redis://[[user]:password@]host[:port][/db]      rediss:// for TLS
-    unix://[[user]:password@]/path/to/redis.sock[?db=0]
-
-or for a Redis Cluster or a Sentinel-managed master (see
-:mod:`aiolease.backends._redis_clients`)::
-
-    redis+cluster://host:port[,host:port...]
-    redis+sentinel://host:port[,host:port...]/service[/db]
-
-plus ``prefix=`` (the key prefix, default ``aiolease:``), ``fair=`` (``1``/``0``),
-``wait_replicas=`` and ``wait_timeout=`` in the query or as keyword arguments, and
-redis-py's own query options (``socket_timeout``, ``client_name``, ``ssl_cert_reqs``,
-...). A client you already
-have is used as it is, and never closed by the backend::
-
-    backend = RedisBackend(redis.asyncio.Redis(...), prefix="myapp:locks:", fair=True)
-
-**One round trip per operation.** Acquire, renew, release and read are each one Lua
-script (:mod:`aiolease.backends._redis_scripts`), called with EVALSHA and loaded on
-NOSCRIPT. Expiry is Redis's own ``PEXPIRE`` (renew resets it, never adds); the
-fencing token is an ``INCR`` of a per-name counter that never expires. All keys of a
-name share one hash tag, so every script stays in one Cluster slot.
-
-**Wake-ups.** Every grant and release publishes on the name's channel (but for
-fair hand-offs nobody observes, below); a task in :meth:`RedisBackend.wait_changed`
-is woken by it, or when the holder's remaining ttl (as the server reported it) runs
-out, whichever comes first. ``wait_changed`` marks the name watched for a while.
-
-**Fair mode** (``fair=True``): a refused acquirer joins the name's queue (its entry
-expires ``ttl`` after its latest attempt: a dead waiter holds nobody up longer).
-Release hands the lease straight to the queue's head and tells it on the head's
-backend's own *turns* channel; the waiter behind it is told how long the grant
-lasts. Nobody else is woken: the hand-off goes on the name's channel only while the
-name is watched (see :mod:`aiolease.backends._redis_scripts`). The waiter hears
-every message since its attempt was sent. A handed-off lease lasts what is left of
-the waiter's entry. Each waiter retries at least every ``ttl / 3``, when the
-holder's ttl runs out (the first attempt after a crashed holder's expiry hands the
-lease on), and, next in line, when a lease handed to the waiter ahead ends.
-
-**Batched renewals.** All leases held through one backend object are renewed in one
-pipelined round trip per renew interval (:mod:`aiolease.backends._redis_batch`).
-
-**A lean connection.** A backend made from a ``redis://`` or ``unix://`` URL sends
-its own commands over one pipelined connection with hiredis's parser, not through
-redis-py's client stack, which costs more CPU per command than the loopback round
-trip (:mod:`aiolease.backends._redis_resp`); its pub/sub connection is a lean one
-too. TLS, Cluster, Sentinel, ``wait_replicas`` and clients passed in use redis-py.
-
-**Hand-offs without a round trip.** In fair mode the hand-off's message carries
-the token and the server-side ttl of the grant, which confirms it to its waiter
-(:mod:`aiolease.backends._redis_tickets`); an attempt while another task of the
-backend holds the name goes in that holder's release request
-(:mod:`aiolease.backends._redis_riders`). A watched channel stays subscribed a
-while after its last watcher, and a watch that starts from the latest read, with no
-change since, does not read again (:mod:`aiolease.backends._redis_pubsub`). A lease
-granted while its channel was subscribed is watched for a takeover from the messages
-the backend receives anyway: no task and no read per held lease
-(:meth:`RedisBackend.on_taken`, :mod:`aiolease.backends._redis_takeover`).
-
-**Durability.** Tokens live in Redis memory. A Redis restart without persistence
-forgets the counters, and tokens start again at 1. ``DURABLE_TOKENS`` is declared
-only by an instance whose single server persists every write before it answers
-(``appendonly yes``, ``appendfsync always``; see :meth:`RedisBackend.detect_persistence`).
-A failover to a replica that missed the latest writes can forget a counter, and a
-grant: ``wait_replicas=N`` makes each grant and renewal wait (``WAIT``) until N
-replicas have it, and treats a shortfall as unconfirmed.
-
-**Cancellation.** redis-py's asyncio client may let a cancelled command complete
-and return normally; the core checks for a pending cancellation after every grant
-and undoes it, and the scripts make that undo (a release by owner id) safe.
-
-Keys under the prefix that hold anything aiolease did not write raise
-:class:`ForeignDataError`; they are never overwritten.
-
-The backend is asyncio-only (``requires_asyncio``; the core bridges it under trio),
-and so uses asyncio's primitives, never anyio's.
+It talks through a transport (:mod:`aiolease.backends.redis._transport`), listens
+through :mod:`aiolease.backends.redis._pubsub`, and leaves renewal batching, fair
+hand-offs, riders and takeover watches to their modules.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import Any, final
 from urllib.parse import parse_qsl, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._exceptions import (
+from ..._exceptions import (
     BackendError,
     BackendTimeout,
     BackendUnavailable,
-    ForeignDataError,
     InvalidArgument,
     NotOwnerError,
 )
-from .._urls import redact, scrub
-from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
-from ..abc import Renewal as LeaseRenewal
-from ._asyncio import guarded, now, wait_event, wait_for_or_none
-from ._redis_batch import Renewal, RenewalBatcher
-from ._redis_clients import (
+from ..._urls import redact, scrub
+from ..._validate import check_seconds
+from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
+from ...abc import Renewal as LeaseRenewal
+from .._asyncio import now, wait_event, wait_for_or_none
+from ._batch import Renewal, RenewalBatcher
+from ._clients import (
     CLUSTER_SCHEMES,
     SENTINEL_SCHEMES,
     Client,
@@ -124,36 +46,23 @@ from ._redis_clients import (
     single_server,
     where,
 )
-from ._redis_pubsub import Subscriptions
-from ._redis_riders import Rider, Riders, send_with, sent_with
-from ._redis_scripts import (
-    ACQUIRE,
-    DEFAULT_PREFIX,
-    FOREIGN,
-    READ,
-    RELEASE,
-    RENEW,
-    WATCH,
-    Keys,
-    Script,
-    check_prefix,
-    keys_of,
-)
-from ._redis_takeover import Followers
-from ._redis_tickets import Marks, Tickets
-from ._redis_url import OUR_OPTIONS, flag
-from ._redis_url import SCHEMES as SCHEMES
-from ._redis_url import parse_url as parse_url
-
-if TYPE_CHECKING:
-    from ._redis_resp import LeanClient
+from ._errors import mapped_error
+from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
+from ._pubsub import Subscriptions, Wire
+from ._replies import config_pairs, holder_from, text
+from ._riders import Rider, Riders, send_with, sent_with
+from ._scripts import ACQUIRE, READ, RELEASE, RENEW, WATCH, Script
+from ._takeover import Followers
+from ._tickets import Marks, Tickets
+from ._transport import RedisPyTransport, Transport, choose
+from ._url import OUR_OPTIONS, flag, parse_url
 
 if sys.version_info >= (3, 11):
     from typing import Self
 else:  # pragma: no cover
     from typing_extensions import Self
 
-__all__ = ["ForeignDataError", "RedisBackend", "RedisStatistics"]
+__all__ = ["RedisBackend", "RedisStatistics"]
 
 #: Seconds a command may take on a client the backend makes itself.
 DEFAULT_TIMEOUT = 5.0
@@ -165,7 +74,7 @@ EXPIRY_SLACK = 0.002
 #: A fair waiter retries (and so refreshes its queue entry) at least this often, per ttl.
 REFRESH_FRACTION = 1 / 3
 #: Seconds a ``wait_changed`` marks its name watched for, and how much of that must
-#: be left for it not to mark it again (see _redis_scripts: a release announces a
+#: be left for it not to mark it again (see _scripts: a release announces a
 #: hand-off on the name's channel only while its name is watched).
 WATCH_FOR = 60.0
 WATCH_AGAIN = 30.0
@@ -191,84 +100,6 @@ class RedisStatistics:
 def _ms(seconds: float) -> int:
     # Rounded up: the server never lets a lease go before the holder's deadline.
     return max(math.ceil(seconds * 1000), 1)
-
-
-def _text(value: object) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, str):
-        return value
-    raise TypeError(f"expected a string reply, got {value!r}")
-
-
-def mapped_error(
-    exc: BaseException,
-    name: str | None,
-    *,
-    server: str = "Redis",
-    client: str = "the Redis client",
-    prefix: str | None = None,
-) -> BackendError:
-    """A driver exception as aiolease's error (the Redis and the Redlock backends').
-
-    :param server: who failed, as messages name it (``"Redlock instance host:port"``)
-    :param client: the redis-py client, as messages name it
-    :param prefix: the key prefix, named in a :class:`ForeignDataError`'s message
-    """
-    if isinstance(exc, BackendError):
-        return exc
-    if isinstance(exc, ResponseError) and str(exc).startswith(FOREIGN):
-        detail = str(exc)[len(FOREIGN) :].split(" script: ")[0].strip()
-        named = "" if prefix is None else f" {prefix!r}"
-        return ForeignDataError(
-            f"{server} key {detail}. aiolease left it unchanged: another program seems to"
-            f" write under the key prefix{named}; give aiolease another prefix",
-            name=name or "",
-        )
-    if isinstance(exc, (RedisTimeoutError, TimeoutError)):
-        return BackendTimeout(f"{server} did not answer in time: {exc!r}")
-    if isinstance(exc, (RedisConnectionError, OSError)):
-        return BackendUnavailable(f"{server} is unreachable: {exc}")
-    if isinstance(exc, ResponseError):
-        return BackendUnavailable(f"{server} refused the request: {exc}")
-    if not isinstance(exc, RedisError):
-        # redis-py failing in its own code (say, on a connection closed under it):
-        # the command's fate is unknown, as when the server is unreachable.
-        return BackendUnavailable(f"{client} failed: {exc!r}")
-    return BackendError(f"{server} failed: {exc!r}")
-
-
-def holder_from(name: str, reply: Sequence[Any], place: str | None = None) -> HolderInfo:
-    """A READ or refused ACQUIRE reply ``{0, owner, identity, token, metadata, pttl}``.
-
-    :param place: where the lease is, as the error names it (default: the lease of name)
-    :raises ForeignDataError: the metadata is not a JSON map of strings
-    """
-    _, owner, identity, token, metadata, pttl = reply
-    try:
-        meta = {} if metadata == b"{}" else json.loads(_text(metadata))
-        if not isinstance(meta, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in meta.items()
-        ):
-            raise ValueError("not a map of strings")
-    except (ValueError, TypeError) as exc:
-        raise ForeignDataError(
-            f"{place or f'the lease of {name!r}'} holds metadata aiolease did not write"
-            f" ({exc}); it was left unchanged",
-            name=name,
-        ) from exc
-    return HolderInfo(name, _text(owner), _text(identity), int(token), meta, int(pttl) / 1000)
-
-
-def _config_pairs(reply: object) -> dict[str, str]:
-    """``CONFIG GET``'s reply (a dict from redis-py, or a flat list) as text pairs."""
-    if isinstance(reply, Mapping):
-        items = list(reply.items())
-    elif isinstance(reply, (list, tuple)):
-        items = list(zip(reply[::2], reply[1::2], strict=True))
-    else:
-        return {}
-    return {_text(k).lower(): _text(v).lower() for k, v in items}
 
 
 def _persists(config: Mapping[str, str]) -> bool:
@@ -327,15 +158,14 @@ class RedisBackend(Backend):
         self._declare()
         self._owns_client = False
         self._closed = False
-        #: The lean client that carries the backend's own commands, when it made the
-        #: redis-py client itself and a lean connection can do what it does.
-        self._lean: LeanClient | None = None
-        self._subscriptions = Subscriptions(client, self._timeout)
+        #: What carries the backend's own commands (from_url may choose a lean one).
+        self._wire: Transport = RedisPyTransport(client)
+        self._subscriptions = Subscriptions(self._subscriber, self._timeout)
         self._batcher = RenewalBatcher(self._send_renewals, self._timeout)
         self._tickets = Tickets()
         self._riders = Riders(refused=_refusal)
         self._followers = Followers(self._subscriptions)
-        #: The channel of this backend's fair waiters' hand-offs (see _redis_scripts;
+        #: The channel of this backend's fair waiters' hand-offs (see _scripts;
         #: empty without fair mode, or with WAIT: a hand-off is then only announced on
         #: the name's channel, and a waiter asks again when woken).
         self._turns = b""
@@ -344,6 +174,10 @@ class RedisBackend(Backend):
             self._subscriptions.companion = self._turns
         #: Names marked watched (see _watch): since when, and until when, in loop time.
         self._watched: dict[str, tuple[float, float]] = {}
+
+    async def _subscriber(self) -> Wire:
+        """A pub/sub connection of the backend's transport."""
+        return await self._wire.subscriber()
 
     def _declare(self) -> None:
         """Set this instance's capabilities from the class's, the mode and the server."""
@@ -378,7 +212,12 @@ class RedisBackend(Backend):
     async def from_url(cls, url: str, **options: Any) -> Self:
         """Connect to ``redis://``, ``rediss://`` or ``unix://`` (see the module docstring).
 
-        :param options: ``prefix``, ``fair`` or ``timeout`` (not also in the URL)
+        :param options: ``prefix``, ``fair``, ``wait_replicas``, ``wait_timeout``,
+            ``transport`` or ``timeout`` (not also in the URL). ``transport`` is how the
+            backend's own commands travel: ``auto`` (the default) over a lean connection
+            where one can serve the URL, else through redis-py; ``lean`` (or
+            :class:`InvalidArgument`); ``redis-py``
+            (see :mod:`aiolease.backends.redis._transport`)
         :raises InvalidArgument: a malformed URL or option
         :raises BackendUnavailable: the server does not answer
         """
@@ -388,26 +227,14 @@ class RedisBackend(Backend):
                 raise InvalidArgument(f"Redis option {key!r} is unknown or given twice")
         settings: dict[str, Any] = {**ours, **options}
         timeout = check_seconds("timeout", settings.pop("timeout", DEFAULT_TIMEOUT))
-        defaults: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-        query = dict(parse_qsl(urlsplit(redis_url).query))
-        defaults = {k: v for k, v in defaults.items() if k not in query}
-        try:
-            if urlsplit(redis_url).scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
-                made = make_multi(redis_url, defaults)
-            else:
-                made = Made(Redis.from_url(redis_url, **defaults))
-        except InvalidArgument:
-            raise
-        except (ValueError, TypeError) as exc:
-            raise InvalidArgument(
-                scrub(f"Redis URL {redact(url)!r} is not usable: {exc}", url)
-            ) from None
+        transport = settings.pop("transport", "auto")
+        made = _make_client(url, redis_url, timeout)
         try:
             backend = cls(made.client, timeout=timeout, **settings)
             backend._owns_client = True
             backend._also_close = made.also_close
-            if not backend._replication.replicas:  # WAIT would block the shared connection
-                backend._lean = backend._subscriptions.lean = _lean_for(made.client)
+            replicas = backend._replication.replicas
+            backend._wire = choose(transport, made.client, redis_url, timeout, replicas=replicas)
             await backend.ping()
             await backend.detect_persistence()
         except BaseException:
@@ -447,7 +274,7 @@ class RedisBackend(Backend):
             if isinstance(exc.__cause__, ResponseError):
                 return {}  # CONFIG is disabled or renamed
             raise
-        return _config_pairs(reply)
+        return config_pairs(reply)
 
     # -- talking to Redis ------------------------------------------------------------
 
@@ -461,33 +288,25 @@ class RedisBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         try:
-            if self._lean is not None:
-                return await self._lean.execute(*args[0].split(), *args[1:])
-            return await guarded(cast(Any, self._client).execute_command(*args))
+            return await self._wire.call(*args)
         except Exception as exc:  # only the driver runs here: map all it raises
             raise self._mapped(name, exc) from exc
 
     async def _pipelined(self, commands: Sequence[Sequence[Any]], *, guard: bool) -> list[Any]:
         """Commands in one round trip; an error reply comes back as its exception.
 
-        :param guard: raise a cancellation that redis-py let pass (see :func:`guarded`)
+        :param guard: raise a cancellation that redis-py let pass
+            (see :func:`aiolease.backends._asyncio.guarded`)
         """
-        if self._lean is not None:
-            return await self._lean.execute_many(commands)
-        pipe = self._client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        sent = pipe.execute(raise_on_error=False)
-        return cast(list[Any], await (guarded(sent) if guard else sent))
+        return await self._wire.batch(commands, guard=guard)
 
     async def _eval(self, name: str, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
         try:
-            return await self._call(name, "EVALSHA", script.sha, len(keys), *keys, *args)
-        except BackendError as exc:
-            if not isinstance(exc.__cause__, NoScriptError):
-                raise
-        await self._call(name, "SCRIPT LOAD", script.source)
-        return await self._call(name, "EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._wire.eval(script, keys, *args)
+        except Exception as exc:  # only the driver runs here: map all it raises
+            raise self._mapped(name, exc) from exc
 
     def _holder(self, name: str, reply: Sequence[Any]) -> HolderInfo:
         return holder_from(name, reply, f"Redis key {self._keys(name).lease!r}")
@@ -504,7 +323,7 @@ class RedisBackend(Backend):
                 # heard on the turns channel: the name's later messages are newer
                 self._followers.granted(name, owner, handed[1], after=True)
                 self._riders.granted(name, owner)
-                return handed[0]  # handed over, confirmed by the wake-up (see _redis_tickets)
+                return handed[0]  # handed over, confirmed by the wake-up (see _tickets)
         # Where the channel stands before the attempt (for on_taken): a grant's message
         # comes after it. (Fair with WAIT: no ticket, no mark.)
         since = mark = self._subscriptions.mark(keys.channel)
@@ -544,8 +363,8 @@ class RedisBackend(Backend):
     ) -> Any:
         """The ACQUIRE script's reply; in fair mode, sent with the release of the name
         by a task that holds it through this backend, if that comes soon enough
-        (see :mod:`aiolease.backends._redis_riders`)."""
-        if self._lean is None or not self._fair or not self._riders.must_wait(name, owner):
+        (see :mod:`aiolease.backends.redis._riders`)."""
+        if not self._fair or not self._riders.must_wait(name, owner):
             return await self._eval(name, ACQUIRE, keys, *args)
         reply = await self._riders.ride(name, args, lambda: self._eval(name, ACQUIRE, keys, *args))
         if isinstance(reply, NoScriptError):
@@ -647,8 +466,6 @@ class RedisBackend(Backend):
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         self._forget(name, owner)
         keys, args, riders, first = self._releasing(name, owner, token)
-        if self._lean is None:
-            return self._freed(name, await self._eval(name, RELEASE, keys, *args))
         if self._closed:
             Riders.go_alone(riders)
             raise BackendUnavailable(f"{self!r} is closed")
@@ -656,9 +473,10 @@ class RedisBackend(Backend):
         return await self._released(name, request, keys, args)
 
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
-        """:meth:`release`, its request written before returning (over a lean
-        connection that is open); ``None`` in a subclass that has a release of its own."""
-        if self._lean is None or self._closed or type(self).release is not RedisBackend.release:
+        """:meth:`release`, its request written before returning (where the transport
+        can write at once); ``None`` in a subclass that has a release of its own."""
+        own = type(self).release is RedisBackend.release
+        if not self._wire.writes_now or self._closed or not own:
             return None
         keys, args, riders, first = self._releasing(name, owner, token)
         request = self._send_release(name, keys, args, riders, first)
@@ -673,26 +491,25 @@ class RedisBackend(Backend):
         riders: Sequence[Rider],
         first: bool,
     ) -> Awaitable[Any]:
-        """The RELEASE request and its riders over the lean connection, written before
-        returning if it is open (else when awaited, once connected); the kept refusals
-        go to their attempts, which run once this task waits for the reply."""
-        assert self._lean is not None
+        """The RELEASE request and its riders, written before returning if the transport
+        can (else when awaited); the kept refusals go to their attempts, which run once
+        this task waits for the reply."""
         command = ("EVALSHA", RELEASE.sha, len(keys), *keys, *args)
         settle = self._settler(name)
-        request = sent_with(self._lean, command, riders, settle, announce_first=first)
+        request = sent_with(self._wire, command, riders, settle, announce_first=first)
         if request is None:
-            request = send_with(self._lean, command, riders, settle, announce_first=first)
+            request = send_with(self._wire, command, riders, settle, announce_first=first)
         self._riders.flush()
         return request
 
     def _settler(self, name: str) -> Callable[[Sequence[Rider], Sequence[Any], Any], None]:
         """What gives the riders of a release of ``name`` their replies: a refusal is
         kept until the next release if this one handed the lease to a waiter here
-        (see :mod:`aiolease.backends._redis_riders`)."""
+        (see :mod:`aiolease.backends.redis._riders`)."""
 
         def settle(riders: Sequence[Rider], replies: Sequence[Any], reply: Any) -> None:
             if isinstance(reply, list):  # {2, owner}: handed to the queue's head
-                head = _text(reply[1])  # here if it waits here, or took it already
+                head = text(reply[1])  # here if it waits here, or took it already
                 here = self._tickets.waits(name, head) or self._riders.holds(name, head)
             else:
                 here = False
@@ -710,18 +527,19 @@ class RedisBackend(Backend):
         self, name: str, owner: str, token: int | None
     ) -> tuple[tuple[bytes, ...], tuple[Any, ...], list[Rider], bool]:
         """The keys and arguments of ``owner``'s RELEASE of ``name``, the attempts that
-        ride with it (see :mod:`aiolease.backends._redis_riders`), and whether to
+        ride with it (see :mod:`aiolease.backends.redis._riders`), and whether to
         announce the hand-off first (to other processes only: a waiter here runs after
         the release anyway, and better once the releaser's next attempt has been made)."""
         keys = self._keys(name)
         args = (owner, "" if token is None else token, keys.channel)
         riders = self._riders.released(name, owner)
-        return keys.all, args, riders, not self._tickets.has_turns(name)
+        first = self._wire.announces and not self._tickets.has_turns(name)
+        return keys.all, args, riders, first
 
     async def _released(
         self, name: str, request: Awaitable[Any], keys: Sequence[bytes], args: Sequence[Any]
     ) -> bool:
-        """What the RELEASE ``request`` (over the lean client) freed."""
+        """What the RELEASE ``request`` freed."""
         try:
             reply = await request
         except Exception as exc:  # only the driver runs here: map all it raises
@@ -734,8 +552,8 @@ class RedisBackend(Backend):
 
     def _freed(self, name: str, reply: Any) -> bool:
         if isinstance(reply, list):  # {2, owner}: handed to the queue's head
-            if self._tickets.waits(name, _text(reply[1])):  # the holder here from now on
-                self._riders.granted(name, _text(reply[1]))
+            if self._tickets.waits(name, text(reply[1])):  # the holder here from now on
+                self._riders.granted(name, text(reply[1]))
             return True
         return int(reply) >= 1
 
@@ -761,7 +579,7 @@ class RedisBackend(Backend):
             async with self._subscriptions.watch(channel) as changed:
                 marked = await self._watch(name)
                 # Nothing to read again if ``seen`` is our latest read, sent while the
-                # name was marked watched, and no change came since (see _redis_pubsub).
+                # name was marked watched, and no change came since (see _pubsub).
                 sent_at = self._subscriptions.unchanged_since(channel, seen)
                 if sent_at is not None and sent_at < marked:
                     sent_at = None
@@ -819,7 +637,7 @@ class RedisBackend(Backend):
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
     ) -> Callable[[], None] | None:
         """Report a takeover from the name's pub/sub messages: no task and no read per
-        lease (see :mod:`aiolease.backends._redis_takeover`); ``None`` (the core's watch
+        lease (see :mod:`aiolease.backends.redis._takeover`); ``None`` (the core's watch
         task) unless the channel was subscribed since before the grant's attempt."""
         if self._closed:
             return None
@@ -828,7 +646,7 @@ class RedisBackend(Backend):
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """In fair mode, wait for the hand-off to this waiter announced on the name's
         channel, the holder's expiry, or the time to refresh the queue entry (see
-        :mod:`aiolease.backends._redis_tickets`); otherwise :meth:`wait_changed`."""
+        :mod:`aiolease.backends.redis._tickets`); otherwise :meth:`wait_changed`."""
         if not self._turns:  # announced on the name's channel: ask again when woken
             await self.wait_changed(name, seen)
             return
@@ -866,8 +684,7 @@ class RedisBackend(Backend):
 
     async def _close(self) -> None:
         self._riders.flush()
-        if self._lean is not None:
-            await self._lean.aclose()
+        await self._wire.aclose()
         await self._subscriptions.aclose()
         if self._owns_client:
             await _close_all(self._client, self._also_close)
@@ -878,18 +695,24 @@ def _refusal(reply: Any) -> bool:
     return isinstance(reply, list) and reply[0] == 0
 
 
-def _lean_for(client: Client) -> LeanClient | None:
-    """A lean client to the server ``client`` talks to, if one can stand in for it (and
-    hiredis, which ``aiolease[redis]`` installs, is there)."""
-    if not single_server(client) or isinstance(client, RedisCluster):
-        return None
-    if importlib.util.find_spec("hiredis") is None:  # pragma: no cover
-        return None
-    from ._redis_resp import Endpoint, LeanClient
+def _make_client(url: str, redis_url: str, timeout: float) -> Made:
+    """The redis-py client of ``redis_url`` (``url`` less aiolease's options); commands
+    and connects time out after ``timeout`` seconds unless the URL says otherwise.
 
-    pool = client.connection_pool
-    endpoint = Endpoint.of(pool.connection_class.__name__, pool.connection_kwargs)
-    return None if endpoint is None else LeanClient(endpoint)
+    :raises InvalidArgument: redis-py cannot use the URL
+    """
+    defaults: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    query = dict(parse_qsl(urlsplit(redis_url).query))
+    defaults = {k: v for k, v in defaults.items() if k not in query}
+    try:
+        if urlsplit(redis_url).scheme.lower() in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
+            return make_multi(redis_url, defaults)
+        return Made(Redis.from_url(redis_url, **defaults))
+    except InvalidArgument:
+        raise
+    except (ValueError, TypeError) as exc:
+        message = f"Redis URL {redact(url)!r} is not usable: {exc}"
+        raise InvalidArgument(scrub(message, url)) from None
 
 
 async def _close_all(client: Client, also: Sequence[Callable[[], Awaitable[None]]]) -> None:

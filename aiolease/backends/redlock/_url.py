@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from .._exceptions import InvalidArgument
-from .._urls import redact, scrub, split_url
-from ._redis_url import query_pairs
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
+from ..redis._shared import query_pairs
 
 __all__ = [
     "OPTIONS",
