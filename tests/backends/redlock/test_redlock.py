@@ -47,9 +47,9 @@ from tests.backends.redlock.support import (
     Stubborn,
     instance_clients,
     lease_keys,
-    on_asyncio,
 )
 from tests.backends.safety import CUT_OFF_FRESH, short_run
+from tests.support import on_asyncio
 
 pytestmark = pytest.mark.anyio
 
