@@ -18,6 +18,7 @@ from ..._exceptions import (
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
+from .._holders import identity_of
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Held, Key, RenewBatcher, renew_held
@@ -58,10 +59,6 @@ _MAX_IDENTIFIER = 64
 
 #: Stands for the pool that :meth:`MySQLBackend.from_url` is about to open.
 _OPENING: Any = object()
-
-
-def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
-    return None if holder is None else (holder.owner, holder.token)
 
 
 #: The share of a grant's ttl that a refusal answered from memory leaves unused, for
@@ -613,7 +610,7 @@ class MySQLBackend(Backend):
         """
         with self._wakeups.watching(name) as event:
             current = await self.read(name)
-            if _key(current) != _key(seen):
+            if identity_of(current) != identity_of(seen):
                 return
             await self._wait(event, current)
 
@@ -652,7 +649,7 @@ class MySQLBackend(Backend):
         current: HolderInfo | None = seen
         if turn.mark != (0, self._changes):  # something changed here since the refusal
             current = await self.read(name)
-        if turn.grant is not None or _key(current) != _key(seen):
+        if turn.grant is not None or identity_of(current) != identity_of(seen):
             return
         if self._queue.poller(name) is not turn:  # one older in the queue polls for both
             await self._wait(turn.event, current, ttl * REFRESH)

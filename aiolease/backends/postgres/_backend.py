@@ -17,6 +17,7 @@ from ..._urls import scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
+from .._holders import identity_of
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held
@@ -83,10 +84,6 @@ class PostgresStatistics:
 
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
 _OPENING: Any = object()
-
-
-def _key(holder: HolderInfo | None) -> tuple[str, int] | None:
-    return None if holder is None else (holder.owner, holder.token)
 
 
 class PostgresBackend(Backend):
@@ -626,7 +623,7 @@ class PostgresBackend(Backend):
             with self._wakeups.watching(name) as event:
                 mark = self._listener.mark()
                 current = await (self._watched_read(name) if listening else self.read(name))
-                if _key(current) != _key(seen):
+                if identity_of(current) != identity_of(seen):
                     return
                 timeout = LISTEN_CHECK if listening else self.poll_interval
                 if current is not None and current.remaining is not None:

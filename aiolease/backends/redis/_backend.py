@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, final
 from urllib.parse import parse_qsl, urlsplit
@@ -34,6 +34,7 @@ from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
 from ...abc import Renewal as LeaseRenewal
 from .._asyncio import now, wait_event, wait_for_or_none
+from .._holders import identity_of
 from ._batch import Renewal, RenewalBatcher
 from ._clients import (
     CLUSTER_SCHEMES,
@@ -51,7 +52,7 @@ from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
 from ._pubsub import Subscriptions, Wire
 from ._replies import config_pairs, holder_from, text
 from ._riders import Rider, Riders, send_with, sent_with
-from ._scripts import ACQUIRE, READ, RELEASE, RENEW, WATCH, Script
+from ._scripts import ACQUIRE, READ, RELEASE, RENEW, WATCH, Script, ms
 from ._takeover import Followers
 from ._tickets import Marks, Tickets
 from ._transport import RedisPyTransport, Transport, choose
@@ -97,17 +98,8 @@ class RedisStatistics:
     renewals: int
 
 
-def _ms(seconds: float) -> int:
-    # Rounded up: the server never lets a lease go before the holder's deadline.
-    return max(math.ceil(seconds * 1000), 1)
-
-
 def _persists(config: Mapping[str, str]) -> bool:
     return config.get("appendonly") == "yes" and config.get("appendfsync") == "always"
-
-
-def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
-    return None if holder is None else (holder.owner, holder.token)
 
 
 class RedisBackend(Backend):
@@ -284,6 +276,24 @@ class RedisBackend(Backend):
     def _mapped(self, name: str | None, exc: BaseException) -> BackendError:
         return mapped_error(exc, name, prefix=self._prefix)
 
+    @asynccontextmanager
+    async def _watching(self, name: str) -> AsyncIterator[asyncio.Event]:
+        """Subscribed to ``name``'s channel for the block: an event set by the next grant
+        or release announced on it.
+
+        :raises BackendUnavailable: the backend is closed
+        :raises BackendError: what subscribing raises in the block, mapped: redis-py's
+            errors, the socket's, and the :class:`TimeoutError` (an :class:`OSError`)
+            of a subscription the server did not confirm in time
+        """
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        try:
+            async with self._subscriptions.watch(self._keys(name).channel) as changed:
+                yield changed
+        except (RedisError, OSError) as exc:
+            raise self._mapped(name, exc) from exc
+
     async def _call(self, name: str | None, *args: Any) -> Any:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
@@ -336,7 +346,7 @@ class RedisBackend(Backend):
         fair = "1" if self._fair else "0"
         args = (
             owner,
-            _ms(ttl),
+            ms(ttl),
             identity.encode(),
             meta.encode(),
             fair,
@@ -439,7 +449,7 @@ class RedisBackend(Backend):
         for attempt in range(2):
             commands: list[tuple[Any, ...]] = [
                 ("EVALSHA", RENEW.sha, 1, self._keys(lease.name).lease, lease.owner, lease.token)
-                + (_ms(ttl),)
+                + (ms(ttl),)
                 for lease, ttl in zip(leases, ttls, strict=True)
             ]
             if waits.replicas:
@@ -572,32 +582,25 @@ class RedisBackend(Backend):
 
         :raises BackendError: Redis failed, or did not confirm the subscription in time
         """
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        channel = self._keys(name).channel
-        try:
-            async with self._subscriptions.watch(channel) as changed:
-                marked = await self._watch(name)
-                # Nothing to read again if ``seen`` is our latest read, sent while the
-                # name was marked watched, and no change came since (see _pubsub).
-                sent_at = self._subscriptions.unchanged_since(channel, seen)
-                if sent_at is not None and sent_at < marked:
-                    sent_at = None
-                current = seen
-                if sent_at is None:
-                    sent_at = now()
-                    current = await self.read(name)
-                    if _identity_of(current) != _identity_of(seen):
-                        return
-                timeout = None
-                if current is not None and current.remaining is not None:
-                    elapsed = now() - sent_at
-                    timeout = max(current.remaining + EXPIRY_SLACK - elapsed, 0.0)
-                await wait_event(changed, timeout)
-        except (RedisError, OSError) as exc:
-            raise self._mapped(name, exc) from exc
-        except TimeoutError as exc:
-            raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
+        async with self._watching(name) as changed:
+            marked = await self._watch(name)
+            # Nothing to read again if ``seen`` is our latest read, sent while the
+            # name was marked watched, and no change came since (see _pubsub).
+            channel = self._keys(name).channel
+            sent_at = self._subscriptions.unchanged_since(channel, seen)
+            if sent_at is not None and sent_at < marked:
+                sent_at = None
+            current = seen
+            if sent_at is None:
+                sent_at = now()
+                current = await self.read(name)
+                if identity_of(current) != identity_of(seen):
+                    return
+            timeout = None
+            if current is not None and current.remaining is not None:
+                elapsed = now() - sent_at
+                timeout = max(current.remaining + EXPIRY_SLACK - elapsed, 0.0)
+            await wait_event(changed, timeout)
 
     async def _watch(self, name: str) -> float:
         """Mark ``name`` watched, unless it is known to stay marked for a while yet: the
@@ -607,7 +610,7 @@ class RedisBackend(Backend):
         since, until = self._watched.get(name, (at, 0.0))
         if until - at > WATCH_AGAIN:
             return since
-        await self._eval(name, WATCH, (self._keys(name).watched,), _ms(WATCH_FOR))
+        await self._eval(name, WATCH, (self._keys(name).watched,), ms(WATCH_FOR))
         if until <= now():  # lapsed, or never marked: marked from now on
             since = now()
         if len(self._watched) >= MAX_WATCHED:
@@ -622,16 +625,8 @@ class RedisBackend(Backend):
 
         :raises BackendError: Redis failed, or did not confirm the subscription in time
         """
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        channel = self._keys(name).channel
-        try:
-            async with self._subscriptions.watch(channel) as changed:
-                await changed.wait()
-        except (RedisError, OSError) as exc:
-            raise self._mapped(name, exc) from exc
-        except TimeoutError as exc:
-            raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
+        async with self._watching(name) as changed:
+            await changed.wait()
 
     def on_taken(
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
@@ -662,13 +657,8 @@ class RedisBackend(Backend):
             return
         # Not subscribed throughout since the attempt: a hand-off may have come
         # unheard. Subscribe, and let the core try again (it then picks it up).
-        try:
-            async with subs.watch(channel), subs.watch(turns):
-                return
-        except (RedisError, OSError) as exc:
-            raise self._mapped(name, exc) from exc
-        except TimeoutError as exc:
-            raise BackendTimeout(f"Redis did not confirm a subscription for {name!r}") from exc
+        async with self._watching(name), subs.watch(turns):
+            return
 
     def statistics(self) -> RedisStatistics:
         """A frozen snapshot of the renewal batching."""

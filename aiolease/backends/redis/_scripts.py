@@ -29,6 +29,7 @@ refusal, which writes nothing, is reported as foreign; every request and every
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ __all__ = [
     "WATCH",
     "Script",
     "evaluate",
+    "ms",
 ]
 
 #: How a script's error about a foreign value under our keys starts.
@@ -81,6 +83,12 @@ async def evaluate(
     except NoScriptError:
         await call("SCRIPT LOAD", script.source)
     return await call("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def ms(seconds: float) -> int:
+    """A duration as the scripts take it: whole milliseconds, at least 1."""
+    # Rounded up: the server never lets a lease go before the holder's deadline.
+    return max(math.ceil(seconds * 1000), 1)
 
 
 #: The Lua functions every script that reads a lease uses (the Redlock scripts too):

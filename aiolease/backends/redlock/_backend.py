@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import sys
 from collections import OrderedDict
@@ -28,7 +27,8 @@ from ..._exceptions import (
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
-from ..redis._shared import DEFAULT_PREFIX, Keys, check_prefix, holder_from
+from .._holders import identity_of
+from ..redis._shared import DEFAULT_PREFIX, Keys, check_prefix, holder_from, ms
 from ._fanout import Fanout, Instance, Outcome, votes
 from ._scripts import ACQUIRE, READ, RELEASE, RENEW
 from ._url import OPTIONS, check_unique, endpoint_of, parse_url
@@ -64,10 +64,6 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _ms(seconds: float) -> int:
-    return max(math.ceil(seconds * 1000), 1)
-
-
 def _fraction(what: str, value: object) -> float:
     try:
         number = float(value)  # type: ignore[arg-type]
@@ -87,10 +83,6 @@ def _refuse_fair(value: object) -> None:
             " backend or etcd for first-come, first-served waiters)"
         )
     raise InvalidArgument(f"fair must be a bool, got {value!r}")
-
-
-def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
-    return None if holder is None else (holder.owner, holder.token)
 
 
 class RedlockBackend(Backend):
@@ -231,7 +223,7 @@ class RedlockBackend(Backend):
     ) -> Grant | HolderInfo:
         keys = self._keys(name)
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True).encode()
-        args = (owner, _ms(ttl), identity.encode(), meta, keys.channel)
+        args = (owner, ms(ttl), identity.encode(), meta, keys.channel)
         n, q = len(self._fanout.instances), self._quorum
         abandoned = True
         self._ended.pop((name, owner), None)  # a new attempt by an owner released before
@@ -321,7 +313,7 @@ class RedlockBackend(Backend):
         # late one is left to finish: all instances stay in step while none fails.
         outcome = await self._run(
             name,
-            lambda i: i.eval(RENEW, (keys.lease, keys.token), owner, token, _ms(ttl)),
+            lambda i: i.eval(RENEW, (keys.lease, keys.token), owner, token, ms(ttl)),
             self._per_request(ttl),
             "finish",
         )
@@ -406,7 +398,7 @@ class RedlockBackend(Backend):
         watchers = await self._watch(self._keys(name).channel, changed)
         try:
             current = await self.read(name)
-            if _identity_of(current) != _identity_of(seen):
+            if identity_of(current) != identity_of(seen):
                 return
             timeout = None
             if current is not None and current.remaining is not None:
