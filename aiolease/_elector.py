@@ -13,13 +13,13 @@ from typing import Any, TypeVar, cast, final
 
 import anyio
 
+from ._acquire import acquire_lease, default_identity, validate_backend
 from ._bridge import adapt
 from ._exceptions import BackendError, LeaseLostError, LossReason
-from ._keepalive import Counters, HealthCheck, HealthPolicy, Holding, probe
+from ._holding import Counters, HealthCheck, HealthPolicy, Holding, probe
 from ._lease import Lease, Timing
-from ._lock import acquire_lease, default_identity, validate_backend
 from ._validate import check_count, check_identity, check_metadata, check_name, check_seconds
-from .abc import HolderInfo
+from .abc import Backend, HolderInfo
 
 logger = logging.getLogger("aiolease")
 
@@ -107,7 +107,7 @@ class Elector:
 
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         name: str,
         *,
         ttl: float,
@@ -126,7 +126,7 @@ class Elector:
     ) -> None:
         self._backend = validate_backend(backend)
         self._name = check_name(name)
-        self._timing = Timing.build(ttl, renew_interval, margin, release_timeout)
+        self._timing = Timing._build(ttl, renew_interval, margin, release_timeout)
         self._identity = check_identity(default_identity() if identity is None else identity)
         self._metadata = MappingProxyType(check_metadata(metadata))
         self._health: HealthPolicy | None = None

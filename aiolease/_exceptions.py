@@ -24,10 +24,8 @@ subclasses at the backend boundary, with the original as ``__cause__``.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .abc import HolderInfo
+from ._records import HolderInfo
 
 __all__ = [
     "AioleaseError",

@@ -57,7 +57,7 @@ class Timing:
     release_timeout: float
 
     @classmethod
-    def build(
+    def _build(
         cls,
         ttl: object,
         renew_interval: object = None,
@@ -105,11 +105,11 @@ class Timing:
             return min(self.release_timeout, max(self.margin, MIN_MARGIN))
         return self.release_timeout
 
-    def deadline_after(self, sent_at: float, grant: Grant) -> float:
+    def _deadline_after(self, sent_at: float, grant: Grant) -> float:
         """The local safe deadline for a grant confirmed by a request sent at ``sent_at``."""
         return effective_sent(sent_at, grant) + min(self.ttl, grant.ttl) - self.margin
 
-    def renewal_after(self, sent_at: float, grant: Grant) -> float:
+    def _renewal_after(self, sent_at: float, grant: Grant) -> float:
         """When to renew a grant confirmed by a request sent at ``sent_at``: a renew
         interval after the confirmation's effective send time, shortened in proportion
         when the server granted less than the ttl asked for."""
@@ -165,19 +165,19 @@ class Lease(metaclass=_NoPublicConstructor):
         )
         self._timing = timing
         self._token = grant.token
-        self._deadline = timing.deadline_after(sent_at, grant)
-        self._next_renewal = timing.renewal_after(sent_at, grant)
+        self._deadline = timing._deadline_after(sent_at, grant)
+        self._renew_at = timing._renewal_after(sent_at, grant)
         self._clock: SessionClock | None = None
         self._acquired_at = sent_at
         self._reason: LossReason | None = None
         self._ended: anyio.Event | None = None  # made by wait_lost(), on first use
-        self._on_end: list[Callable[[LossReason], object]] = []
+        self._callbacks: list[Callable[[LossReason], object]] = []
         self._unconfirmed = False  # a renewal was sent since the last confirmation
         self._renewals = 0
         self._warned = False
 
     def __repr__(self) -> str:
-        state = self._reason.value if self._reason else f"{self.remaining():.3f}s left"
+        state = self._reason.value if self._reason else f"{self.remaining:.3f}s left"
         return f"<Lease {self._name!r} token={self._token} identity={self._identity!r} {state}>"
 
     @property
@@ -239,6 +239,7 @@ class Lease(metaclass=_NoPublicConstructor):
         assert self._clock is not None
         self._deadline = max(self._deadline, self._clock.expires - self._timing.margin)
 
+    @property
     def remaining(self) -> float:
         """Seconds left before the local safe deadline (0 once lost)."""
         if self.lost is not None:
@@ -271,7 +272,7 @@ class Lease(metaclass=_NoPublicConstructor):
             self._end(LossReason.STOLEN)
             self._raise_if_lost()
             raise
-        self.confirm(sent_at, grant)
+        self._confirm(sent_at, grant)
 
     async def release(self) -> bool:
         """Release the lease: shielded, bounded by the release timeout, idempotent.
@@ -296,26 +297,26 @@ class Lease(metaclass=_NoPublicConstructor):
         )
         return freed and reason is None
 
-    # -- used by the keepalive and the context managers -------------------------------
+    # -- used by the core (the renewer, the holding block, the acquire loop) ------------
 
-    def confirm(self, sent_at: float, grant: Grant) -> None:
+    def _confirm(self, sent_at: float, grant: Grant) -> None:
         """Record a confirmed renewal sent at ``sent_at``; never moves the deadline back."""
         if self._reason is None:
-            self._deadline = max(self._deadline, self._timing.deadline_after(sent_at, grant))
-            self._next_renewal = self._timing.renewal_after(sent_at, grant)
+            self._deadline = max(self._deadline, self._timing._deadline_after(sent_at, grant))
+            self._renew_at = self._timing._renewal_after(sent_at, grant)
             self._unconfirmed = False
             self._renewals += 1
 
-    def next_renewal(self) -> float:
-        """When the last confirmation says to renew next (see :meth:`Timing.renewal_after`)."""
-        return self._next_renewal
+    def _next_renewal(self) -> float:
+        """When the last confirmation says to renew next (see :meth:`Timing._renewal_after`)."""
+        return self._renew_at
 
-    def follow(self, clock: SessionClock) -> None:
+    def _follow(self, clock: SessionClock) -> None:
         """From now on, the deadline follows ``clock`` (the session that keeps the grant,
         :meth:`Backend.hold`): ``clock.expires - margin``, never earlier than it is."""
         self._clock = clock
 
-    def renewal_sent(self) -> None:
+    def _renewal_sent(self) -> None:
         """A renewal is being sent now: if the deadline passes before a renewal is
         confirmed, the backend could not be reached (``UNREACHABLE``), whether this one
         failed or is never answered. (Sent once the deadline has passed, it is too
@@ -323,19 +324,20 @@ class Lease(metaclass=_NoPublicConstructor):
         if self.lost is None:
             self._unconfirmed = True
 
-    def note_error(self, exc: BaseException) -> None:
-        """Remember a failed renewal (it was sent: see :meth:`renewal_sent`)."""
+    def _note_error(self, exc: BaseException) -> None:
+        """Remember a failed renewal (it was sent: see :meth:`_renewal_sent`)."""
         if self._reason is None:
             self._unconfirmed = True
 
-    def on_end(self, callback: Callable[[LossReason], object]) -> None:
+    def _on_end(self, callback: Callable[[LossReason], object]) -> None:
         """Call ``callback(reason)`` when the lease ends (at once if it has)."""
         if self._reason is not None:
             callback(self._reason)
         else:
-            self._on_end.append(callback)
+            self._callbacks.append(callback)
 
     def _end(self, reason: LossReason) -> None:
+        """Mark the lease ended with ``reason`` (first reason wins)."""
         if self._reason is not None:
             return
         self._reason = reason
@@ -343,13 +345,9 @@ class Lease(metaclass=_NoPublicConstructor):
             logger.warning("lease %r (token %d) lost: %s", self._name, self._token, reason.value)
         if self._ended is not None:
             self._ended.set()
-        callbacks, self._on_end = self._on_end, []
+        callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(reason)
-
-    def end(self, reason: LossReason) -> None:
-        """Mark the lease ended with ``reason`` (first reason wins)."""
-        self._end(reason)
 
     def _raise_if_lost(self) -> None:
         reason = self.lost

@@ -88,7 +88,7 @@ class Tenancy:
         if len(leases) >= self._sweep_at:
             self._sweep()
         leases[lease] = None
-        lease.on_end(lambda _: leases.pop(lease, None))
+        lease._on_end(lambda _: leases.pop(lease, None))
 
     def _sweep(self) -> None:
         """Forget the leases past their deadline that nobody looked at since (a lease
@@ -113,7 +113,7 @@ class Tenancy:
                 if not entries:
                     del blocks[name]
 
-        lease.on_end(leave)
+        lease._on_end(leave)
 
     def check_reentry(self, name: str) -> None:
         """:raises ReentrantAcquireError: the running task holds ``name`` in a block"""
@@ -138,7 +138,7 @@ async def end_leases(backend: Backend) -> None:
         return
     leases = list(tenancy.leases)
     for lease in leases:
-        lease.end(LossReason.SHUTDOWN)  # the work stops before the name is freed
+        lease._end(LossReason.SHUTDOWN)  # the work stops before the name is freed
     timeout = min(CLOSE_TIMEOUT, max(lease.timing.release_timeout for lease in leases))
     errors: list[Exception] = []
     released: list[Lease] = []

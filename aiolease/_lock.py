@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
@@ -13,56 +11,29 @@ from typing import final
 
 import anyio
 
-from ._bridge import adapt
-from ._clock import current_time
-from ._exceptions import BackendTimeout, LeaseHeldError, LossReason
-from ._keepalive import Counters, Holding
-from ._lease import Lease, Timing, release_shielded
-from ._life import Tenancy
+from ._acquire import acquire_lease, checked_default_identity, validate_backend
+from ._exceptions import LeaseHeldError, LossReason
+from ._holding import Counters, Holding
+from ._lease import Lease, Timing
 from ._validate import check_identity, check_metadata, check_name, check_seconds
-from .abc import Backend, Capability, Grant
+from .abc import Backend
 
-_identity: tuple[int, str] = (-1, "")
-#: The default identity once it passed :func:`check_identity`, per process.
-_checked_identity: tuple[int, str] = (-1, "")
 #: Validated timings by their arguments (with their types: ``True`` is not ``1``).
 _timings: dict[tuple[object, ...], Timing] = {}
 _NO_METADATA: Mapping[str, str] = MappingProxyType({})
 
 
-def default_identity() -> str:
-    """``host:pid``, what the holder shows when it gives no identity (worked out once
-    per process: a lock is often made per use)."""
-    global _identity
-    pid = os.getpid()
-    if _identity[0] != pid:  # first use, or a forked child
-        _identity = (pid, f"{socket.gethostname()}:{pid}"[:255])
-    return _identity[1]
-
-
-def _checked_default_identity() -> str:
-    """:func:`default_identity`, checked once per process.
-
-    :raises InvalidArgument: the host name makes it more than 255 bytes of UTF-8
-    """
-    global _checked_identity
-    pid = os.getpid()
-    if _checked_identity[0] != pid:
-        _checked_identity = (pid, check_identity(default_identity()))
-    return _checked_identity[1]
-
-
 def _timing(ttl: object, renew_interval: object, margin: object, release_timeout: object) -> Timing:
-    """``Timing.build``, remembered for the arguments seen before (a lock is often made
+    """``Timing._build``, remembered for the arguments seen before (a lock is often made
     per use, with the same few timings)."""
     args = (ttl, renew_interval, margin, release_timeout)
     key = (*args, *map(type, args))
     try:
         timing = _timings.get(key)
-    except TypeError:  # unhashable: Timing.build says what is wrong with it
-        return Timing.build(*args)
+    except TypeError:  # unhashable: Timing._build says what is wrong with it
+        return Timing._build(*args)
     if timing is None:
-        timing = Timing.build(*args)
+        timing = Timing._build(*args)
         if len(_timings) < 256:
             _timings[key] = timing
     return timing
@@ -87,79 +58,6 @@ class LockStatistics:
     renewals: int
     renew_failures: int
     losses: Mapping[LossReason, int]
-
-
-def validate_backend(backend: object) -> Backend:
-    """:raises InvalidArgument: ``backend`` is not a :class:`Backend`"""
-    if not isinstance(backend, Backend):
-        from ._exceptions import InvalidArgument
-
-        raise InvalidArgument(f"backend must be an aiolease Backend, not {type(backend).__name__}")
-    return backend
-
-
-async def acquire_lease(
-    backend: Backend,
-    name: str,
-    timing: Timing,
-    identity: str,
-    metadata: Mapping[str, str],
-    counters: Counters,
-    *,
-    blocking: bool,
-) -> Lease:
-    """Campaign for ``name`` until granted (or once, if not ``blocking``).
-
-    A request whose reply may have been lost, or a queue entry left behind by a
-    cancelled wait, is undone by a shielded release with the same owner id.
-
-    :raises ReentrantAcquireError: ``blocking``, and the running task holds ``name``
-        through ``backend`` in a block already (it would wait for itself); nothing is sent
-    :raises LeaseHeldError: not ``blocking`` and somebody else (or this task) holds it
-    :raises BackendError: the backend failed; nothing is held
-    """
-    tenancy = Tenancy.of(backend)
-    if blocking:
-        tenancy.check_reentry(name)
-    backend = adapt(backend)
-    owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
-    fair = Capability.FAIR_QUEUE in backend.capabilities
-    maybe_held = False
-    try:
-        while True:
-            sent_at = current_time()
-            maybe_held = True
-            result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
-            if isinstance(result, Grant):
-                # A driver may swallow a cancellation that arrived while it awaited the
-                # reply (redis-py's asyncio client can): never hand a cancelled caller a lease.
-                await anyio.lowlevel.checkpoint_if_cancelled()
-                if timing.deadline_after(sent_at, result) > current_time():
-                    counters.acquisitions += 1
-                    lease: Lease = Lease._create(
-                        backend, name, owner, identity, metadata, timing, sent_at, result
-                    )
-                    tenancy.track(lease)
-                    return lease
-                # The grant came back too late to be of any use: give it back.
-                await release_shielded(backend, name, owner, result.token, timing)
-                maybe_held = fair
-                if not blocking:
-                    raise BackendTimeout(f"grant of {name!r} arrived after its safe deadline")
-                continue
-            maybe_held = fair
-            if not blocking:
-                raise LeaseHeldError(name, result)
-            # A backend may hand the name to a waiter inside wait_turn (PostgreSQL's
-            # hand-off in the release statement): a wait that ends by an exception
-            # must give back what it may have been given.
-            maybe_held = True
-            with anyio.move_on_after(timing.ttl):
-                await backend.wait_turn(name, owner, timing.ttl, result)
-    except BaseException:
-        if maybe_held:
-            await release_shielded(backend, name, owner, None, timing)
-        raise
 
 
 #: The ``async with lock:`` blocks open in the current task, innermost last.
@@ -239,7 +137,7 @@ class AsyncLock:
         self._name = check_name(name)
         self._timing = _timing(ttl, renew_interval, margin, release_timeout)
         self._identity = (
-            _checked_default_identity() if identity is None else check_identity(identity)
+            checked_default_identity() if identity is None else check_identity(identity)
         )
         self._metadata = (
             _NO_METADATA if metadata is None else MappingProxyType(check_metadata(metadata))

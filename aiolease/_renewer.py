@@ -128,7 +128,7 @@ class _Renewed:
     def __init__(self, lease: Lease, counters: Counters) -> None:
         self.lease = lease
         self.counters = counters
-        self.next_at = lease.next_renewal()
+        self.next_at = lease._next_renewal()
         self.backoff = _first_backoff(lease)
         self.renewing = False
         self.version = 0
@@ -211,7 +211,7 @@ class Renewer:
             if self._service is service:
                 self._service = None
                 for lease in list(self._leases):
-                    lease.end(LossReason.SHUTDOWN)
+                    lease._end(LossReason.SHUTDOWN)
             if self._host is service:
                 self._stop()
                 self._move()
@@ -233,10 +233,10 @@ class Renewer:
             self._leases[lease] = None
             if clock is None:
                 renewed = _Renewed(lease, counters)
-                lease.on_end(lambda _: self._forget(renewed))  # forgets the lease too
+                lease._on_end(lambda _: self._forget(renewed))  # forgets the lease too
                 self._push(renewed, min(renewed.next_at, lease.deadline))
             else:
-                lease.on_end(lambda _: self._leases.pop(lease, None))
+                lease._on_end(lambda _: self._leases.pop(lease, None))
                 self._join(lease, clock)
         if self._host is None:
             self._move()
@@ -273,7 +273,7 @@ class Renewer:
             group = self._groups[key] = _Group(clock, lease.timing.margin)
             self._push(group, clock.expires - group.margin)
         group.leases[lease] = None
-        lease.on_end(lambda _: self._leave_group(key, group, lease))
+        lease._on_end(lambda _: self._leave_group(key, group, lease))
 
     def _leave_group(self, key: tuple[int, float], group: _Group, lease: Lease) -> None:
         group.leases.pop(lease, None)
@@ -469,7 +469,7 @@ class Renewer:
         lease = renewed.lease
         timing = lease.timing
         sent_at = current_time()
-        lease.renewal_sent()
+        lease._renewal_sent()
         result: Grant | BaseException | None = None
         try:
             with anyio.fail_after(timing.renew_interval):
@@ -485,7 +485,7 @@ class Renewer:
         backend = batch[0].lease.backend
         sent_at = current_time()
         for renewed in batch:
-            renewed.lease.renewal_sent()
+            renewed.lease._renewal_sent()
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
         try:
             with anyio.fail_after(min(r.lease.timing.renew_interval for r in batch)):
@@ -515,11 +515,11 @@ class Renewer:
         lease = renewed.lease
         if isinstance(result, Grant):
             renewed.counters.renewals += 1
-            lease.confirm(sent_at, result)
+            lease._confirm(sent_at, result)
             renewed.backoff = _first_backoff(lease)
-            renewed.next_at = lease.next_renewal()
+            renewed.next_at = lease._next_renewal()
         elif isinstance(result, NotOwnerError):
-            lease.end(LossReason.STOLEN)
+            lease._end(LossReason.STOLEN)
         elif isinstance(result, BackendError | TimeoutError):
             self._failed(renewed, result)
         elif result is not None:  # a backend bug must not end other leases' holdings
@@ -533,7 +533,7 @@ class Renewer:
     def _failed(self, renewed: _Renewed, exc: BaseException) -> None:
         lease = renewed.lease
         renewed.counters.renew_failures += 1
-        lease.note_error(exc)
+        lease._note_error(exc)
         logger.info("renewal of lease %r failed, retrying: %r", lease.name, exc)
         renewed.next_at = current_time() + renewed.backoff
         renewed.backoff = min(renewed.backoff * 2, lease.timing.renew_interval)

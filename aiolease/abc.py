@@ -46,9 +46,8 @@ import enum
 import functools
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import anyio
 
@@ -61,6 +60,7 @@ from ._exceptions import (
     LossReason,
     NotOwnerError,
 )
+from ._records import Grant, HolderInfo, Renewal, SessionClock
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -101,67 +101,9 @@ class Capability(str, enum.Enum):
     MULTI_PROCESS = "multi_process"
 
 
-@dataclass(frozen=True, slots=True)
-class HolderInfo:
-    """What a backend reports about the current holder of a name.
-
-    :param name: the lease name
-    :param owner: the opaque owner id of this grant (unique per acquire attempt)
-    :param identity: the human-readable identity the holder gave (host, pod, ...)
-    :param token: the fencing token of this grant
-    :param metadata: small string map the holder published with the grant
-    :param remaining: seconds of server-side ttl left when read, if known
-    """
-
-    name: str
-    owner: str
-    identity: str
-    token: int
-    metadata: Mapping[str, str] = field(default_factory=dict)
-    remaining: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """A confirmed acquire or renewal.
-
-    :param token: the fencing token of the grant (unchanged by renewals)
-    :param ttl: the ttl the server applied, in seconds
-    :param sent_at: ``anyio.current_time()`` at which the confirming request was sent,
-        when that is earlier than the core's own call (session backends)
-    """
-
-    token: int
-    ttl: float
-    sent_at: float | None = None
-
-
-#: One lease to renew, as :meth:`Backend.renew_many` gets it: ``(name, owner, token, ttl)``.
-Renewal = tuple[str, str, int, float]
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`
 #: would have returned or raised.
 RenewResult = Grant | BackendError | NotOwnerError
-
-
-class SessionClock(Protocol):
-    """How long a session keeps the grants on it (see :meth:`Backend.hold`).
-
-    Read by the core at any time, from any task: both are plain attributes that the
-    backend updates as its keepalives are confirmed or fail.
-    """
-
-    @property
-    def expires(self) -> float:
-        """``anyio.current_time()`` before which the server cannot drop the session:
-        the send time of its last confirmed keepalive (or grant) plus its ttl."""
-        ...  # pragma: no cover
-
-    @property
-    def error(self) -> BaseException | None:
-        """Why the latest keepalive failed (an error, or no answer in time), or ``None``
-        if it succeeded: a lease whose deadline passes while this is set ends with
-        :attr:`LossReason.UNREACHABLE`, else with ``EXPIRED``."""
-        ...  # pragma: no cover
 
 
 def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:

@@ -34,7 +34,7 @@ class _Record:
 OPTIONS = ("clock",)
 
 
-def check_options(options: dict[str, Any]) -> dict[str, Any]:
+def _check_options(options: dict[str, Any]) -> dict[str, Any]:
     """:raises InvalidArgument: an option that is not in :data:`OPTIONS`"""
     for key in options:
         if key not in OPTIONS:
@@ -73,7 +73,7 @@ class MemoryBackend(Backend):
         parts = split_url(url, "memory backend")
         if parts.scheme != "memory" or parts.netloc or parts.path not in ("", "/") or parts.query:
             raise InvalidArgument(f"a memory backend URL is just 'memory://', got {redact(url)!r}")
-        return cls(**check_options(options))
+        return cls(**_check_options(options))
 
     def _live(self, name: str) -> _Record | None:
         record = self._records.get(name)

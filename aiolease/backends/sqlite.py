@@ -104,7 +104,7 @@ def host_boot_id() -> str:
         return ""
 
 
-def check_table(table: object) -> str:
+def _check_table(table: object) -> str:
     """:raises InvalidArgument: unless ``table`` is a plain SQL identifier of at most 63 chars"""
     if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
         raise InvalidArgument(
@@ -113,7 +113,7 @@ def check_table(table: object) -> str:
     return table
 
 
-def check_path(path: object) -> str:
+def _check_path(path: object) -> str:
     """Resolve ``path`` to an absolute path of a usable database file, creating nothing.
 
     :raises InvalidArgument: ``path`` is a directory, its directory is missing or is
@@ -152,7 +152,7 @@ def _check_header(path: str) -> None:
         raise InvalidArgument(f"{path!r} exists and is not a SQLite database")
 
 
-def parse_url(url: str) -> tuple[str, dict[str, Any]]:
+def _parse_url(url: str) -> tuple[str, dict[str, Any]]:
     """Split a ``sqlite:///`` URL into a path and options.
 
     :raises InvalidArgument: wrong scheme, a host, no path, or an unknown option
@@ -192,7 +192,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in message or "busy" in message
 
 
-def map_error(exc: sqlite3.Error) -> BackendError:
+def _map_error(exc: sqlite3.Error) -> BackendError:
     """The aiolease error for a ``sqlite3`` error: busy/locked is a timeout."""
     if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
         return BackendTimeout(f"SQLite database is busy: {exc}")
@@ -257,10 +257,10 @@ class SQLiteBackend(Backend):
         busy_timeout: float = 5.0,
         poll_interval: float = 0.05,
     ) -> None:
-        self._table = check_table(table)
+        self._table = _check_table(table)
         self._busy_timeout = check_seconds("busy_timeout", busy_timeout, allow_zero=True)
         self.poll_interval = check_seconds("poll_interval", poll_interval)
-        self._path = check_path(path)
+        self._path = _check_path(path)
         self._lock = anyio.Lock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
@@ -291,7 +291,7 @@ class SQLiteBackend(Backend):
         :raises InvalidArgument: a malformed URL or option, or an unusable file
         :raises BackendError: the file could not be opened
         """
-        path, from_query = parse_url(url)
+        path, from_query = _parse_url(url)
         for key in options:
             if key not in _URL_OPTIONS or key in from_query:
                 raise InvalidArgument(f"SQLite option {key!r} is unknown or given twice")
@@ -316,7 +316,7 @@ class SQLiteBackend(Backend):
                 self._conn = await anyio.to_thread.run_sync(self._connect)
             except sqlite3.Error as exc:
                 if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
-                    raise map_error(exc) from exc
+                    raise _map_error(exc) from exc
                 # Anything else at open time is about the file the caller named.
                 raise InvalidArgument(
                     f"{self._path!r} cannot be used as a SQLite database: {exc}"
@@ -347,7 +347,7 @@ class SQLiteBackend(Backend):
             try:
                 return await anyio.to_thread.run_sync(fn, conn)
             except sqlite3.Error as exc:
-                raise map_error(exc) from exc
+                raise _map_error(exc) from exc
 
     def _params(self, name: str, now: float, **extra: object) -> dict[str, object]:
         return {"name": name, "now": now, "boot": self._boot_id, **extra}

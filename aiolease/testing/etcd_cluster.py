@@ -40,6 +40,7 @@ __all__ = [
     "EtcdCluster",
     "EtcdClusterError",
     "Member",
+    "default_state_dir",
 ]
 
 #: The client addresses of ``services.sh``'s etcd-cluster (see :mod:`.servers`).

@@ -19,6 +19,9 @@ Fixtures (the async ones need anyio's ``anyio_backend`` fixture, as any anyio te
   :data:`aiolease.testing.servers.SERVERS` (``"redis"``, ``"etcd-cluster"``, ...) and
   returns its URL once every address in it accepts connections
 
+trio-asyncio (which patches asyncio when imported) is imported before the first test
+only when a collected test runs under trio: a session of asyncio tests never loads it.
+
 A backend or server that cannot be reached **fails** the test: in CI (``CI=true``)
 a missing server must never pass silently. Only a developer who opts out locally
 with ``AIOLEASE_ALLOW_SKIP=1`` (and not in CI) gets a skip, with the reason.
@@ -32,25 +35,9 @@ import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
-
-try:
-    # trio-asyncio patches asyncio's running-loop lookups when it is imported.
-    # anyio's asyncio backend binds them when *it* is first imported, so in a test
-    # session that runs both loops, trio-asyncio must come first, or anyio calls
-    # made inside a bridged asyncio-only backend fail under trio with "no running
-    # event loop". A plugin loads before any test module, so import it here.
-    with warnings.catch_warnings():
-        # trio-asyncio (0.16) subclasses asyncio.AbstractChildWatcher, deprecated on
-        # Python 3.12+: a warnings-as-errors run would fail to load this plugin.
-        warnings.filterwarnings(
-            "ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning
-        )
-        import trio_asyncio  # noqa: F401
-except ImportError:  # pragma: no cover - the [trio] extra is not installed
-    pass
 
 from .._exceptions import BackendError, BackendNotFound, InvalidArgument
 from .._registry import open_backend, scheme_of
@@ -89,6 +76,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _runs_under_trio(item: pytest.Item) -> bool:
+    """Whether ``item`` is a test that runs under trio (anyio's ``anyio_backend``
+    parameter naming trio, or pytest-trio's ``trio`` mark)."""
+    callspec = getattr(item, "callspec", None)
+    backend: Any = None if callspec is None else callspec.params.get("anyio_backend")
+    if isinstance(backend, tuple | list) and backend:
+        backend = backend[0]
+    return backend == "trio" or item.get_closest_marker("trio") is not None
+
+
+def _import_trio_asyncio() -> None:
+    """Import trio-asyncio, if it is installed, before any test runs.
+
+    trio-asyncio patches asyncio's running-loop lookups when it is imported. anyio's
+    asyncio backend binds them when *it* is first imported, so in a test session that
+    runs both loops, trio-asyncio must come first, or anyio calls made inside a
+    bridged asyncio-only backend fail under trio with "no running event loop".
+    """
+    try:
+        with warnings.catch_warnings():
+            # trio-asyncio (0.16) subclasses asyncio.AbstractChildWatcher, deprecated on
+            # Python 3.12+: a warnings-as-errors run would fail here.
+            warnings.filterwarnings(
+                "ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning
+            )
+            import trio_asyncio  # noqa: F401
+    except ImportError:  # pragma: no cover - the [trio] extra is not installed
+        pass
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Import trio-asyncio only when a collected test runs under trio: it patches
+    asyncio, which a session of asyncio tests alone (every downstream project that
+    installs aiolease) must not get."""
+    if any(_runs_under_trio(item) for item in items):
+        _import_trio_asyncio()
+
+
 def _sqlite_available() -> bool:
     try:
         importlib.import_module("aiolease.backends.sqlite")
@@ -105,7 +130,7 @@ def default_urls() -> list[str]:
     return urls
 
 
-def configured_urls(config: pytest.Config) -> list[str]:
+def _configured_urls(config: pytest.Config) -> list[str]:
     """The URLs from ``--aiolease-url``, else ``$AIOLEASE_TEST_URLS``, else the defaults."""
     urls: list[str] = list(config.getoption("aiolease_url") or [])
     if not urls:
@@ -122,7 +147,7 @@ def _url_id(url: str) -> str:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "aiolease_url" in metafunc.fixturenames:
-        urls = configured_urls(metafunc.config)
+        urls = _configured_urls(metafunc.config)
         metafunc.parametrize("aiolease_url", urls, ids=[_url_id(u) for u in urls], indirect=True)
 
 

@@ -697,7 +697,7 @@ def _options(given: Mapping[str, Any]) -> dict[str, Any]:
 # -- python -m aiolease.testing.remote --------------------------------------------------------
 
 
-async def serve_url(url: str, host: str, port: int) -> None:
+async def _serve_url(url: str, host: str, port: int) -> None:
     """Open the backend ``url`` names and serve it until SIGTERM or SIGINT."""
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_backend(url) as backend, anyio.create_task_group() as tg:
@@ -720,7 +720,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loop", choices=["asyncio", "trio"], default="asyncio")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="remote: %(levelname)s %(message)s")
-    anyio.run(serve_url, args.url, args.host, args.port, backend=args.loop)
+    anyio.run(_serve_url, args.url, args.host, args.port, backend=args.loop)
 
 
 if __name__ == "__main__":

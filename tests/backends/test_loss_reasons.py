@@ -145,7 +145,7 @@ async def test_a_holder_that_stalls_past_its_deadline_expired(
         with pytest.raises(LeaseLostError) as info, anyio.fail_after(WAIT):
             async with lock as lease:
                 # Blocks the event loop on purpose: nothing of the holder's runs.
-                time.sleep(lease.remaining() + TTL / 2)  # noqa: ASYNC251
+                time.sleep(lease.remaining + TTL / 2)  # noqa: ASYNC251
                 await anyio.sleep_forever()
     assert info.value.reason is LossReason.EXPIRED
 

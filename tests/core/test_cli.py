@@ -22,17 +22,9 @@ from anyio.abc import SocketListener, SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from aiolease import AsyncLock
+from aiolease._cli._where import default_url, sqlite_url, state_dir
 from aiolease.backends.memory import MemoryBackend
-from aiolease.cli import (
-    EXIT_LOST,
-    EXIT_TIMEOUT,
-    EXIT_USAGE,
-    default_url,
-    main,
-    run,
-    sqlite_url,
-    state_dir,
-)
+from aiolease.cli import EXIT_LOST, EXIT_TIMEOUT, EXIT_USAGE, main, run
 from aiolease.testing.faults import FaultyBackend
 
 PY = sys.executable

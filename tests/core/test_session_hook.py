@@ -19,7 +19,7 @@ import pytest
 
 from aiolease import AsyncLock, Capability, Elector, Lease, LeaseLostError, LossReason
 from aiolease._bridge import adapt, call_asyncio, running_trio
-from aiolease._keepalive import Counters, Holding
+from aiolease._holding import Counters, Holding
 from aiolease.abc import Backend, HolderInfo
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.asyncio_only import AsyncioOnlyBackend

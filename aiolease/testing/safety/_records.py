@@ -8,7 +8,7 @@ have a ``kind``:
 ``write``    a write to the fence: ``token``, ``begin``, ``end``, ``accepted``,
              ``seq`` (the fence's log position when accepted), ``register``
 ``stop``     the body stopped: ``token``, ``stop``
-``end``      the core ended the lease (``Lease.on_end``): ``token``, ``reason``, ``at``
+``end``      the core ended the lease (``Lease._on_end``): ``token``, ``reason``, ``at``
 ``outcome``  how ``async with`` finished: ``token``, ``outcome``
              (``released``, ``lost`` or ``error``), ``error``
 ``acquire_error``  an acquire failed or timed out (not a violation): ``error``

@@ -150,7 +150,7 @@ def _validate(
         check_count("rounds", rounds)
     elif duration is not None:
         check_seconds("duration", duration)
-    Timing.build(ttl, margin=margin)  # a bad ttl or margin
+    Timing._build(ttl, margin=margin)  # a bad ttl or margin
     if not 0 < check_seconds("hold[0]", hold[0]) <= check_seconds("hold[1]", hold[1]):
         raise InvalidArgument(f"hold must be (shortest, longest) body in ttls, got {hold!r}")
     return fault, (10.0 if duration is None and rounds is None else duration)

@@ -82,7 +82,7 @@ class _Body:
         self._fence = fence
         self._recorder = recorder
         self._pid = recorder.pid
-        lease.on_end(self._ended)
+        lease._on_end(self._ended)
 
     def _ended(self, reason: LossReason) -> None:
         self._recorder.emit("end", token=self.token, reason=reason.value, at=time.monotonic())

@@ -32,7 +32,7 @@ from aiolease import (
     LossReason,
 )
 from aiolease._bridge import call_asyncio, running_trio
-from aiolease._keepalive import Counters, Holding
+from aiolease._holding import Counters, Holding
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.etcd import EtcdBackend
 from aiolease.backends.etcd._url import parse_url

@@ -29,13 +29,14 @@ from anyio.abc import Process, TaskGroup
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from ._cli_process import say, start_child
-from ._elector import Elector
-from ._exceptions import InvalidArgument, LossReason
-from ._lease import Lease
-from ._registry import backend_class, scheme_of
-from ._urls import redact
-from .abc import Backend, Capability
+from .._elector import Elector
+from .._exceptions import InvalidArgument, LossReason
+from .._lease import Lease
+from .._registry import backend_class, scheme_of
+from .._urls import redact
+from ..abc import Backend, Capability
+from ._process import say, start_child
+from ._where import sqlite_url
 
 IDENTITIES = ("candidate-a", "candidate-b", "candidate-c")
 CRASHES = 3
@@ -312,8 +313,6 @@ def check_multi_process(url: str) -> None:
 
 async def run_demo(args: argparse.Namespace) -> int:
     """``aiolease demo``: on ``--backend``, or a fresh SQLite file in a temporary directory."""
-    from .cli import sqlite_url
-
     with tempfile.TemporaryDirectory(prefix="aiolease-demo-") as tmp:
         url = args.backend or sqlite_url(Path(tmp) / "leases.db")
         check_multi_process(url)

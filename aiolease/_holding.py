@@ -95,7 +95,7 @@ async def watch_takeover(lease: Lease) -> None:
             await anyio.sleep(lease.timing.renew_interval)
             continue
         if holder is None or holder.owner != lease.owner:
-            lease.end(LossReason.STOLEN)
+            lease._end(LossReason.STOLEN)
             return
         held = holder
 
@@ -110,7 +110,7 @@ async def watch_session(lease: Lease) -> None:
             logger.debug("session watch of %r: %r", lease.name, exc)
             await anyio.sleep(lease.timing.renew_interval)
             continue
-        lease.end(reason)
+        lease._end(reason)
         return
 
 
@@ -121,7 +121,7 @@ async def watch_health(lease: Lease, policy: HealthPolicy) -> None:
         await anyio.sleep(policy.interval)
         failures = 0 if await probe(policy.check, policy.timeout) else failures + 1
         if failures >= policy.failures:
-            lease.end(LossReason.UNHEALTHY)
+            lease._end(LossReason.UNHEALTHY)
 
 
 class Holding:
@@ -166,12 +166,12 @@ class Holding:
         """Hand the lease to a session backend that keeps it (``None``: renew it)."""
         lease = self.lease
         try:
-            clock = lease.backend.hold(lease.name, lease.owner, lease.token, lease.end)
+            clock = lease.backend.hold(lease.name, lease.owner, lease.token, lease._end)
         except NotOwnerError:
-            lease.end(LossReason.STOLEN)
+            lease._end(LossReason.STOLEN)
             return None
         if clock is not None:
-            lease.follow(clock)
+            lease._follow(clock)
         return clock
 
     def _watches(self, clock: SessionClock | None) -> list[_Watch]:
@@ -202,7 +202,7 @@ class Holding:
 
     def _taken(self, reason: LossReason) -> None:
         if self.lease.lost is None:  # a passed deadline is EXPIRED, not STOLEN
-            self.lease.end(reason)
+            self.lease._end(reason)
 
     def _unguard(self) -> None:
         if self._unsubscribe is not None:
@@ -256,7 +256,7 @@ class Holding:
                 await anyio.lowlevel.checkpoint_if_cancelled()
             self._guard(clock, watches)
         except BaseException as exc:
-            lease.end(LossReason.RELEASED)
+            lease._end(LossReason.RELEASED)
             self._watching = self._tg is not None
             self._unguard()
             try:
@@ -266,7 +266,7 @@ class Holding:
             finally:
                 await self._release()
             raise
-        lease.on_end(self._end_body)
+        lease._on_end(self._end_body)
         Tenancy.of(lease.backend).enter_block(lease)
         self._body.__enter__()
         return lease
@@ -292,7 +292,7 @@ class Holding:
             self._left = True
             reason = lease.lost  # a passed deadline counts even if the body never checkpointed
             if reason is None:
-                lease.end(LossReason.RELEASED)
+                lease._end(LossReason.RELEASED)
             self._unguard()
             if reason is not None and reason is not LossReason.RELEASED:
                 await self._report_loss(reason)

@@ -1,6 +1,6 @@
 """The keeper: a small process between ``aiolease`` and the command it runs (POSIX).
 
-``aiolease lock`` / ``elect`` start ``python -I _cli_keeper.py FD PARENT GRACE -- CMD...``.
+``aiolease lock`` / ``elect`` start ``python -I _keeper.py FD PARENT GRACE -- CMD...``.
 The keeper starts the command in a session of its own (so its process group holds
 the command and everything it starts), and stops that whole group:
 

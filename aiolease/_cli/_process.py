@@ -5,7 +5,7 @@ program when the lease ends: SIGTERM first, SIGKILL after a grace period. The
 stop is shielded, so that outer cancellation (Ctrl-C, SIGTERM to aiolease) still
 waits for the program to be gone before the lease is released.
 
-On POSIX the program runs under a keeper process (:mod:`aiolease._cli_keeper`), in
+On POSIX the program runs under a keeper process (:mod:`aiolease._cli._keeper`), in
 a session of its own: the stop reaches its whole process group, and the keeper
 kills that group at once if aiolease dies, even by SIGKILL. On Windows the program
 is a plain child: only it is stopped, and nothing stops it if aiolease is killed.
@@ -27,7 +27,7 @@ from anyio import CancelScope
 from anyio.abc import Process
 
 # The keeper imports only the standard library: it runs as a script, not from the package.
-from ._cli_keeper import EXIT_CANNOT_RUN, exit_status, start_error
+from ._keeper import EXIT_CANNOT_RUN, exit_status, start_error
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ def say(message: str) -> None:
 
 #: Whether commands run under a keeper (process groups, ``pass_fds``: POSIX only).
 KEEPER_SUPPORTED = sys.platform != "win32"
-KEEPER_SCRIPT = Path(__file__).with_name("_cli_keeper.py")
+KEEPER_SCRIPT = Path(__file__).with_name("_keeper.py")
 
 
 async def start_child(command: Sequence[str], **options: object) -> Process:
@@ -107,7 +107,7 @@ async def run_child(
 
 
 class Keeper:
-    """aiolease's end of one keeper process (see :mod:`aiolease._cli_keeper`)."""
+    """aiolease's end of one keeper process (see :mod:`aiolease._cli._keeper`)."""
 
     def __init__(self, process: Process, channel: socket.socket) -> None:
         self._process = process
