@@ -149,7 +149,7 @@ async def test_a_block_sends_its_release_before_its_own_bookkeeping(
         ended: list[tuple[LossReason, int]] = []
         async with AsyncLock(backend, "first", ttl=LONG) as lease:
             assert sent["EVALSHA"] == 1
-            lease.on_end(lambda reason: ended.append((reason, sent["EVALSHA"])))
+            lease._on_end(lambda reason: ended.append((reason, sent["EVALSHA"])))
         assert ended == [(LossReason.RELEASED, 2)]
         assert await backend.read("first") is None
 
