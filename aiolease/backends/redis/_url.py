@@ -140,6 +140,10 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
                 f"Redis URL option {key!r} is unknown or repeated; aiolease's are "
                 f"{', '.join(OUR_OPTIONS)}, redis-py's {', '.join(sorted(known))}"
             )
+        if key.startswith("ssl") and not scheme.startswith("rediss"):
+            raise InvalidArgument(
+                f"Redis URL option {key!r} is a TLS option: it needs a rediss:// URL"
+            )
         seen.add(key)
         _check_number(key, value)
         if key in OUR_OPTIONS:

@@ -142,6 +142,9 @@ BAD_URLS = [
     "redis://127.0.0.1:6379/0?socket_timeout=soon",
     "redis://127.0.0.1:6379/0#fragment",
     "unix://",
+    # A TLS option on a plain URL: redis-py's connection refused it with a raw
+    # TypeError at the first command.
+    "redis://127.0.0.1:6379/0?ssl_cert_reqs=none",
 ]
 
 
