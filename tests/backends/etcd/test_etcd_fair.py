@@ -22,11 +22,6 @@ from tests.backends.etcd.support import WAIT, Gateway, inner, open_etcd, opener,
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def single_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("etcd")
-
-
 async def test_fair_mode_keys_are_owner_ids(anyio_backend: str, single_url: str) -> None:
     open_ = opener(single_url, fair=True)
     gateway = Gateway(single_url)

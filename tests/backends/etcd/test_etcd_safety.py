@@ -47,11 +47,6 @@ async def short_run(
     return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
 
 
-@pytest.fixture
-def single_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("etcd")
-
-
 @pytest.mark.parametrize("fault", [Fault.NONE, Fault.SIGSTOP])
 async def test_etcd_is_safe(
     tmp_path: Path, anyio_backend: str, single_url: str, fault: Fault
