@@ -29,8 +29,10 @@ with ``AIOLEASE_ALLOW_SKIP=1`` (and not in CI) gets a skip, with the reason.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
+import sys
 import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -103,7 +105,21 @@ def _import_trio_asyncio() -> None:
             )
             import trio_asyncio  # noqa: F401
     except ImportError:  # pragma: no cover - the [trio] extra is not installed
-        pass
+        return
+    _rebind_anyio_running_loop()
+
+
+def _rebind_anyio_running_loop() -> None:
+    """Point anyio's asyncio backend at trio-asyncio's ``get_running_loop``.
+
+    anyio's pytest plugin imports its backends while tests are collected, before the
+    items (and so whether any runs under trio) are known; anyio's asyncio backend then
+    holds the ``get_running_loop`` that trio-asyncio had not patched yet. Its one such
+    binding is pointed at the patched lookup, as if it had been imported after.
+    """
+    backend = sys.modules.get("anyio._backends._asyncio")
+    if backend is not None and getattr(backend, "get_running_loop", None) is not None:
+        setattr(backend, "get_running_loop", asyncio.get_running_loop)  # noqa: B010
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
