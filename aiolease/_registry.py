@@ -62,20 +62,29 @@ EXTRAS: dict[str, str] = {
     "postgresql": "postgres",
     "mysql": "mysql",
     "mariadb": "mysql",
-    "mongodb": "mongo",
     "etcd": "etcd",
-    "zookeeper": "zookeeper",
-    "zk": "zookeeper",
-    "kafka": "kafka",
+}
+
+#: Schemes of backends that are planned but not written yet: no extra installs them.
+PLANNED: dict[str, str] = {
+    "mongodb": "MongoDB",
+    "zookeeper": "ZooKeeper",
+    "zk": "ZooKeeper",
+    "kafka": "Kafka",
 }
 
 
 def _hint(scheme: str) -> str:
+    """What to do about a scheme without a loadable backend: the extra to install, if
+    one provides it; else that its backend is not written yet, or the known schemes."""
     extra = EXTRAS.get(scheme)
-    if extra is None:
-        known = ", ".join(sorted(set(BUILTIN) | set(EXTRAS)))
-        return f"known schemes: {known}"
-    return f"install it with: pip install 'aiolease[{extra}]'"
+    if extra is not None:
+        return f"install it with: pip install 'aiolease[{extra}]'"
+    planned = PLANNED.get(scheme)
+    if planned is not None:
+        return f"the {planned} backend is planned but not written yet"
+    known = ", ".join(sorted(set(BUILTIN) | set(EXTRAS)))
+    return f"known schemes: {known}"
 
 
 def backend_class(scheme: str) -> type[Backend]:

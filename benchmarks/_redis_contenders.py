@@ -21,8 +21,8 @@ import redis.asyncio.connection
 import redis.connection
 
 from aiolease import AsyncLock, open_backend
-from aiolease.backends._redis_resp import _Connection
-from aiolease.backends._redis_scripts import Keys
+from aiolease.backends.redis._keys import Keys
+from aiolease.backends.redis._resp import _Connection
 
 PREFIX = "aiolease-bench:"
 RUN = uuid.uuid4().hex[:8]
@@ -31,6 +31,8 @@ HOLD = 0.001
 #: Connections a peer's pool may open.
 POOL = 64
 PEERS = ("redis-py", "python-redis-lock", "pottery", "aioredlock")
+#: The Redis backend's transports, as its ``transport`` option names them.
+TRANSPORTS = ("lean", "redis-py")
 #: How each contender waits and renews, printed with the results.
 HOW = {
     "floor": "SET NX PX + Lua compare-and-delete; waits on BLPOP of a signal list",
@@ -197,8 +199,12 @@ class Floor:
 class Contender:
     """One library's way to take and give back a lock, driven as its users would."""
 
-    def __init__(self, kind: str, url: str, stack: AsyncExitStack) -> None:
+    def __init__(
+        self, kind: str, url: str, stack: AsyncExitStack, *, transport: str = "auto"
+    ) -> None:
         self.kind, self.url, self.stack = kind, url, stack
+        #: aiolease's transport (see aiolease.backends.redis._transport).
+        self.transport = transport
 
     async def start(self) -> None:
         kind, url, stack = self.kind, self.url, self.stack
@@ -212,7 +218,7 @@ class Contender:
         if kind.startswith("aiolease"):
             fair = kind == "aiolease-fair"
             self.backend = await stack.enter_async_context(
-                open_backend(url, prefix=PREFIX, fair=fair)
+                open_backend(url, prefix=PREFIX, fair=fair, transport=self.transport)
             )
         elif kind == "floor":
             self.floor = Floor(self.client)

@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from aiolease.backends._sql import timeout_after
+from aiolease.backends._asyncio import timeout_after
 
 TABLE = "aiolease_bench"
 FLOOR_TABLE = "aiolease_bench_floor"

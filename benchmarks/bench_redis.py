@@ -19,6 +19,10 @@ contender from the same run, with a target and PASS/MISS for aiolease:
 * **crash failover, ttl 2 s**: a holder process is ``SIGKILL``ed; the time from the
   server-side expiry of its key (``PTTL`` read right after the kill) to a waiter's
   acquire;
+* **transports**: the uncontended acquire+release cycle of aiolease through each of
+  the backend's transports in one run, taking turns (``transport=lean`` and
+  ``transport=redis-py``), with the ratio of the medians: the lean transport is kept
+  only while it buys at least 10 %;
 * **N leases held** (default 1,000, ttl 3 s, 15 s), each with the renewal its
   library offers: round trips per second (socket writes, counted in the client; for
   aiolease also those of its renewals alone), requests per second the server read
@@ -27,8 +31,8 @@ contender from the same run, with a target and PASS/MISS for aiolease:
 
 Usage: ``python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379] [--quick]
 [--skip peer,...] [--only handoffs] [--kinds aiolease-fair,python-redis-lock]
-[--spawn-server]``: ``--only`` runs one figure (``uncontended``, ``handoffs``,
-``failover``, ``held``), ``--kinds`` only the contenders named (the uncontended figure
+[--spawn-server]``: ``--only`` runs one figure (``uncontended``, ``transports``,
+``handoffs``, ``failover``, ``held``), ``--kinds`` only the contenders named (the uncontended figure
 always runs the floor and aiolease). Server-side counts are only right on a quiet
 server: ``--spawn-server`` runs a private ``redis-server`` on a free port for the
 run. Quote ratios from one run; absolute times depend on the machine. Needs
@@ -61,6 +65,7 @@ from _redis_contenders import (
     PEERS,
     RENEW_ALL,
     RUN,
+    TRANSPORTS,
     Contender,
     Sends,
     server_reads,
@@ -132,6 +137,27 @@ def make_block(contender: Contender) -> Callable[[], Awaitable[None]]:
             pass
 
     return block
+
+
+async def transports(url: str, cycles: int) -> dict[str, float]:
+    """Median seconds per uncontended acquire+release of aiolease, by transport. The
+    transports take turns, one cycle each, as in :func:`uncontended`."""
+    found: dict[str, list[float]] = {}
+    async with AsyncExitStack() as stack:
+        cycle: dict[str, Callable[[], Awaitable[None]]] = {}
+        for transport in TRANSPORTS:
+            contender = Contender("aiolease", url, stack, transport=transport)
+            await contender.start()
+            cycle[transport] = make_cycle(contender)
+        for _ in range(min(cycles // 10, 50)):
+            for one in cycle.values():
+                await one()
+        for _ in range(cycles):
+            for label, one in cycle.items():
+                start = time.perf_counter()
+                await one()
+                found.setdefault(label, []).append(time.perf_counter() - start)
+    return {label: statistics.median(s) for label, s in found.items()}
 
 
 # -- hand-offs -----------------------------------------------------------------------------
@@ -447,6 +473,8 @@ async def main(args: argparse.Namespace) -> None:
 
     if args.only in (None, "uncontended"):
         await uncontended_figure(args, peers, report)
+    if args.only in (None, "transports"):
+        await transport_figure(args, report)
     if args.only in (None, "handoffs"):
         await handoff_figures(args, peers, report)
     if args.only in (None, "failover"):
@@ -477,6 +505,21 @@ async def uncontended_figure(
         "<= 1.10 x floor, 2 round trips",
         f"{ratio:.2f}x, {trips:.1f} RT (best peer {best[0]:.2f}x)",
         ratio <= 1.10 and trips <= 2.0,
+    )
+
+
+async def transport_figure(args: argparse.Namespace, report: Report) -> None:
+    times = await transports(args.url, args.cycles)
+    print(f"\n{'aiolease acquire+release, by transport':<36} {'median':>8}")
+    for label, seconds in times.items():
+        print(f"  {label:<34} {seconds * 1e6:>6.0f} us")
+    ratio = times["redis-py"] / times["lean"]
+    print(f"  {'redis-py / lean':<34} {ratio:>8.2f}")
+    report.target(
+        "lean transport (uncontended acquire+release)",
+        ">= 1.10 x faster than redis-py's",
+        f"{ratio:.2f}x",
+        ratio >= 1.10,
     )
 
 
@@ -570,7 +613,7 @@ if __name__ == "__main__":
     )
     parser.add_argument(
         "--only",
-        choices=("uncontended", "handoffs", "failover", "held"),
+        choices=("uncontended", "transports", "handoffs", "failover", "held"),
         help="run this figure alone",
     )
     parser.add_argument(

@@ -36,7 +36,7 @@ from .._registry import open_backend
 from .._urls import redact
 from ..abc import Backend, Capability
 from ._process import say, start_child
-from ._where import sqlite_url
+from ._where import ENV_URL, sqlite_url
 
 IDENTITIES = ("candidate-a", "candidate-b", "candidate-c")
 CRASHES = 3
@@ -139,14 +139,17 @@ class Demo:
         print(f"[{anyio.current_time() - self.t0:5.2f}s] {message}", flush=True)
 
     def _argv(self, identity: str) -> list[str]:
+        # The URL goes in the environment, not on the command line, where ``ps`` would
+        # show its password to every user of the machine.
         argv = [sys.executable, "-m", "aiolease", "_candidate", self.name]
-        argv += ["--backend", self.url, "--ttl", repr(self.ttl), "--identity", identity]
+        argv += ["--ttl", repr(self.ttl), "--identity", identity]
         return argv + ["-v"] * self.verbose
 
     async def spawn(self, tg: TaskGroup, identity: str) -> None:
         """Start the candidate process for ``identity`` and follow its reports."""
         process = await start_child(
             self._argv(identity),
+            env={**os.environ, ENV_URL: self.url},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=None,

@@ -69,7 +69,7 @@ from .._exceptions import (
 from .._urls import redact, split_url
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo
-from ._sql_rows import check_token, foreign, row_holder
+from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
     from typing import Self

@@ -40,8 +40,10 @@ class AsyncioOnlyBackend(MemoryBackend):
         """``asyncio-memory://``"""
         if urlsplit(url).netloc or urlsplit(url).path not in ("", "/"):
             raise InvalidArgument(f"expected 'asyncio-memory://', got {url!r}")
+        if options:
+            raise InvalidArgument(f"asyncio-memory backend takes no options, got {sorted(options)}")
         await asyncio.sleep(0)
-        return cls(**options)
+        return cls()
 
     def _notify(self, name: str) -> None:
         event = self._events.pop(name, None)

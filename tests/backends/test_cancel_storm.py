@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +27,10 @@ import redis
 import aiolease
 from aiolease import AsyncLock
 from aiolease.abc import Backend
-from aiolease.backends._redis_scripts import Keys
-from aiolease.testing.servers import server
+from aiolease.backends.redis._keys import Keys
 from tests.backends.etcd.support import Gateway, unique_prefix
 from tests.backends.mysql.support import raw as my_raw
-from tests.backends.mysql.support import scratch_database
-from tests.backends.postgres.support import no_tls, schema_of_run
+from tests.backends.postgres.support import no_tls
 from tests.backends.postgres.support import raw as pg_raw
 from tests.backends.redis.support import delete_under, new_prefix
 from tests.support import unique, with_query
@@ -64,17 +62,6 @@ class Target:
     entries: Entries = no_queue
     #: Whether another backend object sees the same leases (not so in memory).
     shared: bool = True
-
-
-@pytest.fixture(scope="module")
-def pg_schema() -> Iterator[str]:
-    yield from schema_of_run("aiolease_storm")
-
-
-@pytest.fixture(scope="module")
-def my_database() -> Iterator[str]:
-    with scratch_database(server("mariadb").url, "aiolease_storm") as name:
-        yield name
 
 
 def postgres(request: pytest.FixtureRequest, url: str) -> Target:

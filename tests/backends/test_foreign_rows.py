@@ -13,7 +13,7 @@ import base64
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,9 @@ import pytest
 import aiolease
 from aiolease import AsyncLock, ForeignDataError
 from aiolease.backends.sqlite import host_boot_id
-from aiolease.testing.servers import server
 from tests.backends.etcd.support import Gateway, unique_prefix
 from tests.backends.mysql.support import raw as my_raw
-from tests.backends.mysql.support import scratch_database
-from tests.backends.postgres.support import no_tls, schema_of_run
+from tests.backends.postgres.support import no_tls
 from tests.backends.postgres.support import raw as pg_raw
 from tests.support import unique, with_query
 
@@ -96,11 +94,6 @@ async def check_foreign(place: Place, row: Row) -> None:
 # -- PostgreSQL --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pg_schema() -> Iterator[str]:
-    yield from schema_of_run("aiolease_foreign")
-
-
 @pytest.fixture
 def pg_place(aiolease_server: Callable[[str], str], pg_schema: str) -> Place:
     url = no_tls(aiolease_server("postgres"))
@@ -157,12 +150,6 @@ async def test_postgres_waiting_reads_report_a_row_held_forever(pg_place: Place)
 
 
 # -- MySQL / MariaDB ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def my_database() -> Iterator[str]:
-    with scratch_database(server("mariadb").url, "aiolease_foreign") as name:
-        yield name
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ reached through a :class:`FaultProxy` that cuts the holder off.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import anyio
@@ -25,7 +25,7 @@ from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.servers import server
 from tests.backends.etcd.support import unique_prefix
-from tests.backends.postgres.support import no_tls, schema_of_run
+from tests.backends.postgres.support import no_tls
 from tests.backends.redis.support import prefix_fixture
 from tests.support import unique, with_query
 
@@ -44,12 +44,6 @@ WAIT = 60.0
 prefix = prefix_fixture("reasons")
 
 
-@pytest.fixture(scope="module")
-def schema() -> Iterator[str]:
-    """A PostgreSQL schema of this run's own; dropped with everything in it at the end."""
-    yield from schema_of_run("aiolease_reasons")
-
-
 Opener = Callable[[], AbstractAsyncContextManager[tuple[FaultProxy, Backend]]]
 
 
@@ -60,7 +54,9 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def cut_off(kind: str, aiolease_server: Callable[[str], str], prefix: str, schema: str) -> Opener:
+def cut_off(
+    kind: str, aiolease_server: Callable[[str], str], prefix: str, pg_schema: str
+) -> Opener:
     """Opens a backend on ``kind``'s real server through a proxy of its own, whose
     requests the driver would wait for as long as the release timeout: only the core
     can give up on them sooner."""
@@ -75,7 +71,7 @@ def cut_off(kind: str, aiolease_server: Callable[[str], str], prefix: str, schem
                     proxy.url_for(url), prefix=prefix, timeout=RELEASE_TIMEOUT
                 )
             elif kind == "postgres":
-                proxied = with_query(proxy.url_for(no_tls(url)), schema=schema)
+                proxied = with_query(proxy.url_for(no_tls(url)), schema=pg_schema)
                 opened = aiolease.open_backend(proxied, connect_timeout=RELEASE_TIMEOUT)
             else:
                 opened = aiolease.open_backend(

@@ -122,6 +122,12 @@ async def test_an_error_opening_a_bridged_backend_is_the_typed_error(anyio_backe
             pass  # pragma: no cover
 
 
+async def test_an_unknown_option_of_a_bridged_backend_is_invalid(anyio_backend: str) -> None:
+    with pytest.raises(aiolease.InvalidArgument, match="takes no options.*'foo'"):
+        async with aiolease.open_backend(URL, foo=1):
+            pass  # pragma: no cover
+
+
 class _Leaky(AsyncioOnlyBackend):
     """Leaves an asyncio future whose error nobody retrieves, as asyncpg can."""
 

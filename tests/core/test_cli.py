@@ -605,3 +605,32 @@ def test_safety_subcommand_runs_the_harness(
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("safety sqlite") and " none " in line, line
     assert "acquisitions=4 " in line and "overlaps=0 " in line, line
+
+
+@pytest.mark.slow
+def test_demo_candidates_get_the_url_out_of_sight_of_ps(aiolease_server: Any) -> None:
+    """The candidates' command lines (``ps``) never show the backend URL's password:
+    it reaches them in their environment."""
+    secret = "s3cret-demo"  # PostgreSQL trusts loopback and ignores it
+    url = aiolease_server("postgres").replace("://postgres@", f"://postgres:{secret}@")
+    assert secret in url
+    command = [sys.executable, "-m", "aiolease", "demo", "--backend", url]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as demo:
+        try:
+            assert demo.stdout is not None
+            seen = ""
+            while "campaigning" not in seen and demo.poll() is None:
+                seen = demo.stdout.readline()
+            commands = []
+            for entry in Path("/proc").iterdir():
+                with suppress(OSError):
+                    line = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                    if b"_candidate" in line:
+                        commands.append(line.decode(errors="replace"))
+        finally:
+            demo.send_signal(signal.SIGINT)  # the demo stops its candidates in order
+            demo.wait(timeout=60)
+    assert "campaigning" in seen and commands, (seen, commands)
+    assert not any(secret in line for line in commands), commands

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncmy
 
@@ -24,6 +24,11 @@ def connect_args(url: str) -> dict[str, Any]:
         "password": parts.password or "",
         "autocommit": True,
     }
+
+
+def in_database(url: str, database: str) -> str:
+    """``url`` with ``database`` as its database."""
+    return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
 
 
 async def raw_asyncio(url: str, sql: str, *args: Any) -> list[Any]:

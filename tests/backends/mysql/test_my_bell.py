@@ -9,7 +9,7 @@ Every run works in a database of its own (dropped at the end).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -19,26 +19,12 @@ import pytest
 import aiolease
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
-from aiolease.backends._my_bell import Bells
 from aiolease.backends.mysql import MySQLBackend
-from aiolease.testing.servers import server
-from tests.backends.mysql.support import raw, scratch_database
+from aiolease.backends.mysql._bell import Bells
+from tests.backends.mysql.support import raw
 from tests.support import eventually, inner, unique, with_query
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def database() -> Iterator[str]:
-    with scratch_database(server("mariadb").url, "aiolease_bell") as name:
-        yield name
-
-
-@pytest.fixture
-def my_url(aiolease_server: Callable[[str], str], database: str) -> str:
-    """A URL whose leases (and waiters) live in a table of this test's own."""
-    url = aiolease_server("mariadb").rsplit("/", 1)[0] + f"/{database}"
-    return with_query(url, table=unique("leases"))
 
 
 @asynccontextmanager
@@ -127,11 +113,11 @@ async def queued_behind_a_bell(url: str, waiter_url: str) -> AsyncIterator[Queue
                 queued.go.set()
 
 
-async def test_a_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(my_url: str) -> None:
+async def test_a_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(table_url: str) -> None:
     # The waiter polls at most every 30 s: only the bell brings its turn this soon.
-    slow = with_query(my_url, poll_interval=30)
-    async with queued_behind_a_bell(my_url, slow) as q:
-        assert await blocked(my_url, bells(q.waiter).sessions) == 1
+    slow = with_query(table_url, poll_interval=30)
+    async with queued_behind_a_bell(table_url, slow) as q:
+        assert await blocked(table_url, bells(q.waiter).sessions) == 1
         looked, rung = polls(q.waiter), bells(q.waiter).rings
         q.go.set()
         await q.done.wait()
@@ -141,12 +127,12 @@ async def test_a_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(my_url: str)
         assert await q.waiter.read(q.name) is None
 
 
-async def test_a_waiter_gets_its_turn_when_the_bell_s_session_is_killed(my_url: str) -> None:
-    async with queued_behind_a_bell(my_url, my_url) as q:
+async def test_a_waiter_gets_its_turn_when_the_bell_s_session_is_killed(table_url: str) -> None:
+    async with queued_behind_a_bell(table_url, table_url) as q:
         rung = bells(q.waiter).rings
         keeper = bells(q.holder).keeper
         assert keeper is not None
-        await raw(my_url, f"KILL {keeper}")  # the server frees the bells it held
+        await raw(table_url, f"KILL {keeper}")  # the server frees the bells it held
         await eventually(lambda: bells(q.waiter).rings > rung, "the waiter woken")
         assert not q.got  # woken, but it is not its turn: it polls now
         q.go.set()  # the release hands the name on; its ring fails quietly
@@ -156,9 +142,9 @@ async def test_a_waiter_gets_its_turn_when_the_bell_s_session_is_killed(my_url: 
 
 
 async def test_a_cancelled_wait_leaves_no_session_blocked_and_no_bell_held(
-    my_url: str,
+    table_url: str,
 ) -> None:
-    async with backends(my_url, my_url, my_url) as (first, holder, waiter):
+    async with backends(table_url, table_url, table_url) as (first, holder, waiter):
         name = unique("cancel")
         lease = await AsyncLock(first, name, ttl=120).acquire()
         with anyio.fail_after(60):  # a hang guard
@@ -171,11 +157,11 @@ async def test_a_cancelled_wait_leaves_no_session_blocked_and_no_bell_held(
                     sessions = bells(waiter).sessions
                     # (in flight here, the wait may not have reached the server yet)
                     await eventually(
-                        lambda: has_blocked(my_url, sessions), "the waiter's session blocked"
+                        lambda: has_blocked(table_url, sessions), "the waiter's session blocked"
                     )
                     inner_tg.cancel_scope.cancel()  # the holder's bell stays held
                 assert bells(waiter).in_flight == 0
-                assert await blocked(my_url, sessions) == 0
+                assert await blocked(table_url, sessions) == 0
                 assert bells(waiter).held == 0  # it left the queue: its bell let go
                 tg.cancel_scope.cancel()
         assert bells(holder).held == 0
@@ -183,8 +169,8 @@ async def test_a_cancelled_wait_leaves_no_session_blocked_and_no_bell_held(
         assert await first.read(name) is None
 
 
-async def test_the_uncontended_path_sends_no_bell_statement(my_url: str) -> None:
-    async with backends(my_url) as (b,):
+async def test_the_uncontended_path_sends_no_bell_statement(table_url: str) -> None:
+    async with backends(table_url) as (b,):
         lock = AsyncLock(b, unique("alone"), ttl=30)
         for _ in range(3):
             async with lock:

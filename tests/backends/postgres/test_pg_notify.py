@@ -4,36 +4,35 @@ fallback when the listener connection is lost or cannot connect."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
 import pytest
 
 import aiolease
-from aiolease import AsyncLock, Capability
+from aiolease import (
+    AsyncLock,
+    Capability,
+    LeaseLostError,
+    LossReason,
+)
 from aiolease.backends.postgres import PostgresBackend
+from aiolease.backends.postgres._statements import grants_channel, parse_payload
+from aiolease.backends.postgres._takers import Takers
+from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.servers import server
-from tests.backends.postgres.support import changed, no_tls, raw, schema_of_run, waiting
+from tests.backends.postgres.support import (
+    changed,
+    raw,
+    waiting,
+)
+from tests.backends.sql.support import (
+    check_oldest_waiter_gets_it,
+)
 from tests.support import eventually, grant, inner, unique, with_query
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def schema() -> Iterator[str]:
-    yield from schema_of_run("aiolease_notify")
-
-
-@pytest.fixture
-def pg(aiolease_server: Callable[[str], str]) -> str:
-    return no_tls(aiolease_server("postgres"))
-
-
-@pytest.fixture
-def pg_url(pg: str, schema: str) -> str:
-    return with_query(pg, schema=schema)
 
 
 backend = aiolease.open_backend
@@ -88,7 +87,7 @@ async def test_holders_do_not_hear_grants_and_releases_nobody_waits_for(pg_url: 
         pg_b = inner(b, PostgresBackend)
         async with AsyncLock(b, unique("held"), ttl=60):  # connects the listener
             assert pg_b.statistics().listening
-            heard = pg_b._notes
+            heard = pg_b._listener.notes
             for i in range(3):  # each a grant of a free name, then its release
                 name = unique(f"free-{i}")
                 granted = await grant(other, name, "owner-1", ttl=60)
@@ -99,7 +98,7 @@ async def test_holders_do_not_hear_grants_and_releases_nobody_waits_for(pg_url: 
             granted = await grant(other, name, "owner-2", ttl=60)
             assert await b.release(name, "owner-2", granted.token)
             await _heard_more_than(pg_b, heard)
-            assert pg_b._notes == heard + 1  # ... and none of the grants and releases
+            assert pg_b._listener.notes == heard + 1  # ... and none of the grants and releases
 
 
 async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
@@ -111,7 +110,7 @@ async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
         pg_watcher = inner(watcher, PostgresBackend)
         watched = unique("watched")
         async with changed(watcher, watched, None):
-            heard = pg_watcher._notes
+            heard = pg_watcher._listener.notes
             for i in range(3):  # grants of free names nobody watches, and their releases
                 name = unique(f"unwatched-{i}")
                 granted = await grant(other, name, "owner-1", ttl=60)
@@ -120,12 +119,12 @@ async def test_grants_and_releases_of_rows_nobody_watches_are_not_announced(
             # so any of the others would have come before it.
             first = await grant(other, watched, "owner-2", ttl=60)
         await _heard_more_than(pg_watcher, heard)
-        assert pg_watcher._notes == heard + 1
+        assert pg_watcher._listener.notes == heard + 1
         assert first.token == 1  # the row the watch made is free, and tokens start at 1
 
 
 async def _heard_more_than(pg_backend: PostgresBackend, count: int) -> None:
-    await eventually(lambda: pg_backend._notes > count, "notifications delivered")
+    await eventually(lambda: pg_backend._listener.notes > count, "notifications delivered")
 
 
 async def test_a_killed_listener_wakes_waiters_and_reconnects(pg: str, schema: str) -> None:
@@ -198,3 +197,137 @@ async def test_without_listen_there_is_no_push(pg_url: str) -> None:
         assert await b.release(name, "owner-1", granted.token)
         await b.wait_changed(name, seen)
         assert not inner(b, PostgresBackend).statistics().listening
+
+
+# -- hand-offs and reads without statements -------------------------------------------------------
+
+
+async def test_a_release_hands_the_name_to_the_oldest_waiter(pg_url: str) -> None:
+    async with backend(pg_url, poll_interval=60) as b:
+        await check_oldest_waiter_gets_it(b, lambda n: waiting(b, n))
+
+
+async def test_a_cached_read_of_a_held_lease_sees_a_takeover(
+    pg: str, pg_url: str, schema: str
+) -> None:
+    # A read of a lease held through the backend needs no statement while the listener
+    # shows no change; a takeover's NOTIFY must end that at once.
+    async with backend(pg_url, poll_interval=60) as mine, backend(pg_url) as other:
+        with anyio.move_on_after(0.2):  # connects the listener
+            await mine.wait_changed(unique("listen"), None)
+        assert inner(mine, PostgresBackend).statistics().listening
+        name = unique("cached")
+        await grant(mine, name, "owner-1", ttl=60)
+        seen = await mine.read(name)
+        assert seen is not None and seen.owner == "owner-1"
+        await raw(
+            pg,
+            f'UPDATE "{schema}".aiolease_leases SET expires_at = clock_timestamp() WHERE name = $1',
+            name,
+        )
+        await grant(other, name, "owner-2")  # takes over the expired row: NOTIFY
+        with anyio.fail_after(5):  # a read still answered from memory would wait 10 s
+            await mine.wait_changed(name, seen)
+        now = await mine.read(name)
+        assert now is not None and now.owner == "owner-2" and now.token == seen.token + 1
+
+
+# -- takeovers by notification (on_taken) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["steal", "release"])
+async def test_a_takeover_ends_the_holder_at_once_by_notification(
+    pg: str, pg_url: str, schema: str, how: str
+) -> None:
+    async with backend(pg_url) as b, backend(pg_url) as other:
+        spy = FaultyBackend(b)
+        name = unique("taken")
+        # A long ttl: the first renewal is far away, so only the notification can end it.
+        with pytest.raises(LeaseLostError) as caught, anyio.fail_after(20):
+            async with AsyncLock(spy, name, ttl=60) as lease:
+                assert inner(b, PostgresBackend).statistics().listening  # from the start
+                if how == "steal":  # the row expires, and another backend takes it
+                    await raw(
+                        pg,
+                        f'UPDATE "{schema}".aiolease_leases'
+                        " SET expires_at = clock_timestamp() WHERE name = $1",
+                        name,
+                    )
+                    await grant(other, name, "thief")
+                else:  # another backend releases it in the holder's name
+                    assert await other.release(name, lease.owner, lease.token)
+                await anyio.sleep_forever()
+        assert caught.value.reason is LossReason.STOLEN
+        # By callback: no watch task, no read, and no renewal was involved.
+        assert spy.calls["on_taken"] == 1
+        assert spy.calls["wait_taken"] == spy.calls["read"] == spy.calls["renew"] == 0
+
+
+async def test_a_holder_released_normally_is_not_taken(pg_url: str) -> None:
+    async with backend(pg_url) as b:
+        spy = FaultyBackend(b)
+        name = unique("kept")
+        for _ in range(3):  # each grant and release notifies the holder's own listener
+            async with AsyncLock(spy, name, ttl=60) as lease:
+                holder = await b.read(name)
+                assert holder is not None and holder.owner == lease.owner
+            assert lease.lost is LossReason.RELEASED
+        assert spy.calls["on_taken"] == 3
+        assert len(inner(b, PostgresBackend)._takers) == 0  # every one unsubscribed
+
+
+def test_takers_trust_only_notifications_newer_than_the_grant() -> None:
+    takers = Takers()
+    ended: list[LossReason] = []
+    cancel = takers.add("n", "me", 7, ended.append)
+    takers.notified("n", None, 6)  # a release from before our grant, delivered late
+    takers.notified("n", "earlier", 6)  # a grant from before ours
+    takers.notified("n", "me", 7)  # our own grant
+    takers.notified("n", None, None)  # a notification of an unknown token
+    takers.notified("other", "thief", 8)  # another name
+    assert ended == []
+    takers.notified("n", "thief", 8)
+    assert ended == [LossReason.STOLEN]
+    takers.notified("n", None, 8)  # reported once
+    assert ended == [LossReason.STOLEN]
+    cancel()  # after it fired: harmless
+    assert len(takers) == 0
+
+
+def test_takers_end_on_a_release_of_their_token_by_somebody_else() -> None:
+    takers = Takers()
+    ended: list[str] = []
+    takers.add("a", "me", 3, lambda _: ended.append("a"))
+    cancel_b = takers.add("b", "me", 3, lambda _: ended.append("b"))
+    takers.notified("a", None, 3)  # released in our name (our own release unsubscribes first)
+    takers.notified("b", None, 2)  # an older token's release
+    assert ended == ["a"]
+    cancel_b()
+    takers.notified("b", "thief", 4)  # unsubscribed
+    assert ended == ["a"]
+    assert len(takers) == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "parsed"),
+    [
+        ("r12:name", ("r", "name", None, 12)),
+        ("r12:a:b", ("r", "a:b", None, 12)),
+        ("g3:5:ownerna:me", ("g", "na:me", "owner", 3)),
+        ("g3:0:x", ("g", "x", "", 3)),
+        ("g3:9:short", ("r", "g3:9:short", None, None)),  # a length past the end
+        ("gx:1:ab", ("r", "gx:1:ab", None, None)),
+        ("rname", ("r", "rname", None, None)),  # the old format: a release, token unknown
+        ("", ("r", "", None, None)),
+    ],
+)
+def test_payloads_parse_or_count_as_releases_of_unknown_tokens(
+    payload: str, parsed: tuple[str, str, str | None, int | None]
+) -> None:
+    assert parse_payload(payload) == parsed
+
+
+def test_grants_of_free_names_have_a_channel_of_their_own() -> None:
+    assert grants_channel("aiolease_0123") == "aiolease_0123_g"
+    long = "c" * 63
+    assert grants_channel(long) != long and len(grants_channel(long)) <= 63

@@ -4,7 +4,7 @@ waiters, and the races between a hand-off and a waiter that leaves."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,27 +16,10 @@ import aiolease
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.postgres import PostgresBackend
-from tests.backends.postgres.support import no_tls, raw, schema_of_run
+from tests.backends.postgres.support import raw
 from tests.support import eventually, grant, inner, refused, unique, with_query
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def schema() -> Iterator[str]:
-    yield from schema_of_run("aiolease_queue")
-
-
-@pytest.fixture
-def pg(aiolease_server: Callable[[str], str]) -> str:
-    return no_tls(aiolease_server("postgres"))
-
-
-@pytest.fixture
-def table_url(pg: str, schema: str) -> tuple[str, str]:
-    """A URL with a table of this test's own, and the table's name."""
-    table = unique("queue")
-    return with_query(pg, schema=schema, table=table), table
 
 
 @asynccontextmanager

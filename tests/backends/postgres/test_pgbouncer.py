@@ -12,7 +12,7 @@ Every test uses tables in a schema of this run (dropped at the end).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,7 +25,7 @@ from aiolease import AsyncLock, Capability, InvalidArgument
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing import CHECKS, Check
-from tests.backends.postgres.support import changed, no_tls, raw, schema_of_run, waiting
+from tests.backends.postgres.support import changed, raw, waiting
 from tests.support import grant, inner, raises, refused, unique, with_query
 
 pytestmark = pytest.mark.anyio
@@ -38,34 +38,10 @@ MODES = ["poll", "listen_url"]
 # -- fixtures and helpers ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def schema() -> Iterator[str]:
-    """A schema of this run's own (made on the server directly); dropped at the end."""
-    yield from schema_of_run("aiolease_pgbouncer")
-
-
-@pytest.fixture
-def direct(aiolease_server: Callable[[str], str]) -> str:
-    """The PostgreSQL server itself (no options of ours)."""
-    return no_tls(aiolease_server("postgres"))
-
-
-@pytest.fixture
-def bouncer(aiolease_server: Callable[[str], str]) -> str:
-    """PgBouncer in front of it (no options of ours)."""
-    return no_tls(aiolease_server("pgbouncer"))
-
-
-@pytest.fixture
-def pooled(bouncer: str, schema: str) -> str:
-    """A backend URL whose statements go through PgBouncer, in this run's schema."""
-    return with_query(bouncer, schema=schema, pooler="transaction")
-
-
-def mode_url(pooled: str, direct: str, mode: str, **options: object) -> str:
+def mode_url(pooled: str, pg: str, mode: str, **options: object) -> str:
     """``pooled``, with a direct listener for ``listen_url`` mode."""
     if mode == "listen_url":
-        options["listen_url"] = direct
+        options["listen_url"] = pg
     return with_query(pooled, **options)
 
 
@@ -102,15 +78,15 @@ async def test_the_service_is_pgbouncer_in_transaction_mode(bouncer: str) -> Non
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("check", [c for _, c in CHECKS], ids=[n for n, _ in CHECKS])
-async def test_conformance(check: Check, pooled: str, direct: str, mode: str) -> None:
-    url = mode_url(pooled, direct, mode, table=unique("conformance"))
+async def test_conformance(check: Check, pooled: str, pg: str, mode: str) -> None:
+    url = mode_url(pooled, pg, mode, table=unique("conformance"))
     await check(lambda: aiolease.open_backend(url))
 
 
 async def test_pooler_transaction_listens_only_through_a_listen_url(
-    pooled: str, direct: str, bouncer: str
+    pooled: str, pg: str, bouncer: str
 ) -> None:
-    listening = mode_url(pooled, direct, "listen_url")
+    listening = mode_url(pooled, pg, "listen_url")
     async with backend(pooled) as polling, backend(listening) as pushed:
         assert Capability.PUSH_WAKEUP not in polling.capabilities
         assert Capability.PUSH_WAKEUP in pushed.capabilities
@@ -148,9 +124,9 @@ async def test_many_concurrent_statements_through_the_pooler(pooled: str) -> Non
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_acquire_renew_release_and_hand_off_across_two_backends(
-    pooled: str, direct: str, mode: str
+    pooled: str, pg: str, mode: str
 ) -> None:
-    url = mode_url(pooled, direct, mode, poll_interval=0.1)
+    url = mode_url(pooled, pg, mode, poll_interval=0.1)
     async with backend(url) as first, backend(url) as second:
         name = unique("handoff")
         lease = await AsyncLock(first, name, ttl=30).acquire()
@@ -176,7 +152,7 @@ async def test_acquire_renew_release_and_hand_off_across_two_backends(
         assert await first.read(name) is None
 
 
-# -- waiting without LISTEN, and with a direct listener ----------------------------------
+# -- waiting without LISTEN, and with a direct listener ------------------------------
 
 
 async def test_nothing_listens_through_the_pooler_and_waiters_poll(pooled: str) -> None:
@@ -209,10 +185,10 @@ async def test_without_a_listener_a_wait_ends_when_the_holder_expires(pooled: st
 
 
 async def test_a_direct_listener_pushes_while_statements_go_through_the_pooler(
-    pooled: str, direct: str
+    pooled: str, pg: str
 ) -> None:
     app = unique("aiolease_listener")
-    url = with_query(pooled, listen_url=with_query(direct, application_name=app))
+    url = with_query(pooled, listen_url=with_query(pg, application_name=app))
     # The holder's side listens nowhere: the waiter's listener is the only one.
     async with backend(url, poll_interval=60) as waiter, backend(pooled) as holder_side:
         pg_waiter = inner(waiter, PostgresBackend)
@@ -225,7 +201,7 @@ async def test_a_direct_listener_pushes_while_statements_go_through_the_pooler(
             # The listener is the one connection made with listen_url's application_name
             # (a LISTEN through the pooler would have let its session go back to the pool).
             listeners = await raw(
-                direct, "SELECT query FROM pg_stat_activity WHERE application_name = $1", app
+                pg, "SELECT query FROM pg_stat_activity WHERE application_name = $1", app
             )
             assert len(listeners) == 1, listeners
             assert await holder_side.release(name, "owner-1", granted.token)

@@ -1,11 +1,12 @@
 """What the Redis and Redlock tests share: key prefixes of their own, deleted afterwards,
-and ways to see what a backend does."""
+a look at the server's keys and connections, and ways to see what a backend does."""
 
 from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,19 +14,35 @@ import anyio
 import pytest
 import redis
 
+from aiolease import AsyncLock
+from aiolease._bridge import running_trio
 from aiolease.abc import Backend, Grant, HolderInfo
 from aiolease.backends.redis import RedisBackend
 
 __all__ = [
+    "Opener",
     "Tap",
+    "asyncio_loop",
+    "asyncio_only",
+    "connections",
     "delete_under",
     "in_database",
     "inner",
     "new_name",
     "new_prefix",
+    "noting_waits",
     "prefix_fixture",
+    "requests",
     "subscribe",
+    "sync_client",
+    "take_once",
 ]
+
+#: Runs a test under asyncio only (for what the trio bridge keeps out of reach).
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+#: Opens a backend with the given options (the ``open_redis`` and ``open_redlock`` fixtures).
+Opener = Callable[..., AbstractAsyncContextManager[Backend]]
 
 
 def new_prefix(label: str) -> str:
@@ -154,3 +171,78 @@ async def subscribe(backend: Backend, name: str) -> None:
     the holders' takeover watches keep it: a fair waiter then needs no extra attempt.
     It also marks the name watched: releases then announce their hand-offs on it."""
     await backend.wait_changed(name, HolderInfo(name, "nobody", "", 1, {}))
+
+
+@asynccontextmanager
+async def asyncio_loop() -> AsyncIterator[None]:
+    """Under trio, a trio-asyncio loop for a redis.asyncio client the test makes itself."""
+    if running_trio():
+        import trio_asyncio
+
+        async with trio_asyncio.open_loop():
+            yield
+    else:
+        yield
+
+
+def sync_client(url: str) -> redis.Redis:
+    """A blocking client to set up and inspect keys (a few loopback round trips)."""
+    return redis.Redis.from_url(url)
+
+
+def connections(url: str, client_name: str, kind: str | None = None) -> list[str]:
+    """The ids of the server's connections called ``client_name`` (of type ``kind``)."""
+    with sync_client(url) as admin:
+        return [c["id"] for c in admin.client_list(_type=kind) if c.get("name") == client_name]
+
+
+def requests(backend: Backend) -> Counter[str]:
+    """Count the commands the RedisBackend behind ``backend`` sends through its transport
+    (not its pub/sub connection), by command, and the requests (``"requests"``: each
+    one write of one or more commands)."""
+    wire = inner(backend)._wire
+    calls: Counter[str] = Counter()
+    call, batch, batch_now = wire.call, wire.batch, wire.batch_now
+
+    def note(commands: Any) -> None:
+        calls["requests"] += 1
+        for command in commands:
+            calls[str(command[0]).split()[0]] += 1
+
+    async def counted_call(*args: Any) -> Any:
+        note([args])
+        return await call(*args)
+
+    async def counted_batch(commands: Any, **options: Any) -> Any:
+        note(commands)
+        return await batch(commands, **options)
+
+    def counted_batch_now(commands: Any) -> Any:
+        note(commands)
+        return batch_now(commands)
+
+    wire.call = counted_call  # type: ignore[method-assign]
+    wire.batch = counted_batch  # type: ignore[method-assign]
+    wire.batch_now = counted_batch_now  # type: ignore[method-assign]
+    return calls
+
+
+async def take_once(backend: Backend, name: str, got: list[Any]) -> None:
+    """Acquire ``name`` (waiting as long as it takes, with a 30 s ttl), note the token,
+    release."""
+    lease = await AsyncLock(backend, name, ttl=30.0).acquire()
+    got.append(lease.token)
+    await lease.release()
+
+
+def noting_waits(found: RedisBackend) -> anyio.Event:
+    """An event set when a waiter of ``found`` starts waiting for its turn."""
+    waiting = anyio.Event()
+    wait_turn = found.wait_turn
+
+    async def noted_wait_turn(name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        waiting.set()
+        await wait_turn(name, owner, ttl, seen)
+
+    found.wait_turn = noted_wait_turn  # type: ignore[method-assign]
+    return waiting

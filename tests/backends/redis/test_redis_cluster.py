@@ -7,7 +7,7 @@ Each test works under its own key prefix and deletes its keys afterwards.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -18,16 +18,11 @@ from redis.crc import key_slot
 import aiolease
 from aiolease import AsyncLock, Capability, InvalidArgument
 from aiolease.abc import Backend
-from aiolease.backends._redis_scripts import Keys
 from aiolease.backends.redis import RedisBackend
+from aiolease.backends.redis._keys import Keys
 from aiolease.testing import CHECKS, Check
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def cluster_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis-cluster")
 
 
 def sync_cluster(url: str) -> RedisCluster:

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 import aiolease
 from aiolease import AsyncLock, BackendError, Capability
 from aiolease.abc import Backend
-from aiolease.backends._redis_scripts import Keys
+from aiolease.backends.redis._keys import Keys
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.servers import services_dir
@@ -35,11 +35,6 @@ pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICE = "aiolease"
-
-
-@pytest.fixture
-def sentinel_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis-sentinel")
 
 
 def master(url: str) -> redis.Redis:

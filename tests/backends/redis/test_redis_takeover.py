@@ -21,16 +21,13 @@ from aiolease import AsyncLock, LeaseLostError, LossReason
 from aiolease._bridge import adapt
 from aiolease.abc import Backend, HolderInfo
 from aiolease.backends.redis import RedisBackend
-from tests.backends.redis.support import new_name, prefix_fixture, subscribe
+from tests.backends.redis.support import new_name, subscribe
 
 pytestmark = pytest.mark.anyio
 
 LONG = 30.0
 #: A ttl whose renewals never come during a test: only a pub/sub message can end it.
 NO_RENEWALS = 600.0
-
-
-prefix = prefix_fixture("takeover")
 
 
 @asynccontextmanager

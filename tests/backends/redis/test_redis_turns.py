@@ -19,17 +19,14 @@ import aiolease
 from aiolease import AsyncLock, Lease
 from aiolease._bridge import adapt
 from aiolease.abc import Backend, Grant, HolderInfo
-from aiolease.backends._redis_scripts import Keys
-from aiolease.backends._redis_tickets import handed, next_in_line
-from tests.backends.redis.support import Tap, inner, new_name, prefix_fixture, subscribe
+from aiolease.backends.redis._keys import Keys
+from aiolease.backends.redis._tickets import handed, next_in_line
+from tests.backends.redis.support import Tap, inner, new_name, subscribe
 from tests.support import eventually
 
 pytestmark = pytest.mark.anyio
 
 LONG = 30.0
-
-
-prefix = prefix_fixture("turns")
 
 
 def heard(backend: Backend, channel: bytes) -> list[bytes]:

@@ -13,10 +13,10 @@ that host would, while the other workers still reach all of them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import anyio
@@ -24,7 +24,6 @@ import redis
 import redis.asyncio
 from anyio.abc import SocketStream, TaskGroup
 
-from aiolease._bridge import call_asyncio, running_trio
 from aiolease.backends.redlock import RedlockBackend
 from tests.backends.redis.support import delete_under
 
@@ -36,11 +35,8 @@ __all__ = [
     "instance_clients",
     "instances_of",
     "lease_keys",
-    "on_asyncio",
     "wipe",
 ]
-
-T = TypeVar("T")
 
 #: The client name that asks the router for instance ``i``: ``ROUTE + str(i)``.
 ROUTE = "redlock-route-"
@@ -239,14 +235,3 @@ def instances_of(url: str) -> Iterator[tuple[str, int]]:
     for item in urlsplit(url).netloc.rpartition("@")[2].split(","):
         host, _, port = item.rpartition(":")
         yield host.strip("[]"), int(port)
-
-
-async def on_asyncio(fn: Callable[[], Awaitable[T]]) -> T:
-    """Run an asyncio-only coroutine function from either loop (under trio, on a
-    trio-asyncio loop of its own), for tests that make redis.asyncio clients themselves."""
-    if not running_trio():
-        return await fn()
-    import trio_asyncio
-
-    async with trio_asyncio.open_loop():
-        return await call_asyncio(fn)

@@ -14,8 +14,8 @@ import asyncio
 import gc
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,48 +41,19 @@ from aiolease.testing import CHECKS, Check
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.safety import Fault, assert_safe
 from tests.backends.model import agrees_with_the_model
-from tests.backends.redis.support import new_prefix
+from tests.backends.redis.support import Opener
 from tests.backends.redlock.support import (
     RespRouter,
     Stubborn,
     instance_clients,
-    instances_of,
     lease_keys,
-    on_asyncio,
-    wipe,
 )
 from tests.backends.safety import CUT_OFF_FRESH, short_run
+from tests.support import on_asyncio
 
 pytestmark = pytest.mark.anyio
 
 LONG = 30.0
-Opener = Callable[..., AbstractAsyncContextManager[Backend]]
-
-
-@pytest.fixture
-def redlock_url(aiolease_server: Callable[[str], str]) -> str:
-    return aiolease_server("redis-redlock")
-
-
-@pytest.fixture
-def endpoints(redlock_url: str) -> list[tuple[str, int]]:
-    return list(instances_of(redlock_url))
-
-
-@pytest.fixture
-def prefix(endpoints: list[tuple[str, int]]) -> Iterator[str]:
-    """A key prefix of this test alone; its keys are deleted on every instance afterwards."""
-    prefix = new_prefix("redlock")
-    yield prefix
-    wipe(endpoints, prefix)
-
-
-@pytest.fixture
-def open_redlock(redlock_url: str, prefix: str) -> Opener:
-    def opener(**options: Any) -> AbstractAsyncContextManager[Backend]:
-        return aiolease.open_backend(redlock_url, prefix=prefix, **options)
-
-    return opener
 
 
 @asynccontextmanager
@@ -537,7 +508,7 @@ async def test_redlock_is_safe(
                 anyio_backend,
                 tmp_path,
                 DURATION,
-                backend_factory="redlock_support:RoutedRedlock",
+                backend_factory="tests.backends.redlock.support:RoutedRedlock",
                 **options,
             )
             assert min(router.routed) >= 1, router.routed

@@ -30,10 +30,10 @@ from aiolease import (
 from aiolease.abc import Backend, HolderInfo
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.safety import Fault
-from aiolease.testing.servers import server
 from tests.backends.safety import CUT_OFF_FRESH, ServiceRestart, assert_fault_took_effect, short_run
 from tests.backends.safety import restartable as restart_control
-from tests.support import refused, unique, with_query
+from tests.backends.sql.support import DATABASES, Database
+from tests.support import refused, unique
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -44,36 +44,6 @@ DURATION = {
     # 0.5-2 s here, depending on load: the workers must get to contend again after it.
     Fault.SERVER_RESTART: 5.0,
 }
-
-
-@dataclass(frozen=True)
-class Database:
-    """One SQL server kind: its shared service, and the one the tests may kill."""
-
-    shared: str
-    restartable: str
-    #: The pidfile ``scripts/services.sh`` keeps for the restartable server.
-    pidfile: str
-
-    def url(self, service: str) -> str:
-        """The service's URL; without TLS for PostgreSQL (see the ``pg`` fixture of
-        tests/backends/postgres/test_postgres.py: trio-asyncio crashes on a connect
-        cancelled mid-TLS-request)."""
-        url = server(service).url
-        if url.startswith("postgres") and "sslmode=" not in url:
-            url = with_query(url, sslmode="disable")
-        return url
-
-
-DATABASES = {
-    "postgres": Database("postgres", "postgres-restart", "postgres.pid"),
-    "mariadb": Database("mariadb", "mariadb-restart", "mariadb.pid"),
-}
-
-
-@pytest.fixture(params=list(DATABASES))
-def database(request: pytest.FixtureRequest) -> Database:
-    return DATABASES[request.param]
 
 
 def restartable(database: Database, aiolease_server: Callable[[str], str]) -> ServiceRestart:

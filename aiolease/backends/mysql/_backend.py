@@ -1,0 +1,690 @@
+"""MySQLBackend: the contract of :mod:`aiolease.abc` on MySQL and MariaDB (see the package)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..._exceptions import (
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+)
+from ..._validate import check_seconds
+from ...abc import Backend, Capability, Grant, HolderInfo
+from .._asyncio import now, wait_event
+from .._holders import identity_of
+from ..sql._options import pool_size
+from ..sql._pool import LeanPool, PoolStatistics
+from ..sql._renewals import Held, Key, RenewBatcher, renew_held
+from ..sql._rows import row_holder
+from ..sql._running import finished
+from ..sql._values import check_identifier, check_owner, encode_metadata
+from ..sql._wakeups import Wakeups
+from ._bell import Bells
+from ._errors import answered, errno, mapped
+from ._queue import REFRESH, Queue
+from ._statements import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
+from ._turns import Turn, Turns
+from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
+
+__all__ = ["MySQLBackend", "MySQLStatistics"]
+
+logger = logging.getLogger("aiolease.mysql")
+
+#: How many times a refusal whose holder is gone by the time it is read is asked again.
+_RACE_RETRIES = 8
+_NO_SUCH_TABLE = 1146
+#: Errors that :meth:`MySQLBackend.setup` cures: no such table, no such column (a
+#: table made by an older version, without ``queued``).
+_SET_UP = frozenset({_NO_SUCH_TABLE, 1054})
+_DUPLICATE_COLUMN = 1060
+#: A statement chosen as a deadlock's victim (rolled back: asked again, at most
+#: ``_DEADLOCK_RETRIES`` times). The waiters table is read by the statements that
+#: write the lease row, and written by others, so InnoDB may pick one now and then.
+#: Each retry waits a random pause of up to ``_DEADLOCK_PAUSE`` seconds, doubled each
+#: time: asked again at once, the statements that met kept meeting (five in a row
+#: were seen with six tasks on one name), and a pause lets one of them finish first.
+_DEADLOCK = 1213
+_DEADLOCK_RETRIES = 8
+_DEADLOCK_PAUSE = 0.001
+#: MySQL's longest table name.
+_MAX_IDENTIFIER = 64
+
+
+#: Stands for the pool that :meth:`MySQLBackend.from_url` is about to open.
+_OPENING: Any = object()
+
+
+#: The share of a grant's ttl that a refusal answered from memory leaves unused, for
+#: clock-rate drift between this host and the server.
+_DRIFT = 0.001
+
+
+@dataclass(slots=True)
+class _Held(Held):
+    """A grant made through this backend, to refuse other callers without a statement.
+
+    Until it is released through this backend, the row stays this owner's at least
+    until ``sent_at + ttl`` (``sent_at``: when the newest statement that granted or
+    renewed it was sent, before the server read its clock).
+    """
+
+    def remaining(self, at: float) -> float:
+        """Seconds it surely has left at ``at`` (clock-rate drift allowed for)."""
+        return self.sent_at + self.ttl * (1 - _DRIFT) - at
+
+
+def _granted_to(turn: Turn) -> bool:
+    """Whether a hand-off here granted ``turn`` the name (not just claimed it)."""
+    return turn.grant is not None and bool(turn.grant[0])
+
+
+#: What :meth:`MySQLBackend._execute` returns.
+_ID, _ROWS, _COUNT = "id", "rows", "count"
+
+
+async def _exchange(
+    conn: Any, sql: Prepared | str, params: Any, want: str, then: Prepared | None
+) -> Any:
+    """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
+
+    A :class:`~aiolease.backends.mysql._statements.Prepared` statement takes its parameters from
+    the mapping ``params``; a plain one (a batch, whose text differs with its size, so
+    preparing it would cost a round trip per new size) goes as text.
+    """
+    async with conn.cursor() as cur:
+        if isinstance(sql, Prepared):
+            count = await cur.execute(sql.sql, [params[name] for name in sql.names])
+        else:
+            count = await cur.execute(cur.mogrify(sql, params))
+        if want == _ID:
+            result: Any = cur.lastrowid
+        else:
+            result = await cur.fetchall() if want == _ROWS else count
+        if then is not None and not result:
+            await cur.execute(then.sql, [params[name] for name in then.names])
+            result = await cur.fetchall()
+    if not conn.get_autocommit():
+        await conn.commit()
+    return result
+
+
+#: Prepared statements kept per connection (of a backend made from a URL): acquire,
+#: take-over, holder, reserved, peek, the two releases, hand-off, mark, wait, leave.
+_STATEMENT_CACHE = 12
+
+
+def _statement_cache(asyncmy: Any) -> bool:
+    """Whether this asyncmy prepares positional statements (``stmt_cache_size``)."""
+    try:
+        return "stmt_cache_size" in inspect.signature(asyncmy.connect).parameters
+    except (TypeError, ValueError):  # a signature it does not expose: do without
+        return False
+
+
+def _usable(conn: Any) -> bool:
+    """Whether an idle asyncmy connection is still open (the server may have closed it)."""
+    return bool(conn.connected) and not getattr(conn, "_stream_broken", False)
+
+
+def _micros(ttl: float) -> int:
+    return max(round(ttl * 1_000_000), 1)
+
+
+@dataclass(frozen=True, slots=True)
+class MySQLStatistics:
+    """What one :class:`MySQLBackend` did so far.
+
+    :param renew_statements: renewal statements sent (each renews a whole batch)
+    :param renewals_shared: renew calls answered from a statement sent for the batch
+    :param hand_offs: releases that granted the name to a waiter in the same statement
+    :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
+    :param pool: the connections of a backend made from a URL (``None``: the user's)
+    :param polls: acquire statements sent by waiters polling for their turn
+    :param queue_writes: statements that wrote waiters' entries (join, refresh, leave,
+        sweep)
+    :param bell_waits: waits sent on the bell of the entry ahead (:mod:`._bell`)
+    :param rings: those that returned because the bell was let go (or was free)
+    :param deadlocks: statements the server chose as a deadlock's victim, sent again
+    """
+
+    renew_statements: int
+    renewals_shared: int
+    hand_offs: int
+    waiting: int
+    pool: PoolStatistics | None = None
+    polls: int = 0
+    queue_writes: int = 0
+    bell_waits: int = 0
+    rings: int = 0
+    deadlocks: int = 0
+
+
+class MySQLBackend(Backend):
+    """Leases as rows of a MySQL or MariaDB table, on asyncmy.
+
+    :param pool: an ``asyncmy`` pool (yours: never closed here); statements are
+        committed even if the pool is not in autocommit mode
+    :param table: the table of leases, in the connection's database (created on first use)
+    :param poll_interval: the longest a waiter sleeps before looking again
+    :param renew_window: seconds a renewal waits for others to share its statement
+    :raises InvalidArgument: a bad table name or number, or ``pool``
+    """
+
+    capabilities = frozenset(
+        {
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
+            Capability.FAIR_QUEUE,
+        }
+    )
+    requires_asyncio = True
+
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        table: str = "aiolease_leases",
+        poll_interval: float = 0.25,
+        renew_window: float = 0.0,
+    ) -> None:
+        from asyncmy.pool import Pool
+
+        self._table = check_identifier("table", table)
+        if len(table) + len(WAITERS_SUFFIX) > _MAX_IDENTIFIER:
+            raise InvalidArgument(
+                f"table must be at most {_MAX_IDENTIFIER - len(WAITERS_SUFFIX)} characters"
+                f" (its waiters table adds {WAITERS_SUFFIX!r}), got {table!r}"
+            )
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        window = check_seconds("renew_window", renew_window, allow_zero=True)
+        if pool is not _OPENING and not isinstance(pool, Pool):
+            raise InvalidArgument(f"pool must be an asyncmy Pool, not {type(pool).__name__}")
+        self._pool = pool
+        #: Our own connections (a backend made from a URL), else ``None``: ``pool`` is the user's.
+        self._lean: LeanPool[Any] | None = None
+        self._sql = Sql(self._table)
+        self._setup_lock = asyncio.Lock()
+        self._wakeups = Wakeups()
+        self._batcher = RenewBatcher(self._renew_batch, window=window)
+        self._turns = Turns()
+        self._queue = Queue(self._sql, self._execute, self._ask, self._turns)
+        self._held: dict[str, _Held] = {}
+        #: Grants and releases made through this backend so far (any name): a refusal
+        #: followed by none needs no read before its wait.
+        self._changes = 0
+        self._hand_offs = 0
+        self._deadlocks = 0
+        self._waiting = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<MySQLBackend {self._table}>"
+
+    @property
+    def table(self) -> str:
+        """The table the leases live in."""
+        return self._table
+
+    def statistics(self) -> MySQLStatistics:
+        """Counters of renew statements, hand-offs and waiters."""
+        return MySQLStatistics(
+            renew_statements=self._batcher.statements,
+            renewals_shared=self._batcher.shared,
+            hand_offs=self._hand_offs,
+            waiting=self._waiting,
+            pool=None if self._lean is None else self._lean.statistics(),
+            polls=self._queue.polls,
+            queue_writes=self._queue.writes,
+            deadlocks=self._deadlocks,
+            **self._queue.bell_statistics(),
+        )
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> MySQLBackend:
+        """Open a pool for ``mysql://user:password@host:port/database`` (or ``mariadb://``).
+
+        Options come from the URL query or keyword arguments (not both): ``table``,
+        ``poll_interval``, ``renew_window``, ``connect_timeout``, ``min_size``,
+        ``max_size``; ``connect_options`` (a mapping, keyword only) goes to
+        ``asyncmy.connect``.
+
+        :raises InvalidArgument: a malformed URL or option
+        :raises BackendUnavailable: the server cannot be reached
+        """
+        import asyncmy
+
+        connect, ours = parse_url(url)
+        for key in options:
+            if (key not in URL_OPTIONS and key not in KEYWORD_ONLY) or key in ours:
+                raise InvalidArgument(f"MySQL option {key!r} is unknown or given twice")
+        ours.update(options)
+        if _statement_cache(asyncmy):
+            connect["stmt_cache_size"] = _STATEMENT_CACHE
+        connect.update(ours.pop("connect_options", None) or {})
+        connect["connect_timeout"] = check_seconds(
+            "connect_timeout", ours.pop("connect_timeout", 10.0)
+        )
+        min_size, max_size = pool_size(ours.pop("min_size", 1), ours.pop("max_size", 10))
+        backend = cls(_OPENING, **ours)  # every option is checked before connecting
+
+        async def open_connection() -> Any:
+            return await asyncmy.connect(**connect)
+
+        lean: LeanPool[Any] = LeanPool(
+            open_connection,
+            close=lambda conn: conn.ensure_closed(),
+            terminate=lambda conn: conn.close(),
+            usable=_usable,
+            max_size=max_size,
+            min_size=min_size,
+            close_timeout=connect["connect_timeout"],
+            what=repr(backend),
+        )
+        with mapped():
+            try:
+                await lean.fill()
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgument(f"bad MySQL URL or option: {exc}") from exc
+        backend._pool = None
+        backend._lean = lean
+        backend._queue.bells = Bells(open_connection, f"{connect['database']}.{backend.table}")
+        return backend
+
+    async def setup(self) -> None:
+        """Create the table and its waiters table if they do not exist (idempotent; safe
+        from many processes).
+
+        :raises BackendError: e.g. the user may not create tables
+        """
+        async with self._setup_lock:
+            with mapped():
+                if self._lean is not None:
+                    # Interrupted or refused (with notes still off): never reused.
+                    async with self._lean.connection(reusable=lambda _: False) as conn:
+                        await self._create(conn)
+                    return
+                async with self._pool.acquire() as conn:
+                    try:
+                        await self._create(conn)
+                    except BaseException:
+                        # Interrupted (or refused, with notes still off): a connection
+                        # the pool must not hand out again. A cancel stays a cancel.
+                        conn.close()
+                        raise
+
+    async def _create(self, conn: Any) -> None:
+        async with conn.cursor() as cur:
+            # A concurrent creator leaves a "table exists" note: not worth a warning.
+            await cur.execute("SET @@session.sql_notes = 0")
+            for create in self._sql.create:
+                await cur.execute(create)
+            await cur.execute(self._sql.has_queued)
+            if not (await cur.fetchall())[0][0]:  # made by an older version
+                try:
+                    await cur.execute(self._sql.add_queued)
+                except Exception as exc:
+                    if errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
+                        raise
+            await cur.execute("SET @@session.sql_notes = DEFAULT")
+
+    # -- running statements ----------------------------------------------------------------
+
+    async def _execute(
+        self,
+        sql: Prepared | str,
+        params: Any,
+        want: str = _ID,
+        then: Prepared | None = None,
+        renewal: bool = False,
+    ) -> Any:
+        """Run ``sql``, creating the table on first use.
+
+        :param want: what to return: the insert id, the rows, or the affected row count
+        :param then: a query to run next, for its rows, if ``sql`` left insert id 0
+        :param renewal: for the renewal statement (may use the pool's reserved connection)
+        """
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        for retry in range(_DEADLOCK_RETRIES, -1, -1):
+            try:  # not ``mapped()``: a context manager per statement costs more than this
+                return await self._run(sql, params, want, then, renewal)
+            except Exception as exc:
+                number = errno(exc) if answered(exc) else None
+                if number == _DEADLOCK and retry:
+                    # The server rolled it back: it had no effect.
+                    self._deadlocks += 1
+                    pause = _DEADLOCK_PAUSE * 2 ** (_DEADLOCK_RETRIES - retry)
+                    await asyncio.sleep(random.uniform(0, pause))
+                    continue
+                if number not in _SET_UP:
+                    with mapped():
+                        raise
+                break
+        with mapped():
+            await self.setup()  # first use (or an older table): set up, then ask again
+            return await self._run(sql, params, want, then, renewal)
+
+    async def _run(
+        self, sql: Prepared | str, params: Any, want: str, then: Prepared | None, renewal: bool
+    ) -> Any:
+        lean = self._lean
+        if lean is None:
+            async with self._pool.acquire() as conn:
+                try:
+                    return await _exchange(conn, sql, params, want, then)
+                except BaseException as exc:
+                    if not answered(exc):
+                        # An interrupted exchange leaves the connection out of step with
+                        # the server: close it, so that the pool never hands it out again.
+                        conn.close()
+                    raise
+        conn = await lean.acquire(renewal)
+        try:
+            result = await _exchange(conn, sql, params, want, then)
+        except BaseException as exc:
+            if answered(exc) and errno(exc) not in _SET_UP:
+                lean.release(conn, renewal)
+            else:
+                # Out of step with the server: never reused. (Also one that met no
+                # table: asyncmy would not try to prepare those statements on it again.)
+                lean.discard(conn, renewal)
+            raise
+        lean.release(conn, renewal)
+        return result
+
+    # -- the contract ------------------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        raw_owner = check_owner(owner)
+        meta = encode_metadata(metadata) if metadata else "{}"
+        if self._turns.handed(name, owner):
+            await asyncio.sleep(0)  # a checkpoint; a cancel here leaves it to the caller's release
+            handed = self._turns.take(name, owner)
+            if handed is not None and handed.grant is not None:  # a release here handed it
+                token, sent_at = handed.grant
+                return Grant(token, handed.ttl, sent_at=sent_at)
+        held = self._held.get(name)
+        if held is not None and held.owner != owner:
+            refusal = await self._refuse(name, owner, ttl, identity, meta, held)
+            if refusal is not None:
+                return refusal
+        params = {
+            "name": name.encode(),
+            "owner": raw_owner,
+            "identity": identity.encode(),
+            "metadata": meta.encode(),
+            "ttl": float(ttl),
+            "us": _micros(ttl),
+        }
+        for _ in range(_RACE_RETRIES):
+            changes, asked_at = self._changes, now()
+            # Seen to its end even if the caller is cancelled (see ``finished``).
+            result = await finished(self._ask(params, self._sql.holder))
+            if isinstance(result, int):
+                self._turns.done(name, owner)
+                self._changed(name)
+                self._granted(name, _Held(owner, result, identity, meta, float(ttl), asked_at))
+                return Grant(result, ttl)
+            if not result:  # free, but kept for the oldest waiter (or let go meanwhile)
+                result = await self._execute(self._sql.reserved, params, _ROWS)
+            if result and result[0][0] != raw_owner:
+                self._turns.refused(name, owner, float(ttl), identity, meta, now(), (0, changes))
+                return self._holder(name, result[0])
+            # The holder let go between the statements: ask again.
+        raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
+
+    async def _ask(self, params: Mapping[str, Any], then: Prepared | None = None) -> Any:
+        """The acquire statement; for a row that expired under another owner, then the
+        take-over statement, which gives it to the oldest live waiter."""
+        result = await self._execute(self._sql.acquire, params, then=then)
+        if result == EXPIRED:
+            result = await self._execute(self._sql.take_over, params, then=then)
+        return result
+
+    def _granted(self, name: str, held: _Held) -> None:
+        known = self._held.get(name)
+        if known is not None and (known.owner, known.token) == (held.owner, held.token):
+            # A retry: the row kept the identity and metadata of the first grant.
+            held.identity, held.meta = known.identity, known.meta
+        self._held[name] = held
+
+    async def _refuse(
+        self, name: str, owner: str, ttl: float, identity: str, meta: str, held: _Held
+    ) -> HolderInfo | None:
+        """Refuse ``owner`` without a statement while a grant made here is live
+        (``None``: it may have run out, ask the server)."""
+        at = now()
+        remaining = held.remaining(at)
+        if remaining <= 0:
+            if self._held.get(name) is held:
+                del self._held[name]
+            return None
+        await asyncio.sleep(0)  # a checkpoint, as a statement would be
+        self._turns.refused(name, owner, float(ttl), identity, meta, at, (0, self._changes))
+        where = f"`{self._table}`"
+        return row_holder(where, name, held.owner, held.identity, held.token, held.meta, remaining)
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        return await renew_held(self._batcher, self._held, name, owner, token, ttl)
+
+    async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
+        """Renew every lease of ``items`` in one statement; which ones were renewed.
+
+        The statement's affected-row count tells when all were (the usual case: one
+        statement); otherwise a read of which are still ours and live tells which.
+        """
+        triples = [v for (n, o, t), _ in items for v in (n.encode(), o.encode(), t)]
+        ttls = {ttl for _, ttl in items}
+        if len(ttls) == 1:
+            ttl = float(items[0][1])
+            params: list[Any] = [ttl, _micros(ttl), *triples]
+            sql = self._sql.renew_many(len(items))
+        else:
+            params = [
+                v
+                for ((n, o, t), ttl) in items
+                for v in (n.encode(), o.encode(), t, float(ttl), _micros(ttl))
+            ]
+            sql = self._sql.renew_mixed(len(items))
+        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
+            return frozenset(key for key, _ in items)
+        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
+        return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        self._batcher.forget(name, owner, token)
+        self._turns.done(name, owner)
+        held = self._held.get(name)
+        if held is not None and held.owner == owner:
+            del self._held[name]  # before the statement: it may free the row
+        # Out of the queue first (a waiter that got the name keeps its entry until
+        # then), so that no release after this one hands it the row again.
+        place = await self._queue.leave(name, owner)
+        try:
+            turn = self._queue.poller(name)
+            if turn is not None:
+                freed = await self._hand_off(name, owner, token, turn)
+            else:
+                freed = await self._free(name, owner, token, queued=place is not None)
+        finally:
+            if place is not None:  # the row is handed on: wake the next in line
+                await self._queue.ring(name, place)
+        self._queue.wake_poller(name)
+        return freed
+
+    async def _free(self, name: str, owner: str, token: int | None, queued: bool = True) -> bool:
+        """Release ``owner``'s grant: to the oldest live waiter in the waiters table (any
+        process) if there is one, else free the row. Whether it was ``owner``'s.
+
+        :param queued: whether waiters are likely (the cheap statement, which frees the
+            row unless it is marked as having waiters, is skipped)
+        """
+        params = {"name": name.encode(), "owner": owner.encode(), "token": token}
+        after = 0 if queued else int(await self._execute(self._sql.release, params))
+        if not after:  # waiters may be queued (or not ours): hand it to the oldest, if any
+            after = int(await self._execute(self._sql.release_queued, params))
+        if not after:
+            return False
+        self._changed(name)
+        if token is not None and after == token + 1:
+            self._hand_offs += 1  # the oldest waiter finds out by its poll
+        else:
+            self._turns.wake_one(name)
+        return True
+
+    async def _hand_off(self, name: str, owner: str, token: int | None, turn: Turn) -> bool:
+        """Release ``owner``'s grant to the oldest task waiting here, in one statement, if
+        no older waiter elsewhere is ahead of it (else to that one: :meth:`_free`)."""
+        params = {
+            "name": name.encode(),
+            "owner": owner.encode(),
+            "token": token,
+            "next": turn.owner.encode(),
+            "identity": turn.identity.encode(),
+            "metadata": turn.metadata.encode(),
+            "ttl": turn.ttl,
+            "us": _micros(turn.ttl),
+        }
+        sent_at = now()
+        claim = (0, sent_at)
+        turn.grant = claim  # claimed: no other release hands it a second grant
+        try:
+            granted = int(await self._execute(self._sql.hand_off, params))
+        except BaseException:
+            if turn.grant == claim:  # (not a grant its own poll found meanwhile)
+                turn.grant = None
+            turn.doubt = True  # it may hold the row now: it gives it back if it stops
+            raise
+        finally:
+            turn.settled.set()
+            turn.event.set()
+        if not granted:
+            if turn.grant == claim:
+                turn.grant = None
+            return await self._free(name, owner, token)
+        turn.grant = (granted, sent_at)
+        self._held[name] = _Held(
+            turn.owner, granted, turn.identity, turn.metadata, turn.ttl, sent_at
+        )
+        self._hand_offs += 1
+        self._changed(name)
+        if turn.cancelled:  # it stopped waiting meanwhile: give its grant back
+            await self.release(name, turn.owner, granted)
+        return True
+
+    def _changed(self, name: str) -> None:
+        self._changes += 1
+        self._wakeups.wake(name)
+
+    async def read(self, name: str) -> HolderInfo | None:
+        rows = await self._execute(self._sql.holder, {"name": name.encode()}, _ROWS)
+        return None if not rows else self._holder(name, rows[0])
+
+    def _holder(self, name: str, row: Any) -> HolderInfo:
+        """The holder a row reports (``owner, identity, token, metadata, microseconds left``).
+
+        :raises ForeignDataError: the row holds what aiolease did not write
+        """
+        owner, identity, token, meta, micros = row
+        return row_holder(f"`{self._table}`", name, owner, identity, token, meta, micros, unit=1e-6)
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
+
+        Wakes at once for changes made through this backend object, when the
+        holder's ttl runs out, and otherwise after at most :attr:`poll_interval`.
+        """
+        with self._wakeups.watching(name) as event:
+            current = await self.read(name)
+            if identity_of(current) != identity_of(seen):
+                return
+            await self._wait(event, current)
+
+    async def _wait(
+        self, event: asyncio.Event, current: HolderInfo | None, most: float | None = None
+    ) -> None:
+        timeout = self.poll_interval if most is None else min(self.poll_interval, most)
+        if current is not None and current.remaining is not None:
+            timeout = min(timeout, current.remaining)
+        self._waiting += 1
+        try:
+            await wait_event(event, timeout)
+        finally:
+            self._waiting -= 1
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait in the waiters table, oldest first across processes, for a hand-off.
+
+        The first wait joins the queue (and one every quarter ttl refreshes the entry).
+        Among this backend's waiters only the oldest polls the server, with the acquire
+        statement itself (which finds a hand-off to it, or a free row that is its turn);
+        the others wait for a change made here, or ``poll_interval``.
+        """
+        await self._turns.wait(
+            name,
+            owner,
+            lambda turn: self._wait_turn(name, owner, ttl, seen, turn),
+            lambda: self.wait_changed(name, seen),
+            lambda token: self.release(name, owner, token),
+        )
+
+    async def _wait_turn(
+        self, name: str, owner: str, ttl: float, seen: HolderInfo, turn: Turn
+    ) -> None:
+        place = await self._queue.join(name, owner, ttl, turn)
+        current: HolderInfo | None = seen
+        if turn.mark != (0, self._changes):  # something changed here since the refusal
+            current = await self.read(name)
+        if turn.grant is not None or identity_of(current) != identity_of(seen):
+            return
+        if self._queue.poller(name) is not turn:  # one older in the queue polls for both
+            await self._wait(turn.event, current, ttl * REFRESH)
+            return
+        start = now()
+        expiry = None
+        if current is not None and current.remaining is not None:
+            expiry = start + current.remaining
+        self._waiting += 1
+        try:
+            polled = await self._queue.poll(
+                name, owner, ttl, turn, place, expiry, self.poll_interval
+            )
+        finally:
+            self._waiting -= 1
+        if polled is None:
+            return
+        # A hand-off from elsewhere, or its turn at a free row. The poll reset the row's
+        # expiry (sent before the server read its clock): its send time is ``sent_at``.
+        token, sent_at = polled
+        if not _granted_to(turn):  # (a hand-off here may be in flight, and will fail)
+            turn.grant = polled
+        turn.settled.set()
+        turn.event.set()
+        self._granted(name, _Held(owner, token, turn.identity, turn.metadata, float(ttl), sent_at))
+        self._changed(name)
+        self._queue.wake_poller(name)  # the next oldest here polls now
+
+    async def aclose(self) -> None:
+        """Close the pool if this backend opened it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeups.wake_all()
+        self._turns.wake_all()
+        await self._queue.aclose()
+        if self._lean is not None:
+            await self._lean.aclose()

@@ -1,0 +1,376 @@
+"""The SQL text of the PostgreSQL backend, and what its notifications say (no driver).
+
+See :mod:`aiolease.backends.postgres` for what each statement guarantees, and
+:mod:`aiolease.backends.postgres._queue` for the waiters' side of the queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT
+
+__all__ = [
+    "Notice",
+    "Payload",
+    "Sql",
+    "advisory_key",
+    "default_channel",
+    "grants_channel",
+    "parse_notice",
+    "parse_payload",
+    "waiters_table",
+]
+
+#: Greater than every ``seq`` of the waiters table (a bigserial).
+_LAST = "9223372036854775807"
+
+
+class Sql:
+    """The statements for one table and its waiters table (identifiers validated and quoted)."""
+
+    def __init__(self, schema: str, table: str) -> None:
+        t = f'"{schema}"."{table}"'
+        w = f'"{schema}"."{waiters_table(table)}"'
+        self.create = (
+            f"CREATE TABLE IF NOT EXISTS {t} ("
+            ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL,'
+            " owner text, identity text, metadata text, ttl double precision,"
+            " acquired_at timestamptz, expires_at timestamptz, queued_until timestamptz,"
+            " watched_until timestamptz)"
+        )
+        # The mark of a lease row whose name may have live waiters: NULL, or a time
+        # after which none is live (each statement that queues a waiter extends it to at
+        # least that waiter row's expiry). And the mark of a row that a wait for a
+        # holder to appear watches (``watch``): until then, grants of the free name and
+        # releases of grants nobody queued for are announced on the grants channel;
+        # else nobody listens for them, and they are not announced at all. Tables made
+        # before a mark get both by ``add_marks`` (see ``has_marks``).
+        self.has_marks = (
+            "SELECT count(*) = 2 AS present FROM pg_attribute WHERE attrelid = $1::text::regclass"
+            " AND attname IN ('queued_until', 'watched_until') AND NOT attisdropped"
+        )
+        self.add_marks = (
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS queued_until timestamptz,"
+            " ADD COLUMN IF NOT EXISTS watched_until timestamptz"
+        )
+        # One row per refused caller that may still wait: its place (seq, kept while it
+        # asks again in time), what a grant to it needs, the number of the ask that
+        # wrote the row (echoed in a hand-off's notification), and its expiry (its own
+        # ttl after its latest ask: a waiter that died holds nobody up for longer).
+        self.create_waiters = (
+            f"CREATE TABLE IF NOT EXISTS {w} ("
+            ' name text COLLATE "C" NOT NULL, owner text NOT NULL, identity text,'
+            " metadata text, ttl double precision NOT NULL, ask bigint NOT NULL,"
+            " seq bigserial NOT NULL, expires_at timestamptz NOT NULL,"
+            " PRIMARY KEY (name, owner))"
+        )
+        # The queue's order, read oldest first by a release without sorting.
+        self.create_waiters_index = (
+            f'CREATE INDEX IF NOT EXISTS "{waiters_table(table)}_seq" ON {w} (name, seq)'
+        )
+        retry = "l.owner = excluded.owner AND l.expires_at > excluded.acquired_at"
+
+        # The grant: a new row (of the values or the rows ``source`` gives), or the row
+        # updated (a retry by the current owner keeps its token, acquired_at, identity
+        # and metadata); the callers add the WHERE.
+        def upsert(source: str) -> str:
+            return (
+                f"INSERT INTO {t} AS l"
+                " (name, token, owner, identity, metadata, ttl, acquired_at, expires_at)"
+                f" {source} ON CONFLICT (name) DO UPDATE SET"
+                f" token = CASE WHEN {retry} THEN l.token ELSE l.token + 1 END,"
+                f" acquired_at = CASE WHEN {retry} THEN l.acquired_at"
+                " ELSE excluded.acquired_at END,"
+                f" identity = CASE WHEN {retry} THEN l.identity ELSE excluded.identity END,"
+                f" metadata = CASE WHEN {retry} THEN l.metadata ELSE excluded.metadata END,"
+                " owner = excluded.owner, ttl = excluded.ttl, expires_at = excluded.expires_at"
+            )
+
+        # How both acquires announce a grant "g": on the channel if it took the name from
+        # another owner (the statement's snapshot shows one), else on the grants channel
+        # if the row is watched; a retry (not fresh) is not announced.
+        payload = "'g' || g.token || ':' || length($2) || ':' || $2 || $1"
+
+        def announced(taken: str, clock: str) -> str:
+            return (
+                f" CASE WHEN NOT g.fresh THEN NULL WHEN {taken}"
+                f" THEN pg_notify($6, {payload}) IS NULL WHEN g.watched_until > {clock}"
+                f" THEN pg_notify($7, {payload}) IS NULL END AS notified"
+            )
+
+        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
+        # channel. The uncontended acquire: one upsert on the lease table only (the
+        # waiters table is not even opened), as lean as the plain lease-row upsert. The
+        # ON CONFLICT's WHERE, on the newest version of the row (locked), grants only a
+        # free or expired row that is not marked (the mark is NULL or past), or a retry
+        # by its live holder (a retry ignores the queue, as below). No row: refused (a
+        # holder, or a mark), and the caller goes on with the queue-aware ``acquire``,
+        # which queues it and says who holds the name. A grant is fresh when its
+        # acquired_at is this statement's (a retry keeps an older one).
+        self.acquire_fast = (
+            "WITH g AS ("
+            + upsert(
+                "VALUES ($1, 1, $2, $3, $4, $5, clock_timestamp(),"
+                " clock_timestamp() + make_interval(secs => $5))"
+            )
+            + " WHERE (l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
+            " OR l.owner = excluded.owner) AND (l.queued_until IS NULL"
+            f" OR l.queued_until <= excluded.acquired_at OR ({retry}))"
+            " RETURNING l.token, l.acquired_at >= statement_timestamp() AS fresh,"
+            " l.watched_until)"
+            " SELECT g.token, true AS granted, g.fresh,"
+            + announced(
+                f"EXISTS (SELECT 1 FROM {t} c WHERE c.name = $1 AND c.owner <> $2)",
+                "clock_timestamp()",
+            )
+            + " FROM g"
+        )
+        # What the queue-aware acquire answers: the grant, or the holder.
+        reply = (
+            " SELECT g.token, true AS granted, g.fresh, NULL::text AS owner,"
+            " NULL::text AS identity, NULL::text AS metadata, NULL::float8 AS remaining,"
+            + announced("EXISTS (SELECT 1 FROM cur c WHERE c.owner <> $2)", "(SELECT t FROM now)")
+            + " FROM granted g"
+            " UNION ALL SELECT token, false, NULL, owner, identity, metadata, remaining, NULL"
+            " FROM held WHERE EXISTS (SELECT 1 FROM refused)"
+        )
+        # $1 name, $2 owner, $3 identity, $4 metadata, $5 ttl, $6 channel, $7 grants
+        # channel, $8 the caller's ask number. The clock is read once (the CTE "now");
+        # excluded.acquired_at carries it into the update.
+        # "held": the snapshot shows a live holder other than the caller, or, with no
+        # live holder at all (not even the caller: a retry ignores the queue), the
+        # oldest live waiter queued before the caller (before everybody, if the caller
+        # has no live row). Either refuses: the lease row is marked (its mark extended
+        # to at least the waiter row's expiry: "marked" locks the lease row, and
+        # "queued" reads it, so before the waiter row), then the caller's waiter row is
+        # written (its place kept if it was live). Unless the locked row, in its newest
+        # version, is no longer the one the snapshot shows ("refused" is then empty): a
+        # holder that released after the snapshot was taken, without a hand-off as
+        # nobody was queued then, would never wake the caller; no row then (ask again).
+        # No row at all: the update's WHERE saw a newer version than the snapshot (a
+        # concurrent grant): the snapshot could not name that holder, so ask again. A
+        # grant deletes the caller's waiter row, after locking the lease row (every
+        # statement locks the lease row before waiter rows: no deadlock). A grant that
+        # takes the name from another owner (whose lease expired) is announced on the
+        # channel; one of a free name only on the grants channel (which only listeners
+        # that wait for a holder to appear listen to), if such a wait watches the row.
+        self.acquire = (
+            "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            " cur AS MATERIALIZED (SELECT l.token, l.owner, l.identity, l.metadata,"
+            f" l.expires_at FROM {t} l WHERE l.name = $1),"
+            # The name's waiter rows, read once (rarely any).
+            f" ws AS MATERIALIZED (SELECT w.owner, w.identity, w.metadata, w.seq, w.expires_at"
+            f" FROM {w} w WHERE w.name = $1),"
+            # Who the caller must wait for: the live holder, else (nobody holds it
+            # live, not even the caller) the oldest live waiter queued before it.
+            " held AS MATERIALIZED (SELECT c.token, c.owner, c.identity, c.metadata,"
+            " extract(epoch FROM c.expires_at - n.t)::float8 AS remaining"
+            " FROM cur c, now n WHERE c.owner <> $2 AND c.expires_at > n.t"
+            " UNION ALL (SELECT coalesce((SELECT c.token FROM cur c), 0), a.owner,"
+            " a.identity, a.metadata, extract(epoch FROM a.expires_at - n.t)::float8"
+            " FROM ws a, now n WHERE a.owner <> $2 AND a.expires_at > n.t"
+            " AND NOT EXISTS (SELECT 1 FROM cur c WHERE c.expires_at > n.t)"
+            " AND NOT EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2 AND m.expires_at > n.t"
+            " AND m.seq < a.seq) ORDER BY a.seq LIMIT 1)),"
+            " granted AS ("
+            + upsert(
+                "SELECT $1, 1, $2, $3, $4, $5, now.t, now.t + make_interval(secs => $5)"
+                " FROM now WHERE NOT EXISTS (SELECT 1 FROM held)"
+            )
+            + " WHERE l.owner IS NULL OR l.expires_at <= excluded.acquired_at"
+            " OR l.owner = excluded.owner"
+            " RETURNING l.token, l.acquired_at = (SELECT t FROM now) AS fresh, l.watched_until),"
+            f" served AS (DELETE FROM {w} d WHERE EXISTS (SELECT 1 FROM granted)"
+            " AND EXISTS (SELECT 1 FROM ws m WHERE m.owner = $2) AND d.name = $1 AND d.owner = $2),"
+            f" marked AS (UPDATE {t} l"
+            " SET queued_until = greatest(l.queued_until, n.t + make_interval(secs => $5))"
+            " FROM now n WHERE l.name = $1 AND EXISTS (SELECT 1 FROM held)"
+            " RETURNING EXISTS (SELECT 1 FROM cur c WHERE c.token = l.token"
+            " AND c.owner IS NOT DISTINCT FROM l.owner) AS same),"
+            " refused AS (SELECT 1 FROM marked WHERE same"
+            " UNION ALL SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM cur)),"
+            f" queued AS (INSERT INTO {w} AS q"
+            " (name, owner, identity, metadata, ttl, ask, expires_at)"
+            " SELECT $1, $2, $3, $4, $5, $8, n.t + make_interval(secs => $5) FROM now n"
+            " WHERE EXISTS (SELECT 1 FROM held) AND EXISTS (SELECT 1 FROM refused)"
+            " ON CONFLICT (name, owner) DO UPDATE SET identity = excluded.identity,"
+            " metadata = excluded.metadata, ttl = excluded.ttl, ask = excluded.ask,"
+            " seq = CASE WHEN q.expires_at > (SELECT t FROM now) THEN q.seq ELSE excluded.seq END,"
+            " expires_at = excluded.expires_at)"
+            f"{reply}"
+        )
+        # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
+        self.renew = (
+            f"UPDATE {t} AS l SET ttl = v.ttl,"
+            " expires_at = clock_timestamp() + make_interval(secs => v.ttl)"
+            " FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
+            " AS v(name, owner, token, ttl)"
+            ' WHERE l.name = v.name COLLATE "C" AND l.owner = v.owner AND l.token = v.token'
+            " AND l.expires_at > clock_timestamp() RETURNING l.name, l.owner, l.token"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel. With a live waiter (other
+        # than the caller) the row goes to the oldest one (token + 1, its identity,
+        # metadata and ttl, until its own ttl from now or its row's expiry, whichever
+        # is sooner), else it is cleared. Either way the caller's waiter row goes too
+        # (and, with the lease row locked, the handed waiter's and expired ones: "gone"
+        # joins "r", so the lease row is locked before any waiter row). One row always,
+        # with "gone" (the owners whose rows it deleted): a handed waiter not in it left
+        # meanwhile (its grant must be given back); a caller that had a row but is not
+        # in it may have lost the row to a hand-off to itself that committed after
+        # this statement's snapshot was taken (which the statement cannot see).
+        # The clock is read where it is used (as an UPDATE's own conditions read it):
+        # one read per statement would cost a join per use. With no live waiter to hand
+        # to, the mark is cleared, unless the row changed after this statement's
+        # snapshot (its xmin is not the snapshot's): a waiter that marked it meanwhile
+        # is not in the snapshot, and keeps its mark.
+        handed = (
+            f" r AS (UPDATE {t} l SET"
+            " token = CASE WHEN x.owner IS NULL THEN l.token ELSE l.token + 1 END,"
+            " owner = x.owner, identity = x.identity, metadata = x.metadata,"
+            " ttl = coalesce(x.ttl, l.ttl),"
+            " acquired_at = CASE WHEN x.owner IS NULL THEN l.acquired_at"
+            " ELSE clock_timestamp() END,"
+            " expires_at = least(clock_timestamp() + make_interval(secs => x.ttl), x.expires_at),"
+            " queued_until = CASE WHEN x.owner IS NULL AND l.xmin = (SELECT s.xmin"
+            f" FROM {t} s WHERE s.name = $1) THEN NULL ELSE l.queued_until END"
+            " FROM (SELECT 1) one LEFT JOIN (SELECT o.owner, o.identity, o.metadata, o.ttl, o.ask,"
+            f" o.expires_at FROM {w} o WHERE o.name = $1 AND o.owner <> $2"
+            " AND o.expires_at > clock_timestamp() ORDER BY o.seq LIMIT 1) x ON true"
+            " WHERE l.name = $1 AND l.owner = $2 AND ($3::int8 IS NULL OR l.token = $3::int8)"
+            " AND l.expires_at > clock_timestamp() RETURNING l.token, l.owner, x.ask)"
+        )
+        notify = (
+            " CASE WHEN r.token IS NULL THEN NULL"
+            " WHEN r.owner IS NULL THEN pg_notify($4, 'r' || r.token || ':' || $1)"
+            " ELSE pg_notify($4, 'h' || r.token || ':' || r.ask || ':' || length(r.owner)"
+            " || ':' || r.owner || $1) END IS NULL AS notified"
+        )
+        self.release = (
+            f"WITH{handed},"
+            f" gone AS (DELETE FROM {w} d USING (SELECT max(r.owner) AS owner, count(*) AS n"
+            " FROM r) h WHERE d.name = $1 AND (d.owner = $2 OR d.owner = h.owner"
+            " OR (h.n > 0 AND d.expires_at <= clock_timestamp())) RETURNING d.owner)"
+            " SELECT r.token, r.owner AS handed_to, r.ask,"
+            f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
+            " FROM (SELECT 1) one LEFT JOIN r ON true"
+        )
+        # The release of an owner that never wrote a waiter row (never refused): as
+        # above, but nothing of the caller's to delete or to look for. No row unless
+        # it released.
+        self.release_held = (
+            f"WITH{handed},"
+            f" gone AS (DELETE FROM {w} d USING r WHERE d.name = $1"
+            " AND (d.owner = r.owner OR d.expires_at <= clock_timestamp()) RETURNING d.owner)"
+            " SELECT r.token, r.owner AS handed_to, r.ask,"
+            f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
+            " FROM r"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel, $5 whether only observers
+        # care (then it is announced only if the row is watched). The uncontended
+        # release: the lease table only, and only a row that is not marked. A row if it
+        # released; none if the caller does not hold the name, or if the row is marked
+        # as having waiters (``release_held`` hands it on).
+        self.release_fast = (
+            f"WITH r AS (UPDATE {t} SET owner = NULL, identity = NULL, metadata = NULL,"
+            " expires_at = NULL WHERE name = $1 AND owner = $2"
+            " AND ($3::int8 IS NULL OR token = $3::int8) AND expires_at > clock_timestamp()"
+            " AND (queued_until IS NULL OR queued_until <= clock_timestamp())"
+            " RETURNING token, watched_until)"
+            " SELECT r.token, CASE WHEN NOT $5::bool OR r.watched_until > clock_timestamp()"
+            " THEN pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified FROM r"
+        )
+        # Delete waiter rows of any name that expired SWEEP_AFTER seconds ago or more,
+        # at most SWEEP_LIMIT (see ``Sweeps``). Only rows nobody has locked (SKIP
+        # LOCKED): it never waits, so it takes part in no deadlock, whatever order it
+        # meets the rows in; a row being refreshed is left to the next sweep.
+        self.sweep = (
+            f"DELETE FROM {w} d WHERE d.ctid = ANY(ARRAY(SELECT s.ctid FROM {w} s"
+            f" WHERE s.expires_at < clock_timestamp() - make_interval(secs => {SWEEP_AFTER})"
+            f" LIMIT {SWEEP_LIMIT} FOR UPDATE SKIP LOCKED))"
+        )
+        # $1 name, $2 seconds: mark the row watched for that long (a row made for it
+        # is free, token 0: the first grant's is 1), and read it. The row's lock orders
+        # this against every grant and release: one that comes after sees the mark.
+        self.watch = (
+            "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            f" w AS (INSERT INTO {t} AS l (name, token, watched_until)"
+            " SELECT $1, 0, n.t + make_interval(secs => $2) FROM n"
+            " ON CONFLICT (name) DO UPDATE SET"
+            " watched_until = greatest(l.watched_until, excluded.watched_until)"
+            " RETURNING l.owner, l.identity, l.token, l.metadata, l.expires_at)"
+            " SELECT w.owner, w.identity, w.token, w.metadata,"
+            " extract(epoch FROM w.expires_at - n.t)::float8 AS remaining"
+            " FROM w, n WHERE w.owner IS NOT NULL"
+            " AND (w.expires_at > n.t OR w.expires_at IS NULL)"
+        )
+        # A held row with no expiry is not aiolease's: read, it is reported as foreign
+        # (remaining NULL). No statement grants over it, as none counts it expired.
+        self.read = (
+            "SELECT l.owner, l.identity, l.token, l.metadata,"
+            " extract(epoch FROM l.expires_at - n.t)::float8 AS remaining"
+            f" FROM {t} l, (SELECT clock_timestamp() AS t) n"
+            " WHERE l.name = $1 AND l.owner IS NOT NULL"
+            " AND (l.expires_at > n.t OR l.expires_at IS NULL)"
+        )
+
+
+def waiters_table(table: str) -> str:
+    """The waiters table of ``table``: ``<table>_waiters``, or, where that would pass
+    PostgreSQL's 63-character limit, ``aiolease_w`` and 16 hex digits of a hash."""
+    if len(table) <= 55:
+        return f"{table}_waiters"
+    return f"aiolease_w{hashlib.sha256(table.encode()).hexdigest()[:16]}"
+
+
+def default_channel(schema: str, table: str) -> str:
+    """The NOTIFY channel of a table: ``aiolease_`` and 16 hex digits of its name's hash."""
+    digest = hashlib.sha256(f"{schema}.{table}".encode()).hexdigest()
+    return f"aiolease_{digest[:16]}"
+
+
+def advisory_key(schema: str, table: str) -> int:
+    """The key of the advisory lock that serialises creating the tables."""
+    digest = hashlib.sha256(f"aiolease:{schema}.{table}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def grants_channel(channel: str) -> str:
+    """The channel that grants of a free name are announced on (beside ``channel``)."""
+    if len(channel) <= 61:
+        return f"{channel}_g"
+    return f"aiolease_g{hashlib.sha256(channel.encode()).hexdigest()[:16]}"
+
+
+#: What a notification says: (kind, name, owner granted to or ``None``, token or ``None``).
+Payload = tuple[str, str, str | None, int | None]
+#: :data:`Payload` and, for a hand-off, the number of the waiter's ask it saw (else ``None``).
+Notice = tuple[str, str, str | None, int | None, int | None]
+
+
+def parse_payload(payload: str) -> Payload:
+    """Read a notification: ``'r' + token + ':' + name`` (released), ``'g' + token +
+    ':' + len(owner) + ':' + owner + name`` (granted), or ``'h' + token + ':' + ask +
+    ':' + len(owner) + ':' + owner + name`` (handed to a waiter: a grant, kind ``'g'``
+    here). Anything else counts as a release of an unknown token."""
+    kind, name, owner, token, _ask = parse_notice(payload)
+    return kind, name, owner, token
+
+
+def parse_notice(payload: str) -> Notice:
+    """:func:`parse_payload`, and the ask number of a hand-off."""
+    kind = payload[:1]
+    token, colon, rest = payload[1:].partition(":")
+    if kind in ("g", "r", "h") and colon and token.isdigit():
+        if kind == "r":
+            return "r", rest, None, int(token), None
+        ask = None
+        if kind == "h":
+            number, colon, rest = rest.partition(":")
+            if not (colon and number.isdigit()):
+                return "r", payload, None, None, None
+            ask = int(number)
+        size, colon, rest = rest.partition(":")
+        if colon and size.isdigit() and int(size) <= len(rest):
+            return "g", rest[int(size) :], rest[: int(size)], int(token), ask
+    return "r", payload, None, None, None
