@@ -44,9 +44,10 @@ Op = Literal[
 ]
 OPS: frozenset[str] = frozenset(get_args(Op))
 T = TypeVar("T")
-#: Operations that a fault set on another one also hits, unless set on themselves: a
-#: batch of renewals (a backend that :attr:`~Backend.renews_many`) as a whole, and a
-#: fair backend's :meth:`~Backend.wait_turn`, which the default makes a wait_changed.
+#: Operations that a fault set on another one also hits, unless set on themselves, and
+#: that :meth:`FaultyBackend.wait_called` of the other one also sees: a batch of
+#: renewals (a backend that :attr:`~Backend.renews_many`) as a whole, and
+#: :meth:`~Backend.wait_turn`, which the default makes a wait_changed.
 _ALSO = {"renew_many": "renew", "wait_turn": "wait_changed"}
 
 
@@ -120,9 +121,10 @@ class FaultyBackend(WrappingBackend):
 
     async def _run(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
         self.calls[op] += 1
-        event = self._called.pop(op, None)
-        if event is not None:
-            event.set()
+        for called in {op, _ALSO.get(op, op)}:
+            event = self._called.pop(called, None)
+            if event is not None:
+                event.set()
         key = op if op in self._faults else _ALSO.get(op, op)
         fault = self._faults.get(key)
         if fault is None:
