@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ._exceptions import BackendUnavailable, LossReason, UnsupportedCapability
-from .abc import Backend, Grant, HolderInfo, Renewal, RenewResult, SessionClock
+from ._exceptions import BackendUnavailable, UnsupportedCapability
+from .abc import Backend, WrappingBackend
 
 T = TypeVar("T")
 
@@ -64,25 +64,17 @@ async def call_asyncio(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     return result
 
 
-class AsyncioBridge(Backend):
+class AsyncioBridge(WrappingBackend):
     """A backend that forwards every call to an asyncio-only backend, from trio."""
 
     requires_asyncio = False
 
     def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.capabilities = inner.capabilities  # type: ignore[misc]
-        self.poll_interval = inner.poll_interval
-        self.reports_takeover = inner.reports_takeover
-        self.renews_many = inner.renews_many
+        super().__init__(inner)
         self._closed = False
 
     def __repr__(self) -> str:
         return f"<AsyncioBridge to {self.inner!r}>"
-
-    @classmethod
-    async def from_url(cls, url: str, **options: Any) -> AsyncioBridge:
-        raise UnsupportedCapability("bridges are made by adapt(), not from URLs")
 
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """:func:`call_asyncio`, or, once closed, what a closed backend raises under asyncio.
@@ -94,47 +86,24 @@ class AsyncioBridge(Backend):
             raise BackendUnavailable(f"{self.inner!r} is closed")
         return await call_asyncio(fn, *args)
 
-    async def try_acquire(
-        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
-    ) -> Grant | HolderInfo:
-        return await self._call(self.inner.try_acquire, name, owner, ttl, identity, metadata)
+    async def _forward(self, op: str, *args: Any) -> Any:
+        """``inner``'s ``op``, awaited on the asyncio loop."""
+        return await self._call(getattr(self.inner, op), *args)
 
-    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        return await self._call(self.inner.renew, name, owner, token, ttl)
+    def _forward_now(self, op: str, *args: Any) -> Any:
+        """``inner``'s plain hook ``op``, called as it is (:meth:`hold` and
+        :meth:`on_taken` only record: their callbacks run on the trio-asyncio loop,
+        which runs inside trio, so they may touch trio objects); but
+        :meth:`release_now`'s early send needs the asyncio loop, which a plain call
+        from trio is not on: it is made, then awaited, there when the core awaits it."""
+        if op == "release_now":
+            return self._call(self._release_now, *args)
+        return super()._forward_now(op, *args)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
-        return await self._call(self.inner.renew_many, renewals)
-
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        return await self._call(self.inner.release, name, owner, token)
-
-    async def read(self, name: str) -> HolderInfo | None:
-        return await self._call(self.inner.read, name)
-
-    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        await self._call(self.inner.wait_changed, name, seen)
-
-    async def wait_taken(self, name: str, held: HolderInfo) -> None:
-        await self._call(self.inner.wait_taken, name, held)
-
-    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        await self._call(self.inner.wait_turn, name, owner, ttl, seen)
-
-    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
-        return await self._call(self.inner.wait_lost, name, owner, token)
-
-    def hold(
-        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
-    ) -> SessionClock | None:
-        # A plain call: it only records. ``ended`` runs on the trio-asyncio loop, which
-        # runs inside trio, so it may touch trio objects (events, cancel scopes).
-        return self.inner.hold(name, owner, token, ended)
-
-    def on_taken(
-        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
-    ) -> Callable[[], None] | None:
-        # A plain call, like hold(): ``taken`` only records.
-        return self.inner.on_taken(name, owner, token, taken)
+    async def _release_now(self, name: str, owner: str, token: int) -> bool:
+        """``inner``'s :meth:`release_now`, or its :meth:`release` if it has none."""
+        sent = self.inner.release_now(name, owner, token)
+        return await (self.inner.release(name, owner, token) if sent is None else sent)
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -10,8 +10,9 @@ While a lease is held:
   keeps the grant itself (:meth:`Backend.hold`) is not asked to renew: the deadline
   follows its session, and it reports the loss.
 * **takeover watch** (push backends): ends the lease as soon as somebody else
-  takes the name; a session backend that reports takeovers itself
-  (:attr:`Backend.reports_takeover`) needs none.
+  takes the name; a backend that reports takeovers by callback
+  (:meth:`Backend.on_taken`) needs no task for it, and one that keeps the grant
+  itself (:meth:`Backend.hold`) reports them with every other end of the grant.
 * **session watch** (session backends without :meth:`Backend.hold`): ends the lease
   as soon as the backend reports its session lost, or itself closed
   (:meth:`Backend.wait_lost`).
@@ -180,7 +181,7 @@ class Holding:
         capabilities = backend.capabilities
         session = Capability.SESSION in capabilities
         watches: list[_Watch] = []
-        if Capability.PUSH_WAKEUP in capabilities and not (session and backend.reports_takeover):
+        if Capability.PUSH_WAKEUP in capabilities and clock is None:
             # A backend that reports takeovers by callback needs no task per lease.
             self._unsubscribe = backend.on_taken(lease.name, lease.owner, lease.token, self._taken)
             if self._unsubscribe is None:

@@ -33,10 +33,42 @@ may carry many leases on one session and renew it once per tick. They report in
 sent; the core takes the earlier of that and its own send time, so a confirmation
 is never counted as younger than it is.
 
-A session backend whose ``renew`` is only local bookkeeping (the session's own
-keepalive is what keeps the keys) implements :meth:`Backend.hold`: the core then
-never renews the leases it holds through it, and their local deadlines follow the
-session's confirmed expiry (:class:`SessionClock`).
+What an author writes. Required: :meth:`Backend.from_url`,
+:meth:`~Backend.try_acquire`, :meth:`~Backend.renew`, :meth:`~Backend.release`,
+:meth:`~Backend.read`, and :attr:`~Backend.capabilities` (a class attribute, or a
+property when a mode changes them). Everything else is optional, and the core does
+without it as follows:
+
+* :meth:`~Backend.wait_changed`: the default reads, then sleeps until the holder's
+  ttl runs out (or :attr:`~Backend.poll_interval`): waiters poll.
+* :meth:`~Backend.renew_many`: the default renews one by one, and the core then
+  renews each lease in a task of its own (overriding it sets
+  :attr:`~Backend.renews_many`: the core hands it every lease due at once).
+* :meth:`~Backend.release_now`: the core awaits :meth:`~Backend.release` instead.
+* :meth:`~Backend.wait_turn` (:attr:`Capability.FAIR_QUEUE`): the default is
+  :meth:`~Backend.wait_changed`.
+* :meth:`~Backend.on_taken` (:attr:`Capability.PUSH_WAKEUP`): reports a takeover of
+  a held lease by callback. Without it the core runs a watch task per held lease
+  that waits in :meth:`~Backend.wait_taken` and then reads; the default
+  :meth:`~Backend.wait_taken` uses :meth:`~Backend.on_taken` when it subscribes,
+  else :meth:`~Backend.wait_changed`, so a backend overrides it only to wait for its
+  notifications without such a subscription.
+* :meth:`~Backend.hold` (:attr:`Capability.SESSION`): a session backend whose
+  ``renew`` is only local bookkeeping (the session's own keepalive is what keeps the
+  keys) returns the session's clock (:class:`SessionClock`): the core then never
+  renews the leases it holds through it, their local deadlines follow the session's
+  confirmed expiry, and the backend reports every end of the grant, takeovers
+  included, through ``ended`` (the core then runs no watch of its own). Without it
+  the core renews, and watches with :meth:`~Backend.wait_lost`.
+* :meth:`~Backend.wait_lost` (:attr:`Capability.SESSION`): the awaited form of
+  :meth:`~Backend.hold`'s ``ended``, for a backend that cannot keep grants itself (a
+  client of a backend served over the wire); the default never reports a loss, and
+  the core then learns of one at the next renewal.
+
+Wrappers (the trio bridge, :class:`~aiolease.testing.faults.FaultyBackend`,
+:class:`~aiolease.testing.remote.RemoteBackend`) derive from
+:class:`ForwardingBackend`, which hands every operation, hook and property of the
+contract to the backend they wrap.
 """
 
 from __future__ import annotations
@@ -73,6 +105,7 @@ __all__ = [
     "BackendTimeout",
     "BackendUnavailable",
     "Capability",
+    "ForwardingBackend",
     "Grant",
     "HolderInfo",
     "InvalidArgument",
@@ -81,6 +114,7 @@ __all__ = [
     "Renewal",
     "RenewResult",
     "SessionClock",
+    "WrappingBackend",
 ]
 
 
@@ -137,22 +171,26 @@ class Backend(abc.ABC):
     a client the user passed in).
     """
 
-    #: What this backend guarantees beyond the contract.
-    capabilities: ClassVar[frozenset[Capability]] = frozenset()
     #: ``True`` when the driver runs only on asyncio (the core bridges it under trio).
     requires_asyncio: ClassVar[bool] = False
     #: How long :meth:`wait_changed` sleeps by default when it knows nothing better.
     poll_interval: float = 0.1
-    #: ``True`` when :meth:`wait_lost` also returns :attr:`LossReason.STOLEN` as soon as a
-    #: held grant's record is deleted or taken on the server (a session backend that
-    #: watches all its grants at once). The core then runs no takeover watch of its own
-    #: per held lease, which costs a read and a watch per lease and ttl.
-    reports_takeover: bool = False
-    #: ``True`` when :meth:`renew_many` renews many leases for about the cost of one
-    #: (one round trip, one statement). The core's scheduler then hands it every
-    #: lease due at once, from one task, instead of a :meth:`renew` call (and a
-    #: task) per lease.
-    renews_many: bool = False
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this instance guarantees beyond the contract, in the mode it was opened
+        in. This default: none. A backend overrides it with a class attribute
+        (``capabilities = frozenset({...})``) when its mode changes nothing, else with
+        a property (``fair=true`` adds :attr:`Capability.FAIR_QUEUE`, say)."""
+        return frozenset()
+
+    @property
+    def renews_many(self) -> bool:
+        """Whether :meth:`renew_many` renews many leases for about the cost of one (one
+        round trip, one statement): whether the class overrides it. The core's
+        scheduler then hands it every lease due at once, from one task, instead of a
+        :meth:`renew` call (and a task) per lease."""
+        return type(self).renew_many is not Backend.renew_many
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap what the subclass defines: its contract methods with the argument
@@ -264,15 +302,24 @@ class Backend(abc.ABC):
         """Return when the server may have released ``name`` or granted it to anyone
         else, while ``held`` (the caller's own grant, from the grant or a read) holds it.
 
-        The core's takeover watch of a held lease on a :attr:`Capability.PUSH_WAKEUP`
-        backend waits on this, then reads ``name`` to see whether the grant is gone. A
-        backend overrides it to wait for its push notifications only: no read and no
-        timer (the holder's renewals confirm its ownership every renew interval, so a
-        missed notification delays the loss by at most that). May return early. This
-        default is :meth:`wait_changed` (which may also return when ``held``'s
-        server-side ttl, as last read, runs out: a read per ttl).
+        The core's takeover watch task (a :attr:`Capability.PUSH_WAKEUP` backend whose
+        :meth:`on_taken` declined) waits on this, then reads ``name`` to see whether the
+        grant is gone. May return early. This default is :meth:`on_taken`'s callback
+        when it subscribes now, else :meth:`wait_changed` (which may also return when
+        ``held``'s server-side ttl, as last read, runs out: a read per ttl). A backend
+        overrides it only when it can wait for its push notifications without a
+        subscription of :meth:`on_taken`'s kind (no read and no timer: the holder's
+        renewals confirm its ownership every renew interval).
         """
-        await self.wait_changed(name, held)
+        taken = anyio.Event()
+        unsubscribe = self.on_taken(name, held.owner, held.token, lambda _: taken.set())
+        if unsubscribe is None:
+            await self.wait_changed(name, held)
+            return
+        try:
+            await taken.wait()
+        finally:
+            unsubscribe()
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Wait, as the refused acquirer ``owner``, until trying again may succeed.
@@ -297,8 +344,10 @@ class Backend(abc.ABC):
         grant rides on is lost (:attr:`LossReason.STOLEN` if the server dropped it,
         ``UNREACHABLE`` or ``EXPIRED`` if it could not be kept alive), and
         :attr:`LossReason.SHUTDOWN` when the backend is closed, *before* it lets the
-        server drop the grant; and, if :attr:`reports_takeover` is set, ``STOLEN`` as
-        soon as the grant's record is gone from the server. This default never returns.
+        server drop the grant. It is the awaited form of :meth:`hold`'s ``ended``, for
+        a backend that cannot keep grants itself (a client of a backend served over
+        the wire): the core waits on it only when :meth:`hold` returned ``None``. This
+        default never returns.
         """
         await anyio.sleep_forever()
         raise AssertionError("unreachable")  # pragma: no cover
@@ -316,8 +365,9 @@ class Backend(abc.ABC):
         session lives (a grant nobody holds still lapses after its ttl), and calls
         ``ended(reason)`` (a plain function that only records; from any task of the
         backend) as soon as it knows the grant is gone, with the reasons of
-        :meth:`wait_lost`. It must be a plain synchronous call: the core calls it
-        through the trio bridge too.
+        :meth:`wait_lost`, a takeover of the grant on the server (``STOLEN``) included:
+        the core then runs no takeover watch (:meth:`on_taken`) for the lease. It must
+        be a plain synchronous call: the core calls it through the trio bridge too.
 
         This default returns ``None``: the core renews the lease itself.
 
@@ -333,8 +383,9 @@ class Backend(abc.ABC):
         granted to another), until the returned function is called.
 
         The core calls this once when it starts holding a lease on a
-        :attr:`Capability.PUSH_WAKEUP` backend; when it returns a function, the core
-        runs no takeover watch task (:meth:`wait_taken`) for that lease. ``taken`` is a
+        :attr:`Capability.PUSH_WAKEUP` backend whose :meth:`hold` returned ``None``;
+        when it returns a function, the core runs no takeover watch task
+        (:meth:`wait_taken`) for that lease. ``taken`` is a
         plain function that only records (call it from any task of the backend; the
         core ignores a call after the lease ended). Like :meth:`hold`, this must be a
         plain synchronous call. This default returns ``None``: the core watches with
@@ -364,3 +415,131 @@ class Backend(abc.ABC):
 
 
 install(Backend)  # its own defaults too
+
+
+class ForwardingBackend(Backend):
+    """A backend that hands every operation of the contract to another one, near or far:
+    the base of wrappers (:class:`WrappingBackend`) and of wire clients
+    (:class:`~aiolease.testing.remote.RemoteBackend`).
+
+    Every awaited operation of :class:`Backend` goes through :meth:`_forward`, every
+    plain synchronous hook (:meth:`release_now`, :meth:`hold`, :meth:`on_taken`)
+    through :meth:`_forward_now`; a subclass says how calls travel by defining those
+    two, and what the other side guarantees (:attr:`capabilities`,
+    :attr:`renews_many`, :attr:`poll_interval`). A test
+    (``tests/testing/test_forwarding.py``) checks that nothing is left out.
+    """
+
+    @abc.abstractmethod
+    async def _forward(self, op: str, *args: Any) -> Any:
+        """Run the awaited operation ``op`` (a method name of :class:`Backend`) with
+        ``args`` on the other side, and return its result."""
+
+    def _forward_now(self, op: str, *args: Any) -> Any:
+        """Make the plain synchronous call ``op`` on the other side. This default
+        returns ``None`` (what the base's hooks answer: the core then releases,
+        renews and watches by awaited operations), for a side that cannot be reached
+        without awaiting."""
+        return None
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> Self:
+        """:raises InvalidArgument: always, unless a subclass is opened from URLs"""
+        raise InvalidArgument(f"{cls.__name__} is not opened from a URL")
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        outcome: Grant | HolderInfo = await self._forward(
+            "try_acquire", name, owner, ttl, identity, metadata
+        )
+        return outcome
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        grant: Grant = await self._forward("renew", name, owner, token, ttl)
+        return grant
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        results: Sequence[RenewResult] = await self._forward("renew_many", renewals)
+        return results
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        freed: bool = await self._forward("release", name, owner, token)
+        return freed
+
+    def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
+        sent: Awaitable[bool] | None = self._forward_now("release_now", name, owner, token)
+        return sent
+
+    async def read(self, name: str) -> HolderInfo | None:
+        holder: HolderInfo | None = await self._forward("read", name)
+        return holder
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        await self._forward("wait_changed", name, seen)
+
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        await self._forward("wait_taken", name, held)
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await self._forward("wait_turn", name, owner, ttl, seen)
+
+    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
+        reason: LossReason = await self._forward("wait_lost", name, owner, token)
+        return reason
+
+    def hold(
+        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
+    ) -> SessionClock | None:
+        clock: SessionClock | None = self._forward_now("hold", name, owner, token, ended)
+        return clock
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        unsubscribe: Callable[[], None] | None = self._forward_now(
+            "on_taken", name, owner, token, taken
+        )
+        return unsubscribe
+
+
+class WrappingBackend(ForwardingBackend):
+    """A :class:`ForwardingBackend` around a backend of this process, ``inner``: the
+    base of the trio bridge and of :class:`~aiolease.testing.faults.FaultyBackend`.
+
+    Every operation, hook and property of the contract is ``inner``'s unless a
+    subclass changes how it travels. Leases acquired through the wrapper are ended
+    when the wrapper is closed, those acquired through ``inner`` when ``inner`` is:
+    closing the wrapper closes ``inner``.
+
+    :param inner: the backend that does the work
+    """
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.poll_interval = inner.poll_interval
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} over {self.inner!r}>"
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """``inner``'s."""
+        return self.inner.capabilities
+
+    @property
+    def renews_many(self) -> bool:
+        """``inner``'s."""
+        return self.inner.renews_many
+
+    async def _forward(self, op: str, *args: Any) -> Any:
+        """Await ``inner``'s ``op``."""
+        return await getattr(self.inner, op)(*args)
+
+    def _forward_now(self, op: str, *args: Any) -> Any:
+        """Call ``inner``'s ``op``."""
+        return getattr(self.inner, op)(*args)
+
+    async def aclose(self) -> None:
+        """Close ``inner`` (which ends the leases acquired through it)."""
+        await self.inner.aclose()

@@ -1,55 +1,107 @@
 """mkdocs hooks: the capability matrix on the Backends page is built from the code.
 
-Each backend declares ``capabilities`` as a class attribute; rendering the table
-from those attributes means the docs cannot drift from what the code promises.
+A backend's capabilities depend on the mode it is opened in (``fair=true`` adds
+:attr:`Capability.FAIR_QUEUE`, say), so the matrix asks instances: one column per
+backend and mode, each built around a client that is never connected. Rendering the
+table from them means the docs cannot drift from what the code promises.
 """
 
 from __future__ import annotations
 
-import importlib
+import asyncio
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiolease.abc import Backend, Capability
 
 MARKER = "<!-- capability-matrix -->"
 
-#: The backends shipped today, in the order the matrix lists them.
-BACKENDS = {
-    "memory": "aiolease.backends.memory:MemoryBackend",
-    "SQLite": "aiolease.backends.sqlite:SQLiteBackend",
-    "Redis": "aiolease.backends.redis:RedisBackend",
-    "Redlock": "aiolease.backends.redlock:RedlockBackend",
-    "PostgreSQL": "aiolease.backends.postgres:PostgresBackend",
-    "MySQL": "aiolease.backends.mysql:MySQLBackend",
-    "etcd": "aiolease.backends.etcd:EtcdBackend",
+
+def _memory() -> Backend:
+    from aiolease.backends.memory import MemoryBackend
+
+    return MemoryBackend()
+
+
+def _sqlite() -> Backend:
+    from aiolease.backends.sqlite import SQLiteBackend
+
+    return SQLiteBackend(Path(tempfile.gettempdir()) / "aiolease-docs.db")  # never opened
+
+
+def _redis(**mode: Any) -> Backend:
+    import redis.asyncio
+
+    from aiolease.backends.redis import RedisBackend
+
+    return RedisBackend(redis.asyncio.Redis(), **mode)
+
+
+def _redlock() -> Backend:
+    import redis.asyncio
+
+    from aiolease.backends.redlock import RedlockBackend
+
+    return RedlockBackend([redis.asyncio.Redis(port=port) for port in (6381, 6382, 6383)])
+
+
+def _postgres(**mode: Any) -> Backend:
+    import asyncpg
+
+    from aiolease.backends.postgres import PostgresBackend
+
+    return PostgresBackend(asyncpg.create_pool("postgresql://localhost/docs", min_size=0), **mode)
+
+
+def _mysql() -> Backend:
+    from asyncmy.pool import Pool
+
+    from aiolease.backends.mysql import MySQLBackend
+
+    return MySQLBackend(Pool(minsize=0, maxsize=1))
+
+
+def _etcd(**mode: Any) -> Backend:
+    from aiolease.backends.etcd import EtcdBackend
+
+    return EtcdBackend(None, **mode)
+
+
+#: The backends shipped today, in each mode that changes what they guarantee, in the
+#: order the matrix lists them.
+MODES: dict[str, Callable[[], Backend]] = {
+    "memory": _memory,
+    "SQLite": _sqlite,
+    "Redis": _redis,
+    "Redis `fair=true`": lambda: _redis(fair=True),
+    "Redlock": _redlock,
+    "PostgreSQL": _postgres,
+    "PostgreSQL `listen=false`": lambda: _postgres(listen=False),
+    "MySQL": _mysql,
+    "etcd": _etcd,
+    "etcd `fair=true`": lambda: _etcd(fair=True),
 }
 
 
-def load(target: str) -> type[Backend]:
-    """Import ``module:Class``.
-
-    :param target: where the backend class lives
-    :raises TypeError: the target is not a backend class
-    """
-    module_name, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise TypeError(f"{target} is not an aiolease Backend")
-    return cls
+async def _instances() -> dict[str, Backend]:
+    """One backend per mode (inside a loop: some drivers' pools ask for one)."""
+    return {label: make() for label, make in MODES.items()}
 
 
 def capability_matrix() -> str:
-    """A Markdown table: one row per capability, one column per backend."""
-    classes = {label: load(target) for label, target in BACKENDS.items()}
-    header = "| capability | " + " | ".join(classes) + " |"
-    rule = "|---|" + "---|" * len(classes)
+    """A Markdown table: one row per capability, one column per backend and mode."""
+    backends = asyncio.run(_instances())
+    header = "| capability | " + " | ".join(backends) + " |"
+    rule = "|---|" + "---|" * len(backends)
     rows = [
         f"| `{cap.name}` | "
-        + " | ".join("yes" if cap in cls.capabilities else "no" for cls in classes.values())
+        + " | ".join("yes" if cap in b.capabilities else "no" for b in backends.values())
         + " |"
         for cap in Capability
     ]
-    bridged = " | ".join("yes" if cls.requires_asyncio else "no" for cls in classes.values())
+    bridged = " | ".join("yes" if b.requires_asyncio else "no" for b in backends.values())
     rows.append(f"| needs asyncio (bridged under trio) | {bridged} |")
     return "\n".join([header, rule, *rows])
 

@@ -32,7 +32,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from .._elector import Elector
 from .._exceptions import InvalidArgument, LossReason
 from .._lease import Lease
-from .._registry import backend_class, scheme_of
+from .._registry import open_backend
 from .._urls import redact
 from ..abc import Backend, Capability
 from ._process import say, start_child
@@ -305,10 +305,14 @@ class Demo:
         return 0
 
 
-def check_multi_process(url: str) -> None:
-    """:raises InvalidArgument: the backend cannot be shared by several processes"""
-    cls = backend_class(scheme_of(url))
-    if Capability.MULTI_PROCESS not in cls.capabilities:
+async def check_multi_process(url: str) -> None:
+    """Open the backend once, to ask it (its capabilities may depend on its mode).
+
+    :raises InvalidArgument: the backend cannot be shared by several processes
+    """
+    async with open_backend(url) as backend:
+        shared = Capability.MULTI_PROCESS in backend.capabilities
+    if not shared:
         raise InvalidArgument(
             f"the demo runs several processes; {redact(url)!r} cannot be shared by them"
         )
@@ -318,6 +322,6 @@ async def run_demo(args: argparse.Namespace) -> int:
     """``aiolease demo``: on ``--backend``, or a fresh SQLite file in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="aiolease-demo-") as tmp:
         url = args.backend or sqlite_url(Path(tmp) / "leases.db")
-        check_multi_process(url)
+        await check_multi_process(url)
         name = "demo" if args.backend is None else f"aiolease-demo-{os.getpid()}"
         return await Demo(url, name, args.ttl, args.verbose).run()

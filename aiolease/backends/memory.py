@@ -173,16 +173,6 @@ class MemoryBackend(Backend):
         with anyio.move_on_at(record.expires_at - self._clock() + anyio.current_time()):
             await event.wait()
 
-    async def wait_taken(self, name: str, held: HolderInfo) -> None:
-        """Return when ``held``'s grant is released or taken (renewals do not wake it,
-        nor does a timer: the holder's deadline comes before the record's expiry)."""
-        taken = anyio.Event()
-        cancel = self.on_taken(name, held.owner, held.token, lambda _: taken.set())
-        try:
-            await taken.wait()
-        finally:
-            cancel()
-
     def force_release(self, name: str) -> None:
         """Drop ``name``'s record as an operator would (tests and tools)."""
         if self._records.pop(name, None) is not None:

@@ -141,7 +141,7 @@ async def check_lock_wakes_on_release(factory: BackendFactory) -> None:
 
         async with task_group() as tg:
             tg.start_soon(wait_for_it)
-            await spy.wait_called("wait_changed")
+            await spy.wait_called("wait_turn")
             await first.release()
             with within(_wake_bound(inner), "a blocked acquire waking after release"):
                 await granted.wait()
@@ -159,7 +159,7 @@ async def check_lock_cancel_while_waiting(factory: BackendFactory) -> None:
         first = await _hold(inner, name)
         async with task_group() as tg:
             tg.start_soon(AsyncLock(spy, name, ttl=LONG_TTL).acquire)
-            await spy.wait_called("wait_changed")
+            await spy.wait_called("wait_turn")
             tg.cancel_scope.cancel()
         await first.release()
         await _require_free(backend=inner, name=name, what="an acquire cancelled while waiting")

@@ -20,22 +20,35 @@ takeovers by callback (:meth:`Backend.on_taken`) is watched without ``read`` cal
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import anyio
 
-from .._exceptions import BackendTimeout, BackendUnavailable, InvalidArgument, LossReason
-from ..abc import Backend, Grant, HolderInfo, SessionClock
+from .._exceptions import BackendTimeout, BackendUnavailable, InvalidArgument
+from ..abc import Backend, WrappingBackend
 
 __all__ = ["FaultyBackend", "Op"]
 
-Op = Literal["try_acquire", "renew", "release", "read", "wait_changed", "wait_taken"]
-OPS: frozenset[str] = frozenset(
-    {"try_acquire", "renew", "release", "read", "wait_changed", "wait_taken"}
-)
+Op = Literal[
+    "try_acquire",
+    "renew",
+    "renew_many",
+    "release",
+    "read",
+    "wait_changed",
+    "wait_taken",
+    "wait_turn",
+    "wait_lost",
+]
+OPS: frozenset[str] = frozenset(get_args(Op))
 T = TypeVar("T")
+#: Operations that a fault set on another one also hits, unless set on themselves, and
+#: that :meth:`FaultyBackend.wait_called` of the other one also sees: a batch of
+#: renewals (a backend that :attr:`~Backend.renews_many`) as a whole, and
+#: :meth:`~Backend.wait_turn`, which the default makes a wait_changed.
+_ALSO = {"renew_many": "renew", "wait_turn": "wait_changed"}
 
 
 @dataclass
@@ -45,17 +58,19 @@ class _Fault:
     seconds: float = 0.0
 
 
-class FaultyBackend(Backend):
+class FaultyBackend(WrappingBackend):
     """Wraps ``inner`` and misbehaves on command.
+
+    Every operation of the contract is ``inner``'s (a :class:`WrappingBackend`), each
+    awaited one subject to the faults set on it (:data:`Op`), and counted in
+    :attr:`calls` with the plain hooks it forwards.
 
     :param inner: the backend that really stores the leases
     """
 
     def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.capabilities = inner.capabilities  # type: ignore[misc]
+        super().__init__(inner)
         self.requires_asyncio = inner.requires_asyncio  # type: ignore[misc]
-        self.poll_interval = inner.poll_interval
         #: Forward :meth:`hold` to ``inner`` (``False``: the core renews through here).
         self.sessions = True
         #: Forward :meth:`on_taken` to ``inner`` (``False``: the core's takeover watch
@@ -67,10 +82,6 @@ class FaultyBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<FaultyBackend {sorted(self._faults)} over {self.inner!r}>"
-
-    @classmethod
-    async def from_url(cls, url: str, **options: Any) -> FaultyBackend:
-        raise InvalidArgument("wrap a backend with FaultyBackend(inner); it has no URL")
 
     def _set(self, op: str, fault: _Fault) -> None:
         if op not in OPS:
@@ -110,16 +121,18 @@ class FaultyBackend(Backend):
 
     async def _run(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
         self.calls[op] += 1
-        event = self._called.pop(op, None)
-        if event is not None:
-            event.set()
-        fault = self._faults.get(op)
+        for called in {op, _ALSO.get(op, op)}:
+            event = self._called.pop(called, None)
+            if event is not None:
+                event.set()
+        key = op if op in self._faults else _ALSO.get(op, op)
+        fault = self._faults.get(key)
         if fault is None:
             return await call()
         if fault.times is not None:
             fault.times -= 1
             if fault.times <= 0:
-                del self._faults[op]
+                del self._faults[key]
         if fault.kind == "hang":
             await anyio.sleep_forever()
         if fault.kind == "fail":
@@ -133,43 +146,17 @@ class FaultyBackend(Backend):
             return result
         raise BackendTimeout(f"injected lost reply of {op}")
 
-    async def try_acquire(
-        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
-    ) -> Grant | HolderInfo:
-        return await self._run(
-            "try_acquire", lambda: self.inner.try_acquire(name, owner, ttl, identity, metadata)
-        )
+    async def _forward(self, op: str, *args: Any) -> Any:
+        """``inner``'s ``op``, subject to the fault set on it."""
+        return await self._run(op, lambda: super(FaultyBackend, self)._forward(op, *args))
 
-    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        return await self._run("renew", lambda: self.inner.renew(name, owner, token, ttl))
-
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        return await self._run("release", lambda: self.inner.release(name, owner, token))
-
-    async def read(self, name: str) -> HolderInfo | None:
-        return await self._run("read", lambda: self.inner.read(name))
-
-    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        await self._run("wait_changed", lambda: self.inner.wait_changed(name, seen))
-
-    async def wait_taken(self, name: str, held: HolderInfo) -> None:
-        await self._run("wait_taken", lambda: self.inner.wait_taken(name, held))
-
-    def hold(
-        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
-    ) -> SessionClock | None:
-        if not self.sessions:
+    def _forward_now(self, op: str, *args: Any) -> Any:
+        """``inner``'s plain hook ``op``, unless switched off: :meth:`hold` while
+        :attr:`sessions` is off, :meth:`on_taken` while :attr:`callbacks` is, and
+        :meth:`release_now` while a fault is set on ``release`` (the core then calls
+        :meth:`release`, where the fault is)."""
+        off = {"hold": not self.sessions, "on_taken": not self.callbacks}
+        if off.get(op, False) or (op == "release_now" and "release" in self._faults):
             return None
-        self.calls["hold"] += 1
-        return self.inner.hold(name, owner, token, ended)
-
-    def on_taken(
-        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
-    ) -> Callable[[], None] | None:
-        if not self.callbacks:
-            return None
-        self.calls["on_taken"] += 1
-        return self.inner.on_taken(name, owner, token, taken)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        self.calls[op] += 1
+        return super()._forward_now(op, *args)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import itertools
-import json
 import logging
 import signal
 import sys
@@ -65,198 +64,37 @@ from .._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
-    LossReason,
-    NotOwnerError,
 )
 from .._registry import open_backend
 from .._urls import redact, scrub, split_url
-from ..abc import Backend, Capability, Grant, HolderInfo
+from ..abc import Backend, Capability, ForwardingBackend, Grant
+from ._remote_wire import (
+    _DECODERS,
+    _IO_ERRORS,
+    MAX_FRAME,
+    PROTOCOL,
+    _decode_error,
+    _decode_hello,
+    _decode_holder,
+    _decode_renewals,
+    _encode_args,
+    _encode_error,
+    _encode_grant,
+    _encode_holder,
+    _encode_results,
+    _field,
+    _frame,
+    _metadata,
+    _parse,
+    _ProtocolError,
+    _reply_to,
+    _seconds,
+)
 
 __all__ = ["PROTOCOL", "BackendServer", "RemoteBackend", "main"]
 
 logger = logging.getLogger("aiolease.remote")
 T = TypeVar("T")
-
-#: The protocol version exchanged at ``hello`` (2: request ids).
-PROTOCOL = 2
-#: The longest line either side accepts, in bytes.
-MAX_FRAME = 1 << 20
-
-#: What goes wrong with a connection, as opposed to with the backend behind it.
-_IO_ERRORS = (
-    OSError,
-    anyio.BrokenResourceError,
-    anyio.ClosedResourceError,
-    anyio.EndOfStream,
-    anyio.IncompleteRead,
-)
-#: The contract's errors that cross the wire, most specific first.
-_WIRE_ERRORS: tuple[type[Exception], ...] = (
-    NotOwnerError,
-    InvalidArgument,
-    BackendUnavailable,
-    BackendTimeout,
-    BackendError,
-)
-
-
-class _ProtocolError(ValueError):
-    """A message that does not follow the protocol."""
-
-
-# -- encoding ---------------------------------------------------------------------------
-
-
-def _frame(message: Mapping[str, Any]) -> bytes:
-    # JSON escapes newlines inside strings, so a message is exactly one line.
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
-
-
-def _parse(line: bytes) -> dict[str, Any]:
-    try:
-        message = json.loads(line)
-    except ValueError as exc:
-        raise _ProtocolError(f"not a JSON line: {line[:80]!r}") from exc
-    if not isinstance(message, dict):
-        raise _ProtocolError(f"not a JSON object: {line[:80]!r}")
-    return message
-
-
-def _field(obj: object, key: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
-    """``obj[key]`` if it is of ``kind`` (``bool`` is never an ``int`` here)."""
-    if not isinstance(obj, dict):
-        raise _ProtocolError(f"expected an object holding {key!r}, got {obj!r}")
-    value = obj.get(key)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise _ProtocolError(f"{key!r} must not be a bool")
-    if not isinstance(value, kind):
-        raise _ProtocolError(f"{key!r} has the wrong type: {value!r}")
-    return value
-
-
-def _seconds(obj: object, key: str) -> float:
-    return float(_field(obj, key, (int, float)))
-
-
-def _maybe_seconds(obj: object, key: str) -> float | None:
-    value = _field(obj, key, (int, float), optional=True)
-    return None if value is None else float(value)
-
-
-def _metadata(obj: object) -> dict[str, str]:
-    value = _field(obj, "metadata", dict)
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise _ProtocolError("metadata must map str to str")
-    return dict(value)
-
-
-def _encode_holder(holder: HolderInfo) -> dict[str, Any]:
-    return {
-        "name": holder.name,
-        "owner": holder.owner,
-        "identity": holder.identity,
-        "token": holder.token,
-        "metadata": dict(holder.metadata),
-        "remaining": holder.remaining,
-    }
-
-
-def _decode_holder(obj: object) -> HolderInfo:
-    return HolderInfo(
-        name=_field(obj, "name", str),
-        owner=_field(obj, "owner", str),
-        identity=_field(obj, "identity", str),
-        token=_field(obj, "token", int),
-        metadata=_metadata(obj),
-        remaining=_maybe_seconds(obj, "remaining"),
-    )
-
-
-def _encode_grant(grant: Grant, received: float) -> dict[str, Any]:
-    # A send time the client cannot read, made into "this long before the request came".
-    lead = None if grant.sent_at is None else received - grant.sent_at
-    return {"token": grant.token, "ttl": grant.ttl, "lead": lead if lead and lead > 0 else None}
-
-
-def _decode_grant(obj: object, sent_at: float) -> Grant:
-    lead = _maybe_seconds(obj, "lead")
-    sent_at_here = None if lead is None else sent_at - lead
-    return Grant(_field(obj, "token", int), _seconds(obj, "ttl"), sent_at_here)
-
-
-def _encode_error(exc: Exception) -> dict[str, Any]:
-    for kind in _WIRE_ERRORS:
-        if isinstance(exc, kind):
-            return {"type": kind.__name__, "message": str(exc), "name": getattr(exc, "name", None)}
-    logger.warning("the served backend raised %r; reported as BackendError", exc)
-    return {"type": "BackendError", "message": f"{type(exc).__name__}: {exc}", "name": None}
-
-
-def _decode_error(obj: object) -> Exception:
-    kind = _field(obj, "type", str)
-    message = _field(obj, "message", str)
-    if kind == "NotOwnerError":
-        return NotOwnerError(_field(obj, "name", str), message)
-    errors = {cls.__name__: cls for cls in _WIRE_ERRORS if cls is not NotOwnerError}
-    return errors.get(kind, BackendError)(message)
-
-
-def _reply_to(request_id: int, line: bytes) -> dict[str, Any]:
-    """The reply in ``line``, if it answers request ``request_id``.
-
-    :raises _ProtocolError: not a reply, or a reply to another request
-    """
-    reply = _parse(line)
-    if "id" not in reply:
-        raise _ProtocolError(f"a reply without a request id (protocol {PROTOCOL}?): {line[:80]!r}")
-    answered = _field(reply, "id", int, optional=True)
-    if answered != request_id:
-        raise _ProtocolError(f"the reply to request {answered} came to request {request_id}")
-    if ("ok" in reply) == ("error" in reply):
-        raise _ProtocolError(f"a reply holds either 'ok' or 'error': {line[:80]!r}")
-    return reply
-
-
-def _decode_hello(value: object) -> tuple[frozenset[Capability], float]:
-    """The served capabilities and poll interval."""
-    if _field(value, "protocol", int) != PROTOCOL:
-        raise _ProtocolError(f"protocol {_field(value, 'protocol', int)}, not {PROTOCOL}")
-    try:
-        served = frozenset(Capability(c) for c in _field(value, "capabilities", list))
-    except ValueError as exc:
-        raise _ProtocolError(str(exc)) from None
-    return served, _seconds(value, "poll_interval")
-
-
-def _decode_outcome(value: object, sent_at: float) -> Grant | HolderInfo:
-    if isinstance(value, dict) and "grant" in value:
-        return _decode_grant(value["grant"], sent_at)
-    return _decode_holder(_field(value, "holder", dict))
-
-
-def _decode_bool(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise _ProtocolError(f"expected true or false, got {value!r}")
-    return value
-
-
-def _decode_maybe_holder(value: object) -> HolderInfo | None:
-    return None if value is None else _decode_holder(value)
-
-
-def _decode_reason(value: object) -> LossReason:
-    try:
-        return LossReason(value)
-    except ValueError:
-        raise _ProtocolError(f"expected a loss reason, got {value!r}") from None
-
-
-def _decode_none(value: object) -> None:
-    if value is not None:
-        raise _ProtocolError(f"expected null, got {value!r}")
-
 
 # -- the server -------------------------------------------------------------------------
 
@@ -350,7 +188,15 @@ class BackendServer:
         if op == "hello":
             capabilities = sorted(c.value for c in backend.capabilities)
             interval = backend.poll_interval
-            return {"protocol": PROTOCOL, "capabilities": capabilities, "poll_interval": interval}
+            return {
+                "protocol": PROTOCOL,
+                "capabilities": capabilities,
+                "poll_interval": interval,
+                "renews_many": backend.renews_many,
+            }
+        if op == "renew_many":
+            results = await backend.renew_many(_decode_renewals(args))
+            return _encode_results(results, received)
         name = _field(args, "name", str)
         if op == "try_acquire":
             ttl = _seconds(args, "ttl")
@@ -372,6 +218,9 @@ class BackendServer:
         if op == "wait_changed":
             seen = args.get("seen") if isinstance(args, dict) else None
             await backend.wait_changed(name, None if seen is None else _decode_holder(seen))
+            return None
+        if op == "wait_taken":
+            await backend.wait_taken(name, _decode_holder(_field(args, "held", dict)))
             return None
         if op == "wait_turn":
             owner, ttl = _field(args, "owner", str), _seconds(args, "ttl")
@@ -409,13 +258,21 @@ class _Connection:
         await anyio.aclose_forcefully(self.stream)
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(ForwardingBackend):
     """A backend served by a :class:`BackendServer` in another process (or this one).
 
     Open it with ``open_backend("remote://HOST:PORT")``. Its capabilities are the
     served backend's, learned at connection, plus
-    :attr:`~aiolease.abc.Capability.MULTI_PROCESS`; the class itself declares only
-    the latter, as the served backend is not known before connecting.
+    :attr:`~aiolease.abc.Capability.MULTI_PROCESS`; so are its poll interval and
+    :attr:`~aiolease.abc.Backend.renews_many`.
+
+    A :class:`~aiolease.abc.ForwardingBackend`: every awaited operation of the
+    contract travels to the server (:meth:`_forward`). The plain synchronous hooks
+    (:meth:`~aiolease.abc.Backend.release_now`, :meth:`~aiolease.abc.Backend.hold`,
+    :meth:`~aiolease.abc.Backend.on_taken`) cannot cross the wire and answer
+    ``None``: the core then releases with ``release``, renews a session backend's
+    leases itself and watches them with ``wait_lost``, and watches takeovers with
+    ``wait_taken``, all of which travel.
 
     Every call takes a connection from a small pool of idle ones (or opens one), so
     concurrent calls run concurrently. A call that fails, times out or is cancelled
@@ -439,8 +296,6 @@ class RemoteBackend(Backend):
     :param max_idle: how many idle connections to keep
     """
 
-    capabilities = frozenset({Capability.MULTI_PROCESS})
-
     def __init__(
         self,
         host: str,
@@ -459,6 +314,8 @@ class RemoteBackend(Backend):
         self._open: set[_Connection] = set()
         self._closed = False
         self._ids = itertools.count(1)
+        self._served: frozenset[Capability] = frozenset()
+        self._renews_many = False
 
     def __repr__(self) -> str:
         return f"<RemoteBackend remote://{_hostport(self.host, self.port)}>"
@@ -487,54 +344,37 @@ class RemoteBackend(Backend):
         :raises BackendError: the server speaks another protocol
         """
         try:
-            served, interval = await self._call("hello", {}, self.request_timeout, _decode_hello)
+            hello = await self._call("hello", {}, self.request_timeout, _decode_hello)
         except BackendError as exc:
             if type(exc) is not BackendError:  # unreachable, or no reply in time
                 raise
             raise BackendError(f"{self!r} is not an aiolease backend server: {exc}") from exc
-        self.capabilities = served | {Capability.MULTI_PROCESS}  # type: ignore[misc]
+        served, interval, renews_many = hello
+        self._served = served
         self.poll_interval = interval
+        self._renews_many = renews_many
 
-    async def try_acquire(
-        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
-    ) -> Grant | HolderInfo:
-        args = {
-            "name": name,
-            "owner": owner,
-            "ttl": ttl,
-            "identity": identity,
-            "metadata": dict(metadata),
-        }
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """The served backend's (once :meth:`hello` learned them) and
+        :attr:`~aiolease.abc.Capability.MULTI_PROCESS`."""
+        return self._served | {Capability.MULTI_PROCESS}
+
+    @property
+    def renews_many(self) -> bool:
+        """The served backend's (once :meth:`hello` learned it)."""
+        return self._renews_many
+
+    async def _forward(self, op: str, *args: Any) -> Any:
+        """Send the operation ``op`` with ``args`` to the server, and decode its reply.
+
+        :raises BackendTimeout: no reply within :attr:`request_timeout` (the waits,
+            ``wait_*``, have no limit)
+        """
         sent_at = anyio.current_time()
-        return await self._call(
-            "try_acquire", args, self.request_timeout, lambda v: _decode_outcome(v, sent_at)
-        )
-
-    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        args = {"name": name, "owner": owner, "token": token, "ttl": ttl}
-        sent_at = anyio.current_time()
-        return await self._call(
-            "renew", args, self.request_timeout, lambda v: _decode_grant(v, sent_at)
-        )
-
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        args = {"name": name, "owner": owner, "token": token}
-        return await self._call("release", args, self.request_timeout, _decode_bool)
-
-    async def read(self, name: str) -> HolderInfo | None:
-        return await self._call("read", {"name": name}, self.request_timeout, _decode_maybe_holder)
-
-    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        args = {"name": name, "seen": None if seen is None else _encode_holder(seen)}
-        await self._call("wait_changed", args, None, _decode_none)
-
-    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        args = {"name": name, "owner": owner, "ttl": ttl, "seen": _encode_holder(seen)}
-        await self._call("wait_turn", args, None, _decode_none)
-
-    async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
-        args = {"name": name, "owner": owner, "token": token}
-        return await self._call("wait_lost", args, None, _decode_reason)
+        timeout = None if op.startswith("wait_") else self.request_timeout
+        decode = _DECODERS[op]
+        return await self._call(op, _encode_args(op, args), timeout, lambda v: decode(v, sent_at))
 
     async def aclose(self) -> None:
         """Close every connection; calls in flight fail with :class:`BackendUnavailable`."""

@@ -163,6 +163,17 @@ class Releases(FaultyBackend):
         finally:
             self.done += 1
 
+    def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
+        sent = super().release_now(name, owner, token)
+        return None if sent is None else self._counted(sent)
+
+    async def _counted(self, sent: Awaitable[bool]) -> bool:
+        """A release sent early (:meth:`Backend.release_now`), counted once it returned."""
+        try:
+            return await sent
+        finally:
+            self.done += 1
+
 
 async def test_on_defeated_comes_before_the_release_of_the_lost_term(
     anyio_backend: str, redis_url: str, prefix: str

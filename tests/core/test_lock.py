@@ -90,7 +90,7 @@ async def test_stolen_lease_is_detected(
     if push == "watch":
         faulty.callbacks = False  # the takeover watch task: wait_taken, then a read
     if push == "renewal":
-        faulty.capabilities = frozenset()  # type: ignore[misc]  # only renewals can tell
+        inner.capabilities = frozenset()  # only renewals can tell
     thief = AsyncLock(inner, "job", ttl=TTL, identity="thief")
     after_cancel: list[str] = []
     with pytest.raises(LeaseLostError) as info:
@@ -237,7 +237,7 @@ async def test_blocking_acquire_wakes_on_release(
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(wait_for_it)
-        await faulty.wait_called("wait_changed")
+        await faulty.wait_called("wait_turn")
         assert await first.release() is True
     assert got == [first.token + 1]
 

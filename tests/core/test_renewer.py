@@ -366,9 +366,8 @@ async def test_the_fault_wrapper_forwards_hold_unless_told_not_to(anyio_backend:
 
 class Many(Quiet):
     """Renews through ``renew_many``: records each call's names; a name in ``fail``
-    fails alone, ``fail_call`` fails whole calls."""
-
-    renews_many = True
+    fails alone, ``fail_call`` fails whole calls (it overrides ``renew_many``, so
+    :attr:`Backend.renews_many` is set)."""
 
     def __init__(self) -> None:
         super().__init__()

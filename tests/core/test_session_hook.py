@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from aiolease import AsyncLock, Capability, Elector, Lease, LeaseLostError, LossReason
-from aiolease._bridge import adapt, call_asyncio, running_trio
+from aiolease._bridge import call_asyncio, running_trio
 from aiolease._holding import Counters, Holding
 from aiolease.abc import Backend, HolderInfo
 from aiolease.backends.memory import MemoryBackend
@@ -137,29 +137,50 @@ class CountingReads(SessionMemory):
         return super().on_taken(name, owner, token, taken)
 
 
-@pytest.mark.parametrize("reports", [True, False], ids=["reports_takeover", "watched"])
-async def test_a_backend_that_reports_takeovers_gets_no_takeover_watch(
-    anyio_backend: str, reports: bool
+class _Clock:
+    """A session that never expires (the test ends the grant by hand)."""
+
+    expires = float("inf")
+    error: BaseException | None = None
+
+
+class KeepingReads(CountingReads):
+    """:class:`CountingReads` that keeps held grants itself (:meth:`Backend.hold`) and
+    reports their loss, takeovers included, through ``ended``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended: list[Callable[[LossReason], object]] = []
+
+    def hold(
+        self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
+    ) -> _Clock:
+        self.ended.append(ended)
+        return _Clock()
+
+    def lose(self, reason: LossReason) -> None:
+        for ended in self.ended:
+            ended(reason)
+
+
+@pytest.mark.parametrize("keeps", [True, False], ids=["hold", "renewed"])
+async def test_a_backend_that_keeps_its_grants_gets_no_takeover_watch(
+    anyio_backend: str, keeps: bool
 ) -> None:
-    backend = CountingReads()
-    backend.reports_takeover = reports
+    """A backend whose :meth:`Backend.hold` keeps the grant reports every end of it,
+    takeovers included: the core neither subscribes (:meth:`Backend.on_taken`) nor
+    watches the session (:meth:`Backend.wait_lost`) for it."""
+    backend = KeepingReads() if keeps else CountingReads()
     assert Capability.PUSH_WAKEUP in backend.capabilities
     with anyio.fail_after(10), pytest.raises(LeaseLostError) as info:
         async with AsyncLock(backend, "n", ttl=30):
             await anyio.wait_all_tasks_blocked()
             assert backend.reads == 0
-            assert backend.subscriptions == (0 if reports else 1)
-            assert backend.waiting == 1  # the session watch runs either way
+            assert backend.subscriptions == (0 if keeps else 1)
+            assert backend.waiting == (0 if keeps else 1)
             backend.lose(LossReason.STOLEN)
             await anyio.sleep_forever()
     assert info.value.reason is LossReason.STOLEN
-
-
-async def test_the_bridge_tells_whether_the_backend_reports_takeovers(anyio_backend: str) -> None:
-    backend = SessionAsyncioOnly()
-    backend.reports_takeover = True
-    async with asyncio_loop():
-        assert adapt(backend).reports_takeover is True
 
 
 async def test_a_lease_released_first_ignores_a_later_loss(anyio_backend: str) -> None:

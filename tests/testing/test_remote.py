@@ -79,7 +79,7 @@ class _FairSlow(MemoryBackend):
 
 
 async def test_capabilities_and_poll_interval_are_the_served_backends() -> None:
-    assert RemoteBackend.capabilities == {Capability.MULTI_PROCESS}
+    assert RemoteBackend("127.0.0.1", 1).capabilities == {Capability.MULTI_PROCESS}
     async with remote(_FairSlow()) as client:
         assert isinstance(client, RemoteBackend)
         assert client.capabilities == {Capability.FAIR_QUEUE, Capability.MULTI_PROCESS}
@@ -524,7 +524,12 @@ class _Scripted:
                 while True:
                     request = json.loads(await reader.receive_until(b"\n", 1 << 20))
                     if request["op"] == "hello":
-                        value = {"protocol": PROTOCOL, "capabilities": [], "poll_interval": 1}
+                        value = {
+                            "protocol": PROTOCOL,
+                            "capabilities": [],
+                            "poll_interval": 1,
+                            "renews_many": False,
+                        }
                         await stream.send(json.dumps({"id": request["id"], "ok": value}).encode())
                         await stream.send(b"\n")
                     elif request["op"] == "read":

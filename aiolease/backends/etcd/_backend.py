@@ -103,6 +103,18 @@ class EtcdStatistics:
     local_handoffs: int = 0
 
 
+#: What every instance guarantees (fair mode adds :attr:`Capability.FAIR_QUEUE`).
+CAPABILITIES = frozenset(
+    {
+        Capability.PUSH_WAKEUP,
+        Capability.SERVER_TIME,
+        Capability.DURABLE_TOKENS,
+        Capability.SESSION,
+        Capability.MULTI_PROCESS,
+    }
+)
+
+
 class EtcdBackend(Backend):
     """Leases in etcd v3, riding on one session lease per ttl.
 
@@ -115,17 +127,7 @@ class EtcdBackend(Backend):
     :raises InvalidArgument: a bad option
     """
 
-    capabilities = frozenset(
-        {
-            Capability.PUSH_WAKEUP,
-            Capability.SERVER_TIME,
-            Capability.DURABLE_TOKENS,
-            Capability.SESSION,
-            Capability.MULTI_PROCESS,
-        }
-    )
     requires_asyncio = True
-    reports_takeover = True
 
     def __init__(
         self,
@@ -151,8 +153,6 @@ class EtcdBackend(Backend):
         self._prefix = prefix
         self._layout = Layout(prefix.encode())
         self._fair = parse_bool("fair", fair)
-        if self._fair:
-            self.capabilities = type(self).capabilities | {Capability.FAIR_QUEUE}  # type: ignore[misc]
         self._sessions = Sessions(wire, check_seconds("session_idle", idle, allow_zero=True))
         self._sessions.set_deleter(self._delete_expired)
         self._takeovers = Takeovers(wire, self._layout, self._sessions.spawn, self._taken)
@@ -183,6 +183,12 @@ class EtcdBackend(Backend):
     def prefix(self) -> str:
         """The key prefix."""
         return self._prefix
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """:data:`CAPABILITIES`, and :attr:`Capability.FAIR_QUEUE` in fair mode."""
+        fair = frozenset({Capability.FAIR_QUEUE}) if self._fair else frozenset()
+        return CAPABILITIES | fair
 
     @property
     def fair(self) -> bool:

@@ -9,7 +9,8 @@ beyond the session's keepalive.
 
 A ``DELETE`` of a held key (by an operator, by another client, or by etcd when the
 session lease was revoked) ends the entry with ``STOLEN`` at once, and the core
-hears it through :meth:`EtcdBackend.wait_lost` (:attr:`Backend.reports_takeover`).
+hears it through :meth:`EtcdBackend.hold`'s callback (so it runs no takeover watch of
+its own) or :meth:`EtcdBackend.wait_lost`.
 
 Each watcher starts at the revision after the key was created (the grant's token),
 so a delete that happens before the watcher exists is replayed, not missed. That

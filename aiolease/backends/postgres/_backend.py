@@ -86,6 +86,17 @@ class PostgresStatistics:
 _OPENING: Any = object()
 
 
+#: What every instance guarantees (listening adds :attr:`Capability.PUSH_WAKEUP`).
+CAPABILITIES = frozenset(
+    {
+        Capability.FAIR_QUEUE,
+        Capability.SERVER_TIME,
+        Capability.DURABLE_TOKENS,
+        Capability.MULTI_PROCESS,
+    }
+)
+
+
 class PostgresBackend(Backend):
     """Leases as rows of a PostgreSQL table, on asyncpg.
 
@@ -106,15 +117,6 @@ class PostgresBackend(Backend):
     :raises InvalidArgument: a bad identifier, number, or ``db``
     """
 
-    capabilities = frozenset(
-        {
-            Capability.PUSH_WAKEUP,
-            Capability.FAIR_QUEUE,
-            Capability.SERVER_TIME,
-            Capability.DURABLE_TOKENS,
-            Capability.MULTI_PROCESS,
-        }
-    )
     requires_asyncio = True
 
     def __init__(
@@ -156,8 +158,7 @@ class PostgresBackend(Backend):
         self._pool: LeanPool[Any] | None = None
         self._answered = asyncpg.PostgresError
         self._gate: asyncio.Semaphore | bool | None = None
-        if not listen:
-            self.capabilities = self.capabilities - {Capability.PUSH_WAKEUP}  # type: ignore[misc]
+        self._listens = bool(listen)
         self._sql = Sql(self._schema, self._table)
         self._where = f'"{self._schema}"."{self._table}"'  # as errors name the table
         self._batcher = RenewBatcher(self._renew_batch, window=window)
@@ -223,6 +224,11 @@ class PostgresBackend(Backend):
             acquire_statements=self._acquire_statements,
             handoffs_taken=self._handoffs_taken,
         )
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """:data:`CAPABILITIES`, and :attr:`Capability.PUSH_WAKEUP` unless ``listen=false``."""
+        return CAPABILITIES | ({Capability.PUSH_WAKEUP} if self._listens else set())
 
     # -- opening -------------------------------------------------------------------------
 

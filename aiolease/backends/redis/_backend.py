@@ -102,6 +102,10 @@ def _persists(config: Mapping[str, str]) -> bool:
     return config.get("appendonly") == "yes" and config.get("appendfsync") == "always"
 
 
+#: What every instance guarantees, whatever its mode and server.
+CAPABILITIES = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.MULTI_PROCESS})
+
+
 class RedisBackend(Backend):
     """Leases on one Redis server, a Cluster, or a Sentinel's master (see the module docstring).
 
@@ -116,14 +120,6 @@ class RedisBackend(Backend):
     :raises InvalidArgument: a bad client, prefix, flag or timeout
     """
 
-    capabilities = frozenset(
-        {
-            Capability.PUSH_WAKEUP,
-            Capability.FAIR_QUEUE,
-            Capability.SERVER_TIME,
-            Capability.MULTI_PROCESS,
-        }
-    )
     requires_asyncio = True
 
     def __init__(
@@ -147,7 +143,6 @@ class RedisBackend(Backend):
         self._replication = Replication.of(client, wait_replicas, wait_timeout)
         self._also_close: list[Callable[[], Awaitable[None]]] = []
         self._durable = False
-        self._declare()
         self._owns_client = False
         self._closed = False
         #: What carries the backend's own commands (from_url may choose a lean one).
@@ -171,14 +166,14 @@ class RedisBackend(Backend):
         """A pub/sub connection of the backend's transport."""
         return await self._wire.subscriber()
 
-    def _declare(self) -> None:
-        """Set this instance's capabilities from the class's, the mode and the server."""
-        caps = type(self).capabilities - {Capability.FAIR_QUEUE, Capability.DURABLE_TOKENS}
-        if self._fair:
-            caps |= {Capability.FAIR_QUEUE}
-        if self._durable:
-            caps |= {Capability.DURABLE_TOKENS}
-        self.capabilities = caps  # type: ignore[misc]
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """:data:`CAPABILITIES`, with :attr:`Capability.FAIR_QUEUE` in fair mode and
+        :attr:`Capability.DURABLE_TOKENS` on a server that persists every write
+        (:meth:`detect_persistence`)."""
+        fair = {Capability.FAIR_QUEUE} if self._fair else set()
+        durable = {Capability.DURABLE_TOKENS} if self._durable else set()
+        return CAPABILITIES | fair | durable
 
     def __repr__(self) -> str:
         db = connection_kwargs(self._client).get("db", 0)
@@ -256,7 +251,6 @@ class RedisBackend(Backend):
         # A Cluster answers for one node, and a Sentinel failover can lose writes
         # whatever the master's persistence: neither is asked.
         self._durable = single_server(self._client) and _persists(await self._config("append*"))
-        self._declare()
         return self._durable
 
     async def _config(self, pattern: str) -> dict[str, str]:
@@ -417,8 +411,6 @@ class RedisBackend(Backend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         sent_at = await self._batcher.renew(name, owner, token, ttl)
         return Grant(token, ttl, sent_at=sent_at)
-
-    renews_many = True
 
     async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> list[RenewResult]:
         """Every lease the core's scheduler finds due, in one pipelined round trip."""

@@ -83,13 +83,17 @@ def test_agrees_with_model(pg_url: str, loop: str) -> None:
 
 
 async def test_capabilities_and_open_backend() -> None:
-    assert PostgresBackend.capabilities == {
-        Capability.PUSH_WAKEUP,
+    import asyncpg
+
+    pool = asyncpg.create_pool("postgresql://localhost/never", min_size=0)  # never opened
+    polling = {
         Capability.FAIR_QUEUE,
         Capability.SERVER_TIME,
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
     }
+    assert PostgresBackend(pool).capabilities == polling | {Capability.PUSH_WAKEUP}
+    assert PostgresBackend(pool, listen=False).capabilities == polling
     assert PostgresBackend.requires_asyncio
 
 

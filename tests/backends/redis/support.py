@@ -16,7 +16,7 @@ import redis
 
 from aiolease import AsyncLock
 from aiolease._bridge import running_trio
-from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.abc import Backend, Capability, Grant, HolderInfo
 from aiolease.backends.redis import RedisBackend
 
 __all__ = [
@@ -96,11 +96,15 @@ class Tap(Backend):
 
     def __init__(self, inner: Backend) -> None:
         self.inner = inner
-        self.capabilities = inner.capabilities  # type: ignore[misc]
         self.requires_asyncio = inner.requires_asyncio  # type: ignore[misc]
         self.calls: Counter[str] = Counter()
         self.refused: list[str] = []
         self._waiting: list[anyio.Event] = []
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """``inner``'s."""
+        return self.inner.capabilities
 
     def _note(self, op: str) -> None:
         self.calls[op] += 1
