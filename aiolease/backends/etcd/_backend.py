@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import logging
 import math
 import random
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar, final
 
 from aetcd import rpc
@@ -26,13 +24,15 @@ from ..._exceptions import (
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now
+from .._holders import identity_of
 from ._aio import finishing, shielded
+from ._channel import open_channel, seconds
 from ._handoff import Handoffs
 from ._keys import DEFAULT_PREFIX, Layout, encode_value, with_owner
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
 from ._url import parse_bool, parse_url
-from ._wire import CHANNEL_OPTIONS, SessionGone, Wire, grpc_target
+from ._wire import SessionGone, Wire
 
 __all__ = ["EtcdBackend", "EtcdStatistics"]
 
@@ -61,10 +61,6 @@ T = TypeVar("T")
 
 #: What was last read of a name: the holder's identity, the revision, the holder's key.
 _Seen = tuple[tuple[str, int] | None, int, bytes]
-
-
-def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
-    return None if holder is None else (holder.owner, holder.token)
 
 
 def _any_event(event: Any) -> bool:
@@ -206,11 +202,11 @@ class EtcdBackend(Backend):
         """
         parsed = parse_url(url, options)
         settings = dict(parsed.options)
-        timeout = _seconds("timeout", settings.pop("timeout", DEFAULT_TIMEOUT))
-        idle = _seconds("session_idle", settings.pop("session_idle", DEFAULT_SESSION_IDLE))
+        timeout = seconds("timeout", settings.pop("timeout", DEFAULT_TIMEOUT))
+        idle = seconds("session_idle", settings.pop("session_idle", DEFAULT_SESSION_IDLE))
         prefix = settings.pop("prefix", DEFAULT_PREFIX)
         fair = settings.pop("fair", False)
-        channel = await _channel(parsed.endpoints, settings)
+        channel = await open_channel(parsed.endpoints, settings)
         wire = Wire.of_channel(channel, timeout, parsed.described(), parsed.user)
         try:
             self = cls.__new__(cls)
@@ -243,7 +239,7 @@ class EtcdBackend(Backend):
     def _remember(self, name: str, holder: HolderInfo | None, revision: int, key: bytes) -> None:
         """Note that ``holder`` (its key ``key``) held ``name`` at ``revision`` (for
         :meth:`wait_changed`)."""
-        self._remember_identity(name, _identity_of(holder), int(revision), key)
+        self._remember_identity(name, identity_of(holder), int(revision), key)
 
     def _remember_identity(
         self, name: str, identity: tuple[str, int] | None, revision: int, key: bytes
@@ -656,10 +652,10 @@ class EtcdBackend(Backend):
         key to go (or, when free, for a key to appear). One round trip when ``seen``
         came from this backend's latest read of ``name``, two otherwise."""
         self._check_open()
-        expected = _identity_of(seen)
+        expected = identity_of(seen)
         known = self._seen.get(name)
         if known is None or known[0] != expected:
-            if _identity_of(await self.read(name)) != expected:
+            if identity_of(await self.read(name)) != expected:
                 return
             known = self._seen[name]
         if seen is None:
@@ -762,51 +758,3 @@ class EtcdBackend(Backend):
             await self._sessions.aclose()
         finally:
             await shielded(self._wire.aclose())
-
-
-async def _channel(endpoints: tuple[tuple[str, int], ...], tls: dict[str, Any]) -> Any:
-    """A gRPC channel to ``endpoints``, with TLS if asked for."""
-    import grpc
-
-    target = await grpc_target(endpoints)
-    options = list(CHANNEL_OPTIONS.items())
-    files = {k: tls.pop(k) for k in ("ca_file", "cert_file", "key_file") if k in tls}
-    secure = parse_bool("tls", tls.pop("tls", bool(files)))
-    if not secure:
-        if files:
-            raise InvalidArgument("etcd TLS files were given with tls=0")
-        return rpc.insecure_channel(target, options=options)
-    loaded: dict[str, bytes | None] = {}
-    for key, path in files.items():
-        try:
-            loaded[key] = await asyncio.to_thread(Path(str(path)).read_bytes)
-        except OSError as exc:
-            raise InvalidArgument(f"etcd option {key}={path!r}: {exc}") from None
-    credentials = grpc.ssl_channel_credentials(
-        root_certificates=loaded.get("ca_file"),
-        private_key=loaded.get("key_file"),
-        certificate_chain=loaded.get("cert_file"),
-    )
-    host = endpoints[0][0]
-    if len(endpoints) > 1 and not _is_ip(host):
-        # The addresses were resolved here: check the certificate against the name.
-        options.append(("grpc.ssl_target_name_override", host))
-    return rpc.secure_channel(target, credentials, options=options)
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _seconds(what: str, value: object) -> float:
-    """:raises InvalidArgument: ``value`` (a number, or a string from a URL) is no duration"""
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise InvalidArgument(f"etcd option {what}={value!r} is not a number") from None
-    return check_seconds(what, value, allow_zero=what == "session_idle")

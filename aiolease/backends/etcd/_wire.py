@@ -28,7 +28,7 @@ from aetcd import rpc
 from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
 from ._aio import await_unary, cancellable
 
-__all__ = ["LeaseIdTaken", "SessionGone", "Wire", "grpc_target", "map_rpc_error", "mapped"]
+__all__ = ["LeaseIdTaken", "SessionGone", "Wire", "grpc_target", "is_ip", "map_rpc_error", "mapped"]
 
 #: Makes a member refuse a watch (and cancel it later) while it has no leader.
 REQUIRE_LEADER = ("hasleader", "true")
@@ -92,7 +92,8 @@ def mapped(what: str) -> Iterator[None]:
         raise BackendUnavailable(f"etcd {what}: {exc!r}") from exc
 
 
-def _is_ip(host: str, version: int) -> bool:
+def is_ip(host: str, version: int) -> bool:
+    """Whether ``host`` is an IP address of ``version`` (4 or 6)."""
     try:
         return ipaddress.ip_address(host).version == version
     except ValueError:
@@ -117,17 +118,17 @@ async def grpc_target(endpoints: Sequence[tuple[str, int]]) -> str:
     """
     if len(endpoints) == 1:
         host, port = endpoints[0]
-        if _is_ip(host, 6):
+        if is_ip(host, 6):
             return f"ipv6:[{host}]:{port}"
-        return f"ipv4:{host}:{port}" if _is_ip(host, 4) else f"dns:///{host}:{port}"
-    if all(_is_ip(host, 6) for host, _ in endpoints):
+        return f"ipv4:{host}:{port}" if is_ip(host, 4) else f"dns:///{host}:{port}"
+    if all(is_ip(host, 6) for host, _ in endpoints):
         return "ipv6:" + ",".join(f"[{host}]:{port}" for host, port in endpoints)
-    if any(_is_ip(host, 6) for host, _ in endpoints):
+    if any(is_ip(host, 6) for host, _ in endpoints):
         raise InvalidArgument("etcd endpoints cannot mix IPv6 addresses with IPv4 or host names")
     addresses: list[str] = []
     for host, port in endpoints:
         try:
-            ips = [host] if _is_ip(host, 4) else await _resolve(host, port)
+            ips = [host] if is_ip(host, 4) else await _resolve(host, port)
         except OSError as exc:
             raise BackendUnavailable(f"etcd endpoint {host!r} does not resolve: {exc}") from exc
         addresses += [f"{ip}:{port}" for ip in ips]
