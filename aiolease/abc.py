@@ -42,8 +42,8 @@ without it as follows:
 * :meth:`~Backend.wait_changed`: the default reads, then sleeps until the holder's
   ttl runs out (or :attr:`~Backend.poll_interval`): waiters poll.
 * :meth:`~Backend.renew_many`: the default renews one by one, and the core then
-  renews each lease in a task of its own (overriding it sets
-  :attr:`~Backend.renews_many`: the core hands it every lease due at once).
+  renews each lease in a task of its own (overriding it makes
+  :attr:`~Backend.renews_many` true: the core hands it every lease due at once).
 * :meth:`~Backend.release_now`: the core awaits :meth:`~Backend.release` instead.
 * :meth:`~Backend.wait_turn` (:attr:`Capability.FAIR_QUEUE`): the default is
   :meth:`~Backend.wait_changed`.
