@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Grant", "HolderInfo", "Renewal", "SessionClock"]
+__all__ = ["Grant", "HolderInfo", "Renewal", "SessionClock", "identity_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,13 @@ class HolderInfo:
     token: int
     metadata: Mapping[str, str] = field(default_factory=dict)
     remaining: float | None = None
+
+
+def identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
+    """What tells one holding of a name from another: its owner and fencing token
+    (``None``: nobody holds it). A renewal changes neither; any grant changes the token.
+    """
+    return None if holder is None else (holder.owner, holder.token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,7 +92,7 @@ from ._exceptions import (
     LossReason,
     NotOwnerError,
 )
-from ._records import Grant, HolderInfo, Renewal, SessionClock
+from ._records import Grant, HolderInfo, Renewal, SessionClock, identity_of
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -138,10 +138,6 @@ class Capability(str, enum.Enum):
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`
 #: would have returned or raised.
 RenewResult = Grant | BackendError | NotOwnerError
-
-
-def _identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
-    return None if holder is None else (holder.owner, holder.token)
 
 
 async def _end_leases(backend: Backend) -> None:
@@ -291,7 +287,7 @@ class Backend(abc.ABC):
         unknown. Backends with push notifications override it.
         """
         current = await self.read(name)
-        if _identity_of(current) != _identity_of(seen):
+        if identity_of(current) != identity_of(seen):
             return
         if current is not None and current.remaining is not None:
             await anyio.sleep(max(current.remaining, 0.001))

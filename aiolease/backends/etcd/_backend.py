@@ -21,10 +21,10 @@ from ..._exceptions import (
     LossReason,
     NotOwnerError,
 )
+from ..._records import identity_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now
-from .._holders import identity_of
 from ._aio import finishing, shielded
 from ._channel import open_channel, seconds
 from ._handoff import Handoffs

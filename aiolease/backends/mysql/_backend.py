@@ -15,10 +15,10 @@ from ..._exceptions import (
     BackendUnavailable,
     InvalidArgument,
 )
+from ..._records import identity_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
-from .._holders import identity_of
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Held, Key, RenewBatcher, renew_held

@@ -13,11 +13,11 @@ from ..._exceptions import (
     InvalidArgument,
     LossReason,
 )
+from ..._records import identity_of
 from ..._urls import scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
-from .._holders import identity_of
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held

@@ -29,12 +29,12 @@ from ..._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
+from ..._records import identity_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
 from ...abc import Renewal as LeaseRenewal
 from .._asyncio import now, wait_event, wait_for_or_none
-from .._holders import identity_of
 from ._batch import Renewal, RenewalBatcher
 from ._clients import (
     CLUSTER_SCHEMES,

@@ -24,10 +24,10 @@ from ..._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
+from ..._records import identity_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
-from .._holders import identity_of
 from ..redis._shared import DEFAULT_PREFIX, Keys, check_prefix, holder_from, ms
 from ._fanout import Fanout, Instance, Outcome, votes
 from ._scripts import ACQUIRE, READ, RELEASE, RENEW
