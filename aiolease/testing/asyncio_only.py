@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._exceptions import InvalidArgument
+from .._urls import redact
 from ..abc import Grant, HolderInfo
 from ..backends._asyncio import now, timeout_after
 from ..backends.memory import MemoryBackend
@@ -39,7 +40,7 @@ class AsyncioOnlyBackend(MemoryBackend):
     async def from_url(cls, url: str, **options: Any) -> AsyncioOnlyBackend:
         """``asyncio-memory://``"""
         if urlsplit(url).netloc or urlsplit(url).path not in ("", "/"):
-            raise InvalidArgument(f"expected 'asyncio-memory://', got {url!r}")
+            raise InvalidArgument(f"expected 'asyncio-memory://', got {redact(url)!r}")
         if options:
             raise InvalidArgument(f"asyncio-memory backend takes no options, got {sorted(options)}")
         await asyncio.sleep(0)

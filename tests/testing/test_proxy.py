@@ -339,6 +339,15 @@ async def test_a_busy_port_fails_on_entry(redis_address: tuple[str, int]) -> Non
                 pytest.fail("entered a proxy that could not listen")
 
 
+@pytest.mark.parametrize("url", ["redis://:s3cret@h1:1,h2:2/0", "redis://:s3cret@/0"])
+async def test_a_bad_url_for_the_proxy_never_shows_its_password(
+    proxy: FaultProxy, url: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        proxy.url_for(url)
+    assert "s3cret" not in str(caught.value)
+
+
 async def test_arguments_are_validated(proxy: FaultProxy) -> None:
     for bad in (-1.0, float("nan"), float("inf"), "0.1"):
         with pytest.raises(InvalidArgument):

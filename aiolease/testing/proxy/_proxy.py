@@ -47,6 +47,7 @@ from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..._exceptions import InvalidArgument
+from ..._urls import redact
 from ..._validate import check_seconds
 
 if TYPE_CHECKING:
@@ -262,9 +263,9 @@ class FaultProxy:
         parts = urlsplit(url)
         userinfo, at, hosts = parts.netloc.rpartition("@")
         if not parts.scheme or not hosts:
-            raise InvalidArgument(f"expected a URL with a host, got {url!r}")
+            raise InvalidArgument(f"expected a URL with a host, got {redact(url)!r}")
         if "," in hosts:
-            raise InvalidArgument(f"a proxy stands for one server; {url!r} names several")
+            raise InvalidArgument(f"a proxy stands for one server; {redact(url)!r} names several")
         return urlunsplit(parts._replace(netloc=f"{userinfo}{at}{self.address}"))
 
     def statistics(self) -> ProxyStatistics:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..._exceptions import InvalidArgument
+from ..._urls import redact
 
 if TYPE_CHECKING:
     from ..proxy import FaultProxy
@@ -42,7 +43,9 @@ async def open_proxy(url: str) -> AsyncIterator[WorkerProxy]:
     """
     parts = urlsplit(url)
     if not parts.hostname or parts.port is None or "," in parts.netloc:
-        raise InvalidArgument(f"a blackhole proxy needs a URL naming one HOST:PORT, got {url!r}")
+        raise InvalidArgument(
+            f"a blackhole proxy needs a URL naming one HOST:PORT, got {redact(url)!r}"
+        )
     from ..proxy import FaultProxy  # only blackhole runs need it
 
     async with FaultProxy(parts.hostname, parts.port) as proxy:

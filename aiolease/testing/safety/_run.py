@@ -19,6 +19,7 @@ from anyio.abc import Process
 from ..._exceptions import InvalidArgument
 from ..._lease import Timing
 from ..._registry import backend_class, scheme_of
+from ..._urls import redact, scrub
 from ..._validate import check_count, check_name, check_seconds
 from ...abc import Capability
 from ._check import check
@@ -115,7 +116,7 @@ def _etcd_cluster(url: str) -> EtcdCluster:
     try:
         return EtcdCluster(endpoints)
     except ValueError as exc:
-        raise InvalidArgument(f"bad etcd cluster URL {url!r}: {exc}") from None
+        raise InvalidArgument(scrub(f"bad etcd cluster URL {redact(url)!r}: {exc}", url)) from None
 
 
 #: The files a run leaves in its directory (removed before a run reuses it).
@@ -254,7 +255,7 @@ async def run_safety(
     if reason is not None:
         return SafetyReport.not_applicable(plan.label, fault, reason)
     if fault is Fault.SERVER_RESTART and server_control is None and plan.scheme != "memory":
-        raise InvalidArgument(f"fault server-restart on {url!r} needs a server_control")
+        raise InvalidArgument(f"fault server-restart on {redact(url)!r} needs a server_control")
     report: SafetyReport | None = None
     for index in range(check_count("runs", runs)):
         with _run_dir(plan.workdir, f"{plan.label}-{fault.value}-{index}") as directory:
