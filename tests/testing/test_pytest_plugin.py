@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("trio_asyncio")
-
 _ASYNCIO_ONLY = """
 import sys
 
