@@ -34,6 +34,12 @@ SPECS: dict[str, _Spec] = {
     "hold": _NAME,
     "on_taken": _NAME,
 }
+#: The checks of the names and ttls of a renewal batch, remembered: the core renews
+#: every held lease each renew interval, with names and ttls that passed before.
+#: Bounded, so that names held long ago do not stay; a failed check is not kept.
+_checked_name = functools.lru_cache(maxsize=32_768)(check_name)
+_checked_ttl = functools.lru_cache(maxsize=256)(check_ttl)
+
 #: Set on a wrapped method, so that it is not wrapped twice.
 _MARK = "__aiolease_checked__"
 
@@ -46,8 +52,9 @@ def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) ->
     if method == "renew_many":
         renewals = args[0] if args else kwargs.get("renewals", ())
         for renewal in renewals:
-            check_name(renewal[0])
-            check_ttl(renewal[3])
+            name, ttl = renewal[0], renewal[3]
+            _checked_name(name) if type(name) is str else check_name(name)
+            _checked_ttl(ttl) if type(ttl) is float else check_ttl(ttl)
         return
     for index, key, check in SPECS[method]:
         if index < len(args):

@@ -226,12 +226,18 @@ class Lease(metaclass=_NoPublicConstructor):
         last confirmed one (it failed, or is still unanswered), else
         :attr:`LossReason.EXPIRED`.
         """
-        if self._reason is None and current_time() >= self._deadline:
+        if self._reason is None:
+            return self._lost_at(current_time())
+        return self._reason
+
+    def _lost_at(self, now: float) -> LossReason | None:
+        """:attr:`lost`, read at ``now`` (the current time, read once by the caller)."""
+        if self._reason is None and now >= self._deadline:
             unreachable = self._unconfirmed
             if self._clock is not None:
                 self._follow_clock()
                 unreachable = unreachable or self._clock.error is not None
-            if current_time() >= self._deadline:
+            if now >= self._deadline:
                 self._end(LossReason.UNREACHABLE if unreachable else LossReason.EXPIRED)
         return self._reason
 
@@ -301,9 +307,18 @@ class Lease(metaclass=_NoPublicConstructor):
 
     def _confirm(self, sent_at: float, grant: Grant) -> None:
         """Record a confirmed renewal sent at ``sent_at``; never moves the deadline back."""
+        timing = self._timing
+        self._confirm_at(
+            timing._deadline_after(sent_at, grant), timing._renewal_after(sent_at, grant)
+        )
+
+    def _confirm_at(self, deadline: float, renew_at: float) -> None:
+        """Record a confirmed renewal that gives ``deadline`` and the next renewal time
+        ``renew_at`` (:meth:`_confirm`, worked out by the caller)."""
         if self._reason is None:
-            self._deadline = max(self._deadline, self._timing._deadline_after(sent_at, grant))
-            self._renew_at = self._timing._renewal_after(sent_at, grant)
+            if deadline > self._deadline:
+                self._deadline = deadline
+            self._renew_at = renew_at
             self._unconfirmed = False
             self._renewals += 1
 
@@ -316,12 +331,12 @@ class Lease(metaclass=_NoPublicConstructor):
         :meth:`Backend.hold`): ``clock.expires - margin``, never earlier than it is."""
         self._clock = clock
 
-    def _renewal_sent(self) -> None:
-        """A renewal is being sent now: if the deadline passes before a renewal is
-        confirmed, the backend could not be reached (``UNREACHABLE``), whether this one
-        failed or is never answered. (Sent once the deadline has passed, it is too
-        late: the lease has ``EXPIRED``.)"""
-        if self.lost is None:
+    def _renewal_sent(self, now: float | None = None) -> None:
+        """A renewal is being sent now (``now``, if the caller read the time): if the
+        deadline passes before a renewal is confirmed, the backend could not be reached
+        (``UNREACHABLE``), whether this one failed or is never answered. (Sent once the
+        deadline has passed, it is too late: the lease has ``EXPIRED``.)"""
+        if self._lost_at(current_time() if now is None else now) is None:
             self._unconfirmed = True
 
     def _note_error(self, exc: BaseException) -> None:

@@ -45,7 +45,7 @@ from anyio.abc import TaskGroup
 
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
-from ._lease import Lease
+from ._lease import Lease, Timing
 from .abc import Backend, Grant, SessionClock
 
 __all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
@@ -123,15 +123,26 @@ class RenewerStatistics:
 class _Renewed:
     """One lease that the scheduler renews."""
 
-    __slots__ = ("backoff", "counters", "lease", "next_at", "renewing", "version")
+    __slots__ = (
+        "backoff",
+        "cohort",
+        "counters",
+        "first_backoff",
+        "lease",
+        "next_at",
+        "renewing",
+        "version",
+    )
 
     def __init__(self, lease: Lease, counters: Counters) -> None:
         self.lease = lease
         self.counters = counters
         self.next_at = lease._next_renewal()
-        self.backoff = _first_backoff(lease)
+        self.backoff = self.first_backoff = _first_backoff(lease)
         self.renewing = False
         self.version = 0
+        #: The cohort whose heap entry stands for this lease's (``None``: its own entry).
+        self.cohort: _Cohort | None = None
 
 
 class _Group:
@@ -146,7 +157,26 @@ class _Group:
         self.version = 0
 
 
-_Item = _Renewed | _Group
+class _Cohort:
+    """Leases renewed together in one :meth:`Backend.renew_many` call, with one heap
+    entry for all of them (none of their own meanwhile), so that renewing N leases
+    costs no heap operation per lease:
+
+    * while the call is *in flight*, the entry sits at the earliest deadline among
+      them, to end those whose deadline passes before the answer comes;
+    * once answered alike (confirmed, with the same next renewal time), at that time:
+      they are then due, and renewed, together again.
+    """
+
+    __slots__ = ("in_flight", "members", "version")
+
+    def __init__(self, members: list[_Renewed], *, in_flight: bool) -> None:
+        self.members = members
+        self.in_flight = in_flight
+        self.version = 0
+
+
+_Item = _Renewed | _Group | _Cohort
 _renewers: weakref.WeakKeyDictionary[Backend, Renewer] = weakref.WeakKeyDictionary()
 
 
@@ -284,6 +314,7 @@ class Renewer:
 
     def _forget(self, renewed: _Renewed) -> None:
         renewed.version += 1
+        renewed.cohort = None
         self._leases.pop(renewed.lease, None)
         self._drop_stale()
 
@@ -312,8 +343,10 @@ class Renewer:
     def _push(self, item: _Item, at: float) -> None:
         item.version += 1
         heapq.heappush(self._heap, (at, next(self._seq), item.version, item))
-        if at < self._wake_at and self._wake is not None:
-            self._wake.set()
+        if at < self._wake_at:
+            self._wake_at = -math.inf  # woken once is enough
+            if self._wake is not None:
+                self._wake.set()
 
     def _start(self, host: Host) -> None:
         self._host = host
@@ -367,6 +400,16 @@ class Renewer:
             entry = heapq.heappop(heap)
             if isinstance(item, _Group):
                 self._group_due(item, now)
+            elif isinstance(item, _Cohort):
+                if item.in_flight:
+                    self._in_flight_due(item, now)
+                elif tg is None:
+                    heapq.heappush(heap, entry)
+                    return False
+                else:
+                    if batch is None:
+                        batch = []
+                    self._cohort_due(item, renewing, now, batch)
             elif tg is None and self._renewal_due(item, now):
                 heapq.heappush(heap, entry)  # popped first: reading .lost may drop entries
                 return False
@@ -378,7 +421,9 @@ class Renewer:
             assert tg is not None
             self._join_early(batch, renewing, now)
             self._renewals += len(batch)
-            tg.start_soon(self._renew_many, batch, renewing)
+            in_flight = _Cohort(batch, in_flight=True)
+            self._push(in_flight, min(r.lease._deadline for r in batch))
+            tg.start_soon(self._renew_many, in_flight, renewing, now)
         return True
 
     def _next_live(self) -> float:
@@ -416,12 +461,13 @@ class Renewer:
                 isinstance(item, _Renewed)
                 and not item.renewing
                 and item.next_at - now <= item.lease.timing.renew_interval / 2
-                and item.lease.lost is None
+                and item.lease._lost_at(now) is None
             ):
-                item.renewing = True
+                item.renewing = True  # its deadline is the batch's entry's to watch
                 renewing.add(item)
                 batch.append(item)
-                later.append((item.lease.deadline, next(self._seq), item.version, item))
+            elif isinstance(item, _Cohort) and not item.in_flight:
+                self._cohort_due(item, renewing, now, batch)
             else:
                 later.append(entry)
         for entry in later:
@@ -429,7 +475,30 @@ class Renewer:
 
     @staticmethod
     def _renewal_due(renewed: _Renewed, now: float) -> bool:
-        return renewed.lease.lost is None and not renewed.renewing and now >= renewed.next_at
+        return (
+            renewed.lease._lost_at(now) is None and not renewed.renewing and now >= renewed.next_at
+        )
+
+    def _in_flight_due(self, in_flight: _Cohort, now: float) -> None:
+        """The earliest deadline of a batch still unanswered passed: end the leases
+        whose deadline passed; watch the others' next."""
+        left = [r for r in in_flight.members if r.renewing and r.lease._lost_at(now) is None]
+        if left:
+            self._push(in_flight, min(r.lease._deadline for r in left))
+
+    @staticmethod
+    def _cohort_due(
+        cohort: _Cohort, renewing: set[_Renewed], now: float, batch: list[_Renewed]
+    ) -> None:
+        """Add to ``batch`` the members of ``cohort`` still held and still in it."""
+        for renewed in cohort.members:
+            if renewed.cohort is not cohort:
+                continue  # ended, or on an entry of its own since
+            renewed.cohort = None
+            if renewed.lease._lost_at(now) is None:
+                renewed.renewing = True
+                renewing.add(renewed)
+                batch.append(renewed)
 
     def _group_due(self, group: _Group, now: float) -> None:
         deadline = group.clock.expires - group.margin
@@ -452,18 +521,18 @@ class Renewer:
         """Start the renewal of ``renewed`` if due: in a task of its own, or as part of
         ``batch`` (a backend that :attr:`~Backend.renews_many`)."""
         lease = renewed.lease
-        if lease.lost is not None:
+        if lease._lost_at(now) is not None:
             return  # ended at its deadline, by reading it, or before
         if tg is not None and not renewed.renewing and now >= renewed.next_at:
             renewed.renewing = True
             renewing.add(renewed)
-            if batch is None:
-                self._renewals += 1
-                tg.start_soon(self._renew, renewed, renewing)
-            else:
+            if batch is not None:
                 batch.append(renewed)
+                return  # the batch's entry watches its deadline
+            self._renewals += 1
+            tg.start_soon(self._renew, renewed, renewing)
         next_at = math.inf if renewed.renewing else renewed.next_at
-        self._push(renewed, min(next_at, lease.deadline))
+        self._push(renewed, min(next_at, lease._deadline))
 
     async def _renew(self, renewed: _Renewed, renewing: set[_Renewed]) -> None:
         lease = renewed.lease
@@ -480,29 +549,79 @@ class Renewer:
             # Also when the scheduler moves (``None``): the renewal is due again at once.
             self._settle(renewed, renewing, sent_at, result)
 
-    async def _renew_many(self, batch: list[_Renewed], renewing: set[_Renewed]) -> None:
-        """Renew every lease of ``batch`` (one backend's) in one call."""
+    async def _renew_many(
+        self, in_flight: _Cohort, renewing: set[_Renewed], sent_at: float
+    ) -> None:
+        """Renew every lease of the batch (one backend's) in one call, sent at ``sent_at``
+        (the time the batch was made: no await comes in between)."""
+        batch = in_flight.members
         backend = batch[0].lease.backend
-        sent_at = current_time()
+        renewals = []
         for renewed in batch:
-            renewed.lease._renewal_sent()
+            lease = renewed.lease
+            lease._renewal_sent(sent_at)
+            renewals.append((lease._name, lease._owner, lease._token, lease._timing.ttl))
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
+        bound = min({r.lease._timing.renew_interval: None for r in batch})
         try:
-            with anyio.fail_after(min(r.lease.timing.renew_interval for r in batch)):
-                answers = await backend.renew_many(
-                    [
-                        (r.lease.name, r.lease.owner, r.lease.token, r.lease.timing.ttl)
-                        for r in batch
-                    ]
-                )
+            with anyio.fail_after(bound):
+                answers = await backend.renew_many(renewals)
             if len(answers) != len(batch):
                 raise BackendError(f"{len(answers)} answers to {len(batch)} renewals")
             results = answers
         except Exception as exc:  # every lease of the batch failed alike
             results = [exc] * len(batch)
         finally:
-            for renewed, result in zip(batch, results, strict=True):
-                self._settle(renewed, renewing, sent_at, result)
+            in_flight.version += 1  # its entry is stale now
+            self._settle_batch(batch, renewing, sent_at, results, current_time())
+
+    def _settle_batch(
+        self,
+        batch: list[_Renewed],
+        renewing: set[_Renewed],
+        sent_at: float,
+        results: Sequence[Grant | BaseException | None],
+        now: float,
+    ) -> None:
+        """Apply the answers to one batch; the leases confirmed alike form a cohort
+        (one heap entry) due at their next renewal time, the others get entries of
+        their own (:meth:`_settle`)."""
+        cohorts: dict[float, list[_Renewed]] = {}
+        # What a confirmation means depends only on the timing and the grant: worked
+        # out once for the leases that share both (locks share equal timings).
+        seen: tuple[Timing, float] | None = None
+        deadline = renew_at = 0.0
+        for renewed, result in zip(batch, results, strict=True):
+            lease = renewed.lease
+            if type(result) is not Grant or lease._reason is not None:
+                self._settle(renewed, renewing, sent_at, result, now)
+                continue
+            renewed.counters.renewals += 1
+            timing = lease._timing
+            if (
+                seen is None
+                or seen[0] is not timing
+                or seen[1] != result.ttl
+                or result.sent_at is not None
+            ):
+                seen = (timing, result.ttl)
+                deadline = timing._deadline_after(sent_at, result)
+                renew_at = timing._renewal_after(sent_at, result)
+            lease._confirm_at(deadline, renew_at)
+            renewed.backoff = renewed.first_backoff
+            renewed.next_at = next_at = lease._renew_at
+            renewed.renewing = False
+            renewing.discard(renewed)
+            if lease._lost_at(now) is None:
+                members = cohorts.get(next_at)
+                if members is None:
+                    members = cohorts[next_at] = []
+                members.append(renewed)
+        for next_at, members in cohorts.items():
+            cohort = _Cohort(members, in_flight=False)
+            for renewed in members:
+                renewed.cohort = cohort
+            self._push(cohort, next_at)
 
     def _settle(
         self,
@@ -510,14 +629,16 @@ class Renewer:
         renewing: set[_Renewed],
         sent_at: float,
         result: Grant | BaseException | None,
+        now: float | None = None,
     ) -> None:
-        """Apply the outcome of one renewal sent at ``sent_at`` (``None``: interrupted)."""
+        """Apply the outcome of one renewal sent at ``sent_at`` (``None``: interrupted),
+        at ``now`` (the current time, if the caller read it)."""
         lease = renewed.lease
         if isinstance(result, Grant):
             renewed.counters.renewals += 1
             lease._confirm(sent_at, result)
-            renewed.backoff = _first_backoff(lease)
-            renewed.next_at = lease._next_renewal()
+            renewed.backoff = renewed.first_backoff
+            renewed.next_at = lease._renew_at
         elif isinstance(result, NotOwnerError):
             lease._end(LossReason.STOLEN)
         elif isinstance(result, BackendError | TimeoutError):
@@ -527,8 +648,8 @@ class Renewer:
             self._failed(renewed, result)
         renewed.renewing = False
         renewing.discard(renewed)
-        if lease.lost is None:
-            self._push(renewed, min(renewed.next_at, lease.deadline))
+        if lease._lost_at(current_time() if now is None else now) is None:
+            self._push(renewed, min(renewed.next_at, lease._deadline))
 
     def _failed(self, renewed: _Renewed, exc: BaseException) -> None:
         lease = renewed.lease

@@ -7,7 +7,7 @@ exact, instant and single-process; its clock is injectable (by default
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ import anyio
 from .._clock import current_time
 from .._exceptions import InvalidArgument, LossReason, NotOwnerError
 from .._urls import redact, split_url
-from ..abc import Backend, Capability, Grant, HolderInfo
+from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 
 __all__ = ["MemoryBackend"]
 
@@ -145,6 +145,23 @@ class MemoryBackend(Backend):
             raise NotOwnerError(name)
         record.expires_at = self._clock() + ttl
         return Grant(record.token, ttl)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """Every lease due, in one call (as a server would answer one batch)."""
+        await anyio.lowlevel.checkpoint()
+        now = self._clock()
+        records = self._records
+        results: list[RenewResult] = []
+        for name, owner, token, ttl in renewals:
+            record = records.get(name)
+            if record is not None and record.expires_at <= now:
+                record = self._live(name)  # expired: dropped, and waiters told
+            if record is None or record.owner != owner or record.token != token:
+                results.append(NotOwnerError(name))
+            else:
+                record.expires_at = now + ttl
+                results.append(Grant(token, ttl))
+        return results
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         await anyio.lowlevel.checkpoint()

@@ -17,11 +17,11 @@ from ..._exceptions import (
 )
 from ..._records import identity_of
 from ..._validate import check_seconds
-from ...abc import Backend, Capability, Grant, HolderInfo
+from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
-from ..sql._renewals import Held, Key, RenewBatcher, renew_held
+from ..sql._renewals import Held, Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import row_holder
 from ..sql._running import finished
 from ..sql._values import check_identifier, check_owner, encode_metadata
@@ -164,6 +164,11 @@ class MySQLStatistics:
     bell_waits: int = 0
     rings: int = 0
     deadlocks: int = 0
+
+
+#: The most leases one renew statement renews: 5 parameters each (of leases with
+#: different ttls) stay under the 65,535 placeholders a MySQL statement may have.
+MAX_RENEWALS = 10_000
 
 
 class MySQLBackend(Backend):
@@ -481,12 +486,24 @@ class MySQLBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """Every lease the core's scheduler finds due, in one statement."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        return await renew_many_held(self._batcher, self._held, renewals)
+
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
         """Renew every lease of ``items`` in one statement; which ones were renewed.
 
         The statement's affected-row count tells when all were (the usual case: one
         statement); otherwise a read of which are still ours and live tells which.
+        More than :data:`MAX_RENEWALS` go in statements of that many.
         """
+        if len(items) > MAX_RENEWALS:
+            renewed: frozenset[Key] = frozenset()
+            for start in range(0, len(items), MAX_RENEWALS):
+                renewed |= await self._renew_batch(items[start : start + MAX_RENEWALS])
+            return renewed
         triples = [v for (n, o, t), _ in items for v in (n.encode(), o.encode(), t)]
         ttls = {ttl for _, ttl in items}
         if len(ttls) == 1:

@@ -16,11 +16,11 @@ from ..._exceptions import (
 from ..._records import identity_of
 from ..._urls import scrub
 from ..._validate import check_seconds
-from ...abc import Backend, Capability, Grant, HolderInfo
+from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
-from ..sql._renewals import Key, RenewBatcher, renew_held
+from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import HOLDER_COLUMNS, row_holder
 from ..sql._running import finished
 from ..sql._sweeps import Sweeps
@@ -482,6 +482,12 @@ class PostgresBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """Every lease the core's scheduler finds due, in one statement."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        return await renew_many_held(self._batcher, self._held, renewals)
 
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
         rows = await self._fetch(

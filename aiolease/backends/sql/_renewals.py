@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..._exceptions import NotOwnerError
-from ...abc import Grant
+from ...abc import Grant, Renewal, RenewResult
 from .._asyncio import now
 
-__all__ = ["Held", "Key", "RenewBatcher", "SendBatch", "renew_held"]
+__all__ = ["Held", "Key", "RenewBatcher", "SendBatch", "renew_held", "renew_many_held"]
 
 #: A lease as the renewal batcher knows it: (name, owner, token).
 Key = tuple[str, str, int]
@@ -92,6 +92,16 @@ class RenewBatcher:
             return
         for key in [k for k in self._renewals if k[0] == name and k[1] == owner]:
             del self._renewals[key]
+
+    async def renew_all(self, items: Sequence[tuple[Key, float]]) -> tuple[float, frozenset[Key]]:
+        """Renew every lease of ``items`` now, in one statement (the core's batch of
+        every lease due: :meth:`Backend.renew_many`), whatever is in flight.
+
+        :returns: when the statement was sent, and the keys it renewed
+        """
+        sent_at = now()
+        self.statements += 1
+        return sent_at, await self._send_batch(items)
 
     async def renew(self, key: Key, ttl: float) -> float | None:
         """Renew ``key`` for ``ttl`` seconds.
@@ -235,6 +245,37 @@ class Held:
 H = TypeVar("H", bound=Held)
 
 
+def _keep(held: dict[str, H], name: str, owner: str, token: int, renewed: bool) -> H | None:
+    """Keep ``held``'s grant of ``name`` in step with a renewal's outcome; the grant if
+    it is ``owner``'s ``token``."""
+    known = held.get(name)
+    if known is None or known.owner != owner or known.token != token:
+        return None
+    if not renewed:
+        del held[name]
+    return known
+
+
+async def renew_many_held(
+    batcher: RenewBatcher, held: dict[str, H], renewals: Sequence[Renewal]
+) -> list[RenewResult]:
+    """:meth:`Backend.renew_many` through ``batcher``: every renewal in one statement,
+    ``held`` kept in step as :func:`renew_held` keeps it."""
+    items = [((n, o, t), float(ttl)) for n, o, t, ttl in renewals if t >= 1]
+    sent_at, renewed = await batcher.renew_all(items) if items else (now(), frozenset())
+    results: list[RenewResult] = []
+    for name, owner, token, ttl in renewals:
+        ok = (name, owner, token) in renewed
+        known = _keep(held, name, owner, token, ok)
+        if not ok:
+            results.append(NotOwnerError(name))
+            continue
+        if known is not None:
+            known.ttl, known.sent_at = float(ttl), max(known.sent_at, sent_at)
+        results.append(Grant(token, ttl, sent_at=sent_at))
+    return results
+
+
 async def renew_held(
     batcher: RenewBatcher, held: dict[str, H], name: str, owner: str, token: int, ttl: float
 ) -> Grant:
@@ -246,12 +287,9 @@ async def renew_held(
     :raises NotOwnerError: the grant is not ``owner``'s, or not live, any more
     """
     sent_at = None if token < 1 else await batcher.renew((name, owner, token), float(ttl))
-    known = held.get(name)
-    if known is not None and (known.owner, known.token) == (owner, token):
-        if sent_at is None:
-            del held[name]
-        else:
-            known.ttl, known.sent_at = float(ttl), max(known.sent_at, sent_at)
+    known = _keep(held, name, owner, token, sent_at is not None)
     if sent_at is None:
         raise NotOwnerError(name)
+    if known is not None:
+        known.ttl, known.sent_at = float(ttl), max(known.sent_at, sent_at)
     return Grant(token, ttl, sent_at=sent_at)

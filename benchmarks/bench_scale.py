@@ -1,0 +1,189 @@
+"""Many leases in one process: N tasks each holding ``async with AsyncLock(backend,
+f"scale/{i}", ttl=3)`` through one backend object, on every backend.
+
+For each backend (``--backends``, default every one whose server answers) prints:
+
+* **acquire ms, first / last**: the mean time of one acquire among the first 20 % of
+  the N acquires, and among the last 20 % (made while the others are held). Target:
+  the last no more than 1.5x the first (the acquire time does not grow with the
+  number held);
+* **us CPU / lease / s**: this process's CPU time (``time.process_time``) over the
+  hold window, per second and per lease held. Target: <= 5 us;
+* **CPU s/s**: the same, not divided by the leases (what a ``top`` shows);
+* **renew calls/s**: calls into the backend's ``renew``/``renew_many`` per second of
+  the hold window (one batched call per tick is the shape to reach);
+* **lost**: ``LeaseLostError`` out of ``async with`` (during the hold, and when all
+  N bodies end at once, released together). Target: 0.
+
+Usage: ``python benchmarks/bench_scale.py [--quick] [--leases 10000] [--backends memory,redis]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from _common import verdict
+
+from aiolease import AsyncLock, LeaseLostError, open_backend
+from aiolease.abc import Backend
+
+TTL = 3.0
+#: Targets of the issue's table.
+MAX_CPU_US = 5.0
+MAX_ACQUIRE_GROWTH = 1.5
+
+DEFAULT_URLS = {
+    "memory": "memory://",
+    "sqlite": "sqlite:///{tmp}/scale.db",
+    "redis": "redis://127.0.0.1:6379/0",
+    "postgres": "postgresql://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
+    "etcd": "etcd://127.0.0.1:2379",
+}
+
+
+@dataclass
+class Result:
+    backend: str
+    leases: int
+    first_ms: float
+    last_ms: float
+    cpu_us: float
+    cpu_s: float
+    renew_calls: float
+    lost_holding: int
+    lost_at_end: int
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.cpu_us <= MAX_CPU_US
+            and self.last_ms <= MAX_ACQUIRE_GROWTH * self.first_ms
+            and self.lost_holding + self.lost_at_end == 0
+        )
+
+
+class CountingCalls:
+    """Counts the calls into ``renew``/``renew_many`` of one backend object."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.calls = 0
+        for attr in ("renew", "renew_many"):
+            inner = getattr(backend, attr)
+
+            def counted(*args: object, _inner: object = inner, **kwargs: object) -> object:
+                self.calls += 1
+                return _inner(*args, **kwargs)  # type: ignore[operator]
+
+            setattr(backend, attr, counted)
+
+
+async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
+    run = uuid.uuid4().hex[:8]
+    async with open_backend(url) as backend:
+        calls = CountingCalls(backend)
+        stop = asyncio.Event()
+        held = asyncio.Event()
+        lost_at_end = 0
+        lost_holding = 0
+        count = 0
+        ending = False
+
+        async def holder(i: int) -> None:
+            nonlocal count, lost_at_end, lost_holding
+            try:
+                async with AsyncLock(backend, f"scale/{run}/{i}", ttl=TTL):
+                    count += 1
+                    if count == leases:
+                        held.set()
+                    await stop.wait()
+            except LeaseLostError:
+                if ending:
+                    lost_at_end += 1
+                else:
+                    lost_holding += 1
+
+        tasks: list[asyncio.Task[None]] = []
+        times: list[float] = []
+        for i in range(leases):
+            started = time.perf_counter()
+            tasks.append(asyncio.ensure_future(holder(i)))
+            target = i + 1
+            while count < target and not tasks[-1].done():
+                await asyncio.sleep(0)
+            times.append(time.perf_counter() - started)
+        await held.wait()
+        gc.collect()
+        fifth = max(1, leases // 5)
+        first = sum(times[:fifth]) / fifth
+        last = sum(times[-fifth:]) / fifth
+        calls.calls = 0
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        await asyncio.sleep(hold)
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        renew_calls = calls.calls / wall
+        ending = True
+        stop.set()
+        await asyncio.gather(*tasks)
+    return Result(
+        kind,
+        leases,
+        first * 1000,
+        last * 1000,
+        cpu / wall / leases * 1e6,
+        cpu / wall,
+        renew_calls,
+        lost_holding,
+        lost_at_end,
+    )
+
+
+def print_table(results: Sequence[Result]) -> None:
+    print(
+        f"\n  {'backend':<9} {'leases':>6} {'acquire ms first/last':>22} {'us CPU/lease/s':>15}"
+        f" {'CPU s/s':>8} {'renew calls/s':>14} {'lost':>9}"
+    )
+    for r in results:
+        acquire = f"{r.first_ms:.3f} / {r.last_ms:.3f}"
+        lost = f"{r.lost_holding}+{r.lost_at_end}"
+        print(
+            f"  {r.backend:<9} {r.leases:>6} {acquire:>22} {r.cpu_us:>15.2f} {r.cpu_s:>8.3f}"
+            f" {r.renew_calls:>14.2f} {lost:>9}  {verdict(r.ok)}"
+        )
+    print(
+        f"  (targets: <= {MAX_CPU_US:g} us CPU per lease per second, last acquires <="
+        f" {MAX_ACQUIRE_GROWTH:g}x the first, 0 lost while held + 0 when all end at once)"
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in args.backends.split(","):
+            url = DEFAULT_URLS[kind].format(tmp=tmp)
+            print(f"== {kind}: {args.leases} leases, held {args.hold:g} s", file=sys.stderr)
+            results.append(await run_one(kind, url, args.leases, args.hold))
+    print(f"\n== Many leases in one process (ttl {TTL:g} s, pid {os.getpid()})")
+    print_table(results)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--leases", type=int, default=10_000)
+    parser.add_argument("--hold", type=float, default=10.0, help="seconds the leases are held")
+    parser.add_argument("--backends", default="memory,sqlite,redis,postgres,mysql,etcd")
+    parser.add_argument("--quick", action="store_true", help="hold 4 s")
+    args = parser.parse_args()
+    if args.quick:
+        args.hold = 4.0
+    asyncio.run(main(args))
