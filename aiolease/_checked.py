@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._exceptions import InvalidArgument
+from ._records import Renewal
 from ._validate import check_name, check_ttl
 
-__all__ = ["check_arguments", "install"]
+__all__ = ["HeldRenewals", "check_arguments", "install"]
 
 #: Which positional argument (after ``self``) of each method is checked, and how.
 _Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
@@ -34,6 +35,14 @@ SPECS: dict[str, _Spec] = {
     "hold": _NAME,
     "on_taken": _NAME,
 }
+class HeldRenewals(list[Renewal]):
+    """The renewals the core's scheduler hands to :meth:`Backend.renew_many`: of leases
+    it holds, whose names and ttls were checked when they were granted (so not again
+    on every tick; any other sequence is checked)."""
+
+    __slots__ = ()
+
+
 #: The checks of the names and ttls of a renewal batch, remembered: the core renews
 #: every held lease each renew interval, with names and ttls that passed before.
 #: Bounded, so that names held long ago do not stay; a failed check is not kept.
@@ -51,6 +60,8 @@ def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) ->
     """
     if method == "renew_many":
         renewals = args[0] if args else kwargs.get("renewals", ())
+        if type(renewals) is HeldRenewals:
+            return  # the core's, of held leases: checked when they were granted
         for renewal in renewals:
             name, ttl = renewal[0], renewal[3]
             _checked_name(name) if type(name) is str else check_name(name)

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
+from ._checked import HeldRenewals
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease, Timing
@@ -556,7 +557,7 @@ class Renewer:
         (the time the batch was made: no await comes in between)."""
         batch = in_flight.members
         backend = batch[0].lease.backend
-        renewals = []
+        renewals = HeldRenewals()
         for renewed in batch:
             lease = renewed.lease
             lease._renewal_sent(sent_at)
@@ -589,7 +590,7 @@ class Renewer:
         cohorts: dict[float, list[_Renewed]] = {}
         # What a confirmation means depends only on the timing and the grant: worked
         # out once for the leases that share both (locks share equal timings).
-        seen: tuple[Timing, float] | None = None
+        seen: tuple[Timing, float, float | None] | None = None
         deadline = renew_at = 0.0
         for renewed, result in zip(batch, results, strict=True):
             lease = renewed.lease
@@ -602,9 +603,9 @@ class Renewer:
                 seen is None
                 or seen[0] is not timing
                 or seen[1] != result.ttl
-                or result.sent_at is not None
+                or seen[2] != result.sent_at
             ):
-                seen = (timing, result.ttl)
+                seen = (timing, result.ttl, result.sent_at)
                 deadline = timing._deadline_after(sent_at, result)
                 renew_at = timing._renewal_after(sent_at, result)
             lease._confirm_at(deadline, renew_at)

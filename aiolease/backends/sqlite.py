@@ -50,7 +50,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -68,7 +68,7 @@ from .._exceptions import (
 )
 from .._urls import redact, split_url
 from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo
+from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
@@ -92,6 +92,13 @@ _URL_OPTIONS = {"table": str, "busy_timeout": float, "poll_interval": float}
 _LIVE = (
     "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
     " AND expires_at - :now <= ttl + 0.001"
+)
+
+#: A renewal batch (JSON ``[[name, owner, token, ttl], ...]`` in ``:batch``) as rows.
+_BATCH = (
+    "SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS o,"
+    " json_extract(value, '$[2]') AS k, json_extract(value, '$[3]') AS vttl"
+    " FROM json_each(:batch)"
 )
 
 
@@ -425,6 +432,37 @@ class SQLiteBackend(Backend):
         ).fetchall()
         return bool(rows)
 
+    def _renew_many_sync(
+        self, conn: sqlite3.Connection, renewals: Sequence[Renewal]
+    ) -> set[tuple[str, str, int]]:
+        """Renew every lease of ``renewals`` in one statement; which were renewed (one
+        more statement tells which, only when some were not)."""
+        batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
+        params = {"batch": batch, "now": self._clock(), "boot": self._boot_id}
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            changed = conn.execute(
+                f"UPDATE {self._table} SET expires_at = :now + v.vttl, ttl = v.vttl"
+                f" FROM ({_BATCH}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
+                f" AND {_LIVE}",
+                params,
+            ).rowcount
+            if changed == len(renewals):
+                renewed = {(n, o, t) for n, o, t, _ in renewals}
+            else:
+                renewed = set(
+                    conn.execute(
+                        f"SELECT name, owner, token FROM {self._table}, ({_BATCH}) AS v"
+                        f" WHERE name = v.n AND owner = v.o AND token = v.k AND {_LIVE}",
+                        params,
+                    ).fetchall()
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.rollback()
+            raise
+        return renewed
+
     def _release_sync(
         self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
     ) -> bool:
@@ -462,6 +500,13 @@ class SQLiteBackend(Backend):
         if not await self._run(lambda conn: self._renew_sync(conn, name, owner, token, ttl)):
             raise NotOwnerError(name)
         return Grant(token, ttl)
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """Every lease the core's scheduler finds due, in one statement."""
+        renewed = await self._run(lambda conn: self._renew_many_sync(conn, renewals))
+        return [
+            Grant(t, ttl) if (n, o, t) in renewed else NotOwnerError(n) for n, o, t, ttl in renewals
+        ]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         freed = await self._run(lambda conn: self._release_sync(conn, name, owner, token))

@@ -490,15 +490,16 @@ class PostgresBackend(Backend):
         return await renew_many_held(self._batcher, self._held, renewals)
 
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
+        """Renew every lease of ``items`` in one statement; which ones were renewed
+        (the statement answers the others)."""
+        names, owners, tokens = zip(*(key for key, _ in items), strict=True)
         rows = await self._fetch(
-            self._sql.renew,
-            [key[0] for key, _ in items],
-            [key[1] for key, _ in items],
-            [key[2] for key, _ in items],
-            [ttl for _, ttl in items],
-            renewal=True,
+            self._sql.renew, names, owners, tokens, [ttl for _, ttl in items], renewal=True
         )
-        return frozenset((row["name"], row["owner"], int(row["token"])) for row in rows)
+        keys = frozenset(key for key, _ in items)
+        if not rows:
+            return keys
+        return keys - {(row["name"], row["owner"], int(row["token"])) for row in rows}
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         """Free ``owner``'s grant of ``name`` (handing it to the oldest live waiter, if

@@ -200,14 +200,16 @@ class Sql:
             " expires_at = excluded.expires_at)"
             f"{reply}"
         )
-        # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease.
+        # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease. Answers the
+        # leases it did not renew (usually none: nothing to decode per lease).
         self.renew = (
-            f"UPDATE {t} AS l SET ttl = v.ttl,"
-            " expires_at = clock_timestamp() + make_interval(secs => v.ttl)"
-            " FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
-            " AS v(name, owner, token, ttl)"
+            "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
+            " AS v(name, owner, token, ttl)),"
+            f" u AS (UPDATE {t} AS l SET ttl = v.ttl,"
+            " expires_at = clock_timestamp() + make_interval(secs => v.ttl) FROM v"
             ' WHERE l.name = v.name COLLATE "C" AND l.owner = v.owner AND l.token = v.token'
-            " AND l.expires_at > clock_timestamp() RETURNING l.name, l.owner, l.token"
+            " AND l.expires_at > clock_timestamp() RETURNING l.name, l.owner, l.token)"
+            " SELECT name, owner, token FROM v EXCEPT ALL SELECT name, owner, token FROM u"
         )
         # $1 name, $2 owner, $3 token or NULL, $4 channel. With a live waiter (other
         # than the caller) the row goes to the oldest one (token + 1, its identity,
