@@ -98,11 +98,12 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
         count = 0
         ending = False
 
-        async def holder(i: int) -> None:
+        async def holder(i: int, acquired: asyncio.Future[None]) -> None:
             nonlocal count, lost_at_end, lost_holding
             try:
                 async with AsyncLock(backend, f"scale/{run}/{i}", ttl=TTL):
                     count += 1
+                    acquired.set_result(None)
                     if count == leases:
                         held.set()
                     await stop.wait()
@@ -111,15 +112,19 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
                     lost_at_end += 1
                 else:
                     lost_holding += 1
+            except BaseException as exc:
+                if not acquired.done():
+                    acquired.set_exception(exc)
+                raise
 
         tasks: list[asyncio.Task[None]] = []
         times: list[float] = []
+        loop = asyncio.get_running_loop()
         for i in range(leases):
             started = time.perf_counter()
-            tasks.append(asyncio.ensure_future(holder(i)))
-            target = i + 1
-            while count < target and not tasks[-1].done():
-                await asyncio.sleep(0)
+            acquired = loop.create_future()
+            tasks.append(asyncio.ensure_future(holder(i, acquired)))
+            await acquired  # one acquire at a time, each in a task of its own
             times.append(time.perf_counter() - started)
         await held.wait()
         gc.collect()

@@ -146,7 +146,7 @@ class MemoryBackend(Backend):
         record.expires_at = self._clock() + ttl
         return Grant(record.token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease due, in one call (as a server would answer one batch)."""
         await anyio.lowlevel.checkpoint()
         now = self._clock()
