@@ -161,6 +161,9 @@ class RedisBackend(Backend):
             self._subscriptions.companion = self._turns
         #: Names marked watched (see _watch): since when, and until when, in loop time.
         self._watched: dict[str, tuple[float, float]] = {}
+        #: Names an attempt through this backend found held (the newest last): only
+        #: their releases announce a hand-off with a leading PING (see _releasing).
+        self._contended: dict[str, None] = {}
 
     async def _subscriber(self) -> Wire:
         """A pub/sub connection of the backend's transport."""
@@ -360,7 +363,17 @@ class RedisBackend(Backend):
             if self._fair:
                 self._riders.granted(name, owner)
             return Grant(int(reply[1]), ttl)
+        self._contend(name)
         return self._holder(name, reply)
+
+    def _contend(self, name: str) -> None:
+        """Remember that ``name`` has waiters (bounded: the oldest half is dropped)."""
+        contended = self._contended
+        contended.pop(name, None)
+        contended[name] = None
+        if len(contended) > MAX_WATCHED:
+            for old in list(contended)[: MAX_WATCHED // 2]:
+                del contended[old]
 
     async def _attempt(
         self, name: str, owner: str, keys: Sequence[bytes], args: Sequence[Any]
@@ -531,11 +544,15 @@ class RedisBackend(Backend):
         """The keys and arguments of ``owner``'s RELEASE of ``name``, the attempts that
         ride with it (see :mod:`aiolease.backends.redis._riders`), and whether to
         announce the hand-off first (to other processes only: a waiter here runs after
-        the release anyway, and better once the releaser's next attempt has been made)."""
+        the release anyway, and better once the releaser's next attempt has been made;
+        and only for a name found held by an attempt through this backend: a release
+        that nobody waits for sends nothing but itself)."""
         keys = self._keys(name)
         args = (owner, "" if token is None else token, keys.channel)
         riders = self._riders.released(name, owner)
-        first = self._wire.announces and not self._tickets.has_turns(name)
+        first = (
+            self._wire.announces and name in self._contended and not self._tickets.has_turns(name)
+        )
         return keys.all, args, riders, first
 
     async def _released(

@@ -311,7 +311,9 @@ local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
   local now = fair and now_ms() or nil  -- the clock only dates queue entries
   if not lease then
     local head, entry, after, after_entry
-    if has_queue(k[3]) then
+    -- nobody queued and nobody watching (the common case) costs this one call
+    local waited = redis.call('EXISTS', k[3], k[5]) > 0
+    if waited and has_queue(k[3]) then
       local read_at
       head, entry, after, after_entry, read_at = queue_front(k[3], k[4], now)
       now = read_at or now
@@ -319,7 +321,9 @@ local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
     if not head or head == owner then
       if head then dequeue(k[3], k[4], owner) end
       local token = grant(k, owner, identity, metadata, ttl)
-      redis.call('PUBLISH', channel, owner)
+      if waited and redis.call('EXISTS', k[5]) == 1 then
+        redis.call('PUBLISH', channel, owner)  -- for those who watch the name
+      end
       return {1, token}
     end
     -- the lease ran out with a waiter queued: a grant after an expiry, for all to hear
@@ -360,14 +364,19 @@ local function release(k, owner, token, channel)
   if not lease or lease.owner ~= owner or (token ~= '' and lease.token ~= tonumber(token)) then
     return 0
   end
+  -- nobody queued and nobody watching (the common case): no work for waiters
+  if redis.call('EXISTS', k[3], k[5]) == 0 then
+    redis.call('DEL', k[1])
+    return 1
+  end
+  local watched = redis.call('EXISTS', k[5]) == 1
   local head, entry, after, after_entry, now = queue_front(k[3], k[4], nil)
   if head then
     -- rewrites every field; announced on the name's channel only if it is watched
-    local watched = redis.call('EXISTS', k[5]) == 1
     return {2, head}, hand_off(k, head, entry, after, after_entry, now, channel, watched), now
   end
   redis.call('DEL', k[1])
-  redis.call('PUBLISH', channel, '')
+  if watched then redis.call('PUBLISH', channel, '') end
   return 1
 end
 

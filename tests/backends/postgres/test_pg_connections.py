@@ -68,17 +68,17 @@ async def test_renewals_of_many_leases_share_one_statement_per_tick(pg_url: str)
                     await spy.wait_called("renew")
 
         async with anyio.create_task_group() as tg:
+            before = Counting.renew_statements
             for lock in locks:
                 await tg.start(_hold, lock)
-            await renewed(2)  # the first renewal of each lease has nothing to share yet
-            before = Counting.renew_statements
-            await renewed(5)
+            await renewed(4)  # the first renewals too: they join one batch
             statements = Counting.renew_statements - before
             tg.cancel_scope.cancel()
-        # 3 more ticks of 12 leases: 36 statements unbatched, about 3 batched.
-        assert statements <= 3 + 2, statements
+        # 4 ticks of 12 leases: 48 statements one lease at a time, 4 batched (one more
+        # if the grants straddled a tick).
+        assert statements <= 4 + 1, statements
         stats = inner(b, PostgresBackend).statistics()
-        assert stats.renewals_shared > 0
+        assert stats.renew_statements >= statements
         assert all(lock.statistics().losses == {} for lock in locks)
 
 
