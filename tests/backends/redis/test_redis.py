@@ -41,6 +41,7 @@ from tests.backends.redis.support import (
     asyncio_loop,
     inner,
     new_name,
+    requests,
     subscribe,
     sync_client,
 )
@@ -208,9 +209,33 @@ async def test_a_held_lease_is_watched_by_pushes_not_reads(
                     await adapt(tap.inner).release(name, lease.owner, None)
                     await adapt(tap.inner).try_acquire(name, "thief", LONG, "thief", {})
                 await anyio.sleep_forever()
+        # Nobody watches the name: the thief's grant is not published, and the next
+        # renewal reports the takeover.
         assert info.value.reason is LossReason.STOLEN
-        assert tap.calls["wait_taken"] == 1 and reads
+        assert tap.calls["wait_taken"] == 1
         await adapt(tap.inner).release(name, "thief", None)
+
+
+def _publishes(url: str) -> int:
+    """PUBLISH calls the server ran so far (scripts' included)."""
+    with sync_client(url) as admin:
+        stats = admin.info("commandstats").get("cmdstat_publish")
+    return 0 if stats is None else int(stats["calls"])
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+async def test_a_cycle_nobody_waits_for_does_no_work_for_waiters(
+    anyio_backend: str, open_redis: Opener, redis_url: str, fair: bool
+) -> None:
+    """No PUBLISH, and one request each for acquire and release (no leading PING)."""
+    async with open_redis(fair=fair) as backend:
+        sent = requests(backend)
+        before = _publishes(redis_url)
+        for _ in range(3):
+            async with AsyncLock(backend, new_name(), ttl=LONG):
+                pass
+        assert _publishes(redis_url) == before
+        assert sent["PING"] == 0 and sent["requests"] == 6, sent
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
