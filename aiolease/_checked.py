@@ -35,6 +35,8 @@ SPECS: dict[str, _Spec] = {
     "hold": _NAME,
     "on_taken": _NAME,
 }
+
+
 class HeldRenewals(list[Renewal]):
     """The renewals the core's scheduler hands to :meth:`Backend.renew_many`: of leases
     it holds, whose names and ttls were checked when they were granted (so not again
