@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
@@ -12,7 +14,14 @@ from contextlib import AsyncExitStack
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
 
-__all__ = ["add_figure_arguments", "hold_in_tasks", "run_threads", "verdict"]
+__all__ = [
+    "RESULTS_ENV",
+    "add_figure_arguments",
+    "hold_in_tasks",
+    "record",
+    "run_threads",
+    "verdict",
+]
 
 
 async def hold_in_tasks(
@@ -46,6 +55,39 @@ async def hold_in_tasks(
     while len(leases) < len(names):  # noqa: ASYNC110 - a benchmark's set-up
         await asyncio.sleep(0.05)
     return leases
+
+
+#: The file (JSON lines) that :func:`record` appends each figure to, when set
+#: (``run_all.py`` sets it for each benchmark it runs).
+RESULTS_ENV = "AIOLEASE_BENCH_RESULTS"
+
+
+def record(
+    backend: str,
+    figure: str,
+    contender: str,
+    value: float,
+    unit: str,
+    *,
+    target: str = "",
+    ok: bool | None = None,
+) -> None:
+    """Note one printed figure for ``run_all.py``'s table (nothing without
+    :data:`RESULTS_ENV`)."""
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    row = {
+        "backend": backend,
+        "figure": figure,
+        "contender": contender,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "ok": ok,
+    }
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 def verdict(ok: bool | None) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.lowlevel
 import sniffio
+from _common import record
 
 from aiolease import AsyncLock
 from aiolease.backends.memory import MemoryBackend
@@ -142,6 +143,7 @@ async def main(cycles: int, seconds: float) -> None:
     for label, row in rows:
         passes = "-" if row.passes is None else f"{row.passes:.1f}"
         print(f"{label:<28} {row.wall_us:>9.1f} {row.cpu_us:>9.1f} {passes:>7}")
+        record(f"core ({loop})", "uncontended cycle, memory backend", label, row.wall_us, "us")
     handoff_lock = AsyncLock(backend, "handoff", ttl=10)
     shared_bare = bare_lock()
     print(f"-- {loop}: 8 tasks, 1 ms hold")
@@ -152,6 +154,7 @@ async def main(cycles: int, seconds: float) -> None:
     ):
         rate, cpu_each = await handoffs(factory, seconds)
         print(f"{label:<28} {rate:>12.0f} {cpu_each:>12.0f}")
+        record(f"core ({loop})", "hand-offs, 8 tasks, 1 ms hold", label, rate, "/s")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import anyio
 import anyio.to_thread
+from _common import record
 
 from aiolease import AsyncLock, open_backend
 from aiolease.abc import Backend
@@ -121,6 +122,8 @@ async def main(cycles: int, seconds: float) -> None:
         ("aiolease memory (core only)", memory_time, memory_rate, memory_fair),
     ):
         print(f"{label:<34} {cycle / floor:>8.2f} {rate:>12.0f} {fair:>8.2f}")
+        record("sqlite", "uncontended acquire+release", label, cycle / floor, "x floor")
+        record("sqlite", "hand-offs, one process", label, rate, "/s")
 
 
 if __name__ == "__main__":

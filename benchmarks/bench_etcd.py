@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, run_threads
+from _common import add_figure_arguments, record, run_threads
 from aetcd import Client, rpc
 
 from aiolease import AsyncLock, open_backend
@@ -592,6 +592,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'uncontended acquire+release':<36} {'x floor':>8}")
     for label, seconds in times.items():
         print(f"  {label:<34} {seconds / floor:>8.2f}")
+        record("etcd", "uncontended acquire+release", label, seconds / floor, "x floor")
     if args.only == "uncontended":
         return
 
@@ -600,6 +601,7 @@ async def main(args: argparse.Namespace) -> None:
     for kind in kinds:
         counts = await handoffs(kind, url, f"handoff-{kind}-{RUN}", 8, args.seconds)
         print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
+        record("etcd", "hand-offs, 8 tasks, one key, 1 ms", kind, sum(counts) / args.seconds, "/s")
     # Processes land on the 2 cores differently from one start to the next, and that
     # moves a single round by +-20 %: the contenders take turns for ROUNDS rounds, and
     # each figure is the median round (fairness from all rounds' acquisitions).
@@ -615,6 +617,7 @@ async def main(args: argparse.Namespace) -> None:
     for kind in across:
         rate = statistics.median(rates[kind])
         print(f"  {kind:<34} {rate:>8.0f} {fairness(totals[kind]):>8.2f}")
+        record("etcd", "hand-offs, 4 processes, one key", kind, rate, "/s")
 
     print(f"\n{'crash failover, ttl 2 s':<36} {'delete->acquire':>16} {'kill->acquire':>14}")
     for kind in ("floor", "aiolease", "aiolease-fair", "aetcd"):
@@ -622,11 +625,16 @@ async def main(args: argparse.Namespace) -> None:
         gap = statistics.median(r[0] for r in runs)
         total = statistics.median(r[1] for r in runs)
         print(f"  {kind:<34} {gap * 1000:>13.1f} ms {total:>12.2f} s")
+        record("etcd", "crash failover, ttl 2 s: delete to acquire", kind, gap * 1000, "ms")
 
     print(f"\n{f'{args.held} leases held, ttl 3 s':<36} {'req/s':>8} {'CPU s/s':>8} {'lost':>6}")
     for kind in ("floor", "aiolease", "aetcd"):
         rate, cpu, lost = await held(kind, url, args.held, args.held_seconds)
         print(f"  {kind:<34} {rate:>8.1f} {cpu:>8.3f} {lost:>6}")
+        figure = f"{args.held} leases held, ttl 3 s"
+        record("etcd", figure + ": requests", kind, rate, "/s")
+        record("etcd", figure + ": CPU", kind, cpu, "CPU s/s")
+        record("etcd", figure + ": lost", kind, lost, "")
 
 
 if __name__ == "__main__":

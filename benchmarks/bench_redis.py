@@ -58,7 +58,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection
 import redis.connection
-from _common import add_figure_arguments, hold_in_tasks, run_threads, verdict
+from _common import add_figure_arguments, hold_in_tasks, record, run_threads, verdict
 from _redis_contenders import (
     HOLD,
     HOW,
@@ -498,6 +498,17 @@ async def uncontended_figure(
     print(f"\n{'uncontended acquire+release':<36} {'x floor':>8} {'RT/cycle':>9}")
     for label, (seconds, trips) in times.items():
         print(f"  {label:<34} {seconds / floor:>8.2f} {trips:>9.1f}")
+        ok = seconds / floor <= 1.10 if label.startswith("aiolease") else None
+        target = "<= 1.10" if ok is not None else ""
+        record(
+            "redis",
+            "uncontended acquire+release",
+            label,
+            seconds / floor,
+            "x floor",
+            target=target,
+            ok=ok,
+        )
     ratio, trips = times["aiolease"][0] / floor, times["aiolease"][1]
     best = min((times[p][0] / floor, p) for p in peers) if peers else (float("nan"), "-")
     report.target(
@@ -549,6 +560,8 @@ async def handoff_figures(args: argparse.Namespace, peers: Sequence[str], report
             figures[where][kind] = (rate, fair, starved)
             each = " ".join(f"{r:.0f}" for r in rates)
             print(f"  {kind:<34} {rate:>8.0f} {fair:>8.2f} {starved:>8}  {each}")
+            record("redis", title, kind, rate, "/s")
+            record("redis", title + ": fairness", kind, fair, "max/min")
         if "aiolease-fair" not in figures[where]:
             continue
         rate, fair, starved = figures[where]["aiolease-fair"]
@@ -570,6 +583,16 @@ async def failover_figure(args: argparse.Namespace, peers: Sequence[str], report
         runs = [await failover(kind, url, args.failover_ttl) for _ in range(args.failovers)]
         gaps[kind] = statistics.median(runs)
         print(f"  {kind:<34} {gaps[kind] * 1000:>13.1f} ms")
+        ok = gaps[kind] <= 0.020 if kind.startswith("aiolease") else None
+        record(
+            "redis",
+            label + ": expiry to acquire",
+            kind,
+            gaps[kind] * 1000,
+            "ms",
+            target="<= 20" if ok is not None else "",
+            ok=ok,
+        )
     worst = max(gaps["aiolease"], gaps["aiolease-fair"])
     report.target(
         label,
@@ -589,6 +612,9 @@ async def held_figure(args: argparse.Namespace, peers: Sequence[str], report: Re
         found[kind] = await held(kind, url, args.held, args.held_seconds, args.settle)
         rate, renew, reads, cpu, lost = found[kind]
         print(f"  {kind:<34} {rate:>8.1f} {renew:>10.1f} {reads:>8.1f} {cpu:>8.3f} {lost:>6}")
+        record("redis", title + ": renewal round trips", kind, renew, "/s")
+        record("redis", title + ": CPU", kind, cpu, "CPU s/s")
+        record("redis", title + ": lost", kind, lost, "")
     rate, renew, reads, cpu, lost = found["aiolease"]
     base = found.get("redis-py", (0.0, 0.0, 0.0, float("nan"), 0))[3]
     report.target(

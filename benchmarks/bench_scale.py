@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from _common import verdict
+from _common import record, verdict
 
 from aiolease import AsyncLock, LeaseLostError, open_backend
 from aiolease.abc import Backend
@@ -159,6 +159,14 @@ def print_table(results: Sequence[Result]) -> None:
         f" {'CPU s/s':>8} {'renew calls/s':>14} {'lost':>9}"
     )
     for r in results:
+        figure = f"{r.leases} leases held in one process, ttl {TTL:g} s"
+        record(r.backend, figure, "CPU per lease", r.cpu_us, "us/lease/s", target="<= 5")
+        record(r.backend, figure, "CPU", r.cpu_s, "CPU s/s")
+        growth = r.last_ms / r.first_ms
+        record(r.backend, figure, "acquire, last / first", growth, "x", target="<= 1.5")
+        lost = r.lost_holding + r.lost_at_end
+        record(r.backend, figure, "lost (held + all ending at once)", lost, "", target="0")
+        record(r.backend, figure, "verdict", float(r.ok), "", ok=r.ok)
         acquire = f"{r.first_ms:.3f} / {r.last_ms:.3f}"
         lost = f"{r.lost_holding}+{r.lost_at_end}"
         print(

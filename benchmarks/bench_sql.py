@@ -55,7 +55,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, hold_in_tasks, run_threads, verdict
+from _common import add_figure_arguments, hold_in_tasks, record, run_threads, verdict
 from _sql_floors import (
     FLOOR_TABLE,
     TABLE,
@@ -526,6 +526,10 @@ async def print_uncontended(db: Db, args: argparse.Namespace) -> None:
     for label, (seconds, floor) in times.items():
         ratio = seconds / floor
         ok = ratio <= TARGET_RATIO if label.startswith("aiolease") else None
+        target = f"<= {TARGET_RATIO:.2f}" if ok is not None else ""
+        record(
+            db.name, "uncontended acquire+release", label, ratio, "x floor", target=target, ok=ok
+        )
         print(
             f"  {label:<38} {seconds * 1e6:>6.0f} us {ratio:>8.2f} {seconds / advisory:>8.2f}"
             f"  {verdict(ok)}"
@@ -556,6 +560,19 @@ async def print_handoffs(db: Db, args: argparse.Namespace, kinds: Sequence[str])
             p50 = p50s[median]
             ok = p50 <= TARGET_GAP and fair <= TARGET_FAIRNESS if contender == "aiolease" else None
             each = " ".join(f"{g * 1e3:.2f}" for g in p50s)
+            figure = f"hand-offs, {title}, one key, 1 ms"
+            rate = (len(found) + 1) / args.seconds
+            record(db.name, figure, contender, rate, "/s")
+            record(
+                db.name,
+                figure + ": gap p50 (end of a body to the next body's start)",
+                contender,
+                p50 * 1e3,
+                "ms",
+                target="<= 0.5" if ok is not None else "",
+                ok=ok,
+            )
+            record(db.name, figure + ": fairness", contender, fair, "max/min")
             print(
                 f"  {contender:<38} {(len(found) + 1) / args.seconds:>7.0f}"
                 f" {p50 * 1e3:>6.2f} ms {percentile(found, 0.95) * 1e3:>6.2f} ms"
@@ -574,6 +591,15 @@ async def print_failover(db: Db, args: argparse.Namespace, kinds: Sequence[str])
         after = [r[0] for r in runs if r[0] is not None]
         gap = f"{statistics.median(after) * 1e3:>13.1f} ms" if after else f"{'n/a (no ttl)':>16}"
         ok = statistics.median(after) <= TARGET_FAILOVER if contender == "aiolease" else None
+        if after:
+            record(
+                db.name,
+                "crash failover, ttl 2 s: expiry to acquire",
+                contender,
+                statistics.median(after) * 1e3,
+                "ms",
+                ok=ok,
+            )
         print(f"  {contender:<38} {gap} {total:>12.3f} s  {verdict(ok)}")
 
 
@@ -586,6 +612,10 @@ async def print_held(db: Db, args: argparse.Namespace) -> None:
     for contender in ("floor", "aiolease"):
         per_tick, renews, cpu, lost = await held(contender, db, args.held, args.held_seconds)
         ok = per_tick <= TARGET_PER_TICK and lost == 0 if contender == "aiolease" else None
+        figure = f"{args.held} leases held, ttl 3 s"
+        record(db.name, figure + ": statements per tick", contender, per_tick, "", ok=ok)
+        record(db.name, figure + ": CPU", contender, cpu, "CPU s/s")
+        record(db.name, figure + ": lost", contender, lost, "")
         renew_text = "" if renews is None else f"{renews:.2f}"
         figures = f"{per_tick:>9.2f} {renew_text:>10} {cpu:>8.3f} {lost:>5}"
         print(f"  {contender:<38} {figures}  {verdict(ok)}")

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..._exceptions import BackendError, BackendTimeout, NotOwnerError
+from ...abc import Renewal as LeaseRenewal
 from .._asyncio import now as loop_now
 from .._asyncio import timeout_after
 
@@ -71,7 +72,7 @@ class _Batch:
 
 #: Sends one pipelined round trip: for each lease and ttl, whether it is still ours
 #: (or the error for that lease).
-Send = Callable[[Sequence[Renewal], Sequence[float]], Awaitable[list[bool | BaseException]]]
+Send = Callable[[Sequence[LeaseRenewal]], Awaitable[list[bool | BaseException]]]
 
 
 class RenewalBatcher:
@@ -167,7 +168,12 @@ class RenewalBatcher:
             # Not asyncio.wait_for: up to 3.11 it can drop a cancellation (of the loop's
             # teardown, say) that comes as the replies do.
             async with timeout_after(self._timeout):
-                results = await self._send(batch.members, batch.ttls)
+                results = await self._send(
+                    [
+                        (m.name, m.owner, m.token, ttl)
+                        for m, ttl in zip(batch.members, batch.ttls, strict=True)
+                    ]
+                )
         except asyncio.TimeoutError:
             results = [BackendTimeout(f"renewal batch took over {self._timeout:g}s")]
         except BackendError as exc:

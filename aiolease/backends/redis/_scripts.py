@@ -44,6 +44,7 @@ __all__ = [
     "READ_BODY",
     "RELEASE",
     "RENEW",
+    "RENEW_MANY",
     "WATCH",
     "Script",
     "evaluate",
@@ -413,6 +414,30 @@ local lease = load_lease(KEYS[1])
 if not lease or lease.owner ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
+""",
+)
+
+RENEW_MANY = Script(
+    "renew_many",
+    _PRELUDE
+    + r"""
+-- KEYS: leases (one slot, or one server); ARGV: owner, token, ttl ms per key.
+-- One reply per key: 1 renewed, 0 not the owner's, or the error of a foreign key
+-- (that key fails alone).
+local out = {}
+for i = 1, #KEYS do
+  local owner, token, px = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local ok, lease = pcall(load_lease, KEYS[i])
+  if not ok then
+    out[i] = type(lease) == 'table' and lease or {err = tostring(lease)}
+  elseif not lease or lease.owner ~= owner or lease.token ~= tonumber(token) then
+    out[i] = 0
+  else
+    redis.call('PEXPIRE', KEYS[i], px)
+    out[i] = 1
+  end
+end
+return out
 """,
 )
 
