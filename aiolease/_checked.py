@@ -22,19 +22,6 @@ __all__ = ["HeldRenewals", "check_arguments", "install"]
 
 #: Which positional argument (after ``self``) of each method is checked, and how.
 _Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
-_NAME: _Spec = ((0, "name", check_name),)
-SPECS: dict[str, _Spec] = {
-    "try_acquire": (*_NAME, (2, "ttl", check_ttl)),
-    "renew": (*_NAME, (3, "ttl", check_ttl)),
-    "release": _NAME,
-    "read": _NAME,
-    "wait_changed": _NAME,
-    "wait_taken": _NAME,
-    "wait_turn": (*_NAME, (2, "ttl", check_ttl)),
-    "wait_lost": _NAME,
-    "hold": _NAME,
-    "on_taken": _NAME,
-}
 
 
 class HeldRenewals(list[Renewal]):
@@ -45,11 +32,37 @@ class HeldRenewals(list[Renewal]):
     __slots__ = ()
 
 
-#: The checks of the names and ttls of a renewal batch, remembered: the core renews
-#: every held lease each renew interval, with names and ttls that passed before.
-#: Bounded, so that names held long ago do not stay; a failed check is not kept.
+#: The checks of names and ttls, remembered: the core passes the same name to several
+#: contract methods per acquisition, and renews every held lease each renew interval.
+#: Bounded, so that names used long ago do not stay; a failed check is not kept.
 _checked_name = functools.lru_cache(maxsize=32_768)(check_name)
 _checked_ttl = functools.lru_cache(maxsize=256)(check_ttl)
+
+
+def _name(name: object) -> object:
+    """:func:`check_name`, remembered for the str names seen recently."""
+    return _checked_name(name) if type(name) is str else check_name(name)
+
+
+def _ttl(ttl: object) -> object:
+    """:func:`check_ttl`, remembered for the float ttls seen recently."""
+    return _checked_ttl(ttl) if type(ttl) is float else check_ttl(ttl)
+
+
+_NAME: _Spec = ((0, "name", _name),)
+SPECS: dict[str, _Spec] = {
+    "try_acquire": (*_NAME, (2, "ttl", _ttl)),
+    "renew": (*_NAME, (3, "ttl", _ttl)),
+    "release": _NAME,
+    "read": _NAME,
+    "wait_changed": _NAME,
+    "wait_taken": _NAME,
+    "wait_turn": (*_NAME, (2, "ttl", _ttl)),
+    "wait_lost": _NAME,
+    "hold": _NAME,
+    "on_taken": _NAME,
+}
+
 
 #: Set on a wrapped method, so that it is not wrapped twice.
 _MARK = "__aiolease_checked__"
@@ -65,9 +78,8 @@ def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) ->
         if type(renewals) is HeldRenewals:
             return  # the core's, of held leases: checked when they were granted
         for renewal in renewals:
-            name, ttl = renewal[0], renewal[3]
-            _checked_name(name) if type(name) is str else check_name(name)
-            _checked_ttl(ttl) if type(ttl) is float else check_ttl(ttl)
+            _name(renewal[0])
+            _ttl(renewal[3])
         return
     for index, key, check in SPECS[method]:
         if index < len(args):
