@@ -5,8 +5,8 @@ Runs each ``bench_*.py`` of this directory (in a process of its own, one after t
 other, so that they do not measure each other) ``--runs`` times (default 3), collects
 the figures each prints (:func:`_common.record`), and writes one table with the
 median of the runs of each figure, the target it has (if any), and the verdict of the
-run that gave the median. ``--quick``: one run of each benchmark's quick pass (about
-two minutes in all; the figures move more).
+run that gave the median. ``--quick``: each benchmark's quick pass, once unless
+``--runs`` says otherwise (a few minutes in all; the figures move more).
 
 Usage::
 
@@ -168,7 +168,8 @@ def markdown(table: Sequence[dict[str, Any]], runs: int, quick: bool, took: floa
         f"- packages: {', '.join(versions())}",
         f"- servers: {', '.join(servers()) or 'none answered'}",
         "- command: `python benchmarks/run_all.py"
-        + (" --quick" if quick else f" --runs {runs}")
+        + (" --quick" if quick else "")
+        + f" --runs {runs}"
         + "`; what each figure measures: the docstring of its `benchmarks/bench_*.py`",
         "",
         "| backend | figure | contender | median | unit | runs | target | verdict |",
@@ -194,11 +195,13 @@ def markdown(table: Sequence[dict[str, Any]], runs: int, quick: bool, took: floa
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one quick pass of each")
-    parser.add_argument("--runs", type=int, default=3, help="runs of each benchmark")
+    parser.add_argument(
+        "--runs", type=int, help="runs of each benchmark (default 3; 1 with --quick)"
+    )
     parser.add_argument("--only", type=lambda s: s.split(","), help="e.g. redis,sql,scale")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
-    runs = 1 if args.quick else args.runs
+    runs = args.runs or (1 if args.quick else 3)
     started = time.monotonic()
     collected: list[list[dict[str, Any]]] = []
     failed = []

@@ -11,7 +11,8 @@ or for a Redis Cluster or a Sentinel-managed master (see
     redis+cluster://host:port[,host:port...]
     redis+sentinel://host:port[,host:port...]/service[/db]
 
-plus ``prefix=`` (the key prefix, default ``aiolease:``), ``fair=`` (``1``/``0``),
+plus ``prefix=`` (the key prefix, default ``aiolease:``), ``fair=`` (``1``, the
+default, or ``0``),
 ``wait_replicas=``, ``wait_timeout=`` and ``transport=`` in the query or as keyword arguments, and
 redis-py's own query options (``socket_timeout``, ``client_name``, ``ssl_cert_reqs``,
 ...). A client you already
@@ -25,12 +26,13 @@ NOSCRIPT. Expiry is Redis's own ``PEXPIRE`` (renew resets it, never adds); the
 fencing token is an ``INCR`` of a per-name counter that never expires. All keys of a
 name share one hash tag, so every script stays in one Cluster slot.
 
-**Wake-ups.** Every grant and release publishes on the name's channel (but for
-fair hand-offs nobody observes, below); a task in :meth:`RedisBackend.wait_changed`
-is woken by it, or when the holder's remaining ttl (as the server reported it) runs
-out, whichever comes first. ``wait_changed`` marks the name watched for a while.
+**Wake-ups.** A grant or release publishes on the name's channel while the name is
+watched (``wait_changed`` marks it watched for a while) or has a queue (but for fair
+hand-offs nobody observes, below): a cycle nobody waits for publishes nothing. A
+task in :meth:`RedisBackend.wait_changed` is woken by it, or when the holder's
+remaining ttl (as the server reported it) runs out, whichever comes first.
 
-**Fair mode** (``fair=True``): a refused acquirer joins the name's queue (its entry
+**Fair mode** (``fair=True``, the default): a refused acquirer joins the name's queue (its entry
 expires ``ttl`` after its latest attempt: a dead waiter holds nobody up longer).
 Release hands the lease straight to the queue's head and tells it on the head's
 backend's own *turns* channel; the waiter behind it is told how long the grant

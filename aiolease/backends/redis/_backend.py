@@ -137,7 +137,7 @@ class RedisBackend(Backend):
         client: Client,
         *,
         prefix: str = DEFAULT_PREFIX,
-        fair: bool = False,
+        fair: bool = True,
         timeout: float = DEFAULT_TIMEOUT,
         wait_replicas: int | str = 0,
         wait_timeout: float | str = DEFAULT_WAIT_TIMEOUT,

@@ -295,6 +295,7 @@ _ATTEMPT = r"""
 -- behind it in fair mode; the holder.
 local function queue_behind(k, lease, now, owner, ttl, identity, metadata, fair, turns)
   if fair then
+    now = now or now_ms()
     local retry_by = now + math.min(math.floor(ttl / 3), lease.pttl + 2)
     enqueue(k[3], k[4], owner, ttl, identity, metadata, now, retry_by, turns)
   end
@@ -309,7 +310,7 @@ local function attempt(k, owner, ttl, identity, metadata, fair, channel, turns)
     redis.call('PEXPIRE', k[1], ttl)
     return {1, lease.token}
   end
-  local now = fair and now_ms() or nil  -- the clock only dates queue entries
+  local now  -- the clock only dates queue entries: read when one is read or written
   if not lease then
     local head, entry, after, after_entry
     -- nobody queued and nobody watching (the common case) costs this one call
