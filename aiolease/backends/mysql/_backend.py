@@ -490,7 +490,15 @@ class MySQLBackend(Backend):
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        return await renew_many_held(self._batcher, self._held, renewals)
+        return await renew_many_held(self._batcher, self._renew_failed, self._held, renewals)
+
+    async def _renew_failed(self, renewals: Sequence[Renewal]) -> set[Key]:
+        """Renew every lease of ``renewals`` (:meth:`_renew_batch`); those it did not renew."""
+        items = [((n, o, t), ttl) for n, o, t, ttl in renewals]
+        renewed = await self._renew_batch(items)
+        if len(renewed) == len(items):
+            return set()
+        return {key for key, _ in items if key not in renewed}
 
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
         """Renew every lease of ``items`` in one statement; which ones were renewed.

@@ -487,19 +487,25 @@ class PostgresBackend(Backend):
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        return await renew_many_held(self._batcher, self._held, renewals)
+        return await renew_many_held(self._batcher, self._renew_failed, self._held, renewals)
 
     async def _renew_batch(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
-        """Renew every lease of ``items`` in one statement; which ones were renewed
-        (the statement answers the others)."""
-        names, owners, tokens = zip(*(key for key, _ in items), strict=True)
+        """Renew every lease of ``items`` in one statement; which ones were renewed."""
+        failed = await self._renew_failed([(n, o, t, ttl) for (n, o, t), ttl in items])
+        return frozenset(key for key, _ in items if key not in failed)
+
+    async def _renew_failed(self, renewals: Sequence[Renewal]) -> set[Key]:
+        """Renew every lease of ``renewals`` in one statement; those it did not renew
+        (the statement answers only them)."""
         rows = await self._fetch(
-            self._sql.renew, names, owners, tokens, [ttl for _, ttl in items], renewal=True
+            self._sql.renew,
+            [r[0] for r in renewals],
+            [r[1] for r in renewals],
+            [r[2] for r in renewals],
+            [r[3] for r in renewals],
+            renewal=True,
         )
-        keys = frozenset(key for key, _ in items)
-        if not rows:
-            return keys
-        return keys - {(row["name"], row["owner"], int(row["token"])) for row in rows}
+        return {(row["name"], row["owner"], int(row["token"])) for row in rows}
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         """Free ``owner``'s grant of ``name`` (handing it to the oldest live waiter, if

@@ -17,7 +17,7 @@ from ..._exceptions import NotOwnerError
 from ...abc import Grant, Renewal, RenewResult
 from .._asyncio import now
 
-__all__ = ["Held", "Key", "RenewBatcher", "SendBatch", "renew_held", "renew_many_held"]
+__all__ = ["Held", "Key", "RenewBatcher", "SendBatch", "SendMany", "renew_held", "renew_many_held"]
 
 #: A lease as the renewal batcher knows it: (name, owner, token).
 Key = tuple[str, str, int]
@@ -92,16 +92,6 @@ class RenewBatcher:
             return
         for key in [k for k in self._renewals if k[0] == name and k[1] == owner]:
             del self._renewals[key]
-
-    async def renew_all(self, items: Sequence[tuple[Key, float]]) -> tuple[float, frozenset[Key]]:
-        """Renew every lease of ``items`` now, in one statement (the core's batch of
-        every lease due: :meth:`Backend.renew_many`), whatever is in flight.
-
-        :returns: when the statement was sent, and the keys it renewed
-        """
-        sent_at = now()
-        self.statements += 1
-        return sent_at, await self._send_batch(items)
 
     async def renew(self, key: Key, ttl: float) -> float | None:
         """Renew ``key`` for ``ttl`` seconds.
@@ -256,22 +246,37 @@ def _keep(held: dict[str, H], name: str, owner: str, token: int, renewed: bool) 
     return known
 
 
+#: Renews every lease of a batch in one statement (at most a few); the keys of those
+#: it did not renew (usually none).
+SendMany = Callable[[Sequence[Renewal]], Awaitable[set[Key]]]
+
+
 async def renew_many_held(
-    batcher: RenewBatcher, held: dict[str, H], renewals: Sequence[Renewal]
+    batcher: RenewBatcher, send: SendMany, held: dict[str, H], renewals: Sequence[Renewal]
 ) -> list[RenewResult]:
-    """:meth:`Backend.renew_many` through ``batcher``: every renewal in one statement,
-    ``held`` kept in step as :func:`renew_held` keeps it."""
-    items = [((n, o, t), float(ttl)) for n, o, t, ttl in renewals if t >= 1]
-    sent_at, renewed = await batcher.renew_all(items) if items else (now(), frozenset())
+    """:meth:`Backend.renew_many`: every renewal in one statement (``send``, counted as
+    ``batcher``'s), ``held`` kept in step as :func:`renew_held` keeps it. (A token
+    below 1 is nobody's: it is not sent.)"""
+    sent_at = now()
+    due = [r for r in renewals if r[2] >= 1]
+    failed = {(n, o, t) for n, o, t, _ in renewals if t < 1}
+    if due:
+        batcher.statements += 1
+        failed |= await send(due)
     results: list[RenewResult] = []
     for name, owner, token, ttl in renewals:
-        ok = (name, owner, token) in renewed
-        known = _keep(held, name, owner, token, ok)
-        if not ok:
+        known = held.get(name)
+        if known is not None and (known.owner != owner or known.token != token):
+            known = None
+        if failed and (name, owner, token) in failed:
+            if known is not None:
+                del held[name]
             results.append(NotOwnerError(name))
             continue
         if known is not None:
-            known.ttl, known.sent_at = float(ttl), max(known.sent_at, sent_at)
+            known.ttl = ttl
+            if sent_at > known.sent_at:
+                known.sent_at = sent_at
         results.append(Grant(token, ttl, sent_at=sent_at))
     return results
 
