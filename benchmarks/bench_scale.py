@@ -6,7 +6,8 @@ For each backend (``--backends``, default every one whose server answers) prints
 * **acquire ms, first / last**: the mean time of one acquire among the first 20 % of
   the N acquires, and among the last 20 % (made while the others are held). Target:
   the last no more than 1.5x the first (the acquire time does not grow with the
-  number held);
+  number held). Beside it, the part of each that the garbage collector paused the
+  process for (its full collections take longer the more objects are alive);
 * **us CPU / lease / s**: this process's CPU time (``time.process_time``) over the
   hold window, per second and per lease held. Target: <= 5 us;
 * **CPU s/s**: the same, not divided by the leases (what a ``top`` shows);
@@ -62,6 +63,8 @@ class Result:
     renew_calls: float
     lost_holding: int
     lost_at_end: int
+    gc_first_ms: float = 0.0
+    gc_last_ms: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -70,6 +73,20 @@ class Result:
             and self.last_ms <= MAX_ACQUIRE_GROWTH * self.first_ms
             and self.lost_holding + self.lost_at_end == 0
         )
+
+
+class Pauses:
+    """Adds up the time the garbage collector pauses the process."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._started = 0.0
+
+    def note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._started
 
 
 class CountingCalls:
@@ -119,6 +136,9 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
 
         tasks: list[asyncio.Task[None]] = []
         times: list[float] = []
+        collected: list[float] = []  # the GC's pause time so far, after each acquire
+        pauses = Pauses()
+        gc.callbacks.append(pauses.note)
         loop = asyncio.get_running_loop()
         for i in range(leases):
             started = time.perf_counter()
@@ -126,11 +146,16 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
             tasks.append(asyncio.ensure_future(holder(i, acquired)))
             await acquired  # one acquire at a time, each in a task of its own
             times.append(time.perf_counter() - started)
+            collected.append(pauses.total)
         await held.wait()
         gc.collect()
+        gc.callbacks.remove(pauses.note)
         fifth = max(1, leases // 5)
         first = sum(times[:fifth]) / fifth
         last = sum(times[-fifth:]) / fifth
+        # The garbage collector's pauses within those acquires, per acquire.
+        gc_first = collected[fifth - 1] / fifth
+        gc_last = (collected[-1] - collected[-fifth - 1]) / fifth
         calls.calls = 0
         cpu0, wall0 = time.process_time(), time.perf_counter()
         await asyncio.sleep(hold)
@@ -150,13 +175,15 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
         renew_calls,
         lost_holding,
         lost_at_end,
+        gc_first * 1000,
+        gc_last * 1000,
     )
 
 
 def print_table(results: Sequence[Result]) -> None:
     print(
         f"\n  {'backend':<9} {'leases':>6} {'acquire ms first/last':>22} {'us CPU/lease/s':>15}"
-        f" {'CPU s/s':>8} {'renew calls/s':>14} {'lost':>9}"
+        f" {'CPU s/s':>8} {'renew calls/s':>14} {'lost':>9} {'of which GC first/last':>23}"
     )
     for r in results:
         figure = f"{r.leases} leases held in one process, ttl {TTL:g} s"
@@ -171,7 +198,8 @@ def print_table(results: Sequence[Result]) -> None:
         lost = f"{r.lost_holding}+{r.lost_at_end}"
         print(
             f"  {r.backend:<9} {r.leases:>6} {acquire:>22} {r.cpu_us:>15.2f} {r.cpu_s:>8.3f}"
-            f" {r.renew_calls:>14.2f} {lost:>9}  {verdict(r.ok)}"
+            f" {r.renew_calls:>14.2f} {lost:>9} {r.gc_first_ms:>11.3f} / {r.gc_last_ms:.3f}"
+            f"  {verdict(r.ok)}"
         )
     print(
         f"  (targets: <= {MAX_CPU_US:g} us CPU per lease per second, last acquires <="

@@ -63,6 +63,10 @@ class _Connection(asyncio.Protocol):
         self.push: Callable[[Any], None] | None = None
         #: Fails when the connection is lost or closed (a subscriber awaits it).
         self.ended: asyncio.Future[None] | None = None
+        #: Writes made after the first one of this loop pass, written together at its
+        #: end (see :meth:`send`), and whether that write is scheduled.
+        self._later: list[bytes] = []
+        self._flushing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -101,14 +105,30 @@ class _Connection(asyncio.Protocol):
                 future.add_done_callback(_drop)
 
     def send(self, payload: bytes, count: int) -> list[asyncio.Future[Any]]:
-        """Write ``count`` packed commands; the futures of their replies."""
+        """Write ``count`` packed commands; the futures of their replies.
+
+        The first write of a loop pass goes out at once; the later ones of the same
+        pass are written together once the pass ends (one system call instead of
+        one each: many tasks releasing at once, say), still in order.
+        """
         if self.closed or self.transport is None:
             raise RedisConnectionError("the Redis connection is closed")
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(count)]
         self.pending.extend(futures)
-        self.transport.write(payload)
+        if self._flushing:
+            self._later.append(payload)
+        else:
+            self.transport.write(payload)
+            self._flushing = True
+            loop.call_soon(self._flush)
         return futures
+
+    def _flush(self) -> None:
+        self._flushing = False
+        later, self._later = self._later, []
+        if later and not self.closed and self.transport is not None:
+            self.transport.write(b"".join(later))
 
     def close(self, error: BaseException | None = None) -> None:
         self.closed = True
