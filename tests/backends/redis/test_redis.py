@@ -10,6 +10,7 @@ its keys afterwards (never FLUSHDB: other suites use the same server).
 from __future__ import annotations
 
 import random
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -218,6 +219,23 @@ async def test_a_held_lease_is_watched_by_pushes_not_reads(
         assert info.value.reason is LossReason.STOLEN
         assert tap.calls["wait_taken"] == 1
         await adapt(tap.inner).release(name, "thief", None)
+
+
+async def test_a_held_lease_costs_no_subscription_and_no_task(
+    anyio_backend: str, open_redis: Opener, redis_url: str
+) -> None:
+    """Holding leases nobody else watches starts no watch task and subscribes to no
+    channel (a grant is not published then: the renewals report a takeover)."""
+    async with open_redis() as backend:
+        names = [new_name() for _ in range(3)]
+        channels = [inner(backend)._keys(name).channel for name in names]
+        tasks = len(anyio.get_running_tasks())
+        async with AsyncExitStack() as stack:
+            for name in names:
+                await stack.enter_async_context(AsyncLock(backend, name, ttl=LONG))
+            assert len(anyio.get_running_tasks()) == tasks
+            with sync_client(redis_url) as admin:
+                assert all(count == 0 for _, count in admin.pubsub_numsub(*channels))
 
 
 def _publishes(url: str) -> int:
