@@ -1,0 +1,536 @@
+"""MongoBackend: the contract of :mod:`aiolease.abc` on MongoDB (see the package)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..._exceptions import (
+    BackendTimeout,
+    BackendUnavailable,
+    InvalidArgument,
+    LossReason,
+    NotOwnerError,
+)
+from ..._records import identity_of
+from ..._urls import redact, scrub
+from ..._validate import check_seconds
+from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
+from .._asyncio import now, wait_event
+from ..postgres._takers import Takers
+from ..sql._running import finished
+from ..sql._values import check_owner
+from ..sql._wakeups import Wakeups
+from . import _pipelines as pipelines
+from ._docs import LEFT, check, holder_of
+from ._errors import mapped
+from ._stream import Notice, Stream
+from ._url import (
+    DEFAULT_COLLECTION,
+    DEFAULT_DATABASE,
+    check_collection,
+    check_database,
+    check_w,
+    parse_url,
+)
+
+__all__ = ["MongoBackend", "MongoStatistics"]
+
+#: How many times an acquire that lost a race of first upserts asks again.
+_RACE_RETRIES = 8
+#: A fair waiter asks again (refreshing its queue entry, which lasts its ttl) this
+#: share of its ttl after its latest refusal, so that it keeps its place.
+_REFRESH_SHARE = 1 / 3
+#: The longest a waiter waits on a push wake-up before it reads again (a safety net
+#: for an event the stream missed without failing).
+_PUSH_CHECK = 10.0
+#: The most waiters remembered as refused (forgotten by their grant or release).
+_MAX_REFUSED = 4096
+#: Server topologies with change streams.
+_STREAMING = ("replica set", "sharded cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class MongoStatistics:
+    """What one :class:`MongoBackend` did so far.
+
+    :param topology: ``replica set``, ``sharded cluster``, ``standalone`` or ``unknown``
+        (not probed yet: a client you passed in, before :meth:`MongoBackend.probe`)
+    :param streaming: whether the change stream is open now
+    :param stream_opens: how many times it was opened
+    :param acquire_commands: acquire commands sent (each one ``findAndModify``)
+    :param renew_commands: renewal commands sent (each one ``bulk_write`` for a tick)
+    :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
+    """
+
+    topology: str
+    streaming: bool
+    stream_opens: int
+    acquire_commands: int
+    renew_commands: int
+    waiting: int
+
+
+class _Turns:
+    """The fair waiters of this backend object: an event per (name, owner) that a
+    hand-off to it, or a release with nobody to hand to, sets."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, dict[str, asyncio.Event]] = {}
+
+    def event(self, name: str, owner: str) -> asyncio.Event:
+        return self._events.setdefault(name, {}).setdefault(owner, asyncio.Event())
+
+    def forget(self, name: str, owner: str) -> None:
+        events = self._events.get(name)
+        if events is not None:
+            events.pop(owner, None)
+            if not events:
+                del self._events[name]
+
+    def wake(self, name: str, owner: str | None) -> None:
+        """Wake ``owner`` (the one a hand-off went to), or every waiter of ``name``."""
+        events = self._events.get(name, {})
+        for who, event in list(events.items()):
+            if owner is None or who == owner:
+                event.set()
+
+    def wake_all(self) -> None:
+        for events in self._events.values():
+            for event in events.values():
+                event.set()
+
+
+def _client_kind(client: object) -> str:
+    """``pymongo`` or ``motor``.
+
+    :raises InvalidArgument: ``client`` is neither an ``AsyncMongoClient`` nor motor's
+    """
+    from pymongo import AsyncMongoClient
+
+    if isinstance(client, AsyncMongoClient):
+        return "pymongo"
+    if type(client).__module__.startswith("motor") and hasattr(client, "get_database"):
+        return "motor"
+    raise InvalidArgument(
+        "client must be a pymongo.AsyncMongoClient (or motor's AsyncIOMotorClient),"
+        f" not {type(client).__name__}"
+    )
+
+
+class MongoBackend(Backend):
+    """Leases as documents of a MongoDB collection, on pymongo's asyncio client.
+
+    :param client: a ``pymongo.AsyncMongoClient`` or a motor ``AsyncIOMotorClient``
+        (yours: never closed by the backend)
+    :param database: the database of the lease collection
+    :param collection: the lease collection (created by the first grant)
+    :param fair: serve waiters first come, first served (a queue in each lease document)
+    :param watch: wake waiters from one change stream (replica sets, sharded clusters)
+    :param poll_interval: how often a waiter looks again while no stream is open
+    :param w: the write concern's ``w`` (default ``"majority"``; see the docs for what
+        ``1`` gives up)
+    :param wtimeout: seconds before a write concern wait is an unknown outcome
+        (:class:`BackendTimeout`; default: none, the core bounds its own calls)
+    :raises InvalidArgument: a bad name, number or client
+    """
+
+    requires_asyncio = True
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        database: str = DEFAULT_DATABASE,
+        collection: str = DEFAULT_COLLECTION,
+        fair: bool = True,
+        watch: bool = True,
+        poll_interval: float = 0.5,
+        w: int | str = "majority",
+        wtimeout: float | None = None,
+    ) -> None:
+        from pymongo import ReadPreference
+        from pymongo.read_concern import ReadConcern
+        from pymongo.write_concern import WriteConcern
+
+        self._kind = _client_kind(client)
+        self._database = check_database(database)
+        self._collection = check_collection(collection)
+        self._fair = bool(fair)
+        self._watches = bool(watch)
+        self.poll_interval = check_seconds("poll_interval", poll_interval)
+        self._w = check_w(w)
+        timeout_ms = (
+            None if wtimeout is None else max(1, round(check_seconds("wtimeout", wtimeout) * 1000))
+        )
+        self._client = client
+        self._owned = False
+        self._url: str | None = None
+        self._where = f"{self._database}.{self._collection}"
+        self._coll = client.get_database(self._database).get_collection(
+            self._collection,
+            write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
+            read_concern=ReadConcern("majority"),
+            read_preference=ReadPreference.PRIMARY,
+        )
+        self._topology = "unknown"
+        self._stream = Stream(
+            self._coll, self._notice, self._stream_lost, retry_after=self.poll_interval
+        )
+        self._wakeups = Wakeups()
+        self._turns = _Turns()
+        self._takers = Takers()
+        #: (name, owner) -> send time of its latest refused ask (fair waiters).
+        self._refused: dict[tuple[str, str], float] = {}
+        self._acquire_commands = 0
+        self._renew_commands = 0
+        self._waiting = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        where = redact(self._url) if self._url is not None else f"<{self._kind} client>"
+        mode = ", fair" if self._fair else ""
+        return f"<MongoBackend {where} {self._where}{mode}>"
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """Server time and multi-process always; durable tokens with majority writes;
+        the fair queue when ``fair``; push wake-ups once a probe found change streams."""
+        caps = {Capability.SERVER_TIME, Capability.MULTI_PROCESS}
+        if self._w == "majority":
+            caps.add(Capability.DURABLE_TOKENS)
+        if self._fair:
+            caps.add(Capability.FAIR_QUEUE)
+        if self._watches and self._topology in _STREAMING and self._stream.available:
+            caps.add(Capability.PUSH_WAKEUP)
+        return frozenset(caps)
+
+    def statistics(self) -> MongoStatistics:
+        return MongoStatistics(
+            self._topology,
+            self._stream.up,
+            self._stream.opens,
+            self._acquire_commands,
+            self._renew_commands,
+            self._waiting,
+        )
+
+    @classmethod
+    async def from_url(cls, url: str, **options: Any) -> MongoBackend:
+        """Connect to the server ``url`` names (``mongodb://`` or ``mongodb+srv://``),
+        check that it answers, and learn whether it has change streams.
+
+        :raises InvalidArgument: a malformed URL or option
+        :raises BackendUnavailable: the server cannot be reached
+        """
+        from pymongo import AsyncMongoClient
+        from pymongo.errors import ConfigurationError, InvalidURI
+
+        parsed = parse_url(url, options)
+        ours = dict(parsed.options)
+        collection = ours.pop("collection", DEFAULT_COLLECTION)
+        try:
+            client: Any = AsyncMongoClient(
+                parsed.client_url,
+                serverSelectionTimeoutMS=10_000,
+                connectTimeoutMS=10_000,
+                appname="aiolease",
+            )
+        except (ConfigurationError, InvalidURI, ValueError, TypeError) as exc:
+            raise InvalidArgument(scrub(f"MongoDB URL {redact(url)!r}: {exc}", url)) from None
+        except Exception as exc:
+            with mapped(url):
+                raise
+            raise AssertionError("unreachable") from exc  # pragma: no cover
+        try:
+            backend = cls(client, database=parsed.database, collection=collection, **ours)
+            backend._owned = True
+            backend._url = url
+            await backend.probe()
+        except BaseException:
+            await client.close()
+            raise
+        return backend
+
+    async def probe(self) -> str:
+        """Ask the server what it is (one ``hello``), so that :attr:`capabilities` say
+        whether waiters are woken by a change stream; open the stream if so.
+
+        :returns: the topology (``replica set``, ``sharded cluster`` or ``standalone``)
+        :raises BackendUnavailable: the server cannot be reached
+        """
+        with mapped(self._url):
+            hello = await self._client.get_database("admin").command("hello")
+        if hello.get("msg") == "isdbgrid":
+            self._topology = "sharded cluster"
+        elif hello.get("setName"):
+            self._topology = "replica set"
+        else:
+            self._topology = "standalone"
+            self._stream.available = False
+        if self._watches and self._stream.available:
+            await self._stream.ensure()
+        return self._topology
+
+    # -- running commands ------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+
+    async def _find_and_modify(
+        self, filter_: Mapping[str, Any], update: Any, *, upsert: bool, after: bool
+    ) -> Any:
+        from pymongo import ReturnDocument
+
+        return await self._coll.find_one_and_update(
+            filter_,
+            update,
+            projection=pipelines.PROJECTION,
+            upsert=upsert,
+            return_document=ReturnDocument.AFTER if after else ReturnDocument.BEFORE,
+        )
+
+    async def _grant(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Any:
+        """The grant command; ``None`` when it lost a race of first upserts (ask again)."""
+        from pymongo.errors import DuplicateKeyError
+
+        self._acquire_commands += 1
+        update = pipelines.grant(owner, ttl, identity, metadata, self._fair)
+        with mapped(self._url):
+            try:
+                return await self._find_and_modify({"_id": name}, update, upsert=True, after=True)
+            except DuplicateKeyError:
+                return None  # another first upsert won: the next ask sees its holder
+
+    # -- the contract ------------------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        self._check_open()
+        check_owner(owner)
+        for _ in range(_RACE_RETRIES):
+            sent_at = now()
+            # Seen to its end even if the caller is cancelled (see ``finished``).
+            doc = await finished(self._grant(name, owner, float(ttl), identity, metadata))
+            if doc is None:
+                continue
+            check(self._where, name, doc)
+            if doc.get("owner") == owner:
+                self._refused.pop((name, owner), None)
+                self._turns.forget(name, owner)
+                self._wakeups.wake(name)
+                return Grant(int(doc["token"]), float(ttl))
+            holder = holder_of(self._where, name, doc) or self._queued_before(name, doc)
+            if holder is None:
+                continue  # pragma: no cover - neither granted nor refused: ask again
+            if self._fair:
+                if len(self._refused) >= _MAX_REFUSED:
+                    self._refused.clear()  # waiters that never came back (a safety net)
+                self._refused[(name, owner)] = sent_at
+            return holder
+        raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
+
+    @staticmethod
+    def _queued_before(name: str, doc: Mapping[str, Any]) -> HolderInfo | None:
+        """A free name refused to a caller (fair): the first live waiter is served first;
+        reported as the holder."""
+        for entry, left in zip(doc.get("queue") or (), doc.get("_qleft") or (), strict=False):
+            if isinstance(left, (int, float)) and left > 0 and isinstance(entry, Mapping):
+                meta = entry.get("metadata")
+                return HolderInfo(
+                    name,
+                    str(entry.get("owner")),
+                    str(entry.get("identity", "")),
+                    int(doc["token"]),
+                    dict(meta) if isinstance(meta, Mapping) else {},
+                    left / 1000.0,
+                )
+        return None
+
+    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        (result,) = await self.renew_many([(name, owner, token, ttl)])
+        if isinstance(result, Grant):
+            return result
+        raise result
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        """Every renewal in one unordered ``bulk_write`` (each update owner- and
+        token-checked, and judged live on the server's clock); only when some did not
+        match, one ``find`` tells which are still held (renewed by it) and which not."""
+        from pymongo import UpdateOne
+
+        self._check_open()
+        if not renewals:
+            return []
+        ops = [
+            UpdateOne(pipelines.live_filter(name, owner, token), pipelines.renew(ttl))
+            for name, owner, token, ttl in renewals
+        ]
+        sent_at = now()
+        self._renew_commands += 1
+        with mapped(self._url):
+            result = await self._coll.bulk_write(ops, ordered=False)
+        if result.matched_count == len(ops):
+            return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
+        with mapped(self._url):
+            found = {
+                doc["_id"]: doc
+                async for doc in self._coll.find(
+                    {"_id": {"$in": list({r[0] for r in renewals})}}, pipelines.PROJECTION
+                )
+            }
+        results: list[RenewResult] = []
+        for name, owner, token, ttl in renewals:
+            doc = found.get(name)
+            live = doc is not None and isinstance(doc.get(LEFT), (int, float)) and doc[LEFT] > 0
+            if live and doc is not None and (doc.get("owner"), doc.get("token")) == (owner, token):
+                results.append(Grant(token, float(ttl), sent_at=sent_at))
+            else:
+                results.append(NotOwnerError(name))
+        return results
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Free ``owner``'s grant of ``name``, keeping the document and its token (when
+        fair, hand it to the oldest live waiter), and drop ``owner``'s queue entry."""
+        self._check_open()
+        self._refused.pop((name, owner), None)
+        self._turns.forget(name, owner)
+        update = pipelines.release(owner, token, self._fair)
+        with mapped(self._url):
+            before = await self._find_and_modify(
+                pipelines.release_filter(name, owner, self._fair), update, upsert=False, after=False
+            )
+        if before is None:
+            return False
+        left = before.get(LEFT)
+        freed = (
+            before.get("owner") == owner
+            and isinstance(left, (int, float))
+            and left > 0
+            and (token is None or before.get("token") == token)
+        )
+        if freed:
+            self._wakeups.wake(name)
+            if self._fair:
+                head = self._queued_before(
+                    name,
+                    {
+                        **before,
+                        "queue": [
+                            e
+                            for e in before.get("queue") or ()
+                            if isinstance(e, Mapping) and e.get("owner") != owner
+                        ],
+                        "_qleft": [
+                            left
+                            for e, left in zip(
+                                before.get("queue") or (), before.get("_qleft") or (), strict=False
+                            )
+                            if isinstance(e, Mapping) and e.get("owner") != owner
+                        ],
+                    },
+                )
+                self._turns.wake(name, None if head is None else head.owner)
+        return bool(freed)
+
+    async def read(self, name: str) -> HolderInfo | None:
+        self._check_open()
+        with mapped(self._url):
+            doc = await self._coll.find_one({"_id": name}, pipelines.PROJECTION)
+        return holder_of(self._where, name, doc)
+
+    # -- wake-ups ----------------------------------------------------------------------------
+
+    def _notice(self, notice: Notice) -> None:
+        """A change event of the stream (see :mod:`aiolease.backends.mongo._stream`)."""
+        self._wakeups.wake(notice.name)
+        if notice.token is None and notice.owner is None:  # deleted: every grant is gone
+            self._takers.notified(notice.name, None, 2**63)
+        else:
+            self._takers.notified(notice.name, notice.owner, notice.token)
+        self._turns.wake(notice.name, notice.owner)
+
+    def _stream_lost(self) -> None:
+        """Events may have been missed: every waiter looks again."""
+        self._wakeups.wake_all()
+        self._turns.wake_all()
+
+    async def _streaming(self) -> bool:
+        """Whether the change stream is open (opening it if it may be)."""
+        if not self._watches:
+            return False
+        with mapped(self._url):
+            return await self._stream.ensure()
+
+    def on_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None] | None:
+        """Call ``taken(STOLEN)`` when the change stream shows ``name``'s ``token``
+        released by somebody else, or a newer token granted; only while it is open."""
+        if not self._stream.up or self._closed:
+            return None
+        return self._takers.add(name, owner, token, taken)
+
+    async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
+        """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
+
+        With a change stream: on a grant or release event, else when the holder's ttl
+        runs out. Without one: when the holder's ttl runs out, or every
+        :attr:`poll_interval` while the name is free.
+        """
+        streaming = await self._streaming()
+        self._waiting += 1
+        try:
+            with self._wakeups.watching(name) as event:
+                current = await self.read(name)
+                if identity_of(current) != identity_of(seen):
+                    return
+                timeout = _PUSH_CHECK if streaming else self.poll_interval
+                if current is not None and current.remaining is not None:
+                    timeout = (
+                        min(timeout, current.remaining) if not streaming else current.remaining
+                    )
+                await wait_event(event, timeout)
+        finally:
+            self._waiting -= 1
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait in ``name``'s queue until the lease is handed to ``owner``, released with
+        nobody to hand to, the holder's ttl runs out, or ``owner``'s queue entry is due
+        for a refresh (a third of ``ttl`` after its latest refused ask)."""
+        refused_at = self._refused.get((name, owner))
+        if not self._fair or refused_at is None:
+            await self.wait_changed(name, seen)
+            return
+        streaming = await self._streaming()
+        deadline = refused_at + ttl * _REFRESH_SHARE
+        if seen.remaining is not None:
+            deadline = min(deadline, now() + seen.remaining)
+        if not streaming:
+            deadline = min(deadline, now() + self.poll_interval)
+        event = self._turns.event(name, owner)
+        self._waiting += 1
+        try:
+            await wait_event(event, max(0.0, deadline - now()))
+        finally:
+            self._waiting -= 1
+            event.clear()
+
+    async def aclose(self) -> None:
+        """Stop the change stream, and close the client if this backend opened it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wakeups.wake_all()
+        self._turns.wake_all()
+        try:
+            await self._stream.aclose()
+        finally:
+            if self._owned:
+                await self._client.close()

@@ -1,0 +1,340 @@
+"""The update pipelines of the MongoDB backend: every decision made on the server.
+
+Each operation is one command on one document, so it is atomic. Time is only ever
+``$$NOW`` (the server's clock, read once per command); the client's clock is never
+sent. User values (owner, identity, metadata) travel inside ``$literal``, so a
+string that starts with ``$`` is never read as a field path. Temporary fields
+(``_v``, ``_live``, ...) are computed in the first stages and unset in the last: a
+refusal leaves the document exactly as it was, which mongod then does not write at
+all (no oplog entry, no change event).
+
+``_v`` ("valid") guards everything: a document aiolease would not have written
+(a token that is not an integer >= 1, a holder without an expiry, metadata that is
+not an object of strings, a queue that is not an array, or other fields on a
+document without a token) is never changed; the caller reads it back and raises
+:class:`~aiolease.ForeignDataError` (see :mod:`aiolease.backends.mongo._docs`).
+No driver is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ._docs import LEFT
+
+__all__ = [
+    "PROJECTION",
+    "RELEASED",
+    "grant",
+    "live_filter",
+    "millis",
+    "release",
+    "release_filter",
+    "renew",
+]
+
+Doc = dict[str, Any]
+NOW = "$$NOW"
+#: The field a release sets to the token it released: its change event then says which
+#: grant ended (see :mod:`aiolease.backends.mongo._stream`).
+RELEASED = "released"
+_TEMPORARY = ["_v", "_live", "_mine", "_q", "_grant", "_rel", "_hand", "_nq"]
+
+
+def _type(field: str) -> Doc:
+    return {"$type": f"${field}"}
+
+
+def _is(field: str, *types: str) -> Doc:
+    return {"$in": [_type(field), list(types)]}
+
+
+#: Whether the document is one aiolease wrote (see the module).
+VALID: Doc = {
+    "$or": [
+        # A document that does not exist yet: the upsert starts from ``{_id}`` alone.
+        {"$eq": [{"$size": {"$objectToArray": "$$ROOT"}}, 1]},
+        {
+            "$and": [
+                _is("token", "int", "long"),
+                {"$gte": ["$token", 1]},
+                _is("queue", "missing", "array"),
+                {
+                    "$or": [
+                        _is("owner", "missing", "null"),
+                        {
+                            "$and": [
+                                _is("owner", "string"),
+                                {"$gt": [{"$strLenBytes": "$owner"}, 0]},
+                                _is("identity", "string"),
+                                _is("metadata", "object"),
+                                _is("expires", "date"),
+                                {
+                                    "$allElementsTrue": [
+                                        {
+                                            "$map": {
+                                                "input": {"$objectToArray": "$metadata"},
+                                                "in": {"$eq": [{"$type": "$$this.v"}, "string"]},
+                                            }
+                                        }
+                                    ]
+                                },
+                            ]
+                        },
+                    ]
+                },
+            ]
+        },
+    ]
+}
+
+#: Whether the valid document is held now.
+LIVE: Doc = {"$and": ["$_v", _is("owner", "string"), {"$gt": ["$expires", NOW]}]}
+
+#: What every reply shows: the record, and the server's milliseconds left on it.
+PROJECTION: Doc = {
+    "token": 1,
+    "owner": 1,
+    "identity": 1,
+    "metadata": 1,
+    "queue": 1,
+    LEFT: {"$cond": [_is("expires", "date"), {"$subtract": ["$expires", NOW]}, None]},
+    "_qleft": {
+        "$cond": [
+            {"$isArray": "$queue"},
+            {
+                "$map": {
+                    "input": "$queue",
+                    "in": {
+                        "$cond": [
+                            {"$eq": [{"$type": "$$this.expires"}, "date"]},
+                            {"$subtract": ["$$this.expires", NOW]},
+                            0,
+                        ]
+                    },
+                }
+            },
+            None,
+        ]
+    },
+}
+
+
+def millis(ttl: float) -> int:
+    """A ttl in whole milliseconds, rounded up (the server never grants less)."""
+    return max(1, math.ceil(ttl * 1000))
+
+
+def _live_queue(owner: str | None) -> Doc:
+    """The queue's live entries (and not ``owner``'s), in order."""
+    cond: Doc = {"$gt": ["$$this.expires", NOW]}
+    if owner is not None:
+        cond = {"$and": [cond, {"$ne": ["$$this.owner", {"$literal": owner}]}]}
+    return {"$filter": {"input": {"$ifNull": ["$queue", []]}, "cond": cond}}
+
+
+def _kept_queue() -> Doc:
+    """The new queue ``_nq`` of a valid document (removed when empty); else unchanged."""
+    return {
+        "$cond": [
+            {"$not": ["$_v"]},
+            "$queue",
+            {"$cond": [{"$gt": [{"$size": "$_nq"}, 0]}, "$_nq", "$$REMOVE"]},
+        ]
+    }
+
+
+def grant(
+    owner: str, ttl: float, identity: str, metadata: Mapping[str, str], fair: bool
+) -> list[Doc]:
+    """The acquire: grant if free or expired (and, when ``fair``, nobody live is queued
+    before ``owner``), or renew if already ``owner``'s (keeping its token, identity and
+    metadata); else leave the grant alone and, when ``fair``, queue ``owner`` (or keep
+    its place, refreshed for ``ttl``). A new grant increments the token."""
+    me = {"$literal": owner}
+    ms = millis(ttl)
+    until = {"$add": [NOW, ms]}
+    mine = {"$and": ["$_live", {"$eq": ["$owner", me]}]}
+    free = {"$and": ["$_v", {"$not": ["$_live"]}]}
+    if fair:
+        first = {
+            "$or": [
+                {"$eq": [{"$size": "$_q"}, 0]},
+                {"$eq": [{"$arrayElemAt": ["$_q.owner", 0]}, me]},
+            ]
+        }
+        free = {"$and": [free, first]}
+    stages: list[Doc] = [
+        {"$set": {"_v": VALID}},
+        {"$set": {"_live": LIVE}},
+        {
+            "$set": {
+                "_mine": mine,
+                **({"_q": {"$cond": ["$_v", _live_queue(None), []]}} if fair else {}),
+            }
+        },
+        {"$set": {"_grant": free}},
+        {
+            "$set": {
+                "token": {
+                    "$cond": [
+                        "$_grant",
+                        {"$toLong": {"$add": [{"$ifNull": ["$token", 0]}, 1]}},
+                        "$token",
+                    ]
+                },
+                "owner": {"$cond": [{"$or": ["$_grant", "$_mine"]}, me, "$owner"]},
+                "identity": {"$cond": ["$_grant", {"$literal": identity}, "$identity"]},
+                "metadata": {"$cond": ["$_grant", {"$literal": dict(metadata)}, "$metadata"]},
+                "ttl": {"$cond": [{"$or": ["$_grant", "$_mine"]}, float(ttl), "$ttl"]},
+                "acquired": {"$cond": ["$_grant", NOW, "$acquired"]},
+                "expires": {"$cond": [{"$or": ["$_grant", "$_mine"]}, until, "$expires"]},
+            }
+        },
+    ]
+    if fair:
+        entry = {
+            "owner": me,
+            "identity": {"$literal": identity},
+            "metadata": {"$literal": dict(metadata)},
+            "ttl": float(ttl),
+            "expires": until,
+        }
+        queued = {
+            "$cond": [
+                {"$in": [me, "$_q.owner"]},
+                {
+                    "$map": {
+                        "input": "$_q",
+                        "in": {
+                            "$cond": [
+                                {"$eq": ["$$this.owner", me]},
+                                {
+                                    "$mergeObjects": [
+                                        "$$this",
+                                        {"ttl": float(ttl), "expires": until},
+                                    ]
+                                },
+                                "$$this",
+                            ]
+                        },
+                    }
+                },
+                {"$concatArrays": ["$_q", [entry]]},
+            ]
+        }
+        not_me = {"$filter": {"input": "$_q", "cond": {"$ne": ["$$this.owner", me]}}}
+        nq = {
+            "$cond": [
+                {"$not": ["$_v"]},
+                [],
+                {"$cond": [{"$or": ["$_grant", "$_mine"]}, not_me, queued]},
+            ]
+        }
+        stages.append({"$set": {"_nq": nq}})
+        stages.append({"$set": {"queue": _kept_queue()}})
+    stages.append({"$unset": _TEMPORARY})
+    return stages
+
+
+def release(owner: str, token: int | None, fair: bool) -> list[Doc]:
+    """The release: free ``owner``'s live grant (of ``token``, if given), keeping the
+    document and its token; when ``fair``, hand it to the oldest live waiter instead
+    (token + 1, the waiter's identity, metadata and ttl), and drop ``owner``'s own
+    queue entry (a waiter that stops waiting releases). Sets :data:`RELEASED` to the
+    token released."""
+    me = {"$literal": owner}
+    ours: list[Any] = ["$_live", {"$eq": ["$owner", me]}]
+    if token is not None:
+        ours.append({"$eq": ["$token", token]})
+
+    def keep(field: str) -> Doc:
+        return {"$cond": ["$_rel", "$$REMOVE", f"${field}"]}
+
+    fields: Doc = {
+        "owner": keep("owner"),
+        "identity": keep("identity"),
+        "metadata": keep("metadata"),
+        "ttl": keep("ttl"),
+        "acquired": keep("acquired"),
+        "expires": keep("expires"),
+        RELEASED: {"$cond": ["$_rel", "$token", f"${RELEASED}"]},
+    }
+    stages: list[Doc] = [
+        {"$set": {"_v": VALID}},
+        {"$set": {"_live": LIVE}},
+        {"$set": {"_rel": {"$and": ours}}},
+    ]
+    if fair:
+        stages.append({"$set": {"_q": {"$cond": ["$_v", _live_queue(owner), []]}}})
+        stages.append({"$set": {"_hand": {"$and": ["$_rel", {"$gt": [{"$size": "$_q"}, 0]}]}}})
+        head = {"$arrayElemAt": ["$_q", 0]}
+
+        def handed(value: Any, field: str) -> Doc:
+            return {"$cond": ["$_hand", value, keep(field)]}
+
+        fields = {
+            "token": {"$cond": ["$_hand", {"$toLong": {"$add": ["$token", 1]}}, "$token"]},
+            "owner": handed({"$getField": {"field": "owner", "input": head}}, "owner"),
+            "identity": handed({"$getField": {"field": "identity", "input": head}}, "identity"),
+            "metadata": handed({"$getField": {"field": "metadata", "input": head}}, "metadata"),
+            "ttl": handed({"$getField": {"field": "ttl", "input": head}}, "ttl"),
+            "acquired": handed(NOW, "acquired"),
+            "expires": handed(
+                {
+                    "$add": [
+                        NOW,
+                        {
+                            "$ceil": {
+                                "$multiply": [{"$getField": {"field": "ttl", "input": head}}, 1000]
+                            }
+                        },
+                    ]
+                },
+                "expires",
+            ),
+            RELEASED: fields[RELEASED],
+            "_nq": {
+                "$cond": [
+                    {"$not": ["$_v"]},
+                    [],
+                    {
+                        "$cond": [
+                            "$_hand",
+                            {"$slice": ["$_q", 1, {"$max": [{"$size": "$_q"}, 1]}]},
+                            "$_q",
+                        ]
+                    },
+                ]
+            },
+        }
+        stages.append({"$set": fields})
+        stages.append({"$set": {"queue": _kept_queue()}})
+    else:
+        stages.append({"$set": fields})
+    stages.append({"$unset": _TEMPORARY})
+    return stages
+
+
+def release_filter(name: str, owner: str, fair: bool) -> Doc:
+    """The documents a release may change: ``owner``'s grant, or (``fair``) its queue entry."""
+    if fair:
+        return {"_id": name, "$or": [{"owner": owner}, {"queue.owner": owner}]}
+    return {"_id": name, "owner": owner}
+
+
+def live_filter(name: str, owner: str, token: int) -> Doc:
+    """``owner``'s live grant ``token`` of ``name`` (a renewal's filter: not expired)."""
+    return {
+        "_id": name,
+        "owner": owner,
+        "token": token,
+        "$expr": {"$and": [{"$eq": [_type("expires"), "date"]}, {"$gt": ["$expires", NOW]}]},
+    }
+
+
+def renew(ttl: float) -> list[Doc]:
+    """Reset the expiry to now + ``ttl`` (resets, never adds)."""
+    return [{"$set": {"expires": {"$add": [NOW, millis(ttl)]}, "ttl": float(ttl)}}]
