@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ..._exceptions import (
     BackendTimeout,
@@ -18,7 +19,7 @@ from ..._records import identity_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
-from .._asyncio import now, wait_event
+from .._asyncio import now, run_to_end, wait_event
 from ..postgres._takers import Takers
 from ..sql._running import finished
 from ..sql._values import check_owner
@@ -38,6 +39,8 @@ from ._url import (
 
 __all__ = ["MongoBackend", "MongoStatistics"]
 
+T = TypeVar("T")
+
 #: How many times an acquire that lost a race of first upserts asks again.
 _RACE_RETRIES = 8
 #: A fair waiter asks again (refreshing its queue entry, which lasts its ttl) this
@@ -48,6 +51,10 @@ _REFRESH_SHARE = 1 / 3
 _PUSH_CHECK = 10.0
 #: The most waiters remembered as refused (forgotten by their grant or release).
 _MAX_REFUSED = 4096
+#: Seconds a cancelled caller still waits for a command that grants nothing to end
+#: (see ``_whole``): long enough for any answer of a server that answers, short enough
+#: that a lost lease's bounded release does not hold up its error.
+_GRACE = 1.0
 #: Server topologies with change streams.
 _STREAMING = ("replica set", "sharded cluster")
 
@@ -101,6 +108,13 @@ class _Turns:
         for events in self._events.values():
             for event in events.values():
                 event.set()
+
+
+async def _whole(command: Awaitable[T]) -> T:
+    """Await a command to its end even if the caller is cancelled meanwhile (for at most
+    :data:`_GRACE` more seconds), then raise the cancellation: pymongo's asyncio client
+    abandons the connection of a command cancelled mid-reply without closing it."""
+    return await run_to_end(command, _GRACE)
 
 
 def _client_kind(client: object) -> str:
@@ -232,18 +246,17 @@ class MongoBackend(Backend):
         ours = dict(parsed.options)
         collection = ours.pop("collection", DEFAULT_COLLECTION)
         try:
-            client: Any = AsyncMongoClient(
-                parsed.client_url,
-                serverSelectionTimeoutMS=10_000,
-                connectTimeoutMS=10_000,
-                appname="aiolease",
-            )
-        except (ConfigurationError, InvalidURI, ValueError, TypeError) as exc:
+            with warnings.catch_warnings():
+                # pymongo warns of an unknown option, and goes on: an error here.
+                warnings.simplefilter("error", UserWarning)
+                client: Any = AsyncMongoClient(
+                    parsed.client_url,
+                    serverSelectionTimeoutMS=10_000,
+                    connectTimeoutMS=10_000,
+                    appname="aiolease",
+                )
+        except (ConfigurationError, InvalidURI, UserWarning, ValueError, TypeError) as exc:
             raise InvalidArgument(scrub(f"MongoDB URL {redact(url)!r}: {exc}", url)) from None
-        except Exception as exc:
-            with mapped(url):
-                raise
-            raise AssertionError("unreachable") from exc  # pragma: no cover
         try:
             backend = cls(client, database=parsed.database, collection=collection, **ours)
             backend._owned = True
@@ -375,16 +388,16 @@ class MongoBackend(Backend):
         sent_at = now()
         self._renew_commands += 1
         with mapped(self._url):
-            result = await self._coll.bulk_write(ops, ordered=False)
+            result = await _whole(self._coll.bulk_write(ops, ordered=False))
         if result.matched_count == len(ops):
             return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
         with mapped(self._url):
-            found = {
-                doc["_id"]: doc
-                async for doc in self._coll.find(
+            docs = await _whole(
+                self._coll.find(
                     {"_id": {"$in": list({r[0] for r in renewals})}}, pipelines.PROJECTION
-                )
-            }
+                ).to_list(None)
+            )
+        found = {doc["_id"]: doc for doc in docs}
         results: list[RenewResult] = []
         for name, owner, token, ttl in renewals:
             doc = found.get(name)
@@ -403,8 +416,13 @@ class MongoBackend(Backend):
         self._turns.forget(name, owner)
         update = pipelines.release(owner, token, self._fair)
         with mapped(self._url):
-            before = await self._find_and_modify(
-                pipelines.release_filter(name, owner, self._fair), update, upsert=False, after=False
+            before = await _whole(
+                self._find_and_modify(
+                    pipelines.release_filter(name, owner, self._fair),
+                    update,
+                    upsert=False,
+                    after=False,
+                )
             )
         if before is None:
             return False
@@ -442,7 +460,7 @@ class MongoBackend(Backend):
     async def read(self, name: str) -> HolderInfo | None:
         self._check_open()
         with mapped(self._url):
-            doc = await self._coll.find_one({"_id": name}, pipelines.PROJECTION)
+            doc = await _whole(self._coll.find_one({"_id": name}, pipelines.PROJECTION))
         return holder_of(self._where, name, doc)
 
     # -- wake-ups ----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ def _problem(doc: Mapping[str, Any]) -> str | None:
         return None if len(doc.keys() - {"_id", LEFT, "queue"}) == 0 else "it has no token"
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
         return f"its token is {token!r}, not an integer >= 1"
+    queue = doc.get("queue", [])
+    if not isinstance(queue, list) or not all(isinstance(e, Mapping) for e in queue):
+        return f"its queue is not an array of waiters: {queue!r}"[:200]
     if owner is None:
         return None
     if not isinstance(owner, str) or not owner:

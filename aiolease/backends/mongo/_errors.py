@@ -45,6 +45,8 @@ def map_error(exc: BaseException, url: object = None) -> BackendError:
         return BackendTimeout(text("did not answer in time"))
     if isinstance(exc, (errors.ConnectionFailure, errors.NotPrimaryError)):
         return BackendUnavailable(text("unreachable"))
+    if isinstance(exc, errors.ConfigurationError):  # at connect: a mongodb+srv:// DNS lookup
+        return BackendUnavailable(text("unreachable"))
     if isinstance(exc, errors.OperationFailure):
         if code_of(exc) in _TIMEOUT_CODES:
             return BackendTimeout(text(f"error {exc.code}"))

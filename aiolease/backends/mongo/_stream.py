@@ -84,6 +84,10 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
     return None
 
 
+class _Invalidated(Exception):
+    """The server ended the change stream."""
+
+
 class Stream:
     """The change stream of one backend's lease collection, opened on demand.
 
@@ -151,6 +155,10 @@ class Stream:
                     change = await stream.try_next()
                     if change is not None:
                         self._dispatch(change)
+                    elif not stream.alive:
+                        # Invalidated (the collection was dropped or renamed): a
+                        # dead cursor answers at once, forever. Open a new one.
+                        raise _Invalidated("the change stream was invalidated")
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -83,7 +83,7 @@ def check_w(value: object) -> int | str:
         raise InvalidArgument(f"w must be 'majority' or a number of members, got {value!r}")
     if isinstance(value, int) and value < 0:
         raise InvalidArgument(f"w must be >= 0, got {value!r}")
-    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", value):
+    if isinstance(value, str) and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", value):
         raise InvalidArgument(f"w must be 'majority' or a number of members, got {value!r}")
     return value
 
@@ -153,9 +153,12 @@ def parse_url(url: str, keywords: Mapping[str, Any]) -> MongoUrl:
         ours[key] = value
     path = unquote(parts.path.lstrip("/"))
     database = ours.pop("database", None) or path or DEFAULT_DATABASE
+    problem = None
     try:
         check_database(database)
     except InvalidArgument as exc:
-        raise InvalidArgument(scrub(str(exc), url)) from None
+        problem = str(exc)
+    if problem is not None:  # raised outside the handler: no context to show the URL
+        raise InvalidArgument(scrub(problem, url))
     client_url = urlunsplit(parts._replace(query=urlencode(rest)))
     return MongoUrl(client_url, database, ours)
