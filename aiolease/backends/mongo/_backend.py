@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 from ..._exceptions import (
     BackendTimeout,
@@ -55,6 +56,13 @@ _MAX_REFUSED = 4096
 #: (see ``_whole``): long enough for any answer of a server that answers, short enough
 #: that a lost lease's bounded release does not hold up its error.
 _GRACE = 1.0
+#: What a client made from a URL gets unless the URL says otherwise: a server that
+#: cannot be reached is reported in 10 s, not pymongo's 30 s.
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "serverSelectionTimeoutMS": 10_000,
+    "connectTimeoutMS": 10_000,
+    "appname": "aiolease",
+}
 #: Server topologies with change streams.
 _STREAMING = ("replica set", "sharded cluster")
 
@@ -245,16 +253,14 @@ class MongoBackend(Backend):
         parsed = parse_url(url, options)
         ours = dict(parsed.options)
         collection = ours.pop("collection", DEFAULT_COLLECTION)
+        # pymongo's keyword arguments override the URL's options: only what it lacks.
+        given = {key.lower() for key in parse_qs(urlsplit(parsed.client_url).query)}
+        defaults = {k: v for k, v in _CLIENT_DEFAULTS.items() if k.lower() not in given}
         try:
             with warnings.catch_warnings():
                 # pymongo warns of an unknown option, and goes on: an error here.
                 warnings.simplefilter("error", UserWarning)
-                client: Any = AsyncMongoClient(
-                    parsed.client_url,
-                    serverSelectionTimeoutMS=10_000,
-                    connectTimeoutMS=10_000,
-                    appname="aiolease",
-                )
+                client: Any = AsyncMongoClient(parsed.client_url, **defaults)
         except (ConfigurationError, InvalidURI, UserWarning, ValueError, TypeError) as exc:
             raise InvalidArgument(scrub(f"MongoDB URL {redact(url)!r}: {exc}", url)) from None
         try:

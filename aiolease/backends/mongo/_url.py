@@ -104,6 +104,14 @@ URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 }
 
 
+#: The keyword options checked here (the others by the backend's constructor).
+_KEYWORD_CHECKS: dict[str, Callable[[object], Any]] = {
+    "database": check_database,
+    "collection": check_collection,
+    "w": check_w,
+}
+
+
 @dataclass(frozen=True)
 class MongoUrl:
     """A parsed MongoDB URL.
@@ -150,7 +158,8 @@ def parse_url(url: str, keywords: Mapping[str, Any]) -> MongoUrl:
             )
         if key in ours:
             raise InvalidArgument(f"MongoDB option {key!r} is given in the URL and as arguments")
-        ours[key] = value
+        check = _KEYWORD_CHECKS.get(key)
+        ours[key] = value if check is None else check(value)
     path = unquote(parts.path.lstrip("/"))
     database = ours.pop("database", None) or path or DEFAULT_DATABASE
     problem = None
