@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from . import _pipelines as pipelines
 from ._docs import LEFT, check, holder_of
 from ._errors import mapped
 from ._stream import Notice, Stream
+from ._turns import Turns
 from ._url import (
     DEFAULT_COLLECTION,
     DEFAULT_DATABASE,
@@ -86,36 +86,6 @@ class MongoStatistics:
     acquire_commands: int
     renew_commands: int
     waiting: int
-
-
-class _Turns:
-    """The fair waiters of this backend object: an event per (name, owner) that a
-    hand-off to it, or a release with nobody to hand to, sets."""
-
-    def __init__(self) -> None:
-        self._events: dict[str, dict[str, asyncio.Event]] = {}
-
-    def event(self, name: str, owner: str) -> asyncio.Event:
-        return self._events.setdefault(name, {}).setdefault(owner, asyncio.Event())
-
-    def forget(self, name: str, owner: str) -> None:
-        events = self._events.get(name)
-        if events is not None:
-            events.pop(owner, None)
-            if not events:
-                del self._events[name]
-
-    def wake(self, name: str, owner: str | None) -> None:
-        """Wake ``owner`` (the one a hand-off went to), or every waiter of ``name``."""
-        events = self._events.get(name, {})
-        for who, event in list(events.items()):
-            if owner is None or who == owner:
-                event.set()
-
-    def wake_all(self) -> None:
-        for events in self._events.values():
-            for event in events.values():
-                event.set()
 
 
 async def _whole(command: Awaitable[T]) -> T:
@@ -202,7 +172,7 @@ class MongoBackend(Backend):
             self._coll, self._notice, self._stream_lost, retry_after=self.poll_interval
         )
         self._wakeups = Wakeups()
-        self._turns = _Turns()
+        self._turns = Turns()
         self._takers = Takers()
         #: (name, owner) -> send time of its latest refused ask (fair waiters).
         self._refused: dict[tuple[str, str], float] = {}
@@ -441,7 +411,7 @@ class MongoBackend(Backend):
         )
         if freed:
             self._wakeups.wake(name)
-            if self._fair:
+            if self._fair:  # a waiter here learns it before the change event
                 head = self._queued_before(
                     name,
                     {
@@ -473,12 +443,16 @@ class MongoBackend(Backend):
 
     def _notice(self, notice: Notice) -> None:
         """A change event of the stream (see :mod:`aiolease.backends.mongo._stream`)."""
-        self._wakeups.wake(notice.name)
-        if notice.token is None and notice.owner is None:  # deleted: every grant is gone
-            self._takers.notified(notice.name, None, 2**63)
-        else:
-            self._takers.notified(notice.name, notice.owner, notice.token)
-        self._turns.wake(notice.name, notice.owner)
+        name = notice.name
+        self._wakeups.wake(name)
+        if notice.owner is None:
+            # Released (or deleted: then every grant is gone): every waiter asks again.
+            self._takers.notified(name, None, 2**63 if notice.token is None else notice.token)
+            self._turns.wake(name)
+            return
+        self._takers.notified(name, notice.owner, notice.token)
+        until = None if notice.left is None else now() + notice.left
+        self._turns.granted(name, notice.owner, until)
 
     def _stream_lost(self) -> None:
         """Events may have been missed: every waiter looks again."""
@@ -538,13 +512,16 @@ class MongoBackend(Backend):
             deadline = min(deadline, now() + seen.remaining)
         if not streaming:
             deadline = min(deadline, now() + self.poll_interval)
-        event = self._turns.event(name, owner)
+        turn = self._turns.start(name, owner)
         self._waiting += 1
         try:
-            await wait_event(event, max(0.0, deadline - now()))
+            while True:
+                limit = min(deadline, turn.until)
+                if not await wait_event(turn.event, max(0.0, limit - now())) or turn.woken:
+                    return
+                turn.event.clear()  # re-timed by a grant to another waiter: wait on
         finally:
             self._waiting -= 1
-            event.clear()
 
     async def aclose(self) -> None:
         """Stop the change stream, and close the client if this backend opened it."""

@@ -23,6 +23,7 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from .._asyncio import now, retrieve, wait_event
@@ -45,11 +46,21 @@ class Notice:
 
     :param owner: the owner granted (``None``: a release, or the document was deleted)
     :param token: the token granted or released (``None``: unknown, a deletion)
+    :param left: seconds the grant had left when it was written (its ``expires`` minus
+        the event's ``wallTime``: both the server's clock), if known
     """
 
     name: str
     owner: str | None
     token: int | None
+    left: float | None = None
+
+
+def _left(expires: object, change: Mapping[str, Any]) -> float | None:
+    wall = change.get("wallTime")
+    if isinstance(expires, datetime) and isinstance(wall, datetime):
+        return (expires - wall).total_seconds()
+    return None
 
 
 def _int(value: object) -> int | None:
@@ -69,7 +80,7 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
         doc = change.get("fullDocument") or {}
         owner = doc.get("owner")
         if isinstance(owner, str):
-            return Notice(name, owner, _int(doc.get("token")))
+            return Notice(name, owner, _int(doc.get("token")), _left(doc.get("expires"), change))
         return Notice(name, None, _int(doc.get(RELEASED)))
     if kind != "update":
         return None
@@ -78,7 +89,8 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
     removed = update.get("removedFields") or ()
     if "token" in fields:  # a new grant (a hand-off also releases the older token)
         owner = fields.get("owner")
-        return Notice(name, owner if isinstance(owner, str) else None, _int(fields["token"]))
+        granted = owner if isinstance(owner, str) else None
+        return Notice(name, granted, _int(fields["token"]), _left(fields.get("expires"), change))
     if RELEASED in fields or "owner" in removed:
         return Notice(name, None, _int(fields.get(RELEASED)))
     return None
