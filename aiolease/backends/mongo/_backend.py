@@ -270,14 +270,20 @@ class MongoBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
 
     async def _find_and_modify(
-        self, filter_: Mapping[str, Any], update: Any, *, upsert: bool, after: bool
+        self,
+        filter_: Mapping[str, Any],
+        update: Any,
+        *,
+        upsert: bool,
+        after: bool,
+        projection: Mapping[str, Any] = pipelines.REPLY,
     ) -> Any:
         from pymongo import ReturnDocument
 
         return await self._coll.find_one_and_update(
             filter_,
             update,
-            projection=pipelines.PROJECTION,
+            projection=projection,
             upsert=upsert,
             return_document=ReturnDocument.AFTER if after else ReturnDocument.BEFORE,
         )
@@ -315,7 +321,7 @@ class MongoBackend(Backend):
                 self._turns.forget(name, owner)
                 self._wakeups.wake(name)
                 return Grant(int(doc["token"]), float(ttl))
-            holder = holder_of(self._where, name, doc) or self._queued_before(name, doc)
+            holder = holder_of(self._where, name, doc) or self._queued_before(name, doc, owner)
             if holder is None:
                 continue  # pragma: no cover - neither granted nor refused: ask again
             if self._fair:
@@ -326,11 +332,23 @@ class MongoBackend(Backend):
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
     @staticmethod
-    def _queued_before(name: str, doc: Mapping[str, Any]) -> HolderInfo | None:
-        """A free name refused to a caller (fair): the first live waiter is served first;
-        reported as the holder."""
-        for entry, left in zip(doc.get("queue") or (), doc.get("_qleft") or (), strict=False):
-            if isinstance(left, (int, float)) and left > 0 and isinstance(entry, Mapping):
+    def _queued_before(
+        name: str, doc: Mapping[str, Any], owner: str, lefts: Sequence[object] | None = None
+    ) -> HolderInfo | None:
+        """The first live waiter of ``doc``'s queue other than ``owner`` (a free name
+        refused to a caller when fair: it is served first), reported as the holder.
+
+        :param lefts: the server's milliseconds left of each entry (``None``: the queue
+            holds live entries only, as a refusal writes it; each is then reported with
+            its ttl left, at most)
+        """
+        queue = doc.get("queue") or ()
+        for i, entry in enumerate(queue):
+            if not isinstance(entry, Mapping) or entry.get("owner") == owner:
+                continue
+            left = entry.get("ttl") if lefts is None else lefts[i] if i < len(lefts) else 0
+            left = left * 1000 if lefts is None and isinstance(left, (int, float)) else left
+            if isinstance(left, (int, float)) and left > 0:
                 meta = entry.get("metadata")
                 return HolderInfo(
                     name,
@@ -370,7 +388,7 @@ class MongoBackend(Backend):
         with mapped(self._url):
             docs = await _whole(
                 self._coll.find(
-                    {"_id": {"$in": list({r[0] for r in renewals})}}, pipelines.PROJECTION
+                    {"_id": {"$in": list({r[0] for r in renewals})}}, pipelines.REPLY
                 ).to_list(None)
             )
         found = {doc["_id"]: doc for doc in docs}
@@ -390,14 +408,22 @@ class MongoBackend(Backend):
         self._check_open()
         self._refused.pop((name, owner), None)
         self._turns.forget(name, owner)
-        update = pipelines.release(owner, token, self._fair)
+        if await self._release_alone(name, owner, token):
+            self._wakeups.wake(name)
+            self._turns.wake(name)  # nobody was queued for it (else it was not freed here)
+            return True
+        if not self._fair:
+            return False
+        # A queue (or a refused acquire's entry of ``owner``): the full release, which
+        # hands the lease to the oldest live waiter, and drops ``owner``'s own entry.
         with mapped(self._url):
             before = await _whole(
                 self._find_and_modify(
                     pipelines.release_filter(name, owner, self._fair),
-                    update,
+                    pipelines.release(owner, token, self._fair),
                     upsert=False,
                     after=False,
+                    projection=pipelines.RELEASE_REPLY,
                 )
             )
         if before is None:
@@ -411,32 +437,28 @@ class MongoBackend(Backend):
         )
         if freed:
             self._wakeups.wake(name)
-            if self._fair:  # a waiter here learns it before the change event
-                head = self._queued_before(
-                    name,
-                    {
-                        **before,
-                        "queue": [
-                            e
-                            for e in before.get("queue") or ()
-                            if isinstance(e, Mapping) and e.get("owner") != owner
-                        ],
-                        "_qleft": [
-                            left
-                            for e, left in zip(
-                                before.get("queue") or (), before.get("_qleft") or (), strict=False
-                            )
-                            if isinstance(e, Mapping) and e.get("owner") != owner
-                        ],
-                    },
-                )
-                self._turns.wake(name, None if head is None else head.owner)
+            # A waiter here learns of the hand-off before the change event.
+            head = self._queued_before(name, before, owner, before.get("_qleft") or ())
+            self._turns.wake(name, None if head is None else head.owner)
         return bool(freed)
+
+    async def _release_alone(self, name: str, owner: str, token: int | None) -> bool:
+        """The release of a live grant of ``owner`` (``token``) that nobody queued for:
+        one owner-checked ``update_one`` (when fair, only of a document with no queue).
+        Whether it freed it."""
+        with mapped(self._url):
+            result = await _whole(
+                self._coll.update_one(
+                    pipelines.release_alone_filter(name, owner, token, self._fair),
+                    pipelines.release_alone(),
+                )
+            )
+        return bool(result.matched_count)
 
     async def read(self, name: str) -> HolderInfo | None:
         self._check_open()
         with mapped(self._url):
-            doc = await _whole(self._coll.find_one({"_id": name}, pipelines.PROJECTION))
+            doc = await _whole(self._coll.find_one({"_id": name}, pipelines.REPLY))
         return holder_of(self._where, name, doc)
 
     # -- wake-ups ----------------------------------------------------------------------------

@@ -25,12 +25,15 @@ from typing import Any
 from ._docs import LEFT
 
 __all__ = [
-    "PROJECTION",
     "RELEASED",
+    "RELEASE_REPLY",
+    "REPLY",
     "grant",
     "live_filter",
     "millis",
     "release",
+    "release_alone",
+    "release_alone_filter",
     "release_filter",
     "renew",
 ]
@@ -53,7 +56,8 @@ def _is(field: str, *types: str) -> Doc:
 
 #: Whether the document is one aiolease wrote (see the module).
 VALID: Doc = {
-    "$or": [
+    "$cond": [
+        _is("token", "missing"),
         # A document that does not exist yet: the upsert starts from ``{_id}`` alone.
         {"$eq": [{"$size": {"$objectToArray": "$$ROOT"}}, 1]},
         {
@@ -93,14 +97,20 @@ VALID: Doc = {
 #: Whether the valid document is held now.
 LIVE: Doc = {"$and": ["$_v", _is("owner", "string"), {"$gt": ["$expires", NOW]}]}
 
-#: What every reply shows: the record, and the server's milliseconds left on it.
-PROJECTION: Doc = {
+#: What a reply shows: the record, and the server's milliseconds left on it.
+REPLY: Doc = {
     "token": 1,
     "owner": 1,
     "identity": 1,
     "metadata": 1,
     "queue": 1,
     LEFT: {"$cond": [_is("expires", "date"), {"$subtract": ["$expires", NOW]}, None]},
+}
+
+#: What the queue-aware release's reply shows: also the milliseconds left of each queue
+#: entry (the first live one is where the lease went).
+RELEASE_REPLY: Doc = {
+    **REPLY,
     "_qleft": {
         "$cond": [
             {"$isArray": "$queue"},
@@ -146,55 +156,48 @@ def _kept_queue() -> Doc:
     }
 
 
+def _let(variables: Doc, body: Any) -> Doc:
+    return {"$let": {"vars": variables, "in": body}}
+
+
 def grant(
     owner: str, ttl: float, identity: str, metadata: Mapping[str, str], fair: bool
 ) -> list[Doc]:
     """The acquire: grant if free or expired (and, when ``fair``, nobody live is queued
     before ``owner``), or renew if already ``owner``'s (keeping its token, identity and
     metadata); else leave the grant alone and, when ``fair``, queue ``owner`` (or keep
-    its place, refreshed for ``ttl``). A new grant increments the token."""
+    its place, refreshed for ``ttl``). A new grant increments the token.
+
+    One ``$replaceWith`` stage whose ``$let`` decides once: the document itself when
+    refused (mongod then writes nothing), else the document merged with what changes.
+    """
     me = {"$literal": owner}
-    ms = millis(ttl)
-    until = {"$add": [NOW, ms]}
-    mine = {"$and": ["$_live", {"$eq": ["$owner", me]}]}
-    free = {"$and": ["$_v", {"$not": ["$_live"]}]}
+    until = {"$add": [NOW, millis(ttl)]}
+    granted: Doc = {
+        "token": {"$toLong": {"$add": [{"$ifNull": ["$token", 0]}, 1]}},
+        "owner": me,
+        "identity": {"$literal": identity},
+        "metadata": {"$literal": dict(metadata)},
+        "ttl": float(ttl),
+        "acquired": NOW,
+        "expires": until,
+    }
+    renewed: Doc = {"ttl": float(ttl), "expires": until}
+    free: Any = {"$not": ["$$live"]}
+    refused: Any = "$$ROOT"
+    grant_merge: list[Any] = ["$$ROOT", granted]
     if fair:
-        first = {
-            "$or": [
-                {"$eq": [{"$size": "$_q"}, 0]},
-                {"$eq": [{"$arrayElemAt": ["$_q.owner", 0]}, me]},
-            ]
-        }
-        free = {"$and": [free, first]}
-    stages: list[Doc] = [
-        {"$set": {"_v": VALID}},
-        {"$set": {"_live": LIVE}},
-        {
-            "$set": {
-                "_mine": mine,
-                **({"_q": {"$cond": ["$_v", _live_queue(None), []]}} if fair else {}),
-            }
-        },
-        {"$set": {"_grant": free}},
-        {
-            "$set": {
-                "token": {
-                    "$cond": [
-                        "$_grant",
-                        {"$toLong": {"$add": [{"$ifNull": ["$token", 0]}, 1]}},
-                        "$token",
+        free = {
+            "$and": [
+                free,
+                {
+                    "$or": [
+                        {"$eq": [{"$size": "$$q"}, 0]},
+                        {"$eq": [{"$arrayElemAt": ["$$q.owner", 0]}, me]},
                     ]
                 },
-                "owner": {"$cond": [{"$or": ["$_grant", "$_mine"]}, me, "$owner"]},
-                "identity": {"$cond": ["$_grant", {"$literal": identity}, "$identity"]},
-                "metadata": {"$cond": ["$_grant", {"$literal": dict(metadata)}, "$metadata"]},
-                "ttl": {"$cond": [{"$or": ["$_grant", "$_mine"]}, float(ttl), "$ttl"]},
-                "acquired": {"$cond": ["$_grant", NOW, "$acquired"]},
-                "expires": {"$cond": [{"$or": ["$_grant", "$_mine"]}, until, "$expires"]},
-            }
-        },
-    ]
-    if fair:
+            ]
+        }
         entry = {
             "owner": me,
             "identity": {"$literal": identity},
@@ -204,10 +207,10 @@ def grant(
         }
         queued = {
             "$cond": [
-                {"$in": [me, "$_q.owner"]},
+                {"$in": [me, "$$q.owner"]},
                 {
                     "$map": {
-                        "input": "$_q",
+                        "input": "$$q",
                         "in": {
                             "$cond": [
                                 {"$eq": ["$$this.owner", me]},
@@ -222,21 +225,28 @@ def grant(
                         },
                     }
                 },
-                {"$concatArrays": ["$_q", [entry]]},
+                {"$concatArrays": ["$$q", [entry]]},
             ]
         }
-        not_me = {"$filter": {"input": "$_q", "cond": {"$ne": ["$$this.owner", me]}}}
-        nq = {
+        refused = {"$mergeObjects": ["$$ROOT", {"queue": queued}]}
+        not_me = {"$filter": {"input": "$$q", "cond": {"$ne": ["$$this.owner", me]}}}
+        grant_merge.append({"$cond": [{"$isArray": "$queue"}, {"queue": not_me}, {}]})
+    decide = _let(
+        {"mine": {"$and": ["$$live", {"$eq": ["$owner", me]}]}},
+        {
             "$cond": [
-                {"$not": ["$_v"]},
-                [],
-                {"$cond": [{"$or": ["$_grant", "$_mine"]}, not_me, queued]},
+                "$$mine",
+                {"$mergeObjects": ["$$ROOT", renewed]},
+                {"$cond": [free, {"$mergeObjects": grant_merge}, refused]},
             ]
-        }
-        stages.append({"$set": {"_nq": nq}})
-        stages.append({"$set": {"queue": _kept_queue()}})
-    stages.append({"$unset": _TEMPORARY})
-    return stages
+        },
+    )
+    live = {"$and": [_is("owner", "string"), {"$gt": ["$expires", NOW]}]}
+    variables: Doc = {"live": live}
+    if fair:
+        variables["q"] = _live_queue(None)
+    body = {"$cond": [VALID, _let(variables, decide), "$$ROOT"]}
+    return [{"$replaceWith": body}]
 
 
 def release(owner: str, token: int | None, fair: bool) -> list[Doc]:
@@ -318,6 +328,23 @@ def release(owner: str, token: int | None, fair: bool) -> list[Doc]:
     return stages
 
 
+def release_alone_filter(name: str, owner: str, token: int | None, fair: bool) -> Doc:
+    """``owner``'s live grant (``token``, if given) of ``name``; when ``fair``, only if
+    nobody is queued (an empty or missing queue): the release that hands nothing on."""
+    found = live_filter(name, owner, token)
+    if fair:
+        found["queue"] = {"$in": [None, []]}
+    return found
+
+
+def release_alone() -> list[Doc]:
+    """Free the grant, keeping the document and its token; :data:`RELEASED` says which."""
+    return [
+        {"$set": {RELEASED: "$token"}},
+        {"$unset": ["owner", "identity", "metadata", "ttl", "acquired", "expires"]},
+    ]
+
+
 def release_filter(name: str, owner: str, fair: bool) -> Doc:
     """The documents a release may change: ``owner``'s grant, or (``fair``) its queue entry."""
     if fair:
@@ -325,14 +352,13 @@ def release_filter(name: str, owner: str, fair: bool) -> Doc:
     return {"_id": name, "owner": owner}
 
 
-def live_filter(name: str, owner: str, token: int) -> Doc:
-    """``owner``'s live grant ``token`` of ``name`` (a renewal's filter: not expired)."""
-    return {
-        "_id": name,
-        "owner": owner,
-        "token": token,
-        "$expr": {"$and": [{"$eq": [_type("expires"), "date"]}, {"$gt": ["$expires", NOW]}]},
-    }
+def live_filter(name: str, owner: str, token: int | None) -> Doc:
+    """``owner``'s live grant ``token`` (any, if ``None``) of ``name``: not expired."""
+    found: Doc = {"_id": name, "owner": owner}
+    if token is not None:
+        found["token"] = token
+    found["$expr"] = {"$and": [{"$eq": [_type("expires"), "date"]}, {"$gt": ["$expires", NOW]}]}
+    return found
 
 
 def renew(ttl: float) -> list[Doc]:
