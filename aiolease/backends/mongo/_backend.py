@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,9 @@ _RACE_RETRIES = 8
 #: A fair waiter asks again (refreshing its queue entry, which lasts its ttl) this
 #: share of its ttl after its latest refusal, so that it keeps its place.
 _REFRESH_SHARE = 1 / 3
+#: A hand-off is taken without a command only if the refused ask it follows was sent
+#: less than this share of the ttl ago (else the waiter asks again, for a full ttl).
+_FRESH_SHARE = 0.5
 #: The longest a waiter waits on a push wake-up before it reads again (a safety net
 #: for an event the stream missed without failing).
 _PUSH_CHECK = 10.0
@@ -78,6 +82,7 @@ class MongoStatistics:
     :param acquire_commands: acquire commands sent (each one ``findAndModify``)
     :param renew_commands: renewal commands sent (each one ``bulk_write`` for a tick)
     :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
+    :param handoffs_taken: hand-offs taken from a change event, without a command
     """
 
     topology: str
@@ -86,6 +91,7 @@ class MongoStatistics:
     acquire_commands: int
     renew_commands: int
     waiting: int
+    handoffs_taken: int = 0
 
 
 async def _whole(command: Awaitable[T]) -> T:
@@ -177,6 +183,7 @@ class MongoBackend(Backend):
         #: (name, owner) -> send time of its latest refused ask (fair waiters).
         self._refused: dict[tuple[str, str], float] = {}
         self._acquire_commands = 0
+        self._handoffs_taken = 0
         self._renew_commands = 0
         self._waiting = 0
         self._closed = False
@@ -207,6 +214,7 @@ class MongoBackend(Backend):
             self._acquire_commands,
             self._renew_commands,
             self._waiting,
+            self._handoffs_taken,
         )
 
     @classmethod
@@ -309,6 +317,10 @@ class MongoBackend(Backend):
     ) -> Grant | HolderInfo:
         self._check_open()
         check_owner(owner)
+        handed = self._handed(name, owner, float(ttl))
+        if handed is not None:
+            await asyncio.sleep(0)  # a checkpoint; a cancel here leaves it to the caller's release
+            return handed
         for _ in range(_RACE_RETRIES):
             sent_at = now()
             # Seen to its end even if the caller is cancelled (see ``finished``).
@@ -330,6 +342,24 @@ class MongoBackend(Backend):
                 self._refused[(name, owner)] = sent_at
             return holder
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
+
+    def _handed(self, name: str, owner: str, ttl: float) -> Grant | None:
+        """A hand-off to ``owner`` seen while it waited, taken without a command.
+
+        The release that handed it over ran after every refused ask of ``owner`` (an
+        ask after it would have found the lease ``owner``'s, and been granted), and
+        gave it ``ttl`` from its own ``$$NOW``: so it lasts at least ``ttl`` from the
+        send time of ``owner``'s latest refused ask, which is the grant's ``sent_at``
+        (if that is recent enough; else ``owner`` asks again, for a full ttl).
+        """
+        token = self._turns.take(name, owner)
+        refused_at = self._refused.get((name, owner))
+        if token is None or refused_at is None or now() - refused_at >= ttl * _FRESH_SHARE:
+            return None
+        self._refused.pop((name, owner), None)
+        self._turns.forget(name, owner)
+        self._handoffs_taken += 1
+        return Grant(token, ttl, sent_at=refused_at)
 
     @staticmethod
     def _queued_before(
@@ -439,7 +469,10 @@ class MongoBackend(Backend):
             self._wakeups.wake(name)
             # A waiter here learns of the hand-off before the change event.
             head = self._queued_before(name, before, owner, before.get("_qleft") or ())
-            self._turns.wake(name, None if head is None else head.owner)
+            if head is None:
+                self._turns.wake(name)
+            else:
+                self._turns.granted(name, head.owner, int(before["token"]) + 1, None)
         return bool(freed)
 
     async def _release_alone(self, name: str, owner: str, token: int | None) -> bool:
@@ -474,7 +507,7 @@ class MongoBackend(Backend):
             return
         self._takers.notified(name, notice.owner, notice.token)
         until = None if notice.left is None else now() + notice.left
-        self._turns.granted(name, notice.owner, until)
+        self._turns.granted(name, notice.owner, notice.token, until)
 
     def _stream_lost(self) -> None:
         """Events may have been missed: every waiter looks again."""

@@ -4,8 +4,9 @@ The queue itself is in the lease document (see
 :mod:`aiolease.backends.mongo._pipelines`); a release hands the lease to its head on
 the server. Here, per waiting ``(name, owner)``, an event that the change stream sets:
 
-* a grant to this owner (a hand-off): it is *woken*, and asks again (an idempotent
-  retry that confirms the grant);
+* a grant to this owner (a hand-off): it is *woken*, and takes the grant without a
+  command (see :meth:`MongoBackend.try_acquire
+  <aiolease.backends.mongo.MongoBackend.try_acquire>`);
 * a release with nobody to hand to, a lost stream, or closing: every waiter of the
   name is woken;
 * a grant to anyone else: the waiter is not woken (it sends nothing), only re-timed:
@@ -33,6 +34,8 @@ class Turn:
     woken: bool = False
     #: The loop time the newest grant seen during this wait runs out (re-timing).
     until: float = math.inf
+    #: The token of a hand-off to it (taken by its next ask without a command).
+    handed: int | None = None
 
 
 class Turns:
@@ -47,9 +50,19 @@ class Turns:
     def start(self, name: str, owner: str) -> Turn:
         """``owner`` starts (or goes on) waiting for ``name``."""
         turn = self._by_name.setdefault(name, {}).setdefault(owner, Turn())
-        turn.woken, turn.until = False, math.inf
-        turn.event.clear()
+        turn.until = math.inf
+        if turn.handed is None:  # a hand-off that came before this wait still wakes it
+            turn.woken = False
+            turn.event.clear()
         return turn
+
+    def take(self, name: str, owner: str) -> int | None:
+        """The token of a hand-off to ``owner`` of ``name`` since its wait began, once."""
+        turn = self._by_name.get(name, {}).get(owner)
+        if turn is None:
+            return None
+        handed, turn.handed = turn.handed, None
+        return handed
 
     def forget(self, name: str, owner: str) -> None:
         turns = self._by_name.get(name)
@@ -65,12 +78,14 @@ class Turns:
                 turn.woken = True
                 turn.event.set()
 
-    def granted(self, name: str, owner: str, until: float | None) -> None:
-        """``name`` was granted to ``owner`` until ``until`` (loop time, if known): wake
-        ``owner``, re-time the others."""
+    def granted(self, name: str, owner: str, token: int | None, until: float | None) -> None:
+        """``name`` was granted to ``owner`` (``token``) until ``until`` (loop time, if
+        known): wake ``owner`` with the hand-off, re-time the others."""
         for who, turn in self._by_name.get(name, {}).items():
             if who == owner:
                 turn.woken = True
+                if token is not None and (turn.handed is None or token > turn.handed):
+                    turn.handed = token
                 turn.event.set()
             elif until is not None:
                 turn.until = until

@@ -60,6 +60,8 @@ async def test_waiters_of_different_backends_are_served_in_arrival_order(
                 assert await first.release()
         assert order == ["b1", "b2", "b3", "late"]
         assert tokens == sorted(tokens) and len(set(tokens)) == 5
+        # Handed over on the server, and taken from the change event without a command.
+        assert sum(inner(b).statistics().handoffs_taken for b in (b1, b2, b3, late)) >= 1
 
 
 async def test_a_release_wakes_only_the_next_waiter(anyio_backend: str, mongo_url: str) -> None:
