@@ -132,6 +132,9 @@ class MongoBackend(Backend):
         ``1`` gives up)
     :param wtimeout: seconds before a write concern wait is an unknown outcome
         (:class:`BackendTimeout`; default: none, the core bounds its own calls)
+    :param topology: what the server is, if you know it (``"replica set"``,
+        ``"sharded cluster"`` or ``"standalone"``), so that :attr:`capabilities` say
+        it before :meth:`probe` asks the server (which it then overrides)
     :raises InvalidArgument: a bad name, number or client
     """
 
@@ -148,6 +151,7 @@ class MongoBackend(Backend):
         poll_interval: float = 0.5,
         w: int | str = "majority",
         wtimeout: float | None = None,
+        topology: str | None = None,
     ) -> None:
         from pymongo import ReadPreference
         from pymongo.read_concern import ReadConcern
@@ -173,7 +177,12 @@ class MongoBackend(Backend):
             read_concern=ReadConcern("majority"),
             read_preference=ReadPreference.PRIMARY,
         )
-        self._topology = "unknown"
+        if topology is not None and topology not in (*_STREAMING, "standalone"):
+            raise InvalidArgument(
+                "topology must be 'replica set', 'sharded cluster' or 'standalone',"
+                f" got {topology!r}"
+            )
+        self._topology = topology or "unknown"
         self._stream = Stream(
             self._coll, self._notice, self._stream_lost, retry_after=self.poll_interval
         )
