@@ -190,7 +190,8 @@ class MongoBackend(Backend):
         self._turns = Turns()
         self._takers = Takers()
         #: (name, owner) -> send time of its latest refused ask (fair waiters).
-        self._refused: dict[tuple[str, str], float] = {}
+        #: (name, owner) -> (send time of its latest refused ask, the token it saw).
+        self._refused: dict[tuple[str, str], tuple[float, int]] = {}
         self._acquire_commands = 0
         self._handoffs_taken = 0
         self._renew_commands = 0
@@ -348,7 +349,7 @@ class MongoBackend(Backend):
             if self._fair:
                 if len(self._refused) >= _MAX_REFUSED:
                     self._refused.clear()  # waiters that never came back (a safety net)
-                self._refused[(name, owner)] = sent_at
+                self._refused[(name, owner)] = (sent_at, holder.token)
             return holder
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
@@ -359,11 +360,19 @@ class MongoBackend(Backend):
         ask after it would have found the lease ``owner``'s, and been granted), and
         gave it ``ttl`` from its own ``$$NOW``: so it lasts at least ``ttl`` from the
         send time of ``owner``'s latest refused ask, which is the grant's ``sent_at``
-        (if that is recent enough; else ``owner`` asks again, for a full ttl).
+        (if that is recent enough; else ``owner`` asks again, for a full ttl). Only a
+        token newer than the one that refusal saw is taken: the hand-off then came
+        after it (an event that was late for an earlier ask, of a grant that lapsed
+        meanwhile, is not).
         """
         token = self._turns.take(name, owner)
-        refused_at = self._refused.get((name, owner))
-        if token is None or refused_at is None or now() - refused_at >= ttl * _FRESH_SHARE:
+        refused = self._refused.get((name, owner))
+        if token is None or refused is None:
+            return None
+        refused_at, seen = refused
+        # A token newer than the refusal saw: the hand-off came after that ask (an
+        # event of an older grant, which lapsed since, arrives too late to count).
+        if token <= seen or now() - refused_at >= ttl * _FRESH_SHARE:
             return None
         self._refused.pop((name, owner), None)
         self._turns.forget(name, owner)
@@ -566,12 +575,12 @@ class MongoBackend(Backend):
         """Wait in ``name``'s queue until the lease is handed to ``owner``, released with
         nobody to hand to, the holder's ttl runs out, or ``owner``'s queue entry is due
         for a refresh (a third of ``ttl`` after its latest refused ask)."""
-        refused_at = self._refused.get((name, owner))
-        if not self._fair or refused_at is None:
+        refused = self._refused.get((name, owner))
+        if not self._fair or refused is None:
             await self.wait_changed(name, seen)
             return
         streaming = await self._streaming()
-        deadline = refused_at + ttl * _REFRESH_SHARE
+        deadline = refused[0] + ttl * _REFRESH_SHARE
         if seen.remaining is not None:
             deadline = min(deadline, now() + seen.remaining)
         if not streaming:
