@@ -12,7 +12,7 @@ or wrap a client you already have (never closed by the backend)::
     backend = MongoBackend(AsyncMongoClient(...), database="app", collection="leases")
 
 **The document.** One per lease name, never deleted: ``{_id: name, token, owner,
-identity, metadata, ttl, acquired, expires, released, queue}``. A grant is one
+identity, metadata, acquired, expires, released, queue}``. A grant is one
 ``find_one_and_update`` upsert whose update pipeline decides with ``$$NOW``
 (:mod:`~aiolease.backends.mongo._pipelines`); the token is incremented by every
 grant to a new owner and kept by releases, which unset the owner's fields only.

@@ -501,7 +501,7 @@ class MongoBackend(Backend):
             result = await _whole(
                 self._coll.update_one(
                     pipelines.release_alone_filter(name, owner, token, self._fair),
-                    pipelines.release_alone(),
+                    pipelines.release_alone(token),
                 )
             )
         return bool(result.matched_count)

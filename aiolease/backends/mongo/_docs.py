@@ -2,7 +2,7 @@
 
 A document aiolease wrote is ``{_id: name, token}`` (a free name: released, or never
 held) or that plus ``owner`` (non-empty str), ``identity`` (str), ``metadata`` (an
-object of strings), ``ttl`` (seconds), ``acquired`` and ``expires`` (dates), and,
+object of strings), ``acquired`` and ``expires`` (dates), and,
 on a fair backend, ``queue`` (an array of waiters). The server-side pipelines
 (:mod:`aiolease.backends.mongo._pipelines`) refuse to change any other document;
 this module names it. Every reply carries ``_left``: the milliseconds from the
