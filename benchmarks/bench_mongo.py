@@ -181,9 +181,11 @@ async def uncontended(url: str, cycles: int, skip: Sequence[str]) -> dict[str, t
             await floor.release(f"uncontended-{RUN}", "me")
 
         cycle["raw floor (upsert + update)"] = floor_cycle
-        backend = await stack.enter_async_context(open_backend(bench_url(url, "leases")))
+        # A collection per contender: a change stream sees only its own backend's writes.
+        backend = await stack.enter_async_context(open_backend(bench_url(url, "nowait")))
         lock = AsyncLock(backend, f"uncontended-{RUN}", ttl=10)
-        other = AsyncLock(backend, f"uncontended-with-{RUN}", ttl=10)
+        with_block = await stack.enter_async_context(open_backend(bench_url(url, "with")))
+        other = AsyncLock(with_block, f"uncontended-with-{RUN}", ttl=10)
 
         async def nowait() -> None:
             lease = await lock.acquire_nowait()
@@ -195,7 +197,7 @@ async def uncontended(url: str, cycles: int, skip: Sequence[str]) -> dict[str, t
 
         cycle["aiolease acquire_nowait+release"] = nowait
         cycle["aiolease async with"] = block
-        quiet = await stack.enter_async_context(open_backend(bench_url(url, "leases", watch=0)))
+        quiet = await stack.enter_async_context(open_backend(bench_url(url, "quiet", watch=0)))
         qlock = AsyncLock(quiet, f"uncontended-q-{RUN}", ttl=10)
 
         async def qnowait() -> None:

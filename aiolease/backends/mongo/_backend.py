@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -183,8 +184,15 @@ class MongoBackend(Backend):
                 f" got {topology!r}"
             )
         self._topology = topology or "unknown"
+        #: This object's id in ``by`` (see :data:`~aiolease.backends.mongo._pipelines.BY`).
+        self._id = uuid.uuid4().hex[:16]
+        self._writes = 0
         self._stream = Stream(
-            self._coll, self._notice, self._stream_lost, retry_after=self.poll_interval
+            self._coll,
+            self._notice,
+            self._stream_lost,
+            retry_after=self.poll_interval,
+            own=self._id,
         )
         self._wakeups = Wakeups()
         self._turns = Turns()
@@ -283,6 +291,11 @@ class MongoBackend(Backend):
 
     # -- running commands ------------------------------------------------------------------
 
+    def _stamp(self) -> str:
+        """What this backend's next grant or release writes to ``by`` (see ``BY``)."""
+        self._writes += 1
+        return f"{self._id}:{self._writes}"
+
     def _check_open(self) -> None:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
@@ -313,7 +326,7 @@ class MongoBackend(Backend):
         from pymongo.errors import DuplicateKeyError
 
         self._acquire_commands += 1
-        update = pipelines.grant(owner, ttl, identity, metadata, self._fair)
+        update = pipelines.grant(owner, ttl, identity, metadata, self._fair, self._stamp())
         with mapped(self._url):
             try:
                 return await self._find_and_modify({"_id": name}, update, upsert=True, after=True)
@@ -339,10 +352,14 @@ class MongoBackend(Backend):
                 continue
             check(self._where, name, doc)
             if doc.get("owner") == owner:
+                token = int(doc["token"])
                 self._refused.pop((name, owner), None)
                 self._turns.forget(name, owner)
                 self._wakeups.wake(name)
-                return Grant(int(doc["token"]), float(ttl))
+                # The stream leaves out this backend's own writes: a holder here whose
+                # grant this one took over learns it now.
+                self._takers.notified(name, owner, token)
+                return Grant(token, float(ttl))
             holder = holder_of(self._where, name, doc) or self._queued_before(name, doc, owner)
             if holder is None:
                 continue  # pragma: no cover - neither granted nor refused: ask again
@@ -458,6 +475,8 @@ class MongoBackend(Backend):
         self._turns.forget(name, owner)
         if await self._release_alone(name, owner, token):
             self._wakeups.wake(name)
+            if token is not None:  # a holder here whose grant was released in its name
+                self._takers.notified(name, None, token)
             self._turns.wake(name)  # nobody was queued for it (else it was not freed here)
             return True
         if not self._fair:
@@ -468,7 +487,7 @@ class MongoBackend(Backend):
             before = await _whole(
                 self._find_and_modify(
                     pipelines.release_filter(name, owner, self._fair),
-                    pipelines.release(owner, token, self._fair),
+                    pipelines.release(owner, token, self._fair, self._stamp()),
                     upsert=False,
                     after=False,
                     projection=pipelines.RELEASE_REPLY,
@@ -485,6 +504,7 @@ class MongoBackend(Backend):
         )
         if freed:
             self._wakeups.wake(name)
+            self._takers.notified(name, None, int(before["token"]))
             # A waiter here learns of the hand-off before the change event.
             head = self._queued_before(name, before, owner, before.get("_qleft") or ())
             if head is None:
@@ -501,7 +521,7 @@ class MongoBackend(Backend):
             result = await _whole(
                 self._coll.update_one(
                     pipelines.release_alone_filter(name, owner, token, self._fair),
-                    pipelines.release_alone(token),
+                    pipelines.release_alone(token, self._stamp()),
                 )
             )
         return bool(result.matched_count)

@@ -25,6 +25,7 @@ from typing import Any
 from ._docs import LEFT
 
 __all__ = [
+    "BY",
     "RELEASED",
     "RELEASE_REPLY",
     "REPLY",
@@ -43,6 +44,10 @@ NOW = "$$NOW"
 #: The field a release sets to the token it released: its change event then says which
 #: grant ended (see :mod:`aiolease.backends.mongo._stream`).
 RELEASED = "released"
+#: The field each grant and release sets to the writing backend object's id and a
+#: count of its writes (new with every write, so that its change event always shows
+#: it): a backend's change stream leaves out its own writes, which it knows already.
+BY = "by"
 _TEMPORARY = ["_v", "_live", "_mine", "_q", "_grant", "_rel", "_hand", "_nq"]
 
 
@@ -161,7 +166,7 @@ def _let(variables: Doc, body: Any) -> Doc:
 
 
 def grant(
-    owner: str, ttl: float, identity: str, metadata: Mapping[str, str], fair: bool
+    owner: str, ttl: float, identity: str, metadata: Mapping[str, str], fair: bool, stamp: str
 ) -> list[Doc]:
     """The acquire: grant if free or expired (and, when ``fair``, nobody live is queued
     before ``owner``), or renew if already ``owner``'s (keeping its token, identity and
@@ -180,6 +185,7 @@ def grant(
         "metadata": {"$literal": dict(metadata)},
         "acquired": NOW,
         "expires": until,
+        BY: {"$literal": stamp},
     }
     renewed: Doc = {"expires": until}
     free: Any = {"$not": ["$$live"]}
@@ -248,7 +254,7 @@ def grant(
     return [{"$replaceWith": body}]
 
 
-def release(owner: str, token: int | None, fair: bool) -> list[Doc]:
+def release(owner: str, token: int | None, fair: bool, stamp: str) -> list[Doc]:
     """The release: free ``owner``'s live grant (of ``token``, if given), keeping the
     document and its token; when ``fair``, hand it to the oldest live waiter instead
     (token + 1, the waiter's identity, metadata and ttl), and drop ``owner``'s own
@@ -269,6 +275,7 @@ def release(owner: str, token: int | None, fair: bool) -> list[Doc]:
         "acquired": keep("acquired"),
         "expires": keep("expires"),
         RELEASED: {"$cond": ["$_rel", "$token", f"${RELEASED}"]},
+        BY: {"$cond": ["$_rel", {"$literal": stamp}, f"${BY}"]},
     }
     stages: list[Doc] = [
         {"$set": {"_v": VALID}},
@@ -303,6 +310,7 @@ def release(owner: str, token: int | None, fair: bool) -> list[Doc]:
                 "expires",
             ),
             RELEASED: fields[RELEASED],
+            BY: fields[BY],
             "_nq": {
                 "$cond": [
                     {"$not": ["$_v"]},
@@ -338,12 +346,15 @@ def release_alone_filter(name: str, owner: str, token: int | None, fair: bool) -
 _HOLDER_FIELDS = ("owner", "identity", "metadata", "acquired", "expires")
 
 
-def release_alone(token: int | None) -> Doc | list[Doc]:
+def release_alone(token: int | None, stamp: str) -> Doc | list[Doc]:
     """Free the grant, keeping the document and its token; :data:`RELEASED` says which
     (a plain update when the token is known, which mongod applies a little faster)."""
     if token is not None:
-        return {"$unset": dict.fromkeys(_HOLDER_FIELDS, ""), "$set": {RELEASED: token}}
-    return [{"$set": {RELEASED: "$token"}}, {"$unset": list(_HOLDER_FIELDS)}]
+        return {"$unset": dict.fromkeys(_HOLDER_FIELDS, ""), "$set": {RELEASED: token, BY: stamp}}
+    return [
+        {"$set": {RELEASED: "$token", BY: {"$literal": stamp}}},
+        {"$unset": list(_HOLDER_FIELDS)},
+    ]
 
 
 def release_filter(name: str, owner: str, fair: bool) -> Doc:

@@ -1,7 +1,8 @@
 """One change stream per backend object: what wakes its waiters and ends its holders.
 
-The stream watches the lease collection (never one stream per waiter) and turns each
-change event into a :class:`Notice`: a grant (an owner and its new token: a first
+The stream watches the lease collection (never one stream per waiter), without the
+backend's own writes and without renewals (see :func:`watch_pipeline`), and turns
+each change event into a :class:`Notice`: a grant (an owner and its new token: a first
 upsert, a takeover of an expired lease, a hand-off to a waiter) or a release (the
 token released, which the release writes to ``released`` so that its event says
 which grant ended). Renewals and queue changes are no notice. Events come in the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +30,7 @@ from typing import Any
 
 from .._asyncio import now, retrieve, wait_event
 from ._errors import NO_CHANGE_STREAMS, code_of
-from ._pipelines import RELEASED
+from ._pipelines import BY, RELEASED
 
 __all__ = ["Notice", "Stream", "notice_of"]
 
@@ -96,6 +98,27 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
     return None
 
 
+def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
+    """What the server sends the stream: grants, releases and deletions (not renewals,
+    which change only ``expires``, nor queue changes), and not the writes of the
+    backend whose ``by`` ids start with ``own`` (it acts on those when it makes them)."""
+    fields = "updateDescription.updatedFields"
+    changes: dict[str, Any] = {
+        "$or": [
+            {"operationType": {"$ne": "update"}},
+            {f"{fields}.token": {"$exists": True}},
+            {f"{fields}.{RELEASED}": {"$exists": True}},
+            {"updateDescription.removedFields": "owner"},
+        ]
+    }
+    stages: list[dict[str, Any]] = [{"operationType": {"$in": _OPERATIONS}}, changes]
+    if own is not None:
+        mine = {"$regex": f"^{re.escape(own)}:"}
+        stages.append({f"{fields}.{BY}": {"$not": mine}})
+        stages.append({f"fullDocument.{BY}": {"$not": mine}})
+    return [{"$match": {"$and": stages}}]
+
+
 class _Invalidated(Exception):
     """The server ended the change stream."""
 
@@ -107,6 +130,7 @@ class Stream:
     :param notify: called with every :class:`Notice`
     :param lost: called when the stream ends (events may have been missed)
     :param retry_after: seconds before a failed stream is opened again
+    :param own: the id the backend writes to ``by``: its own writes are left out
     """
 
     def __init__(
@@ -116,8 +140,10 @@ class Stream:
         lost: Callable[[], None],
         *,
         retry_after: float,
+        own: str | None = None,
     ) -> None:
         self._collection = collection
+        self._pipeline = watch_pipeline(own)
         self._notify = notify
         self._lost = lost
         self._retry_after = retry_after
@@ -151,7 +177,7 @@ class Stream:
 
     async def _run(self, opened: asyncio.Event) -> None:
         try:
-            watching = self._collection.watch([{"$match": {"operationType": {"$in": _OPERATIONS}}}])
+            watching = self._collection.watch(self._pipeline)
             if inspect.isawaitable(watching):  # pymongo's async client (motor's is not)
                 watching = await watching
             async with watching as stream:
