@@ -148,3 +148,28 @@ async def test_cancelled_waiters_leave_no_live_entry(
         assert await first.release()
         grant = await holder_side.try_acquire(name, "after", 30, "after", {})
         assert isinstance(grant, Grant) and grant.token == first.token + 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the backend's own loop clock
+async def test_a_late_event_of_a_lapsed_hand_off_is_not_taken(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """A waiter takes a hand-off from a change event only when its token is newer than
+    the one its latest refusal saw: an event that arrives after a later refusal (the
+    grant it announces lapsed meanwhile) makes it ask the server instead."""
+    async with aiolease.open_backend(mongo_url) as b:
+        backend, name = inner(b), unique("late")
+        holder = await b.try_acquire(name, "holder", 30, "h", {})
+        assert isinstance(holder, Grant)
+        refused = await b.try_acquire(name, "waiter", 30, "w", {})
+        assert isinstance(refused, HolderInfo) and refused.token == holder.token
+        turns = backend._turns
+        turns.start(name, "waiter")
+        turns.granted(name, "waiter", holder.token, None)  # not newer than the refusal's
+        assert backend._handed(name, "waiter", 30.0) is None
+        turns.start(name, "waiter")
+        turns.granted(name, "waiter", holder.token + 1, None)  # a hand-off after it
+        taken = backend._handed(name, "waiter", 30.0)
+        assert taken is not None and taken.token == holder.token + 1
+        assert taken.sent_at is not None and taken.sent_at <= anyio.current_time()
+        assert await b.release(name, "holder", holder.token)
