@@ -45,5 +45,5 @@ async def test_conformance_plain(anyio_backend: str, mongo_url: str, check: Chec
 def test_agrees_with_the_model(mongo_url: str, loop: str) -> None:
     # The model has no queue: a refused caller leaves it at once (as acquire_nowait does).
     agrees_with_the_model(
-        lambda: leaving_the_queue(opener(mongo_url)()), loop, examples=15, steps=30
+        lambda: leaving_the_queue(opener(mongo_url)()), loop, examples=10, steps=30
     )

@@ -26,7 +26,7 @@ from tests.support import with_query
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 DURATION = {
-    Fault.NONE: 6.0,
+    Fault.NONE: 4.5,
     Fault.SIGSTOP: 2.5,
     Fault.BLACKHOLE: 2.5,
     # A killed mongod recovers its journal and answers again in ~1 s here.
