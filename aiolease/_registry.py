@@ -44,6 +44,8 @@ BUILTIN: dict[str, str] = {
     "mysql": "aiolease.backends.mysql:MySQLBackend",
     "mariadb": "aiolease.backends.mysql:MySQLBackend",
     "etcd": "aiolease.backends.etcd:EtcdBackend",
+    "mongodb": "aiolease.backends.mongo:MongoBackend",
+    "mongodb+srv": "aiolease.backends.mongo:MongoBackend",
     "remote": "aiolease.testing.remote:RemoteBackend",
 }
 
@@ -63,11 +65,12 @@ EXTRAS: dict[str, str] = {
     "mysql": "mysql",
     "mariadb": "mysql",
     "etcd": "etcd",
+    "mongodb": "mongo",
+    "mongodb+srv": "mongo",
 }
 
 #: Schemes of backends that are planned but not written yet: no extra installs them.
 PLANNED: dict[str, str] = {
-    "mongodb": "MongoDB",
     "zookeeper": "ZooKeeper",
     "zk": "ZooKeeper",
     "kafka": "Kafka",

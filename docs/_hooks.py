@@ -69,6 +69,15 @@ def _etcd(**mode: Any) -> Backend:
     return EtcdBackend(None, **mode)
 
 
+def _mongo(**mode: Any) -> Backend:
+    from pymongo import AsyncMongoClient
+
+    from aiolease.backends.mongo import MongoBackend
+
+    client: Any = AsyncMongoClient("mongodb://localhost/docs", connect=False)
+    return MongoBackend(client, **mode)
+
+
 #: The backends shipped today, in each mode that changes what they guarantee, in the
 #: order the matrix lists them.
 MODES: dict[str, Callable[[], Backend]] = {
@@ -82,6 +91,9 @@ MODES: dict[str, Callable[[], Backend]] = {
     "MySQL": _mysql,
     "etcd": _etcd,
     "etcd `fair=true`": lambda: _etcd(fair=True),
+    "MongoDB (replica set)": lambda: _mongo(topology="replica set"),
+    "MongoDB standalone": lambda: _mongo(topology="standalone"),
+    "MongoDB `fair=false`": lambda: _mongo(fair=False, topology="replica set"),
 }
 
 

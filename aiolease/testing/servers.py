@@ -145,6 +145,11 @@ SERVERS: dict[str, Server] = {
             "etcd://127.0.0.1:23790,127.0.0.1:23791,127.0.0.1:23792",
         ),
         Server("mongo", "AIOLEASE_MONGO_URL", "mongodb://127.0.0.1:27017/aiolease?replicaSet=rs0"),
+        Server(
+            "mongo-standalone",
+            "AIOLEASE_MONGO_STANDALONE_URL",
+            "mongodb://127.0.0.1:27018/aiolease?directConnection=true",
+        ),
         Server("kafka", "AIOLEASE_KAFKA_URL", "kafka://127.0.0.1:9092"),
         Server("zookeeper", "AIOLEASE_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181"),
     ]

@@ -29,6 +29,7 @@ from aiolease import AsyncLock
 from aiolease.abc import Backend
 from aiolease.backends.redis._keys import Keys
 from tests.backends.etcd.support import Gateway, unique_prefix
+from tests.backends.mongo.support import raw as mongo_raw
 from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import no_tls
 from tests.backends.postgres.support import raw as pg_raw
@@ -133,7 +134,46 @@ def etcd_target(url: str, fair: bool) -> Target:
     return Target(with_query(url, prefix=prefix, fair=int(fair)), entries)
 
 
-KINDS = ["memory", "sqlite", "postgres", "mysql", "redis", "redis-fair", "etcd", "etcd-fair"]
+def mongo_target(request: pytest.FixtureRequest, url: str, fair: bool) -> Target:
+    collection = unique("storm")
+
+    def drop() -> None:
+        with mongo_raw(url) as client:
+            client.aiolease.drop_collection(collection)
+
+    request.addfinalizer(drop)
+
+    def live(name: str) -> list[str]:
+        # The queue entries of the lease document that are live on the server's clock.
+        with mongo_raw(url) as client:
+            found = client.aiolease[collection].aggregate(
+                [
+                    {"$match": {"_id": name}},
+                    {"$unwind": "$queue"},
+                    {"$match": {"$expr": {"$gt": ["$queue.expires", "$$NOW"]}}},
+                    {"$project": {"owner": "$queue.owner"}},
+                ]
+            )
+            return [str(doc["owner"]) for doc in found]
+
+    async def entries(name: str) -> list[str]:
+        return await anyio.to_thread.run_sync(live, name)
+
+    return Target(with_query(url, collection=collection, fair=int(fair)), entries)
+
+
+KINDS = [
+    "memory",
+    "sqlite",
+    "postgres",
+    "mysql",
+    "redis",
+    "redis-fair",
+    "etcd",
+    "etcd-fair",
+    "mongo",
+    "mongo-fair",
+]
 
 
 @pytest.fixture(params=KINDS)
@@ -151,6 +191,8 @@ def target(
         return postgres(request, aiolease_server("postgres"))
     if kind == "mysql":
         return mysql(request, aiolease_server("mariadb"))
+    if kind.startswith("mongo"):
+        return mongo_target(request, aiolease_server("mongo"), fair=kind.endswith("fair"))
     if kind.startswith("redis"):
         return redis_target(request, aiolease_server("redis"), fair=kind.endswith("fair"))
     return etcd_target(aiolease_server("etcd"), fair=kind.endswith("fair"))

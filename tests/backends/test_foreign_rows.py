@@ -1,6 +1,7 @@
-"""Rows and keys that aiolease did not write, in the SQL backends' tables and under
-etcd's prefix: a typed ForeignDataError naming them, never a driver's or ``json``'s
-exception, never a silent overwrite, and the row left as it was.
+"""Rows and keys that aiolease did not write, in the SQL backends' tables, under
+etcd's prefix and in MongoDB's collection: a typed ForeignDataError naming them,
+never a driver's or ``json``'s exception, never a silent overwrite, and the row left
+as it was.
 
 Each case writes the row behind the backend's back (on a connection of its own, in a
 table or prefix of the test's own), then reads it, acquires it without waiting and
@@ -13,8 +14,9 @@ import base64
 import re
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +28,7 @@ import aiolease
 from aiolease import AsyncLock, ForeignDataError
 from aiolease.backends.sqlite import host_boot_id
 from tests.backends.etcd.support import Gateway, unique_prefix
+from tests.backends.mongo.support import raw as mongo_raw
 from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import no_tls
 from tests.backends.postgres.support import raw as pg_raw
@@ -294,3 +297,73 @@ ETCD_CASES = {
 @pytest.mark.parametrize("row", ETCD_CASES.values(), ids=ETCD_CASES.keys())
 async def test_etcd(etcd_place: Place, row: Row) -> None:
     await check_foreign(etcd_place, row)
+
+
+# -- MongoDB -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=[False, True], ids=["plain", "fair"])
+def mongo_place(
+    request: pytest.FixtureRequest, aiolease_server: Callable[[str], str]
+) -> Iterator[Place]:
+    url = aiolease_server("mongo")
+    collection = unique("leases")
+
+    def on(client: Any) -> Any:
+        return client.aiolease[collection]
+
+    def put(doc: dict[str, Any]) -> None:
+        with mongo_raw(url) as client:
+            on(client).insert_one(doc)
+
+    def get(name: str) -> Any:
+        with mongo_raw(url) as client:
+            return on(client).find_one({"_id": name})
+
+    async def write(name: str, row: Row) -> None:
+        doc: dict[str, Any] = {"_id": name, "token": row.token, "owner": row.owner}
+        doc |= {"identity": row.identity, "ttl": 30.0}
+        doc["metadata"] = row.metadata if not isinstance(row.metadata, str) else {}
+        if row.expires == HOUR:
+            doc["expires"] = datetime.now(timezone.utc) + timedelta(hours=1)
+        elif row.expires is not None:
+            doc["expires"] = row.expires
+        await anyio.to_thread.run_sync(put, {**doc, **MONGO_EXTRA.get(row, {})})
+
+    async def look(name: str) -> Any:
+        return await anyio.to_thread.run_sync(get, name)
+
+    yield Place(url, write, look, {"collection": collection, "fair": request.param})
+    with mongo_raw(url) as client:
+        client.aiolease.drop_collection(collection)
+
+
+#: What a case writes beyond the fields of ``Row`` (values of other types than Row's).
+MONGO_EXTRA: dict[Row, dict[str, Any]] = {}
+
+
+def _mongo_case(row: Row, **extra: Any) -> Row:
+    MONGO_EXTRA[row] = extra
+    return row
+
+
+MONGO_CASES = {
+    "token-a-string": _mongo_case(Row(token="7")),
+    "token-zero": _mongo_case(Row(token=0)),
+    "no-token": _mongo_case(Row(), token=None),
+    "owner-a-number": _mongo_case(Row(owner="x", identity="n"), owner=5),
+    "owner-empty": _mongo_case(Row(owner="", identity="e")),
+    "identity-a-number": _mongo_case(Row(identity="num"), identity=5),
+    "metadata-a-list": _mongo_case(Row(metadata="list"), metadata=[1, 2]),
+    "metadata-not-strings": _mongo_case(Row(metadata="ns"), metadata={"a": 1}),
+    "held-with-no-expiry": _mongo_case(Row(expires=None)),
+    "expiry-a-string": _mongo_case(Row(expires="tomorrow")),
+    "queue-not-an-array": _mongo_case(Row(identity="q"), queue="x"),
+    # Released (no owner), but its token is text: a grant would restart tokens at 1.
+    "free-with-a-text-token": _mongo_case(Row(owner=None, token="seven", expires=None)),
+}
+
+
+@pytest.mark.parametrize("row", MONGO_CASES.values(), ids=MONGO_CASES.keys())
+async def test_mongo(mongo_place: Place, row: Row) -> None:
+    await check_foreign(mongo_place, row)

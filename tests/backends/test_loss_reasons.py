@@ -47,7 +47,7 @@ prefix = prefix_fixture("reasons")
 Opener = Callable[[], AbstractAsyncContextManager[tuple[FaultProxy, Backend]]]
 
 
-@pytest.fixture(params=["redis", "postgres", "etcd"])
+@pytest.fixture(params=["redis", "postgres", "etcd", "mongo"])
 def kind(request: pytest.FixtureRequest) -> str:
     """The server the holder is cut off from."""
     return str(request.param)
@@ -70,6 +70,10 @@ def cut_off(
                 opened = aiolease.open_backend(
                     proxy.url_for(url), prefix=prefix, timeout=RELEASE_TIMEOUT
                 )
+            elif kind == "mongo":
+                # One member, through the proxy: not the replica set's own addresses.
+                direct = url.replace("replicaSet=rs0", "directConnection=true")
+                opened = aiolease.open_backend(proxy.url_for(direct), collection=unique("reasons"))
             elif kind == "postgres":
                 proxied = with_query(proxy.url_for(no_tls(url)), schema=pg_schema)
                 opened = aiolease.open_backend(proxied, connect_timeout=RELEASE_TIMEOUT)

@@ -22,6 +22,7 @@ from aiolease import BackendError, InvalidArgument
 from aiolease._registry import backend_class, scheme_of
 from aiolease._urls import MASK, redact, scrub
 from aiolease.backends.etcd._url import parse_url as parse_etcd_url
+from aiolease.backends.mongo._url import parse_url as parse_mongo_url
 from aiolease.backends.redlock._url import parse_url as parse_redlock_url
 
 pytestmark = pytest.mark.anyio
@@ -71,6 +72,14 @@ MALFORMED = [
     f"etcd://root:{SECRET}@127.0.0.1:port",
     f"etcd://root:{SECRET}@127.0.0.1:2379?prefix=a&&=",
     f"etcd://root:{ENCODED}@127.0.0.1:2379#fragment",
+    # MongoDB.
+    f"mongodb://root:{SECRET}@127.0.0.1:port/aiolease",
+    f"mongodb://root:{SECRET}@127.0.0.1:27017/aiolease?collection=system.x",
+    f"mongodb://root:{SECRET}@127.0.0.1:27017/bad$db",
+    f"mongodb://root:{SECRET}@127.0.0.1:27017/aiolease?bogusOption=1",
+    f"mongodb://root:{ENCODED}@127.0.0.1:27017/aiolease#fragment",
+    f"mongodb+srv://root:{SECRET}@127.0.0.1:27017/aiolease",
+    f"mongodb+srv://root:{SECRET}@host.example/aiolease?fair=maybe",
     # The embedded ones take no password at all.
     f"sqlite://user:{SECRET}@host/leases.db",
     f"memory://user:{SECRET}@host",
@@ -79,6 +88,7 @@ MALFORMED = [
     f"postgresql://postgres:{SECRET}@[::1/test",
     f"mysql://root:{SECRET}@[::1/test",
     f"etcd://root:{SECRET}@[::1",
+    f"mongodb://root:{SECRET}@[::1/aiolease",
     # A password holding '/' unescaped: a parser cuts the netloc there, and would
     # quote the first half as a host or port.
     f"redis://:s3c/{SECRET}@127.0.0.1:6379/0",
@@ -87,6 +97,7 @@ MALFORMED = [
     f"postgresql://postgres:s3c/{SECRET}@127.0.0.1:5432/test",
     f"mysql://root:s3c/{SECRET}@127.0.0.1:3306/test",
     f"etcd://root:s3c/{SECRET}@127.0.0.1:2379",
+    f"mongodb://root:s3c/{SECRET}@127.0.0.1:27017/aiolease",
 ]
 
 
@@ -184,6 +195,7 @@ REFUSES = {
     "redis": lambda url: url.replace("://", f"://user:{SECRET}@", 1),
     "mariadb": lambda url: url.replace("root@", f"root:{SECRET}@", 1),
     "etcd": lambda url: url.replace("://", f"://root:{SECRET}@", 1),
+    "mongo": lambda url: url.replace("://", f"://root:{SECRET}@", 1),
 }
 
 
@@ -225,7 +237,9 @@ def test_parsed_urls_do_not_show_the_password() -> None:
     assert redlock.credentials == {"username": "u", "password": SECRET}
     etcd = parse_etcd_url(f"etcd://root:{SECRET}@h:2379", {})
     assert etcd.user == ("root", SECRET)
-    assert SECRET not in repr(redlock) + repr(etcd)
+    mongo = parse_mongo_url(f"mongodb+srv://root:{SECRET}@h/db?collection=c", {})
+    assert SECRET in mongo.client_url and mongo.database == "db"
+    assert SECRET not in repr(redlock) + repr(etcd) + repr(mongo)
 
 
 # -- the helper ----------------------------------------------------------------------
