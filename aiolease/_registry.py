@@ -44,6 +44,7 @@ BUILTIN: dict[str, str] = {
     "mysql": "aiolease.backends.mysql:MySQLBackend",
     "mariadb": "aiolease.backends.mysql:MySQLBackend",
     "etcd": "aiolease.backends.etcd:EtcdBackend",
+    "kafka": "aiolease.backends.kafka:KafkaBackend",
     "remote": "aiolease.testing.remote:RemoteBackend",
 }
 
@@ -63,6 +64,7 @@ EXTRAS: dict[str, str] = {
     "mysql": "mysql",
     "mariadb": "mysql",
     "etcd": "etcd",
+    "kafka": "kafka",
 }
 
 #: Schemes of backends that are planned but not written yet: no extra installs them.
@@ -70,7 +72,6 @@ PLANNED: dict[str, str] = {
     "mongodb": "MongoDB",
     "zookeeper": "ZooKeeper",
     "zk": "ZooKeeper",
-    "kafka": "Kafka",
 }
 
 

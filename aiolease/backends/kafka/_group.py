@@ -1,0 +1,118 @@
+"""What the members of a name's group tell each other: join metadata and assignments.
+
+Every member offers one assignment protocol (:data:`~._wire.PROTOCOL`) in the
+consumer protocol's format, subscribed to the name's one-partition topic; its user
+data says who the member is (JSON)::
+
+    {"i": identity, "m": metadata, "f": highest token seen, "l": holds a term now}
+
+The member the coordinator picks as the group's leader runs :func:`assign`. With
+``top = max(committed offset, every member's highest token seen)``: a member that
+holds a term with token ``top`` keeps partition 0 and its term (a sticky choice: a
+rebalance caused by another member does not interrupt the leader); otherwise the
+first member listed gets partition 0 and a new term with token ``top + 1``. Every
+member gets the same user data::
+
+    {"g": generation, "o": leader's member id, "i": identity, "m": metadata, "t": token}
+
+so that each member knows who leads and with which token without another request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka.protocol.group import MemberAssignment, ProtocolMetadata
+
+__all__ = ["Candidate", "View", "assign", "candidate_bytes", "view_of"]
+
+logger = logging.getLogger("aiolease.kafka")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One member as its join metadata describes it."""
+
+    member: str
+    identity: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    floor: int = 0
+    led: bool = False
+
+
+@dataclass(frozen=True)
+class View:
+    """What a member knows of a generation once it has synced: who leads, with which token."""
+
+    generation: int
+    leader: str
+    identity: str
+    metadata: Mapping[str, str]
+    token: int
+
+
+def candidate_bytes(
+    topic: str, identity: str, metadata: Mapping[str, str], floor: int, led: bool
+) -> bytes:
+    """The join metadata of a member."""
+    user = json.dumps({"i": identity, "m": dict(metadata), "f": floor, "l": led})
+    encoded: bytes = ProtocolMetadata(0, [topic], user.encode()).encode()
+    return encoded
+
+
+def _candidate(member: str, raw: bytes) -> Candidate:
+    try:
+        user = json.loads(ProtocolMetadata.decode(raw).user_data)
+        return Candidate(member, str(user["i"]), dict(user["m"]), int(user["f"]), bool(user["l"]))
+    except Exception:  # a member that is not ours: it may be a candidate, never a source
+        logger.warning("member %r of a Kafka election group sent foreign metadata", member)
+        return Candidate(member)
+
+
+def assign(
+    topic: str, generation: int, members: Sequence[Any], committed: int
+) -> list[tuple[str, bytes]]:
+    """The assignment of every member, as the group's leader sends it in SyncGroup.
+
+    :param members: the JoinGroup response's members: ``(member id, ..., metadata)``
+    :param committed: the offset the group committed for partition 0 (-1: none)
+    """
+    candidates = [_candidate(str(m[0]), bytes(m[-1])) for m in members]
+    top = max([committed, *(c.floor for c in candidates)])
+    holders = [c for c in candidates if c.led and c.floor == top]
+    # Sticky: a member that holds the newest term keeps it (same token); otherwise
+    # the first member listed starts a new term.
+    leader = holders[0] if holders else candidates[0]
+    token = top if holders else top + 1
+    user = json.dumps(
+        {
+            "g": generation,
+            "o": leader.member,
+            "i": leader.identity,
+            "m": dict(leader.metadata),
+            "t": token,
+        }
+    ).encode()
+    return [
+        (
+            c.member,
+            MemberAssignment(0, [(topic, [0])] if c is leader else [], user).encode(),
+        )
+        for c in candidates
+    ]
+
+
+def view_of(raw: bytes) -> View | None:
+    """The :class:`View` in an assignment (``None``: empty or not ours)."""
+    if not raw:
+        return None
+    try:
+        user = json.loads(MemberAssignment.decode(raw).user_data)
+        return View(int(user["g"]), str(user["o"]), str(user["i"]), dict(user["m"]), int(user["t"]))
+    except Exception:
+        logger.warning("a Kafka election group sent an assignment that is not aiolease's")
+        return None
