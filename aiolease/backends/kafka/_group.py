@@ -4,7 +4,8 @@ Every member offers one assignment protocol (:data:`~._wire.PROTOCOL`) in the
 consumer protocol's format, subscribed to the name's one-partition topic; its user
 data says who the member is (JSON)::
 
-    {"i": identity, "m": metadata, "f": highest token seen, "l": holds a term now}
+    {"i": identity, "m": metadata, "f": highest token seen, "l": holds a term now,
+     "s": the first generation it was in (null: none yet)}
 
 The member the coordinator picks as the group's leader runs :func:`assign`. With
 ``top = max(committed offset, every member's highest token seen)``: a member that
@@ -42,6 +43,7 @@ class Candidate:
     metadata: Mapping[str, str] = field(default_factory=dict)
     floor: int = 0
     led: bool = False
+    since: int | None = None
 
 
 @dataclass(frozen=True)
@@ -56,10 +58,15 @@ class View:
 
 
 def candidate_bytes(
-    topic: str, identity: str, metadata: Mapping[str, str], floor: int, led: bool
+    topic: str,
+    identity: str,
+    metadata: Mapping[str, str],
+    floor: int,
+    led: bool,
+    since: int | None,
 ) -> bytes:
     """The join metadata of a member."""
-    user = json.dumps({"i": identity, "m": dict(metadata), "f": floor, "l": led})
+    user = json.dumps({"i": identity, "m": dict(metadata), "f": floor, "l": led, "s": since})
     encoded: bytes = ProtocolMetadata(0, [topic], user.encode()).encode()
     return encoded
 
@@ -67,7 +74,15 @@ def candidate_bytes(
 def _candidate(member: str, raw: bytes) -> Candidate:
     try:
         user = json.loads(ProtocolMetadata.decode(raw).user_data)
-        return Candidate(member, str(user["i"]), dict(user["m"]), int(user["f"]), bool(user["l"]))
+        since = user.get("s")
+        return Candidate(
+            member,
+            str(user["i"]),
+            dict(user["m"]),
+            int(user["f"]),
+            bool(user["l"]),
+            None if since is None else int(since),
+        )
     except Exception:  # a member that is not ours: it may be a candidate, never a source
         logger.warning("member %r of a Kafka election group sent foreign metadata", member)
         return Candidate(member)
@@ -84,9 +99,12 @@ def assign(
     candidates = [_candidate(str(m[0]), bytes(m[-1])) for m in members]
     top = max([committed, *(c.floor for c in candidates)])
     holders = [c for c in candidates if c.led and c.floor == top]
-    # Sticky: a member that holds the newest term keeps it (same token); otherwise
-    # the first member listed starts a new term.
-    leader = holders[0] if holders else candidates[0]
+    # Sticky: a member that holds the newest term keeps it (same token); otherwise the
+    # member that has waited longest (in the group since the oldest generation)
+    # starts a new term.
+    waited = sorted(candidates, key=lambda c: (c.since is None, c.since or 0))
+    leader = holders[0] if holders else waited[0]
+    logger.debug("assign generation %d: %s -> %s", generation, candidates, leader.member)
     token = top if holders else top + 1
     user = json.dumps(
         {

@@ -103,6 +103,8 @@ class Member:
         self._floor = floor
         self.member_id = ""
         self.generation = -1
+        #: The first generation this member was in (its place in the queue).
+        self.since: int | None = None
         self.view: View | None = None
         self.term: Term | None = None
         #: The term the last rebalance ended (its work may still be stopping).
@@ -238,7 +240,9 @@ class Member:
         term = self.term
         holding = term is not None and not term.over
         floor = self._floor(None)
-        metadata = candidate_bytes(self.topic, self.identity, self.metadata, floor, holding)
+        metadata = candidate_bytes(
+            self.topic, self.identity, self.metadata, floor, holding, self.since
+        )
         response = await wire.join(self.group, self.member_id, self.session, metadata)
         code = int(response.error_code)
         if code == MEMBER_ID_REQUIRED:
@@ -264,6 +268,8 @@ class Member:
         if not self._accepted(wire, int(synced.error_code), "SyncGroup"):
             return False
         self.confirmed, self.error = sent, None
+        if self.since is None:
+            self.since = self.generation
         view = view_of(synced.member_assignment)
         if view is None:
             return False
