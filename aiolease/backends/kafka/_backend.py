@@ -20,7 +20,7 @@ from ..._exceptions import (
 from ...abc import Backend, Capability, Grant, HolderInfo, SessionClock
 from .._asyncio import now, timeout_after, wait_event
 from ..etcd._aio import Tasks
-from ._group import view_of
+from ._group import record_of, view_of
 from ._member import Member, Term
 from ._names import check_name
 from ._url import Settings, parse_url, settings_of
@@ -354,9 +354,17 @@ class KafkaBackend(Backend):
             view = view_of(bytes(described_member[-1] or b""))
             if view is not None and view.leader == described_member[0]:
                 return HolderInfo(name, view.leader, view.identity, view.token, dict(view.metadata))
-        # A broker that describes no assignments (Tansu): the token alone is known.
+        # A broker that describes no assignments (Tansu): the committed token, and the
+        # leader record if it is the record of that token's leader, still a member.
         token = await self._wire.committed(group, topic)
-        return None if token < 0 else HolderInfo(name, "", "", token)
+        if token < 0:
+            return None
+        record = record_of(await self._wire.latest(topic))
+        if record is None or record.token != token:
+            return HolderInfo(name, "", "", token)  # just elected: not written yet
+        if record.leader not in {str(m[0]) for m in members}:
+            return None  # it left: the group is about to rebalance
+        return HolderInfo(name, record.leader, record.identity, token, dict(record.metadata))
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Wait for this backend's member to see a change; poll a group it is not in."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from aiokafka.protocol.group import MemberAssignment, ProtocolMetadata
 
-__all__ = ["Candidate", "View", "assign", "candidate_bytes", "view_of"]
+__all__ = ["Candidate", "View", "assign", "candidate_bytes", "record_bytes", "record_of", "view_of"]
 
 logger = logging.getLogger("aiolease.kafka")
 
@@ -133,4 +133,23 @@ def view_of(raw: bytes) -> View | None:
         return View(int(user["g"]), str(user["o"]), str(user["i"]), dict(user["m"]), int(user["t"]))
     except Exception:
         logger.warning("a Kafka election group sent an assignment that is not aiolease's")
+        return None
+
+
+def record_bytes(member: str, view: View) -> bytes:
+    """The leader record a new leader appends to the name's partition 0: what a
+    backend that is not in the group reads to tell who leads."""
+    record = {"o": member, "i": view.identity, "m": dict(view.metadata), "t": view.token}
+    return json.dumps(record).encode()
+
+
+def record_of(raw: bytes | None) -> View | None:
+    """The leader record's :class:`View` (generation unknown: -1), if it is ours."""
+    if raw is None:
+        return None
+    try:
+        user = json.loads(raw)
+        return View(-1, str(user["o"]), str(user["i"]), dict(user["m"]), int(user["t"]))
+    except Exception:
+        logger.warning("a Kafka election topic holds a record that is not aiolease's")
         return None

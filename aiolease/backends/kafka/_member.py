@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from ..._exceptions import BackendError, BackendUnavailable, InvalidArgument, LossReason
 from .._asyncio import now, wait_event
-from ._group import View, assign, candidate_bytes, view_of
+from ._group import View, assign, candidate_bytes, record_bytes, view_of
 from ._wire import (
     COORDINATOR_MOVED,
     ILLEGAL_GENERATION,
@@ -289,6 +289,7 @@ class Member:
                 return False
             if term is None:
                 self.term = Term(view.token, self.generation)
+                await self._publish(wire, view)
             else:
                 term.generation = self.generation  # the same term goes on
         self.view = view
@@ -302,6 +303,14 @@ class Member:
             view,
         )
         return True
+
+    async def _publish(self, wire: Wire, view: View) -> None:
+        """Append the leader record (for readers outside the group); a failure only
+        leaves them an older record, so it is logged, not raised."""
+        try:
+            await wire.publish(self.topic, record_bytes(self.member_id, view))
+        except BackendError as exc:
+            logger.warning("Kafka group %r: the leader record was not written: %r", self.group, exc)
 
     def _accepted(self, wire: Wire, code: int, what: str) -> bool:
         """Whether ``code`` says yes; a code that means "rejoin" says no.

@@ -11,17 +11,24 @@ settings, the metadata and the choice of request versions.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiokafka.errors import KafkaError
 from aiokafka.protocol.admin import CreateTopicsRequest, DescribeGroupsRequest
 from aiokafka.protocol.commit import OffsetCommitRequest, OffsetFetchRequest
+from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.protocol.group import (
     HeartbeatRequest,
     JoinGroupRequest,
     LeaveGroupRequest,
     SyncGroupRequest,
 )
+from aiokafka.protocol.offset import OffsetRequest
+from aiokafka.protocol.produce import ProduceRequest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import TopicPartition
 
 from ..._exceptions import BackendTimeout, BackendUnavailable, InvalidArgument
 from .._asyncio import timeout_after
@@ -197,3 +204,56 @@ class Wire:
         code = int(response.topic_errors[0][1])
         if code not in (NO_ERROR, _TOPIC_EXISTS):
             raise refused(code, f"CreateTopics({topic!r})")
+
+    # -- the leader record: the last record of partition 0 -----------------------------
+
+    async def _partition_leader(self, topic: str) -> int:
+        partition = TopicPartition(topic, 0)
+        node = self.client.cluster.leader_for_partition(partition)
+        if node is None or node < 0:
+            self.client.add_topic(topic)
+            try:
+                async with timeout_after(self.timeout):
+                    await self.client.force_metadata_update()
+            except (asyncio.TimeoutError, KafkaError, OSError) as exc:
+                raise BackendUnavailable(f"Kafka metadata at {self.described}: {exc!r}") from exc
+            node = self.client.cluster.leader_for_partition(partition)
+        if node is None or node < 0:
+            raise BackendUnavailable(f"partition 0 of Kafka topic {topic!r} has no leader")
+        return int(node)
+
+    async def publish(self, topic: str, value: bytes) -> None:
+        """Append ``value`` to partition 0 of ``topic`` (acknowledged by all replicas)."""
+        builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+        builder.append(0, int(time.time() * 1000), None, value, [])
+        request = ProduceRequest(
+            None, -1, int(self.timeout * 1000), [(topic, [(0, bytes(builder.build()))])]
+        )
+        response = await self._send(await self._partition_leader(topic), request, "Produce")
+        code = int(response.topics[0][1][0][1])
+        if code != NO_ERROR:
+            raise refused(code, f"Produce({topic!r})")
+
+    async def latest(self, topic: str) -> bytes | None:
+        """The value of the last record of partition 0 of ``topic`` (``None``: empty)."""
+        node = await self._partition_leader(topic)
+        listed = await self._send(node, OffsetRequest(-1, 0, [(topic, [(0, -1)])]), "ListOffsets")
+        end = int(listed.topics[0][1][0][-1])
+        if end <= 0:
+            return None
+        request = FetchRequest(
+            int(self.timeout * 500), 1, 1 << 20, 0, [(topic, [(0, end - 1, 1 << 20)])]
+        )
+        fetched = await self._send(node, request, "Fetch")
+        value: bytes | None = None
+        for _topic, partitions in fetched.topics:
+            for partition in partitions:
+                records = MemoryRecords(bytes(partition[-1] or b""))
+                while records.has_next():
+                    batch = records.next_batch()
+                    if batch is None:
+                        break
+                    for record in batch:
+                        if record.value is not None:
+                            value = bytes(record.value)
+        return value
