@@ -146,6 +146,7 @@ SERVERS: dict[str, Server] = {
         ),
         Server("mongo", "AIOLEASE_MONGO_URL", "mongodb://127.0.0.1:27017/aiolease?replicaSet=rs0"),
         Server("kafka", "AIOLEASE_KAFKA_URL", "kafka://127.0.0.1:9092"),
+        Server("kafka-restart", "AIOLEASE_KAFKA_RESTART_URL", "kafka://127.0.0.1:19092"),
         Server("zookeeper", "AIOLEASE_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181"),
     ]
 }

@@ -193,6 +193,7 @@ class KafkaBackend(Backend):
             session,
             heartbeat,
             self._floor(name),
+            self._settings.replication_factor,
         )
         members[key] = member
         self._tasks.spawn(self._run(member, key), f"kafka member of {name!r}")
@@ -265,7 +266,12 @@ class KafkaBackend(Backend):
                     continue  # released by another owner meanwhile: join again
                 return self._rebalancing(name)
             term = member.term
-            if term is not None and not term.over and view.leader == member.member_id:
+            if (
+                term is not None
+                and not term.over
+                and view.leader == member.member_id
+                and term.not_before <= now()
+            ):
                 # The grant's deadline counts from a heartbeat sent now, not from the
                 # last one, which may be most of a session old after a rebalance.
                 if term.owner is None and await member.confirm():

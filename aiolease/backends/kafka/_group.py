@@ -14,7 +14,14 @@ rebalance caused by another member does not interrupt the leader); otherwise the
 first member listed gets partition 0 and a new term with token ``top + 1``. Every
 member gets the same user data::
 
-    {"g": generation, "o": leader's member id, "i": identity, "m": metadata, "t": token}
+    {"g": generation, "o": leader's member id, "i": identity, "m": metadata, "t": token,
+     "q": the broker lost the committed token that members remember}
+
+A broker that forgot the group (a restart of a broker without durable offsets, such
+as Tansu's memory storage) also forgot its members' sessions: the old leader may
+still be within its local deadline while the new group elects. The new leader then
+waits one session timeout before its term starts (``"q"``), by which time the old
+leader's deadline has passed.
 
 so that each member knows who leads and with which token without another request.
 """
@@ -55,6 +62,9 @@ class View:
     identity: str
     metadata: Mapping[str, str]
     token: int
+    #: The broker lost the group's committed token while its members remember one (a
+    #: broker restart without durable offsets): a new term waits one session first.
+    lost: bool = False
 
 
 def candidate_bytes(
@@ -113,6 +123,7 @@ def assign(
             "i": leader.identity,
             "m": dict(leader.metadata),
             "t": token,
+            "q": committed < 0 < top,
         }
     ).encode()
     return [
@@ -130,7 +141,14 @@ def view_of(raw: bytes) -> View | None:
         return None
     try:
         user = json.loads(MemberAssignment.decode(raw).user_data)
-        return View(int(user["g"]), str(user["o"]), str(user["i"]), dict(user["m"]), int(user["t"]))
+        return View(
+            int(user["g"]),
+            str(user["o"]),
+            str(user["i"]),
+            dict(user["m"]),
+            int(user["t"]),
+            bool(user.get("q", False)),
+        )
     except Exception:
         logger.warning("a Kafka election group sent an assignment that is not aiolease's")
         return None

@@ -40,6 +40,7 @@ from ._wire import (
     NO_ERROR,
     REBALANCE_IN_PROGRESS,
     UNKNOWN_MEMBER_ID,
+    UNKNOWN_TOPIC,
     Wire,
     refused,
 )
@@ -64,6 +65,8 @@ class Term:
     ended: Callable[[LossReason], object] | None = None
     over: bool = False
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The term may not be granted before then (loop clock; see :mod:`._group`).
+    not_before: float = -math.inf
 
     def end(self, reason: LossReason) -> None:
         """The term is over: tell the core (once)."""
@@ -90,8 +93,10 @@ class Member:
         session: float,
         heartbeat: float,
         floor: Callable[[int | None], int],
+        replication: int,
     ) -> None:
         self._connect = connect
+        self._replication = replication
         self.wire: Wire | None = None
         self.name = name
         self.group = group
@@ -285,10 +290,22 @@ class Member:
             code = await wire.commit(
                 self.group, self.generation, self.member_id, self.topic, view.token
             )
+            if code == UNKNOWN_TOPIC:  # a broker that lost its topics: make it again
+                await wire.create_topic(self.topic, self._replication)
+                return False
             if not self._accepted(wire, code, "OffsetCommit"):
                 return False
             if term is None:
                 self.term = Term(view.token, self.generation)
+                if view.lost:  # the old leader may run until its deadline: outwait it
+                    self.term.not_before = now() + self.session
+                    asyncio.get_running_loop().call_later(self.session, self._signal)
+                    logger.warning(
+                        "Kafka group %r: the broker lost the group's token %d; the next"
+                        " term starts after one session timeout",
+                        self.group,
+                        view.token - 1,
+                    )
                 await self._publish(wire, view)
             else:
                 term.generation = self.generation  # the same term goes on

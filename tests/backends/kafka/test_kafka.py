@@ -9,6 +9,7 @@ Every test uses group and topic names of its own (a fresh prefix), and 2 s sessi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -137,7 +138,7 @@ def test_urls_name_every_broker() -> None:
         ("kafka://u:s3cret@h?nosuch=1", {}, "unknown"),
     ],
 )
-async def test_bad_urls_are_refused(url: str, options: dict[str, object], match: str) -> None:
+async def test_bad_urls_are_refused(url: str, options: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidArgument, match=match) as caught:
         async with aiolease.open_backend(url, **options):
             pass  # pragma: no cover
