@@ -22,6 +22,7 @@ from aiolease import BackendError, InvalidArgument
 from aiolease._registry import backend_class, scheme_of
 from aiolease._urls import MASK, redact, scrub
 from aiolease.backends.etcd._url import parse_url as parse_etcd_url
+from aiolease.backends.kafka._url import parse_url as parse_kafka_url
 from aiolease.backends.redlock._url import parse_url as parse_redlock_url
 
 pytestmark = pytest.mark.anyio
@@ -71,6 +72,13 @@ MALFORMED = [
     f"etcd://root:{SECRET}@127.0.0.1:port",
     f"etcd://root:{SECRET}@127.0.0.1:2379?prefix=a&&=",
     f"etcd://root:{ENCODED}@127.0.0.1:2379#fragment",
+    # Kafka.
+    f"kafka://u:{SECRET}@127.0.0.1:port",
+    f"kafka://u:{SECRET}@127.0.0.1:9092/path",
+    f"kafka://u:{ENCODED}@127.0.0.1:9092?bogus=1",
+    f"kafka://u:{SECRET}@127.0.0.1:9092?session_timeout=soon",
+    f"kafka://u:{SECRET}@[::1",
+    f"kafka://u:s3c/{SECRET}@127.0.0.1:9092",
     # The embedded ones take no password at all.
     f"sqlite://user:{SECRET}@host/leases.db",
     f"memory://user:{SECRET}@host",
@@ -225,7 +233,9 @@ def test_parsed_urls_do_not_show_the_password() -> None:
     assert redlock.credentials == {"username": "u", "password": SECRET}
     etcd = parse_etcd_url(f"etcd://root:{SECRET}@h:2379", {})
     assert etcd.user == ("root", SECRET)
-    assert SECRET not in repr(redlock) + repr(etcd)
+    kafka = parse_kafka_url(f"kafka://u:{SECRET}@h:9092", {})
+    assert kafka.user == ("u", SECRET)
+    assert SECRET not in repr(redlock) + repr(etcd) + repr(kafka) + kafka.described()
 
 
 # -- the helper ----------------------------------------------------------------------
