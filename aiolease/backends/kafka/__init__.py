@@ -38,6 +38,6 @@ How it works (``docs/internals/kafka.md`` has the whole argument):
   be a rebalance of the group.
 """
 
-from ._backend import KafkaBackend
+from ._backend import KafkaBackend, KafkaStatistics
 
-__all__ = ["KafkaBackend"]
+__all__ = ["KafkaBackend", "KafkaStatistics"]

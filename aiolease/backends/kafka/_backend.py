@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, final
 
 from aiokafka import AIOKafkaClient
@@ -26,7 +27,7 @@ from ._names import check_name
 from ._url import Settings, parse_url, settings_of
 from ._wire import Wire
 
-__all__ = ["KafkaBackend"]
+__all__ = ["KafkaBackend", "KafkaStatistics"]
 
 logger = logging.getLogger("aiolease.kafka")
 
@@ -37,6 +38,21 @@ SETTLE_SHARE = 0.75
 CLIENT_TIMEOUT_MS = 1_900_000
 #: Seconds a waiting observer sleeps between two reads of a group it is not in.
 POLL_INTERVAL = 0.25
+
+
+@final
+@dataclass(frozen=True)
+class KafkaStatistics:
+    """A snapshot of one :class:`KafkaBackend`'s group memberships.
+
+    :param members: memberships (one per name and candidate) alive now
+    :param synced: of them, in a generation now (not rejoining)
+    :param leading: of them, leading now
+    """
+
+    members: int
+    synced: int
+    leading: int
 
 
 @final
@@ -144,6 +160,13 @@ class KafkaBackend(Backend):
                 ) from exc
             raise
         return Wire(client, self._settings.timeout, self._wire.described)
+
+    def statistics(self) -> KafkaStatistics:
+        """A frozen snapshot of the memberships."""
+        live = [m for by_name in self._members.values() for m in by_name.values() if not m.closed]
+        synced = [m for m in live if m.view is not None]
+        leading = [m for m in synced if m.term is not None and not m.term.over]
+        return KafkaStatistics(len(live), len(synced), len(leading))
 
     # -- members ----------------------------------------------------------------------------
 

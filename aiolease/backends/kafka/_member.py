@@ -51,6 +51,8 @@ logger = logging.getLogger("aiolease.kafka")
 
 #: Seconds between two attempts to join after a failure.
 RETRY = 0.25
+#: SyncGroups refused in a row after which the member leaves and joins anew.
+STUCK_SYNCS = 2
 #: Codes after which the member rejoins: it is not (any more) in this generation.
 _REJOIN = frozenset({REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID})
 
@@ -114,6 +116,7 @@ class Member:
         self.term: Term | None = None
         #: The term the last rebalance ended (its work may still be stopping).
         self.stepped: Term | None = None
+        self._failed_syncs = 0
         #: Set when the task has ended (the group left).
         self.done = asyncio.Event()
         self.confirmed = -math.inf
@@ -213,6 +216,7 @@ class Member:
             while not self.closed:
                 try:
                     if self.wire is None:
+                        logger.debug("Kafka group %r: connecting", self.group)
                         self.wire = await self._connect()
                     joined = await self._join(self.wire)
                 except InvalidArgument as exc:
@@ -248,8 +252,10 @@ class Member:
         metadata = candidate_bytes(
             self.topic, self.identity, self.metadata, floor, holding, self.since
         )
+        logger.debug("Kafka group %r: %s (%s) joins", self.group, self.member_id, self.identity)
         response = await wire.join(self.group, self.member_id, self.session, metadata)
         code = int(response.error_code)
+        logger.debug("Kafka group %r: JoinGroup answered %d", self.group, code)
         if code == MEMBER_ID_REQUIRED:
             self.member_id = response.member_id
             return False
@@ -269,9 +275,21 @@ class Member:
             committed = await wire.committed(self.group, self.topic)
             assignments = assign(self.topic, self.generation, response.members, committed)
         sent = now()
-        synced = await wire.sync(self.group, self.generation, self.member_id, assignments)
+        synced = await wire.sync(
+            self.group, self.generation, self.member_id, self.session, assignments
+        )
+        logger.debug("Kafka group %r: SyncGroup answered %d", self.group, synced.error_code)
         if not self._accepted(wire, int(synced.error_code), "SyncGroup"):
+            self._failed_syncs += 1
+            if self._failed_syncs >= STUCK_SYNCS:
+                # Tansu, when a member leaves while another joins, may name the one that
+                # left as the group's leader, and no SyncGroup ever completes: start
+                # over as a new member.
+                logger.info("Kafka group %r: SyncGroup keeps failing; rejoining anew", self.group)
+                self._failed_syncs = 0
+                await self._leave(wire)
             return False
+        self._failed_syncs = 0
         self.confirmed, self.error = sent, None
         if self.since is None:
             self.since = self.generation

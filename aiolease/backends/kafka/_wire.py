@@ -124,6 +124,20 @@ class Wire:
 
     # -- the group protocol -----------------------------------------------------------
 
+    async def _waiting(self, group: str, request: Any, session: float, what: str) -> Any:
+        """Send a request that waits for the other members (JoinGroup, SyncGroup): it
+        may take up to the rebalance timeout (the session timeout), not one request's."""
+        node = await self._coordinator(group)
+        try:
+            async with timeout_after(session + self.timeout):
+                return await self.client.send(node, request)
+        except asyncio.TimeoutError:
+            self.moved(group)
+            raise BackendTimeout(f"Kafka {what} at {self.described}: no answer") from None
+        except (KafkaError, OSError) as exc:
+            self.moved(group)
+            raise BackendUnavailable(f"Kafka {what} at {self.described}: {exc!r}") from exc
+
     async def join(self, group: str, member: str, session: float, metadata: bytes) -> Any:
         request = JoinGroupRequest(
             group,
@@ -134,23 +148,18 @@ class Wire:
             _CONSUMER,
             [(PROTOCOL, metadata)],
         )
-        # JoinGroup waits for the rebalance: up to the rebalance timeout, not one request's.
-        node = await self._coordinator(group)
-        try:
-            async with timeout_after(session + self.timeout):
-                return await self.client.send(node, request)
-        except asyncio.TimeoutError:
-            self.moved(group)
-            raise BackendTimeout(f"Kafka JoinGroup at {self.described}: no answer") from None
-        except (KafkaError, OSError) as exc:
-            self.moved(group)
-            raise BackendUnavailable(f"Kafka JoinGroup at {self.described}: {exc!r}") from exc
+        return await self._waiting(group, request, session, "JoinGroup")
 
     async def sync(
-        self, group: str, generation: int, member: str, assignments: list[tuple[str, bytes]]
+        self,
+        group: str,
+        generation: int,
+        member: str,
+        session: float,
+        assignments: list[tuple[str, bytes]],
     ) -> Any:
         request = SyncGroupRequest(group, generation, member, None, assignments)
-        return await self.group_call(group, request, "SyncGroup")
+        return await self._waiting(group, request, session, "SyncGroup")
 
     async def heartbeat(self, group: str, generation: int, member: str) -> int:
         response = await self.group_call(
