@@ -377,8 +377,8 @@ class KafkaBackend(Backend):
             return next(filter(None, map(self._holder, members)), None)
         described = await self._wire.describe(group)
         state, members = str(described[2]), described[-1]
-        if state != "Stable" or not members:
-            return None
+        if state in ("Empty", "Dead") or not members:
+            return None  # (a leader keeps its term through a rebalance: not those states)
         for described_member in members:
             view = view_of(bytes(described_member[-1] or b""))
             if view is not None and view.leader == described_member[0]:

@@ -20,7 +20,7 @@ from aiolease.backends.kafka import KafkaBackend
 from aiolease.backends.kafka._url import parse_url, settings_of
 from aiolease.testing import CHECKS, Check, checks_for
 from aiolease.testing.conformance import LEASE_ONLY
-from tests.backends.kafka.support import SESSION, opener
+from tests.backends.kafka.support import SESSION, inner, opener
 
 pytestmark = pytest.mark.anyio
 
@@ -170,7 +170,7 @@ async def test_resign_hands_on_without_waiting_for_the_session(
         elected.set()
         await anyio.sleep_forever()
 
-    async with open_() as one, open_() as two:
+    async with open_() as one, open_() as two, open_() as outside:
         first = Elector(one, "resign", ttl=6.0, identity="first")
         second = Elector(two, "resign", ttl=6.0, identity="second")
         async with anyio.create_task_group() as tg:
@@ -178,7 +178,12 @@ async def test_resign_hands_on_without_waiting_for_the_session(
             await first_led.wait()
             tg.start_soon(second.run, work, "second", second_led)
             holder = await _wait_for_holder(two, lambda h: h.identity == "first")
+            while inner(two).statistics().synced < 1:  # the second is a member too
+                await two.wait_changed("resign", await two.read("resign"))
             assert holder.token == led[0][1]
+            # A backend outside the group reads it from the broker (the leader record).
+            seen = await outside.read("resign")
+            assert seen is not None and (seen.identity, seen.token) == ("first", holder.token)
             assert await first.resign()
             with anyio.fail_after(6.0):  # the session timeout: a resign must not wait it out
                 await second_led.wait()
@@ -188,11 +193,52 @@ async def test_resign_hands_on_without_waiting_for_the_session(
 
 
 async def _wait_for_holder(
-    backend: aiolease.abc.Backend, wanted: Callable[[aiolease.abc.HolderInfo], bool]
+    backend: aiolease.abc.Backend,
+    wanted: Callable[[aiolease.abc.HolderInfo], bool],
+    name: str = "resign",
 ) -> aiolease.abc.HolderInfo:
     with anyio.fail_after(20):
         while True:
-            holder = await backend.read("resign")
+            holder = await backend.read(name)
             if holder is not None and wanted(holder):
                 return holder
-            await backend.wait_changed("resign", holder)
+            await backend.wait_changed(name, holder)
+
+
+async def test_an_unhealthy_leader_steps_down_and_leaves(
+    anyio_backend: str, kafka_url: str
+) -> None:
+    """A failing health probe ends the term (``UNHEALTHY``): the member leaves the
+    group, and the healthy candidate leads."""
+    open_ = opener(kafka_url, heartbeat_interval=0.2)
+    healthy = {"sick": True, "well": True}
+    defeated: list[aiolease.LossReason] = []
+    elected = {"sick": anyio.Event(), "well": anyio.Event()}
+
+    async def work(lease: Lease, identity: str) -> None:
+        elected[identity].set()
+        await anyio.sleep_forever()
+
+    async with open_() as one, open_() as two:
+        sick = Elector(
+            one,
+            "health",
+            ttl=SESSION,
+            identity="sick",
+            health=lambda: healthy["sick"],
+            health_interval=0.2,
+            health_failures=1,
+            on_defeated=defeated.append,
+        )
+        well = Elector(two, "health", ttl=SESSION, identity="well")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sick.run, work, "sick")
+            with anyio.fail_after(20):
+                await elected["sick"].wait()
+            tg.start_soon(well.run, work, "well")
+            await _wait_for_holder(two, lambda h: h.identity == "sick", "health")
+            healthy["sick"] = False
+            with anyio.fail_after(20):
+                await elected["well"].wait()
+            tg.cancel_scope.cancel()
+    assert defeated == [aiolease.LossReason.UNHEALTHY]
