@@ -52,7 +52,7 @@ logger = logging.getLogger("aiolease.kafka")
 #: Seconds between two attempts to join after a failure.
 RETRY = 0.25
 #: SyncGroups refused in a row after which the member leaves and joins anew.
-STUCK_SYNCS = 2
+STUCK_SYNCS = 1
 #: Codes after which the member rejoins: it is not (any more) in this generation.
 _REJOIN = frozenset({REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID})
 
@@ -281,10 +281,11 @@ class Member:
         logger.debug("Kafka group %r: SyncGroup answered %d", self.group, synced.error_code)
         if not self._accepted(wire, int(synced.error_code), "SyncGroup"):
             self._failed_syncs += 1
-            if self._failed_syncs >= STUCK_SYNCS:
+            if self._failed_syncs >= STUCK_SYNCS and self.term is None:
                 # Tansu, when a member leaves while another joins, may name the one that
                 # left as the group's leader, and no SyncGroup ever completes: start
-                # over as a new member.
+                # over as a new member (never while holding a term: leaving would let
+                # the group move it before the deadline).
                 logger.info("Kafka group %r: SyncGroup keeps failing; rejoining anew", self.group)
                 self._failed_syncs = 0
                 await self._leave(wire)
