@@ -12,11 +12,11 @@ from typing import final
 import anyio
 
 from ._acquire import acquire_lease, checked_default_identity, validate_backend
-from ._exceptions import LeaseHeldError, LossReason
+from ._exceptions import LeaseHeldError, LossReason, UnsupportedCapability
 from ._holding import Counters, Holding
 from ._lease import Lease, Timing
 from ._validate import check_identity, check_metadata, check_name, check_seconds
-from .abc import Backend
+from .abc import Backend, Capability
 
 #: Validated timings by their arguments (with their types: ``True`` is not ``1``).
 _timings: dict[tuple[object, ...], Timing] = {}
@@ -119,6 +119,8 @@ class AsyncLock:
     :param release_timeout: upper bound on a release (default ``min(max(ttl, 1), 10)``);
         a lease lost at its deadline or taken is released for at most ``margin``
     :raises InvalidArgument: on any bad argument; nothing is sent
+    :raises UnsupportedCapability: the backend serves leader election only
+        (:attr:`Capability.ELECTION_ONLY <aiolease.abc.Capability.ELECTION_ONLY>`)
     """
 
     def __init__(
@@ -134,6 +136,11 @@ class AsyncLock:
         release_timeout: float | None = None,
     ) -> None:
         self._backend = validate_backend(backend)
+        if Capability.ELECTION_ONLY in backend.capabilities:
+            raise UnsupportedCapability(
+                f"{backend!r} serves leader election only (Capability.ELECTION_ONLY):"
+                " use aiolease.Elector"
+            )
         self._name = check_name(name)
         self._timing = _timing(ttl, renew_interval, margin, release_timeout)
         self._identity = (

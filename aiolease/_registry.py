@@ -46,6 +46,7 @@ BUILTIN: dict[str, str] = {
     "etcd": "aiolease.backends.etcd:EtcdBackend",
     "mongodb": "aiolease.backends.mongo:MongoBackend",
     "mongodb+srv": "aiolease.backends.mongo:MongoBackend",
+    "kafka": "aiolease.backends.kafka:KafkaBackend",
     "remote": "aiolease.testing.remote:RemoteBackend",
 }
 
@@ -67,13 +68,13 @@ EXTRAS: dict[str, str] = {
     "etcd": "etcd",
     "mongodb": "mongo",
     "mongodb+srv": "mongo",
+    "kafka": "kafka",
 }
 
 #: Schemes of backends that are planned but not written yet: no extra installs them.
 PLANNED: dict[str, str] = {
     "zookeeper": "ZooKeeper",
     "zk": "ZooKeeper",
-    "kafka": "Kafka",
 }
 
 

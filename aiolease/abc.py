@@ -133,6 +133,10 @@ class Capability(str, enum.Enum):
     SESSION = "session"
     #: Safe across several processes (not only several tasks of one process).
     MULTI_PROCESS = "multi_process"
+    #: Serves :class:`~aiolease.Elector` only: :class:`~aiolease.AsyncLock` refuses it
+    #: (:class:`~aiolease.UnsupportedCapability`), as every acquire would cost what a
+    #: campaign costs there (Kafka: a rebalance of the group).
+    ELECTION_ONLY = "election_only"
 
 
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`

@@ -76,6 +76,10 @@ def _mongo(**mode: Any) -> Backend:
 
     client: Any = AsyncMongoClient("mongodb://localhost/docs", connect=False)
     return MongoBackend(client, **mode)
+def _kafka() -> Backend:
+    from aiolease.backends.kafka import KafkaBackend
+
+    return KafkaBackend(None)
 
 
 #: The backends shipped today, in each mode that changes what they guarantee, in the
@@ -94,6 +98,7 @@ MODES: dict[str, Callable[[], Backend]] = {
     "MongoDB (replica set)": lambda: _mongo(topology="replica set"),
     "MongoDB standalone": lambda: _mongo(topology="standalone"),
     "MongoDB `fair=false`": lambda: _mongo(fair=False, topology="replica set"),
+    "Kafka": _kafka,
 }
 
 

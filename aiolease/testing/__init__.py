@@ -17,6 +17,7 @@ from .conformance import CHECKS as CHECKS
 from .conformance import BackendFactory as BackendFactory
 from .conformance import Check as Check
 from .conformance import check_backend as check_backend
+from .conformance import checks_for as checks_for
 from .proxy import FaultProxy as FaultProxy
 from .proxy import ProxyMode as ProxyMode
 from .proxy import ProxyStatistics as ProxyStatistics
@@ -29,4 +30,5 @@ __all__ = [
     "ProxyMode",
     "ProxyStatistics",
     "check_backend",
+    "checks_for",
 ]

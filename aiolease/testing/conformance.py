@@ -24,6 +24,7 @@ backend whatever its wake-up mechanism.
 
 from __future__ import annotations
 
+from ..abc import Capability
 from ._api_checks import (
     check_elector_one_leader,
     check_lock_acquire_nowait,
@@ -57,6 +58,7 @@ from ._support import BackendFactory, Check
 
 __all__ = [
     "CHECKS",
+    "LEASE_ONLY",
     "BackendFactory",
     "Check",
     "check_backend",
@@ -85,6 +87,7 @@ __all__ = [
     "check_tokens_increase",
     "check_wait_changed_on_release",
     "check_wait_changed_prompt",
+    "checks_for",
 ]
 
 
@@ -122,13 +125,47 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
 )
 
 
+#: The checks that do not apply to a backend that serves leader election only
+#: (:attr:`Capability.ELECTION_ONLY`): those of :class:`~aiolease.AsyncLock`, which
+#: refuses such a backend, and those of a per-lease ttl that a renewal resets and
+#: that runs out when nobody renews (a session backend of that kind keeps a term for
+#: as long as its member lives, whatever ttl a call names).
+LEASE_ONLY: frozenset[str] = frozenset(
+    {
+        "idempotent_retry",
+        "renew_resets",
+        "renew_does_not_revive",
+        "tokens_increase",
+        "expiry_allows_takeover",
+        "lock_mutual_exclusion",
+        "lock_acquire_timeout",
+        "lock_acquire_nowait",
+        "lock_wakes_on_release",
+        "lock_cancel_while_waiting",
+        "lock_cancel_in_flight",
+        "lock_release_after_takeover",
+    }
+)
+
+
+def checks_for(capabilities: frozenset[Capability]) -> tuple[tuple[str, Check], ...]:
+    """The checks of :data:`CHECKS` that apply to a backend with ``capabilities``:
+    all of them, except :data:`LEASE_ONLY` for an election-only backend."""
+    if Capability.ELECTION_ONLY in capabilities:
+        return tuple((name, check) for name, check in CHECKS if name not in LEASE_ONLY)
+    return CHECKS
+
+
 async def check_backend(factory: BackendFactory) -> None:
-    """Run every check in :data:`CHECKS` on backends from ``factory``; stop at the first failure.
+    """Run every check that applies (:func:`checks_for` the capabilities of a backend
+    from ``factory``) on backends from ``factory``; stop at the first failure.
 
     :param factory: opens a fresh backend: ``lambda: aiolease.open_backend(url)``
     :raises AssertionError: a check failed; the message starts with the check's name
     """
-    for name, check in CHECKS:
+    async with factory() as backend:
+        capabilities = backend.capabilities
+    for name, check in checks_for(capabilities):
         try:
             await check(factory)
         except AssertionError as exc:

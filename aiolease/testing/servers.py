@@ -151,6 +151,7 @@ SERVERS: dict[str, Server] = {
             "mongodb://127.0.0.1:27018/aiolease?directConnection=true",
         ),
         Server("kafka", "AIOLEASE_KAFKA_URL", "kafka://127.0.0.1:9092"),
+        Server("kafka-restart", "AIOLEASE_KAFKA_RESTART_URL", "kafka://127.0.0.1:19092"),
         Server("zookeeper", "AIOLEASE_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181"),
     ]
 }

@@ -23,6 +23,7 @@ from aiolease._registry import backend_class, scheme_of
 from aiolease._urls import MASK, redact, scrub
 from aiolease.backends.etcd._url import parse_url as parse_etcd_url
 from aiolease.backends.mongo._url import parse_url as parse_mongo_url
+from aiolease.backends.kafka._url import parse_url as parse_kafka_url
 from aiolease.backends.redlock._url import parse_url as parse_redlock_url
 
 pytestmark = pytest.mark.anyio
@@ -80,6 +81,13 @@ MALFORMED = [
     f"mongodb://root:{ENCODED}@127.0.0.1:27017/aiolease#fragment",
     f"mongodb+srv://root:{SECRET}@127.0.0.1:27017/aiolease",
     f"mongodb+srv://root:{SECRET}@host.example/aiolease?fair=maybe",
+    # Kafka.
+    f"kafka://u:{SECRET}@127.0.0.1:port",
+    f"kafka://u:{SECRET}@127.0.0.1:9092/path",
+    f"kafka://u:{ENCODED}@127.0.0.1:9092?bogus=1",
+    f"kafka://u:{SECRET}@127.0.0.1:9092?session_timeout=soon",
+    f"kafka://u:{SECRET}@[::1",
+    f"kafka://u:s3c/{SECRET}@127.0.0.1:9092",
     # The embedded ones take no password at all.
     f"sqlite://user:{SECRET}@host/leases.db",
     f"memory://user:{SECRET}@host",
@@ -239,7 +247,9 @@ def test_parsed_urls_do_not_show_the_password() -> None:
     assert etcd.user == ("root", SECRET)
     mongo = parse_mongo_url(f"mongodb+srv://root:{SECRET}@h/db?collection=c", {})
     assert SECRET in mongo.client_url and mongo.database == "db"
-    assert SECRET not in repr(redlock) + repr(etcd) + repr(mongo)
+    kafka = parse_kafka_url(f"kafka://u:{SECRET}@h:9092", {})
+    assert kafka.user == ("u", SECRET)
+    assert SECRET not in repr(redlock) + repr(etcd) + repr(mongo) + repr(kafka) + kafka.described()
 
 
 # -- the helper ----------------------------------------------------------------------

@@ -12,11 +12,13 @@ from collections.abc import Mapping
 import anyio
 import pytest
 
-from aiolease.abc import Backend, Grant, HolderInfo
+import aiolease
+from aiolease.abc import Backend, Capability, Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend, _Record
 from aiolease.testing import conformance
 from aiolease.testing.conformance import (
     CHECKS,
+    LEASE_ONLY,
     BackendFactory,
     Check,
     check_backend,
@@ -37,6 +39,7 @@ from aiolease.testing.conformance import (
     check_tokens_increase,
     check_wait_changed_on_release,
     check_wait_changed_prompt,
+    checks_for,
 )
 from aiolease.testing.pytest_plugin import ALLOW_SKIP_ENV, URLS_ENV, default_urls
 from tests.testing.mutants import ReleaseByAnyone, TokensRestart
@@ -180,6 +183,29 @@ async def test_check_backend_names_the_failed_check() -> None:
 
 async def test_check_backend_passes_the_reference() -> None:
     await check_backend(MemoryBackend)
+
+
+class _ElectionOnly(MemoryBackend):
+    """The reference, declared election-only: AsyncLock refuses it."""
+
+    capabilities = MemoryBackend.capabilities | {Capability.ELECTION_ONLY}
+
+
+def test_an_election_only_backend_gets_every_check_but_the_lease_only_ones() -> None:
+    every = {name for name, _ in CHECKS}
+    assert LEASE_ONLY < every
+    assert {name for name, _ in checks_for(_ElectionOnly.capabilities)} == every - LEASE_ONLY
+    assert checks_for(MemoryBackend.capabilities) == CHECKS
+
+
+async def test_check_backend_runs_what_applies_to_an_election_only_backend() -> None:
+    """The lock checks would fail on it (AsyncLock refuses it): they are not run."""
+    await check_backend(_ElectionOnly)
+    async with _ElectionOnly() as backend:
+        with pytest.raises(aiolease.UnsupportedCapability, match="ELECTION_ONLY"):
+            aiolease.AsyncLock(backend, "n", ttl=1)
+        async with aiolease.Elector(backend, "n", ttl=1).leadership() as lease:
+            assert lease.token == 1
 
 
 def test_checks_are_unique_and_public() -> None:

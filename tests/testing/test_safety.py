@@ -265,6 +265,16 @@ async def short_run(
 
 @pytest.mark.slow
 @pytest.mark.anyio
+async def test_the_election_form_is_safe(tmp_path: Path, anyio_backend: str) -> None:
+    """Workers hold terms of ``Elector.leadership()`` (what an election-only backend
+    is run with) instead of ``async with AsyncLock``: the same records, the same checks."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    report = await short_run(url, Fault.SIGSTOP, anyio_backend, tmp_path / "records", election=True)
+    assert_safe(report, min_acquisitions=2)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
 @pytest.mark.parametrize("fault", [Fault.NONE, Fault.SIGSTOP])
 async def test_sqlite_is_safe(tmp_path: Path, anyio_backend: str, fault: Fault) -> None:
     url = f"sqlite:///{tmp_path / 'leases.db'}"

@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workdir", help="keep each run's records under this directory")
     p.add_argument("--seed", type=int, help="seed the workers' random choices")
+    p.add_argument(
+        "--election", action="store_true", help="hold terms of an Elector, not AsyncLock blocks"
+    )
     return p
 
 
@@ -117,6 +120,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "name": args.name,
         "workdir": args.workdir,
         "seed": args.seed,
+        "election": args.election,
     }
 
 

@@ -65,6 +65,7 @@ class Plan:
     workdir: Path | None = None
     seed: int | None = None
     pythonpath: tuple[str, ...] = field(default=())
+    election: bool = False
 
     @property
     def scheme(self) -> str:
@@ -180,6 +181,7 @@ async def run_safety(
     server_control: ServerControl | None = None,
     workdir: str | os.PathLike[str] | None = None,
     seed: int | None = None,
+    election: bool = False,
 ) -> SafetyReport:
     """Let ``processes`` OS processes contend for ``name`` under ``fault``, and check.
 
@@ -210,6 +212,9 @@ async def run_safety(
     :param server_control: kills and starts the server, for ``server-restart``
     :param workdir: keep the records here (default: a temporary directory)
     :param seed: seeds the workers' random choices (worker ``i`` gets ``seed + i``)
+    :param election: the election form: each body is a term of
+        ``Elector.leadership()`` instead of an ``async with AsyncLock`` (for a backend
+        that serves election only, and to check elections anywhere)
     :raises InvalidArgument: bad arguments, or a fault that cannot be injected as asked
         (``etcd-leader-kill`` on anything but an etcd cluster; ``server-restart``
         without ``server_control`` on a backend that has a server)
@@ -247,6 +252,7 @@ async def run_safety(
         workdir=None if workdir is None else Path(workdir),
         seed=seed,
         pythonpath=pythonpath,
+        election=election,
     )
     cluster = _etcd_cluster(url) if fault is Fault.ETCD_LEADER_KILL else None
     if backend_factory is None:
@@ -305,6 +311,8 @@ def _worker_args(plan: Plan, url: str, fence: Path, out: Path, index: int) -> li
     args += ["--work", repr(plan.work)]
     args += ["--hold-min", repr(plan.hold[0]), "--hold-max", repr(plan.hold[1])]
     args += ["--acquire-timeout", repr(max(5 * plan.ttl, 2.0)), "--loop", plan.loop]
+    if plan.election:
+        args += ["--election"]
     if plan.margin is not None:
         args += ["--margin", repr(plan.margin)]
     if plan.backend_factory is not None:

@@ -6,6 +6,7 @@ stdin: ``go STOP_AT`` (a ``time.monotonic()`` value after which it acquires no
 more) or ``go none`` (stop after ``--rounds`` bodies). Then, in a loop::
 
     async with AsyncLock(backend, name, ttl=..., identity=f"safety-{pid}") as lease:
+    # (--election: async with Elector(...).leadership() as lease:)
         write to the fence with lease.token      # registers the token
         record the start
         until the body's length is up:
@@ -27,12 +28,14 @@ own timers and I/O on resume; it may or may not get a write out.)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +45,11 @@ import anyio.to_thread
 if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
+from ..._elector import Elector
 from ..._exceptions import BackendError, LeaseLostError, LossReason
 from ..._lease import Lease
 from ..._lock import AsyncLock
+from ...abc import Backend
 from ._fence import Fence
 from ._records import Recorder
 from ._target import open_target
@@ -70,6 +75,7 @@ class WorkerConfig:
     hold_max: float
     acquire_timeout: float
     seed: int | None
+    election: bool = False
 
 
 class _Body:
@@ -138,8 +144,34 @@ def describe(error: BaseException) -> str:
     return text
 
 
+#: Opens one body's hold of the lease: acquire within ``timeout`` seconds, then hold.
+Holder = Callable[[float], AbstractAsyncContextManager[Lease]]
+
+
+@asynccontextmanager
+async def _term(elector: Elector, timeout: float) -> AsyncIterator[Lease]:
+    """One term of ``elector``: campaign for at most ``timeout`` seconds, then lead.
+
+    :raises TimeoutError: not elected in time
+    """
+    with anyio.CancelScope(deadline=anyio.current_time() + timeout) as campaign:
+        async with elector.leadership() as lease:
+            campaign.deadline = math.inf  # elected: the term is not bounded
+            yield lease
+    if campaign.cancelled_caught:
+        raise TimeoutError(f"not elected for {elector.name!r} within {timeout:g}s")
+
+
+def _holder(backend: Backend, cfg: WorkerConfig, identity: str) -> Holder:
+    if cfg.election:
+        elector = Elector(backend, cfg.name, ttl=cfg.ttl, margin=cfg.margin, identity=identity)
+        return lambda timeout: _term(elector, timeout)
+    lock = AsyncLock(backend, cfg.name, ttl=cfg.ttl, margin=cfg.margin, identity=identity)
+    return lambda timeout: lock.hold(timeout=timeout)
+
+
 async def _hold_once(
-    lock: AsyncLock,
+    hold: Holder,
     cfg: WorkerConfig,
     stop_at: float | None,
     fence: Fence,
@@ -156,7 +188,7 @@ async def _hold_once(
     body: _Body | None = None
     length = random.uniform(cfg.hold_min, cfg.hold_max) * cfg.ttl
     try:
-        async with lock.hold(timeout=max(timeout, 0.0)) as lease:
+        async with hold(max(timeout, 0.0)) as lease:
             body = _Body(lease, attempt, fence, recorder)
             if stop_at is not None:
                 length = max(min(length, stop_at - time.monotonic()), 0.0)
@@ -197,16 +229,14 @@ async def contend(cfg: WorkerConfig) -> None:
     pid = os.getpid()
     with Fence(cfg.fence) as fence, Recorder(cfg.out, pid) as recorder:
         async with open_target(cfg.url, cfg.backend_factory) as backend:
-            lock = AsyncLock(
-                backend, cfg.name, ttl=cfg.ttl, margin=cfg.margin, identity=f"safety-{pid}"
-            )
+            hold = _holder(backend, cfg, f"safety-{pid}")
             print("ready", flush=True)
             stop_at = parse_go(await anyio.to_thread.run_sync(sys.stdin.readline))
             bodies = 0
             while cfg.rounds is None or bodies < cfg.rounds:
                 if stop_at is not None and time.monotonic() >= stop_at:
                     break
-                if await _hold_once(lock, cfg, stop_at, fence, recorder):
+                if await _hold_once(hold, cfg, stop_at, fence, recorder):
                     bodies += 1
                     # Give the others a chance now and then, without relying on it.
                     await anyio.sleep(random.uniform(0.0, 0.02))
@@ -232,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--acquire-timeout", type=float, default=10.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--loop", choices=["asyncio", "trio"], default="asyncio")
+    p.add_argument("--election", action="store_true", help="hold terms of an Elector")
     return p
 
 
@@ -253,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold_max=args.hold_max,
         acquire_timeout=args.acquire_timeout,
         seed=args.seed,
+        election=args.election,
     )
     random.seed(cfg.seed)
     anyio.run(contend, cfg, backend=args.loop)

@@ -1,0 +1,200 @@
+"""``kafka://`` URLs and connection options.
+
+::
+
+    kafka://[user:password@]host[:port][,host[:port]...][?option=value&...]
+
+A host without a port gets 9092. Options (in the query, or as keyword arguments to
+``from_url``, not both): ``group_prefix`` and ``topic_prefix`` (default
+``aiolease.``), ``session_timeout`` and ``heartbeat_interval`` (seconds; by default
+the lease's ttl and a quarter of the session timeout), ``timeout`` (seconds per
+request, default 5), ``replication_factor`` (of the topics created, default 1), and
+the security settings handed to aiokafka as they are: ``security_protocol``,
+``sasl_mechanism`` (the user and password come from the URL), ``ssl_context`` (a
+keyword argument only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
+
+__all__ = ["DEFAULT_PORT", "KafkaUrl", "Settings", "parse_url", "settings_of"]
+
+#: Kafka's client port.
+DEFAULT_PORT = 9092
+#: Options taken by :meth:`KafkaBackend.from_url <aiolease.backends.kafka.KafkaBackend.from_url>`.
+OPTIONS = frozenset(
+    {
+        "group_prefix",
+        "topic_prefix",
+        "session_timeout",
+        "heartbeat_interval",
+        "timeout",
+        "replication_factor",
+        "security_protocol",
+        "sasl_mechanism",
+        "ssl_context",
+    }
+)
+#: The options handed to aiokafka's client unchanged.
+PASSED_THROUGH = frozenset({"security_protocol", "sasl_mechanism", "ssl_context"})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the backend needs from its options (the client's own are apart).
+
+    :param group_prefix: put before a lease name to make its consumer group id
+    :param topic_prefix: put before a lease name to make its topic name
+    :param session_timeout: seconds, or ``None``: the ttl of the first acquire
+    :param heartbeat_interval: seconds, or ``None``: a quarter of the session timeout
+    :param timeout: seconds one request may take
+    :param replication_factor: of the topics the backend creates
+    """
+
+    group_prefix: str = "aiolease."
+    topic_prefix: str = "aiolease."
+    session_timeout: float | None = None
+    heartbeat_interval: float | None = None
+    timeout: float = 5.0
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True)
+class KafkaUrl:
+    """A parsed ``kafka://`` URL.
+
+    :param endpoints: ``(host, port)`` of every bootstrap broker given
+    :param user: user and password, if given
+    :param options: the query options (strings) and keyword options, merged
+    """
+
+    endpoints: tuple[tuple[str, int], ...]
+    user: tuple[str, str] | None = field(repr=False)
+    options: Mapping[str, Any]
+
+    def described(self) -> str:
+        """The endpoints, for messages (never the password)."""
+        return ",".join(f"{host}:{port}" for host, port in self.endpoints)
+
+    def client_options(self) -> dict[str, Any]:
+        """What goes to ``aiokafka.AIOKafkaClient`` besides the servers."""
+        passed = {key: value for key, value in self.options.items() if key in PASSED_THROUGH}
+        if self.user is not None:
+            passed["sasl_plain_username"], passed["sasl_plain_password"] = self.user
+            passed.setdefault("sasl_mechanism", "PLAIN")
+            passed.setdefault("security_protocol", "SASL_PLAINTEXT")
+        return passed
+
+
+def _bad_endpoint(url: str, part: str, why: str) -> InvalidArgument:
+    return InvalidArgument(scrub(f"kafka endpoint {part!r} of {redact(url)!r} {why}", url))
+
+
+def _endpoint(url: str, part: str) -> tuple[str, int]:
+    if part.startswith("["):  # [v6]:port
+        host, _, rest = part[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = part.partition(":")
+    if not host:
+        raise _bad_endpoint(url, part, "has no host")
+    if port and not port.isdigit():
+        raise _bad_endpoint(url, part, "has a bad port")
+    number = int(port) if port else DEFAULT_PORT
+    if not 0 < number < 65536:
+        raise _bad_endpoint(url, part, "has a port out of range")
+    return host, number
+
+
+def parse_url(url: str, options: Mapping[str, Any]) -> KafkaUrl:
+    """Split ``url`` and merge the keyword ``options`` in.
+
+    :raises InvalidArgument: a malformed URL, an unknown option, or one given twice
+    """
+    parts = split_url(url, "kafka")
+    if parts.scheme != "kafka":
+        raise InvalidArgument(f"a Kafka URL starts with 'kafka://', got {redact(url)!r}")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise InvalidArgument(
+            f"a Kafka URL has no path (give prefixes as ?group_prefix=...), got {redact(url)!r}"
+        )
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if not hosts:
+        raise InvalidArgument(f"Kafka URL {redact(url)!r} names no broker")
+    endpoints = tuple(_endpoint(url, part.strip()) for part in hosts.split(","))
+    user = None
+    if userinfo:
+        name, _, password = userinfo.partition(":")
+        user = (unquote(name), unquote(password))
+    try:
+        query = dict(
+            parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        )
+    except ValueError:
+        raise InvalidArgument(f"Kafka URL {redact(url)!r} has a malformed query") from None
+    if "ssl_context" in query:
+        raise InvalidArgument("the Kafka option ssl_context is given as a keyword argument")
+    for key in (*query, *options):
+        if key not in OPTIONS:
+            raise InvalidArgument(
+                f"unknown Kafka option {key!r}; known: {', '.join(sorted(OPTIONS))}"
+            )
+    twice = set(query) & set(options)
+    if twice:
+        raise InvalidArgument(f"Kafka options given in the URL and as arguments: {sorted(twice)}")
+    return KafkaUrl(endpoints, user, {**query, **options})
+
+
+def _seconds(what: str, value: object) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"Kafka option {what}={value!r} is not a number") from None
+    if not 0 < seconds <= 3600 or isinstance(value, bool):
+        raise InvalidArgument(f"Kafka option {what}={value!r} is not in (0, 3600] seconds")
+    return seconds
+
+
+def _prefix(what: str, value: object) -> str:
+    from ._names import check_prefix
+
+    if not isinstance(value, str):
+        raise InvalidArgument(f"Kafka option {what} must be a str, not {type(value).__name__}")
+    return check_prefix(what, value)
+
+
+def settings_of(options: Mapping[str, Any]) -> Settings:
+    """The backend's own settings from the merged options.
+
+    :raises InvalidArgument: a value is malformed or out of range
+    """
+    defaults = Settings()
+    session = options.get("session_timeout")
+    heartbeat = options.get("heartbeat_interval")
+    replication = options.get("replication_factor", defaults.replication_factor)
+    if isinstance(replication, bool) or not str(replication).strip().lstrip("-").isdigit():
+        raise InvalidArgument(f"Kafka option replication_factor={replication!r} is not an integer")
+    if not 1 <= int(replication) <= 32767:
+        raise InvalidArgument(f"Kafka option replication_factor={replication!r} is out of range")
+    settings = Settings(
+        group_prefix=_prefix("group_prefix", options.get("group_prefix", defaults.group_prefix)),
+        topic_prefix=_prefix("topic_prefix", options.get("topic_prefix", defaults.topic_prefix)),
+        session_timeout=None if session is None else _seconds("session_timeout", session),
+        heartbeat_interval=None if heartbeat is None else _seconds("heartbeat_interval", heartbeat),
+        timeout=_seconds("timeout", options.get("timeout", defaults.timeout)),
+        replication_factor=int(replication),
+    )
+    if (
+        settings.session_timeout is not None
+        and settings.heartbeat_interval is not None
+        and settings.heartbeat_interval >= settings.session_timeout / 2
+    ):
+        raise InvalidArgument("Kafka option heartbeat_interval must be under half session_timeout")
+    return settings
