@@ -22,8 +22,8 @@ from aiolease import BackendError, InvalidArgument
 from aiolease._registry import backend_class, scheme_of
 from aiolease._urls import MASK, redact, scrub
 from aiolease.backends.etcd._url import parse_url as parse_etcd_url
-from aiolease.backends.mongo._url import parse_url as parse_mongo_url
 from aiolease.backends.kafka._url import parse_url as parse_kafka_url
+from aiolease.backends.mongo._url import parse_url as parse_mongo_url
 from aiolease.backends.redlock._url import parse_url as parse_redlock_url
 
 pytestmark = pytest.mark.anyio
