@@ -37,7 +37,7 @@ import uuid
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import verdict
+from _common import record, verdict
 
 from aiolease import Elector, Lease, open_backend
 from aiolease.abc import Backend
@@ -191,6 +191,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"Kafka benchmarks against {url}, session timeout {session:g} s\n")
     rebalance = statistics.median([await one_rebalance(url, session) for _ in range(2)])
     print(f"{'one rebalance (lone member)':<44} {rebalance:>8.2f} s")
+    record("kafka", "one rebalance (lone member)", "aiolease", rebalance, "s")
 
     kills = [await failover(url, session) for _ in range(args.failovers)]
     kill = statistics.median(kills)
@@ -199,6 +200,15 @@ async def main(args: argparse.Namespace) -> None:
         f"{'SIGKILL -> next leader (median of ' + str(len(kills)) + ')':<44} {kill:>8.2f} s"
         f"   target <= session + rebalance = {target:.2f} s {verdict(kill <= target)}"
     )
+    record(
+        "kafka",
+        "SIGKILL to next leader",
+        "aiolease",
+        kill,
+        "s",
+        target=f"<= {target:.2f}",
+        ok=kill <= target,
+    )
     hands = [await resign(url, session) for _ in range(args.failovers)]
     hand = statistics.median(hands)
     target = rebalance + heartbeat
@@ -206,9 +216,20 @@ async def main(args: argparse.Namespace) -> None:
         f"{'resign() -> next leader (median of ' + str(len(hands)) + ')':<44} {hand:>8.2f} s"
         f"   target <= rebalance + heartbeat = {target:.2f} s {verdict(hand <= target)}"
     )
+    record(
+        "kafka",
+        "resign() to next leader",
+        "aiolease",
+        hand,
+        "s",
+        target=f"<= {target:.2f}",
+        ok=hand <= target,
+    )
     lead, follow = await cpu_per_second(url, session, args.cpu_seconds)
     print(f"{'CPU s/s, leader process':<44} {lead:>8.4f}")
     print(f"{'CPU s/s, idle follower process':<44} {follow:>8.4f}")
+    record("kafka", "CPU, leader process", "aiolease", lead, "CPU s/s")
+    record("kafka", "CPU, idle follower process", "aiolease", follow, "CPU s/s")
 
 
 if __name__ == "__main__":

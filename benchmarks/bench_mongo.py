@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, hold_in_tasks, run_threads
+from _common import add_figure_arguments, hold_in_tasks, record, run_threads
 from pymongo import AsyncMongoClient, MongoClient, ReturnDocument, monitoring
 
 from aiolease import AsyncLock, open_backend
@@ -539,6 +539,16 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'uncontended acquire+release':<36} {'x floor':>8} {'commands':>9}")
     for label, (seconds, sent) in times.items():
         print(f"  {label:<34} {seconds / floor:>8.2f} {sent:>9.1f}")
+        ok = seconds / floor <= 1.10 if label.startswith("aiolease") else None
+        record(
+            "mongo",
+            "uncontended acquire+release",
+            label,
+            seconds / floor,
+            "x floor",
+            target="<= 1.10" if ok is not None else "",
+            ok=ok,
+        )
     print(f"  (floor: {floor * 1000:.2f} ms per cycle, {floor_sent:.0f} commands)")
     if args.only == "uncontended":
         return
@@ -557,6 +567,9 @@ async def main(args: argparse.Namespace) -> None:
             f"  {label:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}"
             f" {p50_ms(gaps.gaps):>7} ms"
         )
+        figure = "hand-offs, 8 tasks, one name, 1 ms"
+        record("mongo", figure, label, sum(counts) / args.seconds, "/s")
+        record("mongo", figure + ": fairness", label, fairness(counts), "max/min")
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8} {'gap p50':>10}")
     for kind in ["floor", "aiolease-fair", "aiolease"] + (
         ["postgres"] if "postgres" not in skip else []
@@ -567,21 +580,35 @@ async def main(args: argparse.Namespace) -> None:
             f"  {label:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}"
             f" {p50_ms(gaps_):>7} ms"
         )
+        figure = "hand-offs, 4 processes, one name, 1 ms"
+        record("mongo", figure, label, sum(counts) / args.seconds, "/s")
+        record("mongo", figure + ": fairness", label, fairness(counts), "max/min")
 
     print(f"\n{'crash failover, ttl 2 s':<36} {'expiry->grant':>14}")
     for kind in ("floor", "aiolease"):
         runs = [await failover(kind, url, 2.0) for _ in range(args.failovers)]
         print(f"  {kind:<34} {statistics.median(runs) * 1000:>11.1f} ms")
+        record(
+            "mongo",
+            "crash failover, ttl 2 s: expiry to grant",
+            kind,
+            statistics.median(runs) * 1000,
+            "ms",
+        )
 
     print(f"\n{f'{args.held} leases held, ttl 15 s':<36} {'cmd/s':>8} {'lost':>6}")
     rate, lost = await held(url, args.held, args.held_seconds, 2.0 if args.quick else 6.0)
     print(f"  {'aiolease (one backend)':<34} {rate:>8.2f} {lost:>6}")
+    figure = f"{args.held} leases held"
+    record("mongo", figure + ": commands", "aiolease", rate, "/s", target="<= 2")
+    record("mongo", figure + ": lost", "aiolease", lost, "", target="0")
 
     print(f"\n{f'{args.waiters} processes waiting on one name':<36} {'server ops/s':>13}")
     for kind in ("floor", "aiolease"):
         ops = await waiting(kind, url, args.waiters, args.seconds * 2)
         label = "floor (polls every 100 ms)" if kind == "floor" else kind
         print(f"  {label:<34} {ops:>13.1f}")
+        record("mongo", f"{args.waiters} processes waiting on one name", label, ops, "ops/s")
 
 
 if __name__ == "__main__":
