@@ -44,6 +44,8 @@ BUILTIN: dict[str, str] = {
     "mysql": "aiolease.backends.mysql:MySQLBackend",
     "mariadb": "aiolease.backends.mysql:MySQLBackend",
     "etcd": "aiolease.backends.etcd:EtcdBackend",
+    "zookeeper": "aiolease.backends.zookeeper:ZooKeeperBackend",
+    "zk": "aiolease.backends.zookeeper:ZooKeeperBackend",
     "remote": "aiolease.testing.remote:RemoteBackend",
 }
 
@@ -63,13 +65,13 @@ EXTRAS: dict[str, str] = {
     "mysql": "mysql",
     "mariadb": "mysql",
     "etcd": "etcd",
+    "zookeeper": "zookeeper",
+    "zk": "zookeeper",
 }
 
 #: Schemes of backends that are planned but not written yet: no extra installs them.
 PLANNED: dict[str, str] = {
     "mongodb": "MongoDB",
-    "zookeeper": "ZooKeeper",
-    "zk": "ZooKeeper",
     "kafka": "Kafka",
 }
 

@@ -27,8 +27,6 @@ def declared_extras() -> set[str]:
     ("url", "label"),
     [
         ("mongodb://127.0.0.1:27017/app", "MongoDB"),
-        ("zookeeper://127.0.0.1:2181", "ZooKeeper"),
-        ("zk://127.0.0.1:2181", "ZooKeeper"),
         ("kafka://127.0.0.1:9092", "Kafka"),
     ],
 )
@@ -43,8 +41,8 @@ async def test_a_planned_backend_is_said_to_be_planned(url: str, label: str) -> 
 
 def test_every_install_hint_names_a_declared_extra() -> None:
     extras = declared_extras()
-    assert {"redis", "postgres", "mysql", "etcd"} <= extras
-    assert not {"mongo", "zookeeper", "kafka"} & extras
+    assert {"redis", "postgres", "mysql", "etcd", "zookeeper"} <= extras
+    assert not {"mongo", "kafka"} & extras
     missing = {scheme: extra for scheme, extra in _registry.EXTRAS.items() if extra not in extras}
     assert not missing, f"install hints name extras that pyproject.toml lacks: {missing}"
 
