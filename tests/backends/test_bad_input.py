@@ -38,6 +38,7 @@ SERVICES = [
     "postgres",
     "mariadb",
     "etcd",
+    "zookeeper",
 ]
 BAD_NAMES: list[Any] = [123, "", "a\x00", "x" * 10240]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
