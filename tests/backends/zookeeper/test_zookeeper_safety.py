@@ -1,0 +1,89 @@
+"""The safety harness on ZooKeeper: OS processes contend for one lease while the
+holder is paused or cut off (and, on the ensemble, while members die).
+
+The backends' session timeout is the server's minimum (1 s: ``minSessionTimeout``
+of ``scripts/services.sh``'s servers), and so is the lease ttl: a holder that stops
+answering keeps its node on the server for the session timeout, whatever the ttl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
+from tests.backends.safety import assert_fault_took_effect
+from tests.support import with_query
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+#: The session timeout, and so the ttl of these runs.
+TTL = 1.0
+#: The margin is wider than the default: a holder starved of CPU on a busy machine
+#: for longer than its margin would really overlap (that is what the margin is for).
+SHORT: dict[str, Any] = {"ttl": TTL, "margin": 0.3, "processes": 4, "fault_every": 0.5}
+DURATION = {
+    Fault.NONE: 3.0,
+    Fault.SIGSTOP: 7.0,
+    Fault.BLACKHOLE: 6.0,
+    Fault.SERVER_RESTART: 10.0,
+}
+
+
+def session_url(url: str) -> str:
+    return with_query(url, session_timeout=TTL)
+
+
+async def short_run(
+    url: str, fault: Fault, loop: str, workdir: Path, **options: Any
+) -> SafetyReport:
+    asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
+    options = {**SHORT, "duration": DURATION[fault], **options}
+    return await run_safety(
+        session_url(url), fault=fault, loop=asyncio_or_trio, workdir=workdir, **options
+    )
+
+
+@pytest.fixture
+def zk_url(aiolease_server: Callable[[str], str]) -> str:
+    return aiolease_server("zookeeper")
+
+
+async def test_zookeeper_is_safe(tmp_path: Path, anyio_backend: str, zk_url: str) -> None:
+    report = await short_run(zk_url, Fault.NONE, anyio_backend, tmp_path)
+    assert_safe(report, min_acquisitions=2)
+
+
+async def test_zookeeper_is_safe_when_the_holder_is_paused(
+    tmp_path: Path, anyio_backend: str, zk_url: str
+) -> None:
+    """The holder is stopped (SIGSTOP) for longer than the session timeout: ZooKeeper
+    expires its session, another takes the name, and the frozen holder, on waking,
+    finds its lease lost before it writes (its writes are fenced off)."""
+    report = await short_run(
+        zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL
+    )
+    assert_fault_took_effect(report, Fault.SIGSTOP)
+
+
+async def test_zookeeper_is_safe_when_the_holder_is_cut_off(
+    tmp_path: Path, anyio_backend: str, zk_url: str
+) -> None:
+    """Each worker reaches ZooKeeper through its own proxy; the holder's is blackholed
+    right after its grant (no reconnect gets through), and bodies outlast the session
+    timeout, so it surely loses its lease while cut off and must stop, with
+    ``LeaseLostError``, before ZooKeeper expires its session."""
+    report = await short_run(
+        zk_url,
+        Fault.BLACKHOLE,
+        anyio_backend,
+        tmp_path,
+        fault_aim="fresh",
+        hold=(1.5, 2.5),
+        fault_length=3 * TTL,
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
