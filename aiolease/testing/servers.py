@@ -147,6 +147,11 @@ SERVERS: dict[str, Server] = {
         Server("mongo", "AIOLEASE_MONGO_URL", "mongodb://127.0.0.1:27017/aiolease?replicaSet=rs0"),
         Server("kafka", "AIOLEASE_KAFKA_URL", "kafka://127.0.0.1:9092"),
         Server("zookeeper", "AIOLEASE_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181"),
+        Server(
+            "zookeeper-ensemble",
+            "AIOLEASE_ZOOKEEPER_ENSEMBLE_URL",
+            "zookeeper://127.0.0.1:21811,127.0.0.1:21812,127.0.0.1:21813",
+        ),
     ]
 }
 

@@ -8,7 +8,7 @@ answering keeps its node on the server for the session timeout, whatever the ttl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +16,7 @@ import pytest
 
 from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
 from tests.backends.safety import assert_fault_took_effect
+from tests.backends.zookeeper.support import Ensemble
 from tests.support import with_query
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -26,35 +27,24 @@ TTL = 1.0
 #: for longer than its margin would really overlap (that is what the margin is for).
 SHORT: dict[str, Any] = {"ttl": TTL, "margin": 0.3, "processes": 4, "fault_every": 0.5}
 DURATION = {
-    Fault.NONE: 3.0,
-    Fault.SIGSTOP: 7.0,
-    Fault.BLACKHOLE: 6.0,
-    Fault.SERVER_RESTART: 10.0,
+    Fault.SIGSTOP: 6.0,
+    Fault.BLACKHOLE: 5.0,
+    Fault.SERVER_RESTART: 9.0,
 }
 
 
-def session_url(url: str) -> str:
-    return with_query(url, session_timeout=TTL)
-
-
 async def short_run(
-    url: str, fault: Fault, loop: str, workdir: Path, **options: Any
+    url: str, fault: Fault, loop: str, workdir: Path, session_timeout: float = TTL, **options: Any
 ) -> SafetyReport:
     asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
     options = {**SHORT, "duration": DURATION[fault], **options}
-    return await run_safety(
-        session_url(url), fault=fault, loop=asyncio_or_trio, workdir=workdir, **options
-    )
+    url = with_query(url, session_timeout=session_timeout)
+    return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
 
 
 @pytest.fixture
 def zk_url(aiolease_server: Callable[[str], str]) -> str:
     return aiolease_server("zookeeper")
-
-
-async def test_zookeeper_is_safe(tmp_path: Path, anyio_backend: str, zk_url: str) -> None:
-    report = await short_run(zk_url, Fault.NONE, anyio_backend, tmp_path)
-    assert_safe(report, min_acquisitions=2)
 
 
 async def test_zookeeper_is_safe_when_the_holder_is_paused(
@@ -63,9 +53,7 @@ async def test_zookeeper_is_safe_when_the_holder_is_paused(
     """The holder is stopped (SIGSTOP) for longer than the session timeout: ZooKeeper
     expires its session, another takes the name, and the frozen holder, on waking,
     finds its lease lost before it writes (its writes are fenced off)."""
-    report = await short_run(
-        zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL
-    )
+    report = await short_run(zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL)
     assert_fault_took_effect(report, Fault.SIGSTOP)
 
 
@@ -87,3 +75,58 @@ async def test_zookeeper_is_safe_when_the_holder_is_cut_off(
     )
     assert_safe(report, min_acquisitions=1)
     assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
+
+
+@pytest.fixture
+async def ensemble(aiolease_server: Callable[[str], str]) -> AsyncIterator[str]:
+    """The ensemble's URL; every member serves again, with a leader, afterwards."""
+    url = aiolease_server("zookeeper-ensemble")
+    await Ensemble("all").wait_ready()
+    yield url
+    await Ensemble("all").wait_ready()
+
+
+#: On the ensemble: a longer session (2 s) rides out an election without losing it.
+ENSEMBLE_TTL = 2.0
+
+
+async def test_zookeeper_ensemble_is_safe_when_its_leader_is_killed(
+    tmp_path: Path, anyio_backend: str, ensemble: str
+) -> None:
+    """The leader member is killed (SIGKILL) and started again: the two others elect a
+    leader and go on serving; sessions move to them."""
+    control = Ensemble("leader")
+    report = await short_run(
+        ensemble,
+        Fault.SERVER_RESTART,
+        anyio_backend,
+        tmp_path,
+        ttl=ENSEMBLE_TTL,
+        margin=0.5,
+        session_timeout=ENSEMBLE_TTL,
+        server_control=control,
+        fault_length=ENSEMBLE_TTL,
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert control.kills >= 1
+
+
+async def test_zookeeper_ensemble_is_safe_when_every_member_restarts(
+    tmp_path: Path, anyio_backend: str, ensemble: str
+) -> None:
+    """Every member is killed and started again on its data: sessions, nodes and
+    transaction ids (tokens) go on from where they were."""
+    control = Ensemble("all")
+    report = await short_run(
+        ensemble,
+        Fault.SERVER_RESTART,
+        anyio_backend,
+        tmp_path,
+        ttl=ENSEMBLE_TTL,
+        margin=0.5,
+        session_timeout=ENSEMBLE_TTL,
+        server_control=control,
+        fault_length=ENSEMBLE_TTL,
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert control.kills >= 3
