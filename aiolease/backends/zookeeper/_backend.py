@@ -35,7 +35,7 @@ QUEUE_HORIZON = 2.0
 #: How many names' last seen holders are remembered for ``wait_changed``.
 SEEN_LIMIT = 4096
 #: Attempts at reading the first contender while the queue moves under the read.
-READ_ATTEMPTS = 5
+READ_ATTEMPTS = 20
 
 CAPABILITIES = frozenset(
     {
@@ -120,6 +120,8 @@ class ZooKeeperBackend(Backend):
         self._seen: dict[str, tuple[tuple[str, int] | None, str]] = {}
         #: Attempts whose create may have been applied without its reply seen.
         self._unsure: set[tuple[str, str]] = set()
+        #: Refused attempts (their nodes deleted): the data wait_turn queues them with.
+        self._refused: dict[tuple[str, str], bytes] = {}
         self._started = False
         self._closed = False
 
@@ -225,59 +227,83 @@ class ZooKeeperBackend(Backend):
         entry = self._keeper.entries.get(key)
         if entry is None and key in self._unsure:
             entry = await self._find(name, owner, touched, ttl)
+        fresh = entry is None
         if entry is None:
-            entry, queue = await self._enqueue(name, owner, identity, metadata, touched)
+            data = encode_data(identity, metadata)
+            entry, queue = await self._enqueue(name, owner, data, touched, touched + ttl)
         else:
             queue = await self._queue(name)
         paths = [self._layout.path(name, c.node) for c in queue]
-        if paths and paths[0] == entry.path and entry.reason is None:
-            if entry.horizon != math.inf:
-                entry.horizon = touched + ttl
-                self._keeper.poke()
-            self._remember(name, (owner, entry.token), entry.path)
-            return self._grant(entry, ttl)
         if entry.reason is not None or entry.path not in paths:
             # Our node is gone (expired, or with its session): start over.
             self._keeper.end(entry, LossReason.EXPIRED)
             return None
-        entry.horizon = max(entry.horizon, touched + TURN_GRACE)
-        entry.predecessor = paths[paths.index(entry.path) - 1]
-        self._keeper.poke()
-        return await self._holder(name, queue)
+        index = paths.index(entry.path)
+        if index > 0:
+            # The first of those ahead that is still there holds the name. Nodes only
+            # join at the end of the queue: when all of them are gone, ours is first.
+            if fresh:
+                # Refused: a node that could become first without its owner asking
+                # would hold the name for nobody. wait_turn queues one again.
+                self._note_refused(name, owner, encode_data(identity, metadata))
+                self._keeper.end(entry, LossReason.RELEASED)
+                self._unsure.add(key)  # until its delete is answered
+                holder = await self._holder(name, queue[:index], also=entry.path)
+                self._unsure.discard(key)
+                return holder
+            entry.horizon = max(entry.horizon, touched + TURN_GRACE)
+            entry.predecessor = paths[index - 1]
+            self._keeper.poke()
+            holder = await self._holder(name, queue[:index])
+            if holder is not None:
+                return holder
+        if entry.session_id != self._wire.session_id:
+            # Our node rode on a session the server has expired since (ephemeralOwner).
+            self._keeper.end(entry, LossReason.STOLEN)
+            return None
+        entry.queued = False
+        if entry.horizon != math.inf:
+            entry.horizon = touched + ttl
+            self._keeper.poke()
+        self._remember(name, (owner, entry.token), entry.path)
+        return self._grant(entry, ttl)
+
+    def _note_refused(self, name: str, owner: str, data: bytes) -> None:
+        """``owner`` was refused (its node deleted): what ``wait_turn`` queues it with."""
+        if len(self._refused) >= SEEN_LIMIT:
+            del self._refused[next(iter(self._refused))]
+        self._refused[(name, owner)] = data
 
     async def _enqueue(
-        self, name: str, owner: str, identity: str, metadata: Mapping[str, str], touched: float
+        self, name: str, owner: str, data: bytes, touched: float, horizon: float
     ) -> tuple[Entry, list[Contender]]:
         """Create ``owner``'s contender node and list the queue (one round trip)."""
         path = self._wire.path(self._layout.new_node(name, owner))
         parent = self._wire.path(self._layout.name_node(name))
-        data = encode_data(identity, metadata)
         create = self._wire.create(path, data, sequence=True, ephemeral=True, container=False)
         self._unsure.add((name, owner))
-        try:
-            created, listed = await self._wire.send(create, self._wire.children(parent))
-            if isinstance(created, Exception):  # no name node yet (or a container reaped)
-                await self._wire.send(
-                    self._wire.create(parent, b"", sequence=False, ephemeral=False, container=True)
-                )
-                created, listed = await self._wire.send(create, self._wire.children(parent))
-                if isinstance(created, Exception):
-                    raise BackendUnavailable(f"ZooKeeper: cannot create a node for {name!r}")
-            node = created.path.rsplit("/", 1)[1]
-            contender = self._layout.contender(name, node)
-            entry = Entry(
-                name,
-                owner,
-                int(created.stat.created_zxid),
-                contender.sequence,
-                self._layout.path(name, node),
-                self._wire.session_id,
-                touched + TURN_GRACE,
+        created, listed = await self._wire.send(create, self._wire.children(parent))
+        if isinstance(created, Exception):  # no name node yet (or a container reaped)
+            await self._wire.send(
+                self._wire.create(parent, b"", sequence=False, ephemeral=False, container=True)
             )
-            self._keeper.attach(entry)
-        except asyncio.CancelledError:
-            raise
+            created, listed = await self._wire.send(create, self._wire.children(parent))
+            if isinstance(created, Exception):
+                raise BackendUnavailable(f"ZooKeeper: cannot create a node for {name!r}")
+        node = created.path.rsplit("/", 1)[1]
+        contender = self._layout.contender(name, node)
+        entry = Entry(
+            name,
+            owner,
+            int(created.stat.created_zxid),
+            contender.sequence,
+            self._layout.path(name, node),
+            self._wire.session_id,
+            horizon,
+        )
+        self._keeper.attach(entry)
         self._unsure.discard((name, owner))
+        self._refused.pop((name, owner), None)
         if isinstance(listed, Exception):
             return entry, await self._queue(name)
         return entry, self._layout.queue(name, listed.children)
@@ -322,21 +348,27 @@ class ZooKeeperBackend(Backend):
             return []
         return self._layout.queue(name, listed.children)
 
-    async def _holder(self, name: str, queue: list[Contender]) -> HolderInfo | None:
-        """The holder: the first contender of ``queue`` (``None``: it went meanwhile)."""
-        if not queue:
-            return None
-        first = queue[0]
-        path = self._layout.path(name, first.node)
-        (data,) = await self._wire.send(self._wire.get(self._wire.path(path)))
-        if isinstance(data, Exception):
-            return None
-        token = int(data.stat.created_zxid)
-        # No remaining ttl: the node lives as long as its session, which only its
-        # own client can tell.
-        holder = self._layout.holder(name, first, data.data, token, None)
-        self._remember(name, identity_of(holder), path)
-        return holder
+    async def _holder(
+        self, name: str, queue: list[Contender], also: str | None = None
+    ) -> HolderInfo | None:
+        """The holder: the first contender of ``queue`` still there (``None``: every one
+        of them went meanwhile). ``also``: a node to delete in the same round trip."""
+        extra = [] if also is None else [self._wire.delete(self._wire.path(also))]
+        for first in queue:
+            path = self._layout.path(name, first.node)
+            (data, *_) = await self._wire.send(self._wire.get(self._wire.path(path)), *extra)
+            extra = []
+            if isinstance(data, Exception):
+                continue  # deleted since the listing: the next one may hold
+            token = int(data.stat.created_zxid)
+            # No remaining ttl: the node lives as long as its session, which only its
+            # own client can tell.
+            holder = self._layout.holder(name, first, data.data, token, None)
+            self._remember(name, identity_of(holder), path)
+            return holder
+        if extra:
+            await self._wire.send(*extra)
+        return None
 
     def _remember(self, name: str, identity: tuple[str, int] | None, path: str) -> None:
         self._seen.pop(name, None)
@@ -392,6 +424,8 @@ class ZooKeeperBackend(Backend):
             return not isinstance(deleted, Exception) and not queued
         if entry is not None:
             return False
+        if self._refused.pop((name, owner), None) is not None and (name, owner) not in self._unsure:
+            return False  # refused, its node deleted then: nothing to free
         return await self._release_unknown(name, owner, token)
 
     async def _release_unknown(self, name: str, owner: str, token: int | None) -> bool:
@@ -490,15 +524,22 @@ class ZooKeeperBackend(Backend):
         """Queue ``owner``'s node (if it is not queued), then watch only its predecessor."""
         await self._start()
         touched = now()
+        horizon = touched + QUEUE_HORIZON * ttl
         entry = self._keeper.entries.get((name, owner))
-        if entry is None or not entry.queued:
-            return  # the retry queues it (or finds it holds)
-        entry.horizon = max(entry.horizon, touched + QUEUE_HORIZON * ttl)
-        self._keeper.poke()
-        predecessor = entry.predecessor
-        if predecessor is None:
+        if entry is None:
+            data = self._refused.get((name, owner))
+            if data is None:
+                return  # not refused here: the retry queues it (or finds it holds)
+            entry, queue = await self._enqueue(name, owner, data, touched, horizon)
+            paths = [self._layout.path(name, c.node) for c in queue]
+            index = paths.index(entry.path) if entry.path in paths else 0
+            entry.predecessor = paths[index - 1] if index > 0 else None
+        elif not entry.queued:
             return
-        await self._wait_gone(predecessor, ttl / 2)
+        entry.horizon = max(entry.horizon, horizon)
+        self._keeper.poke()
+        if entry.predecessor is not None:
+            await self._wait_gone(entry.predecessor, ttl / 2)
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         entry = self._keeper.entries.get((name, owner))

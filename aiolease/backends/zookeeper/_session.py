@@ -159,6 +159,17 @@ class Keeper:
             await asyncio.wait([task])
 
     async def _run(self) -> None:
+        try:
+            await self._keep()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # pragma: no cover - a bug: every lease ends with it
+            logger.exception("the ZooKeeper session keeper failed; its leases are lost")
+            for entry in list(self.entries.values()):
+                self.end(entry, LossReason.UNREACHABLE)
+            raise
+
+    async def _keep(self) -> None:
         delay = RETRY_MIN
         next_ping = now()
         while True:
