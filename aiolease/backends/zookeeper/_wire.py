@@ -45,6 +45,33 @@ EXPECTED: tuple[type[BaseException], ...] = (
 )
 
 
+def _suspend(session: Any, conn: Any) -> None:
+    """Tell aiozk that ``conn``, if still its connection, is lost: it reconnects."""
+    connected = session.state.current_state in (States.CONNECTED, States.READ_ONLY)
+    if session.conn is conn and connected:
+        session.state.transition_to(States.SUSPENDED)
+
+
+async def _abandon(session: Any) -> None:
+    """Stop what aiozk may still run for ``session`` (a reconnect under way, a ping) and
+    close its connection: a server cut off must not keep a half-open socket alive."""
+    session.closing = True
+    tasks = [t for t in (session.repair_loop_task, session.heartbeat_task) if t is not None]
+    if session.heartbeat_handle is not None:
+        session.heartbeat_handle.cancel()
+    conn = session.conn
+    if conn is not None and conn.read_loop_task is not None:
+        tasks.append(conn.read_loop_task)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    if conn is not None and conn.writer is not None:
+        conn.closing = True
+        conn.writer.close()
+    session.started = False
+
+
 class Wire:
     """Requests over one aiozk client, and the clock of its session.
 
@@ -130,6 +157,9 @@ class Wire:
         deadline = started + (self.timeout if timeout is None else timeout)
         if not session.started:
             raise BackendUnavailable(f"ZooKeeper {self.described}: the client is closed")
+        reading = getattr(session.conn, "read_loop_task", None)
+        if reading is not None and reading.done():
+            _suspend(session, session.conn)  # its connection died: aiozk reconnects
         await self._connected(session, deadline)
         conn = session.conn
         sid = session.session_id
@@ -146,6 +176,9 @@ class Wire:
             async with timeout_after(max(deadline - now(), 0.0)):
                 await asyncio.wait(futures)
         except asyncio.TimeoutError as exc:
+            # As aiozk's own heartbeat does: a server that does not answer in time is
+            # left for another (or the same one, on a new connection).
+            _suspend(session, conn)
             self.error = BackendTimeout(f"ZooKeeper {self.described}: no reply in time")
             raise BackendTimeout(
                 f"ZooKeeper {self.described}: no reply within {self.timeout:g}s"
@@ -169,9 +202,7 @@ class Wire:
                 failure = problem
         if failure is not None:
             if isinstance(failure, (zk_exc.ConnectError, zk_exc.ConnectionLoss)):
-                connected = session.state.current_state in (States.CONNECTED, States.READ_ONLY)
-                if session.conn is conn and connected:
-                    session.state.transition_to(States.SUSPENDED)  # as aiozk's own send does
+                _suspend(session, conn)  # as aiozk's own send does
             self.error = BackendUnavailable(f"ZooKeeper {self.described}: {failure!r}")
             raise BackendUnavailable(f"ZooKeeper {self.described}: {failure!r}") from failure
         if sid == session.session_id:
@@ -225,8 +256,12 @@ class Wire:
         """Close the client if the backend opened it (its session, and its nodes, end)."""
         if not self.owned:
             return
+        session = self.client.session
         try:
-            async with timeout_after(self.timeout):
-                await self.client.close()
+            if session.state.current_state == States.CONNECTED:
+                async with timeout_after(self.timeout):
+                    await self.client.close()
         except (asyncio.TimeoutError, OSError, zk_exc.ZKError):
             pass  # the session ends by itself after its timeout
+        finally:
+            await _abandon(session)
