@@ -69,6 +69,12 @@ def _etcd(**mode: Any) -> Backend:
     return EtcdBackend(None, **mode)
 
 
+def _zookeeper() -> Backend:
+    from aiolease.backends.zookeeper import ZooKeeperBackend
+
+    return ZooKeeperBackend(None)
+
+
 #: The backends shipped today, in each mode that changes what they guarantee, in the
 #: order the matrix lists them.
 MODES: dict[str, Callable[[], Backend]] = {
@@ -82,6 +88,7 @@ MODES: dict[str, Callable[[], Backend]] = {
     "MySQL": _mysql,
     "etcd": _etcd,
     "etcd `fair=true`": lambda: _etcd(fair=True),
+    "ZooKeeper": _zookeeper,
 }
 
 

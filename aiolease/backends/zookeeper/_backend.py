@@ -102,7 +102,8 @@ class ZooKeeperBackend(Backend):
         self, client: Any, *, prefix: str = DEFAULT_PREFIX, timeout: float = DEFAULT_TIMEOUT
     ) -> None:
         timeout = check_seconds("timeout", timeout)
-        described = f"<client of {getattr(client.session, 'hosts', '?')}>"
+        hosts = getattr(getattr(client, "session", None), "hosts", "?")
+        described = f"<client of {hosts}>"
         self._setup(Wire(client, timeout, described, owned=False), "", prefix)
 
     def _setup(self, wire: Wire, chroot: str, prefix: object) -> None:
@@ -120,6 +121,8 @@ class ZooKeeperBackend(Backend):
         self._seen: dict[str, tuple[tuple[str, int] | None, str]] = {}
         #: Attempts whose create may have been applied without its reply seen.
         self._unsure: set[tuple[str, str]] = set()
+        #: Names that had other contenders when last listed: a new attempt looks first.
+        self._crowded: dict[str, None] = {}
         #: Refused attempts (their nodes deleted): the data wait_turn queues them with.
         self._refused: dict[tuple[str, str], bytes] = {}
         self._started = False
@@ -228,11 +231,20 @@ class ZooKeeperBackend(Backend):
         if entry is None and key in self._unsure:
             entry = await self._find(name, owner, touched, ttl)
         fresh = entry is None
+        if entry is None and name in self._crowded and key not in self._unsure:
+            # Held when last seen: look before writing (a refusal then writes nothing).
+            queue = await self._queue(name)
+            holder = await self._holder(name, queue)
+            if holder is not None:
+                self._note_refused(name, owner, encode_data(identity, metadata))
+                return holder
+            self._crowded.pop(name, None)
         if entry is None:
             data = encode_data(identity, metadata)
             entry, queue = await self._enqueue(name, owner, data, touched, touched + ttl)
         else:
             queue = await self._queue(name)
+        self._note_crowd(name, len(queue) > 1)
         paths = [self._layout.path(name, c.node) for c in queue]
         if entry.reason is not None or entry.path not in paths:
             # Our node is gone (expired, or with its session): start over.
@@ -267,6 +279,15 @@ class ZooKeeperBackend(Backend):
             self._keeper.poke()
         self._remember(name, (owner, entry.token), entry.path)
         return self._grant(entry, ttl)
+
+    def _note_crowd(self, name: str, crowded: bool) -> None:
+        """Remember whether ``name`` had other contenders when last listed (a hint)."""
+        if not crowded:
+            self._crowded.pop(name, None)
+            return
+        if len(self._crowded) >= SEEN_LIMIT and name not in self._crowded:
+            del self._crowded[next(iter(self._crowded))]
+        self._crowded[name] = None
 
     def _note_refused(self, name: str, owner: str, data: bytes) -> None:
         """``owner`` was refused (its node deleted): what ``wait_turn`` queues it with."""
