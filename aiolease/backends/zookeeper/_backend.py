@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, final
 
@@ -448,6 +448,23 @@ class ZooKeeperBackend(Backend):
         if self._refused.pop((name, owner), None) is not None and (name, owner) not in self._unsure:
             return False  # refused, its node deleted then: nothing to free
         return await self._release_unknown(name, owner, token)
+
+    def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
+        """:meth:`release` of a grant this backend holds, its delete written before
+        returning; ``None`` (the core awaits :meth:`release`) otherwise."""
+        entry = self._keeper.entries.get((name, owner))
+        if self._closed or entry is None or entry.token != token or entry.queued:
+            return None
+        replies = self._wire.send_now(self._wire.delete(self._wire.path(entry.path)))
+        if replies is None:
+            return None
+        self._keeper.end(entry, LossReason.RELEASED)
+        return self._deleted(replies)
+
+    @staticmethod
+    async def _deleted(replies: Awaitable[list[Any]]) -> bool:
+        (deleted,) = await replies
+        return not isinstance(deleted, Exception)
 
     async def _release_unknown(self, name: str, owner: str, token: int | None) -> bool:
         """Release a node this backend does not track (a create whose reply was lost, or

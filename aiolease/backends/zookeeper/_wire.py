@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiozk import exc as zk_exc
 from aiozk import protocol
+from aiozk.connection import size_struct
 from aiozk.states import States
 
 from ..._exceptions import BackendTimeout, BackendUnavailable
@@ -70,6 +72,17 @@ async def _abandon(session: Any) -> None:
         conn.closing = True
         conn.writer.close()
     session.started = False
+
+
+@dataclass
+class _Sent:
+    """Requests written: where, on which session, when, and their replies to come."""
+
+    session: Any
+    conn: Any
+    sid: int
+    at: float
+    futures: list[asyncio.Future[Any]]
 
 
 class Wire:
@@ -153,37 +166,74 @@ class Wire:
         :raises BackendTimeout: no connection, or no reply, within the timeout
         """
         session = self.client.session
-        started = now()
-        deadline = started + (self.timeout if timeout is None else timeout)
+        deadline = now() + (self.timeout if timeout is None else timeout)
         if not session.started:
             raise BackendUnavailable(f"ZooKeeper {self.described}: the client is closed")
         reading = getattr(session.conn, "read_loop_task", None)
         if reading is not None and reading.done():
             _suspend(session, session.conn)  # its connection died: aiozk reconnects
         await self._connected(session, deadline)
+        return await self._replies(self._write(requests), deadline)
+
+    def send_now(self, *requests: Any) -> Awaitable[list[Any]] | None:
+        """:meth:`send`, the requests written before returning; ``None`` (nothing
+        written) when the connection is not up."""
+        session = self.client.session
         conn = session.conn
-        sid = session.session_id
-        sent = now()
-        futures: list[asyncio.Future[Any]] = []
+        reading = getattr(conn, "read_loop_task", None)
+        if (
+            not session.started
+            or conn is None
+            or conn.closing
+            or reading is None
+            or reading.done()
+            or session.state.current_state != States.CONNECTED
+        ):
+            return None
+        return self._replies(self._write(requests), now() + self.timeout)
+
+    def _write(self, requests: tuple[Any, ...]) -> _Sent:
+        """Write ``requests`` on the current connection (no wait)."""
+        session = self.client.session
+        conn = session.conn
+        sent = _Sent(session, conn, int(session.session_id or 0), now(), [])
+        loop = asyncio.get_running_loop()
+        payloads = []
+        # aiozk's Connection.send, but one write (one system call) for them all.
         for request in requests:
             session.xid = session.xid % 0x7FFFFFFF + 1
-            future = conn.send(request, xid=session.xid)
+            future: asyncio.Future[Any] = loop.create_future()
             future.add_done_callback(retrieve)
-            futures.append(future)
+            sent.futures.append(future)
+            if conn.closing:
+                future.set_exception(zk_exc.ConnectError(conn.host, conn.port))
+                continue
+            body = request.serialize(session.xid)
+            payloads.append(size_struct.pack(len(body)) + body)
+            conn.opcode_xref[session.xid] = request.opcode
+            conn.pending[session.xid] = future
+        if payloads:
+            try:
+                conn.writer.write(b"".join(payloads))
+            except Exception:  # as aiozk: every pending request fails, the state follows
+                conn.abort()
         self.requests += len(requests)
         session.set_heartbeat()  # what aiozk does on a send: its ping waits
+        return sent
+
+    async def _replies(self, sent: _Sent, deadline: float) -> list[Any]:
         try:
             async with timeout_after(max(deadline - now(), 0.0)):
-                await asyncio.wait(futures)
+                await asyncio.wait(sent.futures)
         except asyncio.TimeoutError as exc:
             # As aiozk's own heartbeat does: a server that does not answer in time is
             # left for another (or the same one, on a new connection).
-            _suspend(session, conn)
+            _suspend(sent.session, sent.conn)
             self.error = BackendTimeout(f"ZooKeeper {self.described}: no reply in time")
             raise BackendTimeout(
                 f"ZooKeeper {self.described}: no reply within {self.timeout:g}s"
             ) from exc
-        return self._outcomes(session, conn, sid, sent, futures)
+        return self._outcomes(sent.session, sent.conn, sent.sid, sent.at, sent.futures)
 
     def _outcomes(
         self, session: Any, conn: Any, sid: int, sent: float, futures: list[asyncio.Future[Any]]
