@@ -321,6 +321,7 @@ class ZooKeeperBackend(Backend):
             self._layout.path(name, node),
             self._wire.session_id,
             horizon,
+            data=data,
         )
         self._keeper.attach(entry)
         self._unsure.discard((name, owner))
@@ -377,6 +378,14 @@ class ZooKeeperBackend(Backend):
         extra = [] if also is None else [self._wire.delete(self._wire.path(also))]
         for first in queue:
             path = self._layout.path(name, first.node)
+            mine = self._keeper.entries.get((name, first.owner))
+            if mine is not None and mine.path == path and mine.data:
+                # A node of this backend's, listed just now: what it holds is known here.
+                if extra:
+                    await self._wire.send(*extra)
+                holder = self._layout.holder(name, first, mine.data, mine.token, None)
+                self._remember(name, identity_of(holder), path)
+                return holder
             (data, *_) = await self._wire.send(self._wire.get(self._wire.path(path)), *extra)
             extra = []
             if isinstance(data, Exception):

@@ -58,6 +58,8 @@ class Entry:
     callbacks: list[Callable[[LossReason], object]] = field(default_factory=list)
     #: The path of the contender just before it, as last seen (queued entries).
     predecessor: str | None = None
+    #: The node's data (identity and metadata), as written.
+    data: bytes = b""
 
     async def wait_ended(self) -> LossReason:
         """Wait until the entry ends; why."""
