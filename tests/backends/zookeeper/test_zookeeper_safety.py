@@ -15,7 +15,6 @@ from typing import Any, Literal
 import pytest
 
 from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
-from tests.backends.safety import assert_fault_took_effect
 from tests.backends.zookeeper.support import Ensemble
 from tests.support import with_query
 
@@ -27,7 +26,7 @@ TTL = 1.0
 #: for longer than its margin would really overlap (that is what the margin is for).
 SHORT: dict[str, Any] = {"ttl": TTL, "margin": 0.3, "processes": 4, "fault_every": 0.5}
 DURATION = {
-    Fault.SIGSTOP: 6.0,
+    Fault.SIGSTOP: 8.0,
     Fault.BLACKHOLE: 5.0,
     Fault.SERVER_RESTART: 9.0,
 }
@@ -51,10 +50,14 @@ async def test_zookeeper_is_safe_when_the_holder_is_paused(
     tmp_path: Path, anyio_backend: str, zk_url: str
 ) -> None:
     """The holder is stopped (SIGSTOP) for longer than the session timeout: ZooKeeper
-    expires its session, another takes the name, and the frozen holder, on waking,
-    finds its lease lost before it writes (its writes are fenced off)."""
+    expires its session and another takes the name; what the frozen holder writes on
+    waking is refused by the fence (the tokens only grow)."""
     report = await short_run(zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL)
-    assert_fault_took_effect(report, Fault.SIGSTOP)
+    assert_safe(report, min_acquisitions=2)
+    # The fault took effect: a frozen holder came back after others had taken the
+    # name, and the writes it made then were refused by the fence. (Whether its
+    # body had ended before its loss was seen decides whether it counts as a loss.)
+    assert report.paused_overlaps >= 1 and report.stale_rejected >= 1, report.line()
 
 
 async def test_zookeeper_is_safe_when_the_holder_is_cut_off(
