@@ -450,8 +450,10 @@ class ZooKeeperBackend(Backend):
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
             self._keeper.end(entry, LossReason.RELEASED)
-            (deleted,) = await self._wire.send(self._wire.delete(self._wire.path(entry.path)))
-            return not isinstance(deleted, Exception) and not queued
+            deleted = await self._deleted(
+                self._wire.send(self._wire.delete(self._wire.path(entry.path))), entry
+            )
+            return deleted and not queued
         if entry is not None:
             return False
         if self._refused.pop((name, owner), None) is not None and (name, owner) not in self._unsure:
@@ -468,11 +470,16 @@ class ZooKeeperBackend(Backend):
         if replies is None:
             return None
         self._keeper.end(entry, LossReason.RELEASED)
-        return self._deleted(replies)
+        return self._deleted(replies, entry)
 
-    @staticmethod
-    async def _deleted(replies: Awaitable[list[Any]]) -> bool:
-        (deleted,) = await replies
+    async def _deleted(self, replies: Awaitable[list[Any]], entry: Entry) -> bool:
+        """Whether the delete of ``entry``'s node freed it. One whose reply did not come
+        is deleted again by the keeper (the session may live on, and the node with it)."""
+        try:
+            (deleted,) = await replies
+        except BaseException:
+            self._keeper.zombies[entry.path] = entry.session_id
+            raise
         return not isinstance(deleted, Exception)
 
     async def _release_unknown(self, name: str, owner: str, token: int | None) -> bool:
