@@ -47,6 +47,8 @@ BUILTIN: dict[str, str] = {
     "mongodb": "aiolease.backends.mongo:MongoBackend",
     "mongodb+srv": "aiolease.backends.mongo:MongoBackend",
     "kafka": "aiolease.backends.kafka:KafkaBackend",
+    "zookeeper": "aiolease.backends.zookeeper:ZooKeeperBackend",
+    "zk": "aiolease.backends.zookeeper:ZooKeeperBackend",
     "remote": "aiolease.testing.remote:RemoteBackend",
 }
 
@@ -69,13 +71,12 @@ EXTRAS: dict[str, str] = {
     "mongodb": "mongo",
     "mongodb+srv": "mongo",
     "kafka": "kafka",
+    "zookeeper": "zookeeper",
+    "zk": "zookeeper",
 }
 
 #: Schemes of backends that are planned but not written yet: no extra installs them.
-PLANNED: dict[str, str] = {
-    "zookeeper": "ZooKeeper",
-    "zk": "ZooKeeper",
-}
+PLANNED: dict[str, str] = {}
 
 
 def _hint(scheme: str) -> str:

@@ -80,6 +80,10 @@ def _kafka() -> Backend:
     from aiolease.backends.kafka import KafkaBackend
 
     return KafkaBackend(None)
+def _zookeeper() -> Backend:
+    from aiolease.backends.zookeeper import ZooKeeperBackend
+
+    return ZooKeeperBackend(None)
 
 
 #: The backends shipped today, in each mode that changes what they guarantee, in the
@@ -99,6 +103,7 @@ MODES: dict[str, Callable[[], Backend]] = {
     "MongoDB standalone": lambda: _mongo(topology="standalone"),
     "MongoDB `fair=false`": lambda: _mongo(fair=False, topology="replica set"),
     "Kafka": _kafka,
+    "ZooKeeper": _zookeeper,
 }
 
 

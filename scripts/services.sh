@@ -27,7 +27,7 @@ state_dir="$(realpath -m "$state_dir")"
 
 # Every service the test suite needs, in start order. "python" checks that
 # python3 has venv and sqlite3 (the memory and SQLite backends need no server).
-SERVICES=(python redis redis-aof redis-cluster redis-sentinel redis-redlock postgres pgbouncer postgres-restart mariadb mariadb-restart etcd etcd-cluster mongo mongo-standalone kafka kafka-restart zookeeper)
+SERVICES=(python redis redis-aof redis-cluster redis-sentinel redis-redlock postgres pgbouncer postgres-restart mariadb mariadb-restart etcd etcd-cluster mongo mongo-standalone kafka kafka-restart zookeeper zookeeper-ensemble)
 
 # shellcheck source=services.d/_lib.sh
 . "$repo/scripts/services.d/_lib.sh"

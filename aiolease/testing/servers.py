@@ -153,6 +153,11 @@ SERVERS: dict[str, Server] = {
         Server("kafka", "AIOLEASE_KAFKA_URL", "kafka://127.0.0.1:9092"),
         Server("kafka-restart", "AIOLEASE_KAFKA_RESTART_URL", "kafka://127.0.0.1:19092"),
         Server("zookeeper", "AIOLEASE_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181"),
+        Server(
+            "zookeeper-ensemble",
+            "AIOLEASE_ZOOKEEPER_ENSEMBLE_URL",
+            "zookeeper://127.0.0.1:21811,127.0.0.1:21812,127.0.0.1:21813",
+        ),
     ]
 }
 

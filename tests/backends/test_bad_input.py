@@ -39,6 +39,7 @@ SERVICES = [
     "mariadb",
     "etcd",
     "mongo",
+    "zookeeper",
 ]
 BAD_NAMES: list[Any] = [123, "", "a\x00", "x" * 10240]
 

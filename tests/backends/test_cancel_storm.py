@@ -34,6 +34,8 @@ from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import no_tls
 from tests.backends.postgres.support import raw as pg_raw
 from tests.backends.redis.support import delete_under, new_prefix
+from tests.backends.zookeeper.support import Outside
+from tests.backends.zookeeper.support import unique_prefix as zk_prefix
 from tests.support import unique, with_query
 
 pytestmark = pytest.mark.anyio
@@ -162,6 +164,18 @@ def mongo_target(request: pytest.FixtureRequest, url: str, fair: bool) -> Target
     return Target(with_query(url, collection=collection, fair=int(fair)), entries)
 
 
+def zookeeper_target(url: str) -> Target:
+    prefix = zk_prefix()
+
+    async def entries(name: str) -> list[str]:
+        # Every contender has stopped and the holder released: no contender node of
+        # the name (queued or holding) may be left.
+        async with Outside(url) as outside:
+            return await outside.tree(f"/{prefix}")
+
+    return Target(with_query(url, prefix=prefix), entries)
+
+
 KINDS = [
     "memory",
     "sqlite",
@@ -173,6 +187,7 @@ KINDS = [
     "etcd-fair",
     "mongo",
     "mongo-fair",
+    "zookeeper",
 ]
 
 
@@ -195,6 +210,8 @@ def target(
         return mongo_target(request, aiolease_server("mongo"), fair=kind.endswith("fair"))
     if kind.startswith("redis"):
         return redis_target(request, aiolease_server("redis"), fair=kind.endswith("fair"))
+    if kind == "zookeeper":
+        return zookeeper_target(aiolease_server("zookeeper"))
     return etcd_target(aiolease_server("etcd"), fair=kind.endswith("fair"))
 
 

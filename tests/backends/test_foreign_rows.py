@@ -1,6 +1,6 @@
 """Rows and keys that aiolease did not write, in the SQL backends' tables, under
-etcd's prefix and in MongoDB's collection: a typed ForeignDataError naming them,
-never a driver's or ``json``'s exception, never a silent overwrite, and the row left
+etcd's prefix, MongoDB's collection and ZooKeeper's prefix node: a typed
+ForeignDataError naming them, never a driver's or ``json``'s exception, never a silent overwrite, and the row left
 as it was.
 
 Each case writes the row behind the backend's back (on a connection of its own, in a
@@ -27,11 +27,14 @@ import pytest
 import aiolease
 from aiolease import AsyncLock, ForeignDataError
 from aiolease.backends.sqlite import host_boot_id
+from aiolease.backends.zookeeper._nodes import Layout
 from tests.backends.etcd.support import Gateway, unique_prefix
 from tests.backends.mongo.support import raw as mongo_raw
 from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import no_tls
 from tests.backends.postgres.support import raw as pg_raw
+from tests.backends.zookeeper.support import Outside
+from tests.backends.zookeeper.support import unique_prefix as zk_prefix
 from tests.support import unique, with_query
 
 pytestmark = pytest.mark.anyio
@@ -367,3 +370,46 @@ MONGO_CASES = {
 @pytest.mark.parametrize("row", MONGO_CASES.values(), ids=MONGO_CASES.keys())
 async def test_mongo(mongo_place: Place, row: Row) -> None:
     await check_foreign(mongo_place, row)
+
+
+# -- ZooKeeper ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def zk_place(aiolease_server: Callable[[str], str]) -> Place:
+    url = aiolease_server("zookeeper")
+    prefix = zk_prefix()
+
+    def node_of(name: str) -> str:
+        return Layout(f"/{prefix}").name_node(name)
+
+    async def write(name: str, row: Row) -> None:
+        assert isinstance(row.owner, str)
+        async with Outside(url) as outside:
+            path = f"{node_of(name)}/{row.owner}"
+            await outside.call("create", path, row.metadata.encode(), makepath=True)
+
+    async def look(name: str) -> Any:
+        async with Outside(url) as outside:
+            nodes = sorted(await outside.children(node_of(name)))
+            return [(n, (await outside.call("get", f"{node_of(name)}/{n}"))[0]) for n in nodes]
+
+    return Place(url, write, look, {"prefix": prefix})
+
+
+#: ``owner`` is the node's name under the name's node, ``metadata`` its data.
+_OURS = "_c_someone-lock-0000000000"
+ZK_CASES = {
+    "a-foreign-node-name": Row(owner="someone-else", metadata='{"i": "them", "m": {}}'),
+    "no-sequence": Row(owner="_c_someone-lock-", metadata='{"i": "them", "m": {}}'),
+    "not-json": Row(owner=_OURS, metadata="not json"),
+    "empty": Row(owner=_OURS, metadata=""),
+    "a-list": Row(owner=_OURS, metadata="[1,2]"),
+    "metadata-not-strings": Row(owner=_OURS, metadata='{"i": "them", "m": {"a": 1}}'),
+    "identity-a-number": Row(owner=_OURS, metadata='{"i": 5, "m": {}}'),
+}
+
+
+@pytest.mark.parametrize("row", ZK_CASES.values(), ids=ZK_CASES.keys())
+async def test_zookeeper(zk_place: Place, row: Row) -> None:
+    await check_foreign(zk_place, row)

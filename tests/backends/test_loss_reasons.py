@@ -48,6 +48,7 @@ Opener = Callable[[], AbstractAsyncContextManager[tuple[FaultProxy, Backend]]]
 
 
 @pytest.fixture(params=["redis", "postgres", "etcd", "mongo"])
+@pytest.fixture(params=["redis", "postgres", "etcd", "zookeeper"])
 def kind(request: pytest.FixtureRequest) -> str:
     """The server the holder is cut off from."""
     return str(request.param)
@@ -77,6 +78,15 @@ def cut_off(
             elif kind == "postgres":
                 proxied = with_query(proxy.url_for(no_tls(url)), schema=pg_schema)
                 opened = aiolease.open_backend(proxied, connect_timeout=RELEASE_TIMEOUT)
+            elif kind == "zookeeper":
+                # The session timeout as short as the server allows: the loss comes
+                # when no request sent within it was answered.
+                opened = aiolease.open_backend(
+                    proxy.url_for(url),
+                    prefix=unique_prefix(),
+                    timeout=RELEASE_TIMEOUT,
+                    session_timeout=TTL,
+                )
             else:
                 opened = aiolease.open_backend(
                     proxy.url_for(url), prefix=unique_prefix(), timeout=RELEASE_TIMEOUT

@@ -88,6 +88,13 @@ MALFORMED = [
     f"kafka://u:{SECRET}@127.0.0.1:9092?session_timeout=soon",
     f"kafka://u:{SECRET}@[::1",
     f"kafka://u:s3c/{SECRET}@127.0.0.1:9092",
+    # ZooKeeper (no login: any user is refused).
+    f"zookeeper://root:{SECRET}@127.0.0.1:2181",
+    f"zookeeper://root:{SECRET}@127.0.0.1:port/chroot",
+    f"zk://root:{ENCODED}@127.0.0.1:2181?session_timeout=soon",
+    f"zookeeper://root:{SECRET}@127.0.0.1:2181/a/../b",
+    f"zookeeper://root:{SECRET}@[::1",
+    f"zookeeper://root:s3c/{SECRET}@127.0.0.1:2181",
     # The embedded ones take no password at all.
     f"sqlite://user:{SECRET}@host/leases.db",
     f"memory://user:{SECRET}@host",

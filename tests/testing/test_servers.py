@@ -152,6 +152,20 @@ def test_zookeeper_ephemeral_node(aiolease_server: GetServer) -> None:
         client.close()
 
 
+def test_zookeeper_ensemble_every_member(aiolease_server: GetServer) -> None:
+    from kazoo.client import KazooClient
+
+    aiolease_server("zookeeper-ensemble")
+    for host, port in servers.server("zookeeper-ensemble").addresses:
+        client = KazooClient(hosts=f"{host}:{port}", timeout=5)
+        client.start(timeout=10)
+        try:
+            assert client.exists("/") is not None
+        finally:
+            client.stop()
+            client.close()
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [

@@ -1,0 +1,139 @@
+"""``zookeeper://`` URLs and connection options.
+
+::
+
+    zookeeper://host[:port][,host[:port]...][/chroot][?option=value&...]
+
+``zk://`` is the same. A host without a port gets 2181. The path, if any, is a chroot:
+every node of the backend lives under it. Options (in the query, or as keyword
+arguments to ``from_url``, not both): ``prefix`` (the node under the chroot that
+holds the leases, default ``aiolease``), ``session_timeout`` (seconds asked of the
+server for the backend's one session, default 10; the server clamps it into its
+``[minSessionTimeout, maxSessionTimeout]``) and ``timeout`` (seconds one request may
+take, default 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, unquote
+
+from ..._exceptions import InvalidArgument
+from ..._urls import redact, scrub, split_url
+
+__all__ = ["DEFAULT_PORT", "OPTIONS", "ZooKeeperUrl", "check_path", "parse_url"]
+
+#: ZooKeeper's client port.
+DEFAULT_PORT = 2181
+#: Options taken by :meth:`ZooKeeperBackend.from_url
+#: <aiolease.backends.zookeeper.ZooKeeperBackend.from_url>`.
+OPTIONS = frozenset({"prefix", "session_timeout", "timeout"})
+#: Characters ZooKeeper refuses in a path (besides the rules on ``.`` and ``..``).
+_BAD_CHARS = {chr(c) for c in (*range(0x00, 0x20), *range(0x7F, 0xA0))}
+
+
+@dataclass(frozen=True)
+class ZooKeeperUrl:
+    """A parsed ``zookeeper://`` URL.
+
+    :param endpoints: ``(host, port)`` of every server given
+    :param chroot: the path every node lives under (``""``: the root)
+    :param options: the query options (strings) and keyword options, merged
+    """
+
+    endpoints: tuple[tuple[str, int], ...]
+    chroot: str
+    options: Mapping[str, Any]
+
+    def described(self) -> str:
+        """The servers and chroot, for messages."""
+        hosts = ",".join(
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in self.endpoints
+        )
+        return hosts + self.chroot
+
+    def connect_string(self) -> str:
+        """The servers as the client takes them (``host:port,...``)."""
+        return ",".join(
+            f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in self.endpoints
+        )
+
+
+def check_path(what: str, path: str) -> str:
+    """``path`` as ZooKeeper takes it: ``/a/b`` components, no empty, ``.`` or ``..`` one,
+    no control characters; ``""`` and ``"/"`` are the root (returned as ``""``).
+
+    :raises InvalidArgument: it breaks one of those rules
+    """
+    if not isinstance(path, str):
+        raise InvalidArgument(f"ZooKeeper {what} must be a str, not {type(path).__name__}")
+    stripped = path.strip("/")
+    if not stripped:
+        return ""
+    parts = stripped.split("/")
+    for part in parts:
+        if part in ("", ".", "..") or _BAD_CHARS & set(part):
+            raise InvalidArgument(f"ZooKeeper {what} {path!r} is not a valid node path")
+    return "/" + "/".join(parts)
+
+
+def _bad_endpoint(url: str, part: str, why: str) -> InvalidArgument:
+    return InvalidArgument(scrub(f"ZooKeeper server {part!r} of {redact(url)!r} {why}", url))
+
+
+def _endpoint(url: str, part: str) -> tuple[str, int]:
+    if part.startswith("["):  # [v6]:port
+        host, _, rest = part[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif part.count(":") > 1:  # a bare IPv6 address
+        host, port = part, ""
+    else:
+        host, _, port = part.partition(":")
+    if not host:
+        raise _bad_endpoint(url, part, "has no host")
+    if port and not port.isdigit():
+        raise _bad_endpoint(url, part, "has a bad port")
+    number = int(port) if port else DEFAULT_PORT
+    if not 0 < number < 65536:
+        raise _bad_endpoint(url, part, "has a port out of range")
+    return host, number
+
+
+def parse_url(url: str, options: Mapping[str, Any]) -> ZooKeeperUrl:
+    """Split ``url`` and merge the keyword ``options`` in.
+
+    :raises InvalidArgument: a malformed URL, an unknown option, or one given twice
+    """
+    parts = split_url(url, "ZooKeeper")
+    if parts.scheme not in ("zookeeper", "zk"):
+        raise InvalidArgument(f"a ZooKeeper URL starts with 'zookeeper://', got {redact(url)!r}")
+    if parts.fragment:
+        raise InvalidArgument(f"a ZooKeeper URL has no fragment, got {redact(url)!r}")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if userinfo:
+        raise InvalidArgument(
+            f"ZooKeeper URL {redact(url)!r} has a user: this backend does not log in"
+        )
+    if not hosts:
+        raise InvalidArgument(f"ZooKeeper URL {redact(url)!r} names no server")
+    endpoints = tuple(_endpoint(url, part.strip()) for part in hosts.split(","))
+    chroot = check_path("chroot", unquote(parts.path))
+    try:
+        query = dict(
+            parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        )
+    except ValueError:
+        raise InvalidArgument(f"ZooKeeper URL {redact(url)!r} has a malformed query") from None
+    for key in (*query, *options):
+        if key not in OPTIONS:
+            raise InvalidArgument(
+                f"unknown ZooKeeper option {key!r}; known: {', '.join(sorted(OPTIONS))}"
+            )
+    twice = set(query) & set(options)
+    if twice:
+        raise InvalidArgument(
+            f"ZooKeeper options given in the URL and as arguments: {sorted(twice)}"
+        )
+    return ZooKeeperUrl(endpoints, chroot, {**query, **options})

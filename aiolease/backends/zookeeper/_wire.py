@@ -1,0 +1,317 @@
+"""Requests to ZooKeeper over an aiozk client, and the session clock they feed.
+
+aiozk keeps the connection (it reconnects, and re-registers watches); this module
+sends the requests itself, over aiozk's connection, for three reasons:
+
+* **no hidden retry**: aiozk's own ``send`` re-sends a request after a broken
+  connection, so that a create could run twice. Here a request is sent once; a
+  lost reply is reported as :class:`~aiolease.BackendUnavailable`, and the caller
+  finds its node again by name (see :mod:`._nodes`).
+* **pipelining**: several requests go out before any reply is awaited, and
+  ZooKeeper answers a session's requests in order (a create, then the children of
+  its parent: one round trip).
+* **the session clock**: every reply on the backend's session moves
+  :attr:`Wire.confirmed` to the time its request was *sent*. The server cannot
+  have expired the session before ``confirmed + negotiated timeout``: that is the
+  clock the leases' local deadlines follow, whatever aiozk believes of its state.
+
+Errors: a ZooKeeper answer that a caller expects (no node, node exists) is returned
+as the exception instance; everything else is mapped to
+:class:`~aiolease.BackendUnavailable` or :class:`~aiolease.BackendTimeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiozk import exc as zk_exc
+from aiozk import protocol
+from aiozk.connection import size_struct
+from aiozk.states import States
+
+from ..._exceptions import BackendTimeout, BackendUnavailable
+from .._asyncio import now, retrieve, timeout_after
+
+__all__ = ["EXPECTED", "Wire"]
+
+#: ZooKeeper answers a caller handles itself (returned, not raised).
+EXPECTED: tuple[type[BaseException], ...] = (
+    zk_exc.NoNode,
+    zk_exc.NodeExists,
+    zk_exc.NotEmpty,
+    zk_exc.BadVersion,
+)
+
+
+def _suspend(session: Any, conn: Any) -> None:
+    """Tell aiozk that ``conn``, if still its connection, is lost: it reconnects."""
+    connected = session.state.current_state in (States.CONNECTED, States.READ_ONLY)
+    if session.conn is conn and connected:
+        session.state.transition_to(States.SUSPENDED)
+
+
+async def _abandon(session: Any) -> None:
+    """Stop what aiozk may still run for ``session`` (a reconnect under way, a ping) and
+    close its connection: a server cut off must not keep a half-open socket alive."""
+    session.closing = True
+    tasks = [t for t in (session.repair_loop_task, session.heartbeat_task) if t is not None]
+    if session.heartbeat_handle is not None:
+        session.heartbeat_handle.cancel()
+    conn = session.conn
+    if conn is not None and conn.read_loop_task is not None:
+        tasks.append(conn.read_loop_task)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    if conn is not None and conn.writer is not None:
+        conn.closing = True
+        conn.writer.close()
+    session.started = False
+
+
+@dataclass
+class _Sent:
+    """Requests written: where, on which session, when, and their replies to come."""
+
+    session: Any
+    conn: Any
+    sid: int
+    at: float
+    futures: list[asyncio.Future[Any]]
+
+
+class Wire:
+    """Requests over one aiozk client, and the clock of its session.
+
+    :param client: a started (or to be started) ``aiozk.ZKClient``
+    :param timeout: seconds one request may take
+    :param described: the servers, for messages
+    :param owned: whether the backend opened the client (and closes it)
+    """
+
+    def __init__(self, client: Any, timeout: float, described: str, owned: bool) -> None:
+        self.client = client
+        self.timeout = timeout
+        self.described = described
+        self.owned = owned
+        #: The session id the backend's nodes ride on (0: none yet).
+        self.session_id = 0
+        #: The negotiated session timeout of :attr:`session_id`, seconds.
+        self.negotiated = 0.0
+        #: Local send time of the last request of :attr:`session_id` that was answered.
+        self.confirmed = -math.inf
+        #: Why the last request failed without an answer, if it did.
+        self.error: BaseException | None = None
+        #: Called with the old session id when replies come on a new session.
+        self.on_new_session: Callable[[int], object] = lambda old: None
+        self.requests = 0
+
+    @property
+    def expires(self) -> float:
+        """Local time before which the server cannot have expired the session."""
+        return self.confirmed + self.negotiated
+
+    def path(self, path: str) -> str:
+        """``path`` as the client sends it (under a client's own chroot, if it has one)."""
+        return str(self.client.normalize_path(path)) if self.client.chroot else path
+
+    async def start(self) -> None:
+        """Start the client's session (if it is not started yet), bounded by the timeout.
+
+        :raises BackendUnavailable: no server answered in time
+        """
+        try:
+            async with timeout_after(self.timeout):
+                await self.client.session.start()
+        except (asyncio.TimeoutError, OSError, zk_exc.ZKError) as exc:
+            raise BackendUnavailable(
+                f"ZooKeeper {self.described}: no session within {self.timeout:g}s ({exc!r})"
+            ) from exc
+        self._note_session(self.client.session, -math.inf)
+
+    def _note_session(self, session: Any, sent: float) -> None:
+        """Replies came on ``session``'s current id for requests sent at ``sent``."""
+        sid = int(session.session_id or 0)
+        if sid != self.session_id:
+            old = self.session_id
+            self.session_id = sid
+            self.negotiated = float(session.timeout)
+            self.confirmed = sent
+            if old:
+                self.on_new_session(old)
+        elif sent > self.confirmed:
+            self.confirmed = sent
+
+    async def _connected(self, session: Any, deadline: float) -> None:
+        if session.state.current_state == States.CONNECTED and session.conn is not None:
+            return
+        try:
+            async with timeout_after(max(deadline - now(), 0.0)):
+                await session.state.wait_for(States.CONNECTED)
+        except asyncio.TimeoutError as exc:
+            raise BackendTimeout(
+                f"ZooKeeper {self.described}: not connected within {self.timeout:g}s"
+            ) from exc
+
+    async def send(self, *requests: Any, timeout: float | None = None) -> list[Any]:
+        """Send ``requests`` back to back, once each; their responses in order (an
+        expected ZooKeeper error, :data:`EXPECTED`, as the exception instance).
+
+        :raises BackendUnavailable: the connection broke, or the server refused a request
+        :raises BackendTimeout: no connection, or no reply, within the timeout
+        """
+        session = self.client.session
+        deadline = now() + (self.timeout if timeout is None else timeout)
+        if not session.started:
+            raise BackendUnavailable(f"ZooKeeper {self.described}: the client is closed")
+        reading = getattr(session.conn, "read_loop_task", None)
+        if reading is not None and reading.done():
+            _suspend(session, session.conn)  # its connection died: aiozk reconnects
+        await self._connected(session, deadline)
+        return await self._replies(self._write(requests), deadline)
+
+    def send_now(self, *requests: Any) -> Awaitable[list[Any]] | None:
+        """:meth:`send`, the requests written before returning; ``None`` (nothing
+        written) when the connection is not up."""
+        session = self.client.session
+        conn = session.conn
+        reading = getattr(conn, "read_loop_task", None)
+        if (
+            not session.started
+            or conn is None
+            or conn.closing
+            or reading is None
+            or reading.done()
+            or session.state.current_state != States.CONNECTED
+        ):
+            return None
+        return self._replies(self._write(requests), now() + self.timeout)
+
+    def _write(self, requests: tuple[Any, ...]) -> _Sent:
+        """Write ``requests`` on the current connection (no wait)."""
+        session = self.client.session
+        conn = session.conn
+        sent = _Sent(session, conn, int(session.session_id or 0), now(), [])
+        loop = asyncio.get_running_loop()
+        payloads = []
+        # aiozk's Connection.send, but one write (one system call) for them all.
+        for request in requests:
+            session.xid = session.xid % 0x7FFFFFFF + 1
+            future: asyncio.Future[Any] = loop.create_future()
+            future.add_done_callback(retrieve)
+            sent.futures.append(future)
+            if conn.closing:
+                future.set_exception(zk_exc.ConnectError(conn.host, conn.port))
+                continue
+            body = request.serialize(session.xid)
+            payloads.append(size_struct.pack(len(body)) + body)
+            conn.opcode_xref[session.xid] = request.opcode
+            conn.pending[session.xid] = future
+        if payloads:
+            try:
+                conn.writer.write(b"".join(payloads))
+            except Exception:  # as aiozk: every pending request fails, the state follows
+                conn.abort()
+        self.requests += len(requests)
+        session.set_heartbeat()  # what aiozk does on a send: its ping waits
+        return sent
+
+    async def _replies(self, sent: _Sent, deadline: float) -> list[Any]:
+        try:
+            async with timeout_after(max(deadline - now(), 0.0)):
+                await asyncio.wait(sent.futures)
+        except asyncio.TimeoutError as exc:
+            # As aiozk's own heartbeat does: a server that does not answer in time is
+            # left for another (or the same one, on a new connection).
+            _suspend(sent.session, sent.conn)
+            self.error = BackendTimeout(f"ZooKeeper {self.described}: no reply in time")
+            raise BackendTimeout(
+                f"ZooKeeper {self.described}: no reply within {self.timeout:g}s"
+            ) from exc
+        return self._outcomes(sent.session, sent.conn, sent.sid, sent.at, sent.futures)
+
+    def _outcomes(
+        self, session: Any, conn: Any, sid: int, sent: float, futures: list[asyncio.Future[Any]]
+    ) -> list[Any]:
+        results: list[Any] = []
+        failure: BaseException | None = None
+        for future in futures:
+            problem = future.exception()
+            if problem is None:
+                zxid, response = future.result()
+                session.last_zxid = max(session.last_zxid or 0, zxid or 0)
+                results.append(response)
+            elif isinstance(problem, EXPECTED):
+                results.append(problem)
+            elif failure is None:
+                failure = problem
+        if failure is not None:
+            if isinstance(failure, (zk_exc.ConnectError, zk_exc.ConnectionLoss)):
+                _suspend(session, conn)  # as aiozk's own send does
+            self.error = BackendUnavailable(f"ZooKeeper {self.described}: {failure!r}")
+            raise BackendUnavailable(f"ZooKeeper {self.described}: {failure!r}") from failure
+        if sid == session.session_id:
+            self.error = None
+            self._note_session(session, sent)
+        return results
+
+    # -- the requests the backend makes --------------------------------------------------
+
+    @staticmethod
+    def create(path: str, data: bytes, *, sequence: bool, ephemeral: bool, container: bool) -> Any:
+        request = protocol.Create2Request(path=path, data=data, acl=[protocol.UNRESTRICTED_ACCESS])
+        request.set_flags(ephemeral, sequence, container)
+        return request
+
+    @staticmethod
+    def children(path: str, watch: bool = False) -> Any:
+        return protocol.GetChildren2Request(path=path, watch=watch)
+
+    @staticmethod
+    def get(path: str) -> Any:
+        return protocol.GetDataRequest(path=path, watch=False)
+
+    @staticmethod
+    def exists(path: str, watch: bool = False) -> Any:
+        return protocol.ExistsRequest(path=path, watch=watch)
+
+    @staticmethod
+    def delete(path: str) -> Any:
+        return protocol.DeleteRequest(path=path, version=-1)
+
+    def watch(self, kind: int, path: str) -> tuple[asyncio.Future[None], Callable[[], None]]:
+        """A future set by the next ``kind`` event (``protocol.WatchEvent``) on ``path``,
+        and the function that stops waiting for it. Register before the request that
+        sets the watch, so that no event is missed."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def fire(_: object) -> None:
+            if not future.done():
+                future.set_result(None)
+
+        session = self.client.session
+        session.add_watch_callback(kind, path, fire)
+
+        def stop() -> None:
+            session.remove_watch_callback(kind, path, fire)
+
+        return future, stop
+
+    async def aclose(self) -> None:
+        """Close the client if the backend opened it (its session, and its nodes, end)."""
+        if not self.owned:
+            return
+        session = self.client.session
+        try:
+            if session.state.current_state == States.CONNECTED:
+                async with timeout_after(self.timeout):
+                    await self.client.close()
+        except (asyncio.TimeoutError, OSError, zk_exc.ZKError):
+            pass  # the session ends by itself after its timeout
+        finally:
+            await _abandon(session)

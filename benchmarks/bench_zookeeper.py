@@ -1,0 +1,384 @@
+"""ZooKeeper: aiolease against kazoo's Lock, aiozk's lock recipe and a raw floor, in one run.
+
+The floor is the chosen client (aiozk) with nothing around it: a create of an
+ephemeral sequential node and its delete, one request each. Prints, as in the
+issue's table:
+
+* **uncontended acquire+release**: median per cycle, as a ratio to the floor (the
+  contenders take turns, one cycle each);
+* **hand-offs per second**: 8 tasks (kazoo: threads) in one process, then 4
+  processes, on one name, each holding it 1 ms; and fairness (most / fewest
+  acquisitions per contender);
+* **crash failover**: a holder process (session timeout 2 s) is ``SIGKILL``ed; the
+  time from ZooKeeper's delete of its node (seen by an observer's watch) to a
+  waiter's acquire, and from the kill to the acquire;
+* **N leases held** (default 1,000) for a while: requests per second the server
+  received (its ``mntr`` counter: run on a quiet server), this process's CPU seconds
+  per second, and leases lost; beside kazoo holding as many Locks on one client.
+
+Usage: ``python benchmarks/bench_zookeeper.py [--url zookeeper://127.0.0.1:2181] [--quick]``.
+Quote ratios from one run; absolute times depend on the machine. Needs
+``pip install aiolease[zookeeper] kazoo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiozk
+from _common import add_figure_arguments, hold_in_tasks, run_threads
+from kazoo.client import KazooClient
+
+from aiolease import AsyncLock, open_backend
+from aiolease.backends.zookeeper import ZooKeeperBackend
+from aiolease.backends.zookeeper._url import parse_url
+
+PREFIX = "aiolease-bench"
+RUN = uuid.uuid4().hex[:8]
+#: Hold time of each hand-off.
+HOLD = 0.001
+
+
+def connect_string(url: str) -> str:
+    return parse_url(url, {}).connect_string()
+
+
+async def aiozk_client(url: str, stack: AsyncExitStack) -> Any:
+    client = aiozk.ZKClient(connect_string(url))
+    await client.start()
+    stack.push_async_callback(client.close)
+    return client
+
+
+def kazoo_client(url: str) -> KazooClient:
+    client = KazooClient(connect_string(url))
+    client.start(10)
+    return client
+
+
+def stop_kazoo(client: KazooClient) -> None:
+    client.stop()
+    client.close()
+
+
+def server_requests(url: str) -> int:
+    """Packets the first server has received so far (its ``mntr`` counter)."""
+    import socket
+
+    host, port = parse_url(url, {}).endpoints[0]
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(b"mntr")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    for line in answer.decode().splitlines():
+        key, _, value = line.partition("\t")
+        if key == "zk_packets_received":
+            return int(value)
+    raise RuntimeError("the server's mntr has no zk_packets_received")
+
+
+# -- uncontended -------------------------------------------------------------------------
+
+
+async def uncontended(url: str, cycles: int) -> dict[str, float]:
+    """Median seconds per acquire+release, by contender."""
+    found: dict[str, list[float]] = {}
+    cycle: dict[str, Callable[[], Awaitable[object]]] = {}
+    async with AsyncExitStack() as stack:
+        raw = await aiozk_client(url, stack)
+        await raw.ensure_path(f"/bench-floor/{RUN}")
+
+        async def floor() -> None:
+            path = await raw.create(f"/bench-floor/{RUN}/n-", ephemeral=True, sequential=True)
+            await raw.delete(path)
+
+        cycle["raw floor (create + delete)"] = floor
+        backend = await stack.enter_async_context(open_backend(url, prefix=PREFIX))
+        lock = AsyncLock(backend, f"uncontended-{RUN}", ttl=10)
+        other = AsyncLock(backend, f"uncontended-with-{RUN}", ttl=10)
+
+        async def nowait() -> None:
+            lease = await lock.acquire_nowait()
+            await lease.release()
+
+        async def block() -> None:
+            async with other:
+                pass
+
+        cycle["aiolease acquire_nowait+release"] = nowait
+        cycle["aiolease async with"] = block
+        kazoo = kazoo_client(url)
+        stack.callback(stop_kazoo, kazoo)
+        kazoo_lock = kazoo.Lock(f"/bench-kazoo/{RUN}/uncontended")
+
+        async def kazoo_cycle() -> None:  # blocking calls: the loop waits, as intended
+            assert kazoo_lock.acquire(blocking=False)
+            kazoo_lock.release()
+
+        cycle["kazoo Lock (threads)"] = kazoo_cycle
+        aiozk_lock = raw.recipes.Lock(f"/bench-aiozk/{RUN}/uncontended")
+
+        async def aiozk_cycle() -> None:
+            await aiozk_lock.acquire()
+            await aiozk_lock.release()
+
+        cycle["aiozk lock recipe"] = aiozk_cycle
+        for _ in range(min(cycles // 10, 50)):
+            for one in cycle.values():
+                await one()
+        for _ in range(cycles):
+            for label, one in cycle.items():
+                start = time.perf_counter()
+                await one()
+                found.setdefault(label, []).append(time.perf_counter() - start)
+    return {label: statistics.median(samples) for label, samples in found.items()}
+
+
+# -- hand-offs -----------------------------------------------------------------------------
+
+
+async def run_tasks(
+    make: Callable[[int], Callable[[], Awaitable[None]]], tasks: int, seconds: float
+) -> list[int]:
+    counts = [0] * tasks
+
+    async def loop(i: int) -> None:
+        once = make(i)
+        while True:
+            await once()
+            counts[i] += 1
+
+    runners = [asyncio.ensure_future(loop(i)) for i in range(tasks)]
+    await asyncio.sleep(seconds)
+    for runner in runners:
+        runner.cancel()
+    await asyncio.gather(*runners, return_exceptions=True)
+    return counts
+
+
+async def handoffs(kind: str, url: str, name: str, tasks: int, seconds: float) -> list[int]:
+    """Acquisitions per contender of ``tasks`` contenders of ``kind`` on ``name``."""
+    async with AsyncExitStack() as stack:
+        if kind == "aiolease":
+            backend = await stack.enter_async_context(open_backend(url, prefix=PREFIX))
+            lock = AsyncLock(backend, name, ttl=10)
+
+            def aiolease_once(i: int) -> Callable[[], Awaitable[None]]:
+                async def once() -> None:
+                    async with lock:
+                        await asyncio.sleep(HOLD)
+
+                return once
+
+            return await run_tasks(aiolease_once, tasks, seconds)
+        if kind == "aiozk":
+            client = await aiozk_client(url, stack)
+
+            def aiozk_once(i: int) -> Callable[[], Awaitable[None]]:
+                lock = client.recipes.Lock(f"/bench-aiozk/{name}")  # one per contender
+
+                async def once() -> None:
+                    async with lock:
+                        await asyncio.sleep(HOLD)
+
+                return once
+
+            return await run_tasks(aiozk_once, tasks, seconds)
+        if kind == "kazoo":
+            return await kazoo_handoffs(url, name, tasks, seconds)
+    raise ValueError(f"unknown contender {kind!r}")
+
+
+async def kazoo_handoffs(url: str, name: str, threads: int, seconds: float) -> list[int]:
+    """kazoo is synchronous: one thread per contender, one Lock each, one client."""
+    counts = [0] * threads
+    stop = threading.Event()
+    client = kazoo_client(url)
+
+    def run(i: int) -> None:
+        lock = client.Lock(f"/bench-kazoo/{name}")
+        while not stop.is_set():
+            if lock.acquire(timeout=0.5):
+                time.sleep(HOLD)
+                lock.release()
+                counts[i] += 1
+
+    try:
+        await run_threads(run, threads, stop, seconds)
+    finally:
+        stop_kazoo(client)
+    return counts
+
+
+async def handoffs_across_processes(
+    kind: str, url: str, processes: int, seconds: float
+) -> list[int]:
+    name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
+    start_at = time.monotonic() + 3.0  # every process connected by then
+    command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
+    command += ["--start-at", repr(start_at), "--seconds", repr(seconds)]
+    children = [
+        await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
+        for _ in range(processes)
+    ]
+    outputs = [await child.communicate() for child in children]
+    return [int(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+async def worker(kind: str, url: str, name: str, start_at: float, seconds: float) -> None:
+    await asyncio.sleep(max(start_at - time.monotonic(), 0))
+    (count,) = await handoffs(kind, url, name, 1, seconds)
+    print(count, flush=True)
+
+
+# -- crash failover ------------------------------------------------------------------------
+
+
+async def hold_forever(url: str, name: str) -> None:
+    """The holder process of a failover: acquire, say so, and wait to be killed."""
+    async with open_backend(url, prefix=PREFIX, session_timeout=2) as backend:
+        await AsyncLock(backend, name, ttl=2).acquire()
+        print("held", flush=True)
+        await asyncio.sleep(3600)
+
+
+async def failover(url: str) -> tuple[float, float]:
+    """(seconds from ZooKeeper's delete of the dead holder's node to the waiter's
+    acquire, seconds from the kill to the acquire)."""
+    name = f"failover-{uuid.uuid4().hex[:6]}"
+    command = [sys.executable, __file__, "--url", url, "--worker", "hold", "--name", name]
+    holder = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
+    assert holder.stdout is not None
+    assert (await holder.stdout.readline()).strip() == b"held"
+    async with AsyncExitStack() as stack:
+        observer = await aiozk_client(url, stack)
+        backend = await stack.enter_async_context(open_backend(url, prefix=PREFIX))
+        assert isinstance(backend, ZooKeeperBackend)
+        node = backend._layout.name_node(name)
+        (first,) = await observer.get_children(node)
+        gone = observer.wait_for_events([aiozk.protocol.WatchEvent.DELETED], f"{node}/{first}")
+        await observer.exists(f"{node}/{first}", watch=True)
+        deleted_at: list[float] = []
+        gone.add_done_callback(lambda _: deleted_at.append(time.monotonic()))
+
+        async def acquire() -> float:
+            lease = await AsyncLock(backend, name, ttl=2).acquire()
+            got = time.monotonic()
+            await lease.release()
+            return got
+
+        acquired = asyncio.ensure_future(acquire())
+        await asyncio.sleep(0.3)  # the waiter is waiting
+        killed = time.monotonic()
+        holder.send_signal(signal.SIGKILL)
+        await holder.wait()
+        got = await acquired
+        await gone
+    return got - deleted_at[0], got - killed
+
+
+# -- many leases held ----------------------------------------------------------------------
+
+
+async def held(kind: str, url: str, count: int, seconds: float) -> tuple[float, float, int]:
+    """Hold ``count`` leases for ``seconds``: (server requests per second, CPU seconds
+    per second, leases lost)."""
+    async with AsyncExitStack() as stack:
+        if kind == "aiolease":
+            backend = await stack.enter_async_context(
+                open_backend(url, prefix=PREFIX, session_timeout=3)
+            )
+            names = [f"held-{RUN}-{i}" for i in range(count)]
+            leases = await hold_in_tasks(backend, names, 3.0, stack)
+            check: Callable[[], int] = lambda: sum(lease.lost is not None for lease in leases)  # noqa: E731
+        else:
+            client = KazooClient(connect_string(url), timeout=3)
+            client.start(10)
+            stack.callback(stop_kazoo, client)
+            locks = [client.Lock(f"/bench-kazoo/held-{RUN}/{i}") for i in range(count)]
+            for lock in locks:
+                assert lock.acquire(blocking=False)
+            check = lambda: sum(not lock.is_acquired for lock in locks)  # noqa: E731
+        await asyncio.sleep(1.0)  # settle
+        requests, cpu, wall = server_requests(url), time.process_time(), time.monotonic()
+        await asyncio.sleep(seconds)
+        requests = server_requests(url) - requests
+        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        return requests / wall, cpu / wall, check()
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def fairness(counts: Sequence[int]) -> float:
+    return max(counts) / max(min(counts), 1)
+
+
+async def main(args: argparse.Namespace) -> None:
+    url = args.url
+    print(f"ZooKeeper benchmarks against {url} (ratios from this run only)\n")
+    times = await uncontended(url, args.cycles)
+    floor = times["raw floor (create + delete)"]
+    print(f"{'uncontended acquire+release':<36} {'x floor':>8} {'ms':>8}")
+    for label, seconds in times.items():
+        print(f"  {label:<34} {seconds / floor:>8.2f} {seconds * 1000:>8.2f}")
+    if args.only == "uncontended":
+        return
+
+    print(f"\n{'hand-offs, 8 tasks, one name, 1 ms':<36} {'per s':>8} {'max/min':>8}")
+    for kind in ("aiolease", "kazoo", "aiozk"):
+        counts = await handoffs(kind, url, f"handoff-{kind}-{RUN}", 8, args.seconds)
+        print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
+    print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8}")
+    for kind in ("aiolease", "kazoo", "aiozk"):
+        counts = await handoffs_across_processes(kind, url, 4, args.seconds)
+        print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
+
+    print(f"\n{'crash failover, session 2 s':<36} {'delete->acquire':>16} {'kill->acquire':>14}")
+    runs = [await failover(url) for _ in range(args.failovers)]
+    gap = statistics.median(r[0] for r in runs)
+    total = statistics.median(r[1] for r in runs)
+    print(f"  {'aiolease':<34} {gap * 1000:>13.1f} ms {total:>12.2f} s")
+
+    print(
+        f"\n{f'{args.held} leases held, session 3 s':<36} {'req/s':>8} {'CPU s/s':>8} {'lost':>6}"
+    )
+    for kind in ("aiolease", "kazoo"):
+        rate, cpu, lost = await held(kind, url, args.held, args.held_seconds)
+        print(f"  {kind:<34} {rate:>8.1f} {cpu:>8.3f} {lost:>6}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--url", default=os.environ.get("AIOLEASE_ZOOKEEPER_URL", "zookeeper://127.0.0.1:2181")
+    )
+    add_figure_arguments(parser)
+    parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
+    parser.add_argument("--only", choices=["uncontended"], help="print this figure only")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "hold":
+        asyncio.run(hold_forever(args.url, args.name))
+    elif args.worker is not None:
+        asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
+    else:
+        if args.quick:
+            args.cycles, args.seconds, args.failovers = 100, 1.0, 1
+            args.held, args.held_seconds = 200, 3.0
+        asyncio.run(main(args))

@@ -1,0 +1,135 @@
+"""The safety harness on ZooKeeper: OS processes contend for one lease while the
+holder is paused or cut off (and, on the ensemble, while members die).
+
+The backends' session timeout is the server's minimum (1 s: ``minSessionTimeout``
+of ``scripts/services.sh``'s servers), and so is the lease ttl: a holder that stops
+answering keeps its node on the server for the session timeout, whatever the ttl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
+from tests.backends.zookeeper.support import Ensemble
+from tests.support import with_query
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+#: The session timeout, and so the ttl of these runs.
+TTL = 1.0
+#: The margin is wider than the default: a holder starved of CPU on a busy machine
+#: for longer than its margin would really overlap (that is what the margin is for).
+SHORT: dict[str, Any] = {"ttl": TTL, "margin": 0.3, "processes": 4, "fault_every": 0.5}
+DURATION = {
+    Fault.SIGSTOP: 8.0,
+    Fault.BLACKHOLE: 5.0,
+    Fault.SERVER_RESTART: 9.0,
+}
+
+
+async def short_run(
+    url: str, fault: Fault, loop: str, workdir: Path, session_timeout: float = TTL, **options: Any
+) -> SafetyReport:
+    asyncio_or_trio: Literal["asyncio", "trio"] = "trio" if loop == "trio" else "asyncio"
+    options = {**SHORT, "duration": DURATION[fault], **options}
+    url = with_query(url, session_timeout=session_timeout)
+    return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
+
+
+@pytest.fixture
+def zk_url(aiolease_server: Callable[[str], str]) -> str:
+    return aiolease_server("zookeeper")
+
+
+async def test_zookeeper_is_safe_when_the_holder_is_paused(
+    tmp_path: Path, anyio_backend: str, zk_url: str
+) -> None:
+    """The holder is stopped (SIGSTOP) for longer than the session timeout: ZooKeeper
+    expires its session and another takes the name; what the frozen holder writes on
+    waking is refused by the fence (the tokens only grow)."""
+    report = await short_run(zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL)
+    assert_safe(report, min_acquisitions=2)
+    # The fault took effect: a frozen holder came back after others had taken the
+    # name, and the writes it made then were refused by the fence. (Whether its
+    # body had ended before its loss was seen decides whether it counts as a loss.)
+    assert report.paused_overlaps >= 1 and report.stale_rejected >= 1, report.line()
+
+
+async def test_zookeeper_is_safe_when_the_holder_is_cut_off(
+    tmp_path: Path, anyio_backend: str, zk_url: str
+) -> None:
+    """Each worker reaches ZooKeeper through its own proxy; the holder's is blackholed
+    right after its grant (no reconnect gets through), and bodies outlast the session
+    timeout, so it surely loses its lease while cut off and must stop, with
+    ``LeaseLostError``, before ZooKeeper expires its session."""
+    report = await short_run(
+        zk_url,
+        Fault.BLACKHOLE,
+        anyio_backend,
+        tmp_path,
+        fault_aim="fresh",
+        hold=(1.5, 2.5),
+        fault_length=3 * TTL,
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
+
+
+@pytest.fixture
+async def ensemble(aiolease_server: Callable[[str], str]) -> AsyncIterator[str]:
+    """The ensemble's URL; every member serves again, with a leader, afterwards."""
+    url = aiolease_server("zookeeper-ensemble")
+    await Ensemble("all").wait_ready()
+    yield url
+    await Ensemble("all").wait_ready()
+
+
+#: On the ensemble: a longer session (2 s) rides out an election without losing it.
+ENSEMBLE_TTL = 2.0
+
+
+async def test_zookeeper_ensemble_is_safe_when_its_leader_is_killed(
+    tmp_path: Path, anyio_backend: str, ensemble: str
+) -> None:
+    """The leader member is killed (SIGKILL) and started again: the two others elect a
+    leader and go on serving; sessions move to them."""
+    control = Ensemble("leader")
+    report = await short_run(
+        ensemble,
+        Fault.SERVER_RESTART,
+        anyio_backend,
+        tmp_path,
+        ttl=ENSEMBLE_TTL,
+        margin=0.5,
+        session_timeout=ENSEMBLE_TTL,
+        server_control=control,
+        fault_length=ENSEMBLE_TTL,
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert control.kills >= 1
+
+
+async def test_zookeeper_ensemble_is_safe_when_every_member_restarts(
+    tmp_path: Path, anyio_backend: str, ensemble: str
+) -> None:
+    """Every member is killed and started again on its data: sessions, nodes and
+    transaction ids (tokens) go on from where they were."""
+    control = Ensemble("all")
+    report = await short_run(
+        ensemble,
+        Fault.SERVER_RESTART,
+        anyio_backend,
+        tmp_path,
+        ttl=ENSEMBLE_TTL,
+        margin=0.5,
+        session_timeout=ENSEMBLE_TTL,
+        server_control=control,
+        fault_length=ENSEMBLE_TTL,
+    )
+    assert_safe(report, min_acquisitions=1)
+    assert control.kills >= 3
