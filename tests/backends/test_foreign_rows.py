@@ -1,7 +1,7 @@
 """Rows and keys that aiolease did not write, in the SQL backends' tables, under
 etcd's prefix, MongoDB's collection and ZooKeeper's prefix node: a typed
-ForeignDataError naming them, never a driver's or ``json``'s exception, never a silent overwrite, and the row left
-as it was.
+ForeignDataError naming them, never a driver's or ``json``'s exception, never a
+silent overwrite, and the row left as it was.
 
 Each case writes the row behind the backend's back (on a connection of its own, in a
 table or prefix of the test's own), then reads it, acquires it without waiting and
