@@ -38,7 +38,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import aiozk
-from _common import add_figure_arguments, hold_in_tasks, run_threads
+from _common import add_figure_arguments, hold_in_tasks, record, run_threads
 from kazoo.client import KazooClient
 
 from aiolease import AsyncLock, open_backend
@@ -335,6 +335,16 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'uncontended acquire+release':<36} {'x floor':>8} {'ms':>8}")
     for label, seconds in times.items():
         print(f"  {label:<34} {seconds / floor:>8.2f} {seconds * 1000:>8.2f}")
+        ok = seconds / floor <= 1.10 if label.startswith("aiolease") else None
+        record(
+            "zookeeper",
+            "uncontended acquire+release",
+            label,
+            seconds / floor,
+            "x floor",
+            target="<= 1.10" if ok is not None else "",
+            ok=ok,
+        )
     if args.only == "uncontended":
         return
 
@@ -342,6 +352,13 @@ async def main(args: argparse.Namespace) -> None:
     for kind in ("aiolease", "kazoo", "aiozk"):
         counts = await handoffs(kind, url, f"handoff-{kind}-{RUN}", 8, args.seconds)
         print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
+        record(
+            "zookeeper",
+            "hand-offs, 8 tasks, one name, 1 ms",
+            kind,
+            sum(counts) / args.seconds,
+            "/s",
+        )
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8}")
     for kind in ("aiolease", "kazoo", "aiozk"):
         counts = await handoffs_across_processes(kind, url, 4, args.seconds)
@@ -352,6 +369,15 @@ async def main(args: argparse.Namespace) -> None:
     gap = statistics.median(r[0] for r in runs)
     total = statistics.median(r[1] for r in runs)
     print(f"  {'aiolease':<34} {gap * 1000:>13.1f} ms {total:>12.2f} s")
+    record(
+        "zookeeper",
+        "crash failover: node delete to acquire",
+        "aiolease",
+        gap * 1000,
+        "ms",
+        target="<= 50",
+        ok=gap <= 0.050,
+    )
 
     print(
         f"\n{f'{args.held} leases held, session 3 s':<36} {'req/s':>8} {'CPU s/s':>8} {'lost':>6}"
@@ -359,6 +385,9 @@ async def main(args: argparse.Namespace) -> None:
     for kind in ("aiolease", "kazoo"):
         rate, cpu, lost = await held(kind, url, args.held, args.held_seconds)
         print(f"  {kind:<34} {rate:>8.1f} {cpu:>8.3f} {lost:>6}")
+        record("zookeeper", "leases held: server requests", kind, rate, "/s")
+        record("zookeeper", "leases held: CPU", kind, cpu, "CPU s/s")
+        record("zookeeper", "leases held: lost", kind, lost, "")
 
 
 if __name__ == "__main__":
