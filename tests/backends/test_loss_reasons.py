@@ -47,8 +47,7 @@ prefix = prefix_fixture("reasons")
 Opener = Callable[[], AbstractAsyncContextManager[tuple[FaultProxy, Backend]]]
 
 
-@pytest.fixture(params=["redis", "postgres", "etcd", "mongo"])
-@pytest.fixture(params=["redis", "postgres", "etcd", "zookeeper"])
+@pytest.fixture(params=["redis", "postgres", "etcd", "mongo", "zookeeper"])
 def kind(request: pytest.FixtureRequest) -> str:
     """The server the holder is cut off from."""
     return str(request.param)
