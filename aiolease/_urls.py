@@ -13,7 +13,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from ._exceptions import InvalidArgument
 
-__all__ = ["MASK", "redact", "scrub", "split_url"]
+__all__ = ["MASK", "endpoints", "redact", "scrub", "split_url"]
 
 #: What a password is replaced by.
 MASK = "***"
@@ -95,3 +95,34 @@ def split_url(url: object, what: str) -> SplitResult:
         return urlsplit(url)
     except ValueError as exc:
         raise InvalidArgument(f"malformed {what} URL {redact(url)!r}: {exc}") from None
+
+
+def endpoints(url: str, hosts: str, *, what: str, default_port: int) -> tuple[tuple[str, int], ...]:
+    """The ``(host, port)`` of each comma-separated ``host[:port]`` of ``hosts`` (the
+    netloc of ``url`` after any user part); an IPv6 address bare or in brackets; the
+    port ``default_port`` where none is given.
+
+    :raises InvalidArgument: a part without a host, or with a bad port, naming it as a
+        ``what`` (``"etcd endpoint"``, say) of ``url``, the password masked
+    """
+    return tuple(_endpoint(url, part.strip(), what, default_port) for part in hosts.split(","))
+
+
+def _endpoint(url: str, part: str, what: str, default_port: int) -> tuple[str, int]:
+    if part.startswith("["):  # [v6]:port
+        host, _, rest = part[1:].partition("]")
+        port = rest.removeprefix(":")
+    elif part.count(":") > 1:  # a bare IPv6 address
+        host, port = part, ""
+    else:
+        host, _, port = part.partition(":")
+    why = None
+    if not host:
+        why = "has no host"
+    elif port and not port.isdigit():
+        why = "has a bad port"
+    elif not 0 < (int(port) if port else default_port) < 65536:
+        why = "has a port out of range"
+    if why is not None:
+        raise InvalidArgument(scrub(f"{what} {part!r} of {redact(url)!r} {why}", url))
+    return host, int(port) if port else default_port

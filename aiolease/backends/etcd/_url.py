@@ -18,7 +18,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..._exceptions import InvalidArgument
-from ..._urls import redact, scrub, split_url
+from ..._urls import endpoints as parse_endpoints
+from ..._urls import redact, split_url
 
 __all__ = ["DEFAULT_PORT", "EtcdUrl", "parse_bool", "parse_url"]
 
@@ -62,28 +63,6 @@ def parse_bool(what: str, value: object) -> bool:
     raise InvalidArgument(f"etcd option {what}={value!r} is not a yes/no value")
 
 
-def _bad_endpoint(url: str, part: str, why: str) -> InvalidArgument:
-    return InvalidArgument(scrub(f"etcd endpoint {part!r} of {redact(url)!r} {why}", url))
-
-
-def _endpoint(url: str, part: str) -> tuple[str, int]:
-    if part.startswith("["):  # [v6]:port
-        host, _, rest = part[1:].partition("]")
-        port = rest.removeprefix(":")
-    elif part.count(":") > 1:  # a bare IPv6 address
-        host, port = part, ""
-    else:
-        host, _, port = part.partition(":")
-    if not host:
-        raise _bad_endpoint(url, part, "has no host")
-    if port and not port.isdigit():
-        raise _bad_endpoint(url, part, "has a bad port")
-    number = int(port) if port else DEFAULT_PORT
-    if not 0 < number < 65536:
-        raise _bad_endpoint(url, part, "has a port out of range")
-    return host, number
-
-
 def parse_url(url: str, options: Mapping[str, Any]) -> EtcdUrl:
     """Split ``url`` and merge the keyword ``options`` in.
 
@@ -99,7 +78,7 @@ def parse_url(url: str, options: Mapping[str, Any]) -> EtcdUrl:
     userinfo, _, hosts = parts.netloc.rpartition("@")
     if not hosts:
         raise InvalidArgument(f"etcd URL {redact(url)!r} names no endpoint")
-    endpoints = tuple(_endpoint(url, part.strip()) for part in hosts.split(","))
+    endpoints = parse_endpoints(url, hosts, what="etcd endpoint", default_port=DEFAULT_PORT)
     user = None
     if userinfo:
         name, _, password = userinfo.partition(":")

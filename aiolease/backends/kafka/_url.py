@@ -22,7 +22,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..._exceptions import InvalidArgument
-from ..._urls import redact, scrub, split_url
+from ..._urls import endpoints as parse_endpoints
+from ..._urls import redact, split_url
 
 __all__ = ["DEFAULT_PORT", "KafkaUrl", "Settings", "parse_url", "settings_of"]
 
@@ -93,26 +94,6 @@ class KafkaUrl:
         return passed
 
 
-def _bad_endpoint(url: str, part: str, why: str) -> InvalidArgument:
-    return InvalidArgument(scrub(f"kafka endpoint {part!r} of {redact(url)!r} {why}", url))
-
-
-def _endpoint(url: str, part: str) -> tuple[str, int]:
-    if part.startswith("["):  # [v6]:port
-        host, _, rest = part[1:].partition("]")
-        port = rest.removeprefix(":")
-    else:
-        host, _, port = part.partition(":")
-    if not host:
-        raise _bad_endpoint(url, part, "has no host")
-    if port and not port.isdigit():
-        raise _bad_endpoint(url, part, "has a bad port")
-    number = int(port) if port else DEFAULT_PORT
-    if not 0 < number < 65536:
-        raise _bad_endpoint(url, part, "has a port out of range")
-    return host, number
-
-
 def parse_url(url: str, options: Mapping[str, Any]) -> KafkaUrl:
     """Split ``url`` and merge the keyword ``options`` in.
 
@@ -128,7 +109,7 @@ def parse_url(url: str, options: Mapping[str, Any]) -> KafkaUrl:
     userinfo, _, hosts = parts.netloc.rpartition("@")
     if not hosts:
         raise InvalidArgument(f"Kafka URL {redact(url)!r} names no broker")
-    endpoints = tuple(_endpoint(url, part.strip()) for part in hosts.split(","))
+    endpoints = parse_endpoints(url, hosts, what="kafka endpoint", default_port=DEFAULT_PORT)
     user = None
     if userinfo:
         name, _, password = userinfo.partition(":")

@@ -21,7 +21,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from ..._exceptions import InvalidArgument
-from ..._urls import redact, scrub, split_url
+from ..._urls import endpoints as parse_endpoints
+from ..._urls import redact, split_url
 
 __all__ = ["DEFAULT_PORT", "OPTIONS", "ZooKeeperUrl", "check_path", "parse_url"]
 
@@ -79,28 +80,6 @@ def check_path(what: str, path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def _bad_endpoint(url: str, part: str, why: str) -> InvalidArgument:
-    return InvalidArgument(scrub(f"ZooKeeper server {part!r} of {redact(url)!r} {why}", url))
-
-
-def _endpoint(url: str, part: str) -> tuple[str, int]:
-    if part.startswith("["):  # [v6]:port
-        host, _, rest = part[1:].partition("]")
-        port = rest.removeprefix(":")
-    elif part.count(":") > 1:  # a bare IPv6 address
-        host, port = part, ""
-    else:
-        host, _, port = part.partition(":")
-    if not host:
-        raise _bad_endpoint(url, part, "has no host")
-    if port and not port.isdigit():
-        raise _bad_endpoint(url, part, "has a bad port")
-    number = int(port) if port else DEFAULT_PORT
-    if not 0 < number < 65536:
-        raise _bad_endpoint(url, part, "has a port out of range")
-    return host, number
-
-
 def parse_url(url: str, options: Mapping[str, Any]) -> ZooKeeperUrl:
     """Split ``url`` and merge the keyword ``options`` in.
 
@@ -118,7 +97,7 @@ def parse_url(url: str, options: Mapping[str, Any]) -> ZooKeeperUrl:
         )
     if not hosts:
         raise InvalidArgument(f"ZooKeeper URL {redact(url)!r} names no server")
-    endpoints = tuple(_endpoint(url, part.strip()) for part in hosts.split(","))
+    endpoints = parse_endpoints(url, hosts, what="ZooKeeper server", default_port=DEFAULT_PORT)
     chroot = check_path("chroot", unquote(parts.path))
     try:
         query = dict(
