@@ -7,11 +7,12 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
+import pytest
 
 from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
@@ -22,6 +23,7 @@ __all__ = [
     "REPO",
     "SHORT",
     "ServiceRestart",
+    "alternating_loops",
     "assert_fault_took_effect",
     "restartable",
     "short_run",
@@ -40,6 +42,22 @@ SHORT: dict[str, Any] = {
 #: Blackhole options: hit a holder right after its grant, with bodies longer than the
 #: ttl, so that it surely loses its lease while cut off, and must stop in time.
 CUT_OFF_FRESH: dict[str, Any] = {"fault_aim": "fresh", "hold": (1.2, 2.0)}
+
+
+def alternating_loops(cases: Sequence[Sequence[Any]], offset: int = 0) -> list[Any]:
+    """``cases`` as ``pytest.param(*case, loop)``, the workers' loop alternating from one
+    case to the next (starting with asyncio, or trio with an odd ``offset``).
+
+    A safety run costs seconds of real time; running each fault once, with the loops
+    taking turns, meets both loops under faults on every backend without running every
+    fault twice (docs/testing.md, "Keeping the suite short"). Each id ends in its loop.
+    """
+    params = []
+    for index, case in enumerate(cases):
+        loop = ("asyncio", "trio")[(index + offset) % 2]
+        label = "-".join(getattr(part, "value", str(part)) for part in case)
+        params.append(pytest.param(*case, loop, id=f"{label}-{loop}"))
+    return params
 
 
 async def short_run(

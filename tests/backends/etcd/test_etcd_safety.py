@@ -29,7 +29,6 @@ TTL = 2.0
 SHORT: dict[str, Any] = {"ttl": TTL, "margin": 0.4, "processes": 4, "fault_every": 0.5}
 #: Seconds per run: a few bodies (each 0.5-1.5 ttl), or a fault with time on both sides.
 DURATION = {
-    Fault.NONE: 5.0,
     Fault.SIGSTOP: 9.0,
     Fault.BLACKHOLE: 9.0,
     Fault.SERVER_RESTART: 10.0,
@@ -47,14 +46,20 @@ async def short_run(
     return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
 
 
-@pytest.mark.parametrize("fault", [Fault.NONE, Fault.SIGSTOP])
-async def test_etcd_is_safe(
-    tmp_path: Path, anyio_backend: str, single_url: str, fault: Fault
+# Each fault runs once, the workers' loop taking turns from one fault to the next
+# (docs/testing.md, "Keeping the suite short"). No ``none`` run: every run checks
+# that no bodies overlap outside a pause.
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_etcd_is_safe_when_the_holder_is_paused(
+    tmp_path: Path, anyio_backend: str, single_url: str
 ) -> None:
-    report = await short_run(single_url, fault, anyio_backend, tmp_path)
+    report = await short_run(single_url, Fault.SIGSTOP, anyio_backend, tmp_path)
     assert_safe(report, min_acquisitions=1)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_etcd_is_safe_when_the_holder_is_cut_off(
     tmp_path: Path, anyio_backend: str, single_url: str
 ) -> None:
@@ -68,6 +73,7 @@ async def test_etcd_is_safe_when_the_holder_is_cut_off(
     assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_etcd_is_safe_when_the_server_restarts(tmp_path: Path, anyio_backend: str) -> None:
     """A node of the test's own is killed (``SIGKILL``) and started again on its data:
     revisions, and so tokens, go on from where they were."""
@@ -83,6 +89,7 @@ async def test_etcd_is_safe_when_the_server_restarts(tmp_path: Path, anyio_backe
     assert_safe(report, min_acquisitions=1)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_etcd_cluster_is_safe_when_its_leader_is_killed(
     tmp_path: Path, anyio_backend: str, aiolease_server: Callable[[str], str]
 ) -> None:

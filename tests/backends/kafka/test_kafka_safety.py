@@ -30,10 +30,14 @@ from tests.backends.safety import restartable
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
+# Each fault runs once, the members' loop taking turns from one fault to the next
+# (docs/testing.md, "Keeping the suite short").
+
 #: A bound on anything these tests wait for (a hang guard, not a timing claim).
 WAIT = 30.0
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_safe_when_the_leader_is_stopped(
     tmp_path: Path, anyio_backend: str, kafka_url: str
 ) -> None:
@@ -70,6 +74,7 @@ async def _line(process: Process, prefix: str) -> str:
                 return line.decode()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_failover_after_the_leader_is_killed(anyio_backend: str, kafka_url: str) -> None:
     """A leader in a process of its own is killed with ``SIGKILL``: once the coordinator
     drops it (one session timeout), the survivor leads, with a greater token."""
@@ -116,6 +121,7 @@ async def _holder(
             await backend.wait_changed(name, holder)
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_leadership_recovers_after_a_broker_restart(
     anyio_backend: str, aiolease_server: Callable[[str], str]
 ) -> None:

@@ -24,7 +24,13 @@ from aiolease import (
 )
 from aiolease.abc import Backend, HolderInfo
 from aiolease.testing.safety import Fault, assert_safe, run_safety
-from tests.backends.safety import CUT_OFF_FRESH, assert_fault_took_effect, restartable, short_run
+from tests.backends.safety import (
+    CUT_OFF_FRESH,
+    alternating_loops,
+    assert_fault_took_effect,
+    restartable,
+    short_run,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -49,16 +55,28 @@ async def read_again(backend: Backend, name: str) -> HolderInfo | None:
     return await backend.read(name)
 
 
-@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
-@pytest.mark.parametrize("fault", [Fault.NONE, Fault.SIGSTOP, Fault.BLACKHOLE])
+#: The two queueing modes (``fair=1`` is the default): each fault meets both, and
+#: both loops, in four runs. (No ``none`` run: every run checks that no bodies overlap
+#: outside a pause.)
+MODES = {"fair": "?fair=1", "plain": "?fair=0"}
+
+
+@pytest.mark.parametrize(
+    ("fault", "mode", "anyio_backend"),
+    [
+        case
+        for offset, fault in enumerate((Fault.SIGSTOP, Fault.BLACKHOLE))
+        for case in alternating_loops([(fault, mode) for mode in MODES], offset)
+    ],
+)
 async def test_redis_is_safe(
     aiolease_server: Callable[[str], str],
     tmp_path: Path,
     anyio_backend: str,
     fault: Fault,
-    fair: bool,
+    mode: str,
 ) -> None:
-    url = aiolease_server("redis") + ("?fair=1" if fair else "")
+    url = aiolease_server("redis") + MODES[mode]
     options: dict[str, Any] = {}
     if fault is Fault.BLACKHOLE:
         options = dict(CUT_OFF_FRESH)
@@ -86,11 +104,11 @@ async def test_a_persistent_redis_declares_durable_tokens(
             pass
 
 
-@pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
+@pytest.mark.parametrize(("mode", "anyio_backend"), alternating_loops([(mode,) for mode in MODES]))
 async def test_a_persistent_redis_is_safe_across_restarts(
-    aiolease_server: Callable[[str], str], tmp_path: Path, anyio_backend: str, fair: bool
+    aiolease_server: Callable[[str], str], tmp_path: Path, anyio_backend: str, mode: str
 ) -> None:
-    url = aiolease_server("redis-aof") + ("?fair=1" if fair else "")
+    url = aiolease_server("redis-aof") + MODES[mode]
     control = restartable(*AOF)
     # The harness asks the open backend: this Redis fsyncs every write, so its
     # tokens are durable and the fault applies.
@@ -124,6 +142,7 @@ async def test_tokens_and_the_holder_survive_a_restart(
             assert again.token > lease.token
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])  # asyncio: the runs above
 async def test_restarts_leave_no_driver_error_in_any_worker(
     aiolease_server: Callable[[str], str], tmp_path: Path, anyio_backend: str
 ) -> None:

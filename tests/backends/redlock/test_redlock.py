@@ -464,18 +464,16 @@ async def test_closing_ends_the_requests_left_behind(
 
 # -- safety ---------------------------------------------------------------------------------
 
-DURATION = {Fault.NONE: 1.5, Fault.SIGSTOP: 2.5, Fault.BLACKHOLE: 2.5}
+DURATION = {Fault.SIGSTOP: 2.5, Fault.BLACKHOLE: 2.5}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("anyio_backend", "fault"),
     [
-        # Each run starts four worker processes: the no-fault baseline runs on one loop.
-        ("asyncio", Fault.NONE),
+        # Each run starts four worker processes: each fault runs once, the loops taking
+        # turns (docs/testing.md). Every run checks that no bodies overlap outside a pause.
         ("asyncio", Fault.SIGSTOP),
-        ("trio", Fault.SIGSTOP),
-        ("asyncio", Fault.BLACKHOLE),
         ("trio", Fault.BLACKHOLE),
     ],
 )

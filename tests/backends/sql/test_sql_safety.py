@@ -30,7 +30,13 @@ from aiolease import (
 from aiolease.abc import Backend, HolderInfo
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.safety import Fault
-from tests.backends.safety import CUT_OFF_FRESH, ServiceRestart, assert_fault_took_effect, short_run
+from tests.backends.safety import (
+    CUT_OFF_FRESH,
+    ServiceRestart,
+    alternating_loops,
+    assert_fault_took_effect,
+    short_run,
+)
 from tests.backends.safety import restartable as restart_control
 from tests.backends.sql.support import DATABASES, Database
 from tests.support import refused, unique
@@ -59,13 +65,12 @@ def _cases() -> list[Any]:
     """Each fault once per database, the workers' loop alternating between faults and
     databases (so each database meets both loops) to keep the runs few. (No ``none``
     run: every run checks that no bodies overlap outside a pause.)"""
-    cases = []
     faults = [Fault.SIGSTOP, Fault.BLACKHOLE, Fault.SERVER_RESTART]
-    for offset, database in enumerate(DATABASES):
-        for index, fault in enumerate(faults):
-            loop = ("asyncio", "trio")[(index + offset) % 2]
-            cases.append(pytest.param(database, fault, loop, id=f"{database}-{fault.value}-{loop}"))
-    return cases
+    return [
+        case
+        for offset, database in enumerate(DATABASES)
+        for case in alternating_loops([(database, fault) for fault in faults], offset)
+    ]
 
 
 @pytest.mark.parametrize(("database_name", "fault", "anyio_backend"), _cases())
