@@ -9,11 +9,22 @@ raise, so an error about a URL never turns into another error.
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, unquote, urlsplit
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from ._exceptions import InvalidArgument
 
-__all__ = ["MASK", "endpoints", "redact", "scrub", "split_url"]
+__all__ = [
+    "MASK",
+    "EndpointsUrl",
+    "endpoints",
+    "parse_endpoints_url",
+    "redact",
+    "scrub",
+    "split_url",
+]
 
 #: What a password is replaced by.
 MASK = "***"
@@ -126,3 +137,72 @@ def _endpoint(url: str, part: str, what: str, default_port: int) -> tuple[str, i
     if why is not None:
         raise InvalidArgument(scrub(f"{what} {part!r} of {redact(url)!r} {why}", url))
     return host, int(port) if port else default_port
+
+
+@dataclass(frozen=True)
+class EndpointsUrl:
+    """A parsed ``scheme://[user[:password]@]host[:port][,host[:port]...][?options]``.
+
+    :param endpoints: ``(host, port)`` of every server given
+    :param user: user and password, if given
+    :param options: the query options (strings) and keyword options, merged
+    """
+
+    endpoints: tuple[tuple[str, int], ...]
+    user: tuple[str, str] | None = field(repr=False)
+    options: Mapping[str, Any]
+
+    def described(self) -> str:
+        """The endpoints, for messages (never the password)."""
+        return ",".join(f"{host}:{port}" for host, port in self.endpoints)
+
+
+def parse_endpoints_url(
+    url: str,
+    options: Mapping[str, Any],
+    *,
+    scheme: str,
+    what: str,
+    server: str,
+    known: Collection[str],
+    default_port: int,
+    path_hint: str,
+) -> EndpointsUrl:
+    """Split a URL of a list of servers (etcd's, Kafka's) and merge keyword ``options`` in.
+
+    :param what: the URL kind in messages, with its article (``"an etcd"``)
+    :param server: what one server is called in messages (``"etcd endpoint"``)
+    :param known: the option names the backend takes
+    :param path_hint: what to say to a URL with a path
+    :raises InvalidArgument: a malformed URL, an unknown option, or one given twice;
+        the password masked in every message
+    """
+    kind = what.partition(" ")[2]
+    parts = split_url(url, kind)
+    if parts.scheme != scheme:
+        raise InvalidArgument(f"{what} URL starts with '{scheme}://', got {redact(url)!r}")
+    if parts.path not in ("", "/") or parts.fragment:
+        raise InvalidArgument(f"{what} URL has no path ({path_hint}), got {redact(url)!r}")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if not hosts:
+        raise InvalidArgument(f"{kind} URL {redact(url)!r} names no {server.rpartition(' ')[2]}")
+    servers = endpoints(url, hosts, what=server, default_port=default_port)
+    user = None
+    if userinfo:
+        name, _, password = userinfo.partition(":")
+        user = (unquote(name), unquote(password))
+    try:
+        query = dict(
+            parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        )
+    except ValueError:
+        raise InvalidArgument(f"{kind} URL {redact(url)!r} has a malformed query") from None
+    for key in (*query, *options):
+        if key not in known:
+            raise InvalidArgument(
+                f"unknown {kind} option {key!r}; known: {', '.join(sorted(known))}"
+            )
+    twice = set(query) & set(options)
+    if twice:
+        raise InvalidArgument(f"{kind} options given in the URL and as arguments: {sorted(twice)}")
+    return EndpointsUrl(servers, user, {**query, **options})

@@ -17,13 +17,11 @@ keyword argument only).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 
 from ..._exceptions import InvalidArgument
-from ..._urls import endpoints as parse_endpoints
-from ..._urls import redact, split_url
+from ..._urls import EndpointsUrl, parse_endpoints_url
 
 __all__ = ["DEFAULT_PORT", "KafkaUrl", "Settings", "parse_url", "settings_of"]
 
@@ -67,22 +65,8 @@ class Settings:
     replication_factor: int = 1
 
 
-@dataclass(frozen=True)
-class KafkaUrl:
-    """A parsed ``kafka://`` URL.
-
-    :param endpoints: ``(host, port)`` of every bootstrap broker given
-    :param user: user and password, if given
-    :param options: the query options (strings) and keyword options, merged
-    """
-
-    endpoints: tuple[tuple[str, int], ...]
-    user: tuple[str, str] | None = field(repr=False)
-    options: Mapping[str, Any]
-
-    def described(self) -> str:
-        """The endpoints, for messages (never the password)."""
-        return ",".join(f"{host}:{port}" for host, port in self.endpoints)
+class KafkaUrl(EndpointsUrl):
+    """A parsed ``kafka://`` URL: its bootstrap brokers, user and options."""
 
     def client_options(self) -> dict[str, Any]:
         """What goes to ``aiokafka.AIOKafkaClient`` besides the servers."""
@@ -99,38 +83,19 @@ def parse_url(url: str, options: Mapping[str, Any]) -> KafkaUrl:
 
     :raises InvalidArgument: a malformed URL, an unknown option, or one given twice
     """
-    parts = split_url(url, "kafka")
-    if parts.scheme != "kafka":
-        raise InvalidArgument(f"a Kafka URL starts with 'kafka://', got {redact(url)!r}")
-    if parts.path not in ("", "/") or parts.fragment:
-        raise InvalidArgument(
-            f"a Kafka URL has no path (give prefixes as ?group_prefix=...), got {redact(url)!r}"
-        )
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    if not hosts:
-        raise InvalidArgument(f"Kafka URL {redact(url)!r} names no broker")
-    endpoints = parse_endpoints(url, hosts, what="kafka endpoint", default_port=DEFAULT_PORT)
-    user = None
-    if userinfo:
-        name, _, password = userinfo.partition(":")
-        user = (unquote(name), unquote(password))
-    try:
-        query = dict(
-            parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-        )
-    except ValueError:
-        raise InvalidArgument(f"Kafka URL {redact(url)!r} has a malformed query") from None
-    if "ssl_context" in query:
+    parsed = parse_endpoints_url(
+        url,
+        options,
+        scheme="kafka",
+        what="a Kafka",
+        server="kafka broker",
+        known=OPTIONS,
+        default_port=DEFAULT_PORT,
+        path_hint="give prefixes as ?group_prefix=...",
+    )
+    if "ssl_context" in parsed.options and "ssl_context" not in options:
         raise InvalidArgument("the Kafka option ssl_context is given as a keyword argument")
-    for key in (*query, *options):
-        if key not in OPTIONS:
-            raise InvalidArgument(
-                f"unknown Kafka option {key!r}; known: {', '.join(sorted(OPTIONS))}"
-            )
-    twice = set(query) & set(options)
-    if twice:
-        raise InvalidArgument(f"Kafka options given in the URL and as arguments: {sorted(twice)}")
-    return KafkaUrl(endpoints, user, {**query, **options})
+    return KafkaUrl(parsed.endpoints, parsed.user, parsed.options)
 
 
 def _seconds(what: str, value: object) -> float:
