@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import pytest
 
+from aiolease import open_backend
 from aiolease._bridge import AsyncioBridge, call_asyncio, running_trio
 from aiolease.abc import Backend, Grant, HolderInfo
 
@@ -46,6 +48,23 @@ def inner(backend: Backend, kind: type[B]) -> B:
     found = backend.inner if isinstance(backend, AsyncioBridge) else backend
     assert isinstance(found, kind), found
     return found
+
+
+#: Opens a backend: ``async with open_(**options) as backend``.
+Opener = Callable[..., AbstractAsyncContextManager[Backend]]
+
+
+def prefixed_opener(url: str, prefix: str, **options: Any) -> Opener:
+    """Opens backends on ``url`` under the key prefix ``prefix`` (``.prefix``), with
+    ``options`` and whatever more each opening gives."""
+
+    @asynccontextmanager
+    async def open_(**more: Any) -> AsyncIterator[Backend]:
+        async with open_backend(url, prefix=prefix, **options, **more) as backend:
+            yield backend
+
+    open_.prefix = prefix  # type: ignore[attr-defined]
+    return open_
 
 
 T = TypeVar("T")

@@ -12,9 +12,8 @@ import re
 import socket
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import (
-    AbstractAsyncContextManager,
     AsyncExitStack,
     asynccontextmanager,
     contextmanager,
@@ -26,13 +25,12 @@ import anyio
 import pytest
 from anyio.abc import Process
 
-import aiolease
 from aiolease._bridge import adapt, call_asyncio, running_trio
 from aiolease.abc import Backend
 from aiolease.backends.etcd import EtcdBackend
 from aiolease.backends.etcd._url import parse_url
-
-Opener = Callable[..., AbstractAsyncContextManager[Backend]]
+from tests import support
+from tests.support import Opener, prefixed_opener
 
 #: Bound on waiting for the cluster (elections take ~1-2 s; the machine is shared).
 WAIT = 30.0
@@ -65,22 +63,12 @@ async def open_etcd(
 
 def inner(backend: Backend) -> EtcdBackend:
     """The :class:`EtcdBackend` behind ``backend`` (a bridge under trio)."""
-    found = getattr(backend, "inner", backend)
-    assert isinstance(found, EtcdBackend)
-    return found
+    return support.inner(backend, EtcdBackend)
 
 
 def opener(url: str, **options: Any) -> Opener:
     """Opens backends on ``url`` under one fresh prefix (``.prefix``)."""
-    prefix = options.pop("prefix", unique_prefix())
-
-    @asynccontextmanager
-    async def open_(**more: Any) -> AsyncIterator[Backend]:
-        async with aiolease.open_backend(url, prefix=prefix, **options, **more) as backend:
-            yield backend
-
-    open_.prefix = prefix  # type: ignore[attr-defined]
-    return open_
+    return prefixed_opener(url, options.pop("prefix", unique_prefix()), **options)
 
 
 class Gateway:

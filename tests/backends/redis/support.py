@@ -18,6 +18,7 @@ from aiolease import AsyncLock
 from aiolease._bridge import running_trio
 from aiolease.abc import Backend, Capability, Grant, HolderInfo
 from aiolease.backends.redis import RedisBackend
+from tests import support
 
 __all__ = [
     "Opener",
@@ -81,10 +82,8 @@ def prefix_fixture(label: str, *, dbs: Sequence[int | None] = (None,)) -> Any:
 
 
 def inner(backend: Backend) -> RedisBackend:
-    """The RedisBackend behind a trio bridge, or the backend itself."""
-    found = getattr(backend, "inner", backend)
-    assert isinstance(found, RedisBackend)
-    return found
+    """The :class:`RedisBackend` behind ``backend`` (a bridge under trio)."""
+    return support.inner(backend, RedisBackend)
 
 
 class Tap(Backend):

@@ -7,21 +7,18 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-import aiolease
 from aiolease.abc import Backend
 from aiolease.backends.zookeeper import ZooKeeperBackend
 from aiolease.backends.zookeeper._url import parse_url
 from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.servers import server, services_dir
-
-Opener = Callable[..., AbstractAsyncContextManager[Backend]]
+from tests import support
+from tests.support import Opener, prefixed_opener
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -32,22 +29,12 @@ def unique_prefix() -> str:
 
 def inner(backend: Backend) -> ZooKeeperBackend:
     """The :class:`ZooKeeperBackend` behind ``backend`` (a bridge under trio)."""
-    found = getattr(backend, "inner", backend)
-    assert isinstance(found, ZooKeeperBackend)
-    return found
+    return support.inner(backend, ZooKeeperBackend)
 
 
 def opener(url: str, **options: Any) -> Opener:
     """Opens backends on ``url`` under one fresh prefix (``.prefix``)."""
-    prefix = options.pop("prefix", unique_prefix())
-
-    @asynccontextmanager
-    async def open_(**more: Any) -> AsyncIterator[Backend]:
-        async with aiolease.open_backend(url, prefix=prefix, **options, **more) as backend:
-            yield backend
-
-    open_.prefix = prefix  # type: ignore[attr-defined]
-    return open_
+    return prefixed_opener(url, options.pop("prefix", unique_prefix()), **options)
 
 
 class Outside:
