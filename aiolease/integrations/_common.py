@@ -382,7 +382,7 @@ class Hub:
     # -- per-request locks -------------------------------------------------------------
 
     @asynccontextmanager
-    async def hold(self, spec: LockSpec, params: Mapping[str, object]) -> AsyncIterator[Lease]:
+    async def _hold(self, spec: LockSpec, params: Mapping[str, object]) -> AsyncIterator[Lease]:
         """Hold the lock that ``spec`` names for ``params`` while the block runs.
 
         :raises LeaseHeldError: ``spec.timeout`` ran out (``0``: it was held); ``.holder``

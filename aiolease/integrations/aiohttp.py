@@ -75,6 +75,10 @@ class Leases(Hub):
         ready = asyncio.get_running_loop().create_task(started.wait())
         try:
             await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # the startup was cancelled: leave nothing running
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         finally:
             ready.cancel()
         if task.done():
@@ -138,7 +142,7 @@ class Leases(Hub):
             @functools.wraps(handler)
             async def locked_handler(request: web.Request) -> web.StreamResponse:
                 try:
-                    async with self.hold(spec, request.match_info) as lease:
+                    async with self._hold(spec, request.match_info) as lease:
                         return await handler(request, lease)
                 except (LeaseHeldError, LeaseLostError) as exc:
                     status = (

@@ -58,7 +58,7 @@ class _LockDependency:
         return f"<aiolease lock {self.spec.name.template!r}>"
 
     async def __call__(self, request: Request) -> AsyncIterator[Lease]:
-        async with self.hub.hold(self.spec, request.path_params) as lease:
+        async with self.hub._hold(self.spec, request.path_params) as lease:
             yield lease
 
 
@@ -157,6 +157,38 @@ class Leases(Hub):
             metadata=metadata,
         )
         return Depends(_LockDependency(self, spec), scope="function")
+
+    def hold(
+        self,
+        request: StarletteRequest,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        renew_interval: float | None = None,
+        margin: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> AbstractAsyncContextManager[Lease]:
+        """:meth:`lock` for Starlette endpoints, which have no dependencies::
+
+            async with leases.hold(request, "invoices/{invoice_id}", ttl=10) as lease:
+                ...
+
+        The same names, errors and responses (through the handlers :meth:`install`
+        installs), but the arguments are checked on each call, and the route's path
+        parameters only when a request comes.
+
+        :raises InvalidArgument: on any bad argument
+        """
+        spec = LockSpec.build(
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            renew_interval=renew_interval,
+            margin=margin,
+            metadata=metadata,
+        )
+        return self._hold(spec, request.path_params)
 
     def is_leader(self, job: str) -> Any:
         """A dependency: whether this process leads for the leader job ``job`` now.

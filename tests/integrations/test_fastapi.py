@@ -15,6 +15,10 @@ import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from aiolease import BackendUnavailable, InvalidArgument, LeaderInfo, Lease
 from aiolease.backends.memory import MemoryBackend
@@ -265,11 +269,6 @@ async def test_the_apps_own_lifespan_runs_inside_with_the_backend_open() -> None
 
     app = FastAPI(lifespan=lifespan)
     leases.install(app)
-
-    @app.get("/")
-    async def root(request: Any = None) -> None:
-        pass
-
     async with serving(app):
         with pytest.raises(RuntimeError, match="already"):
             async with leases.running():
@@ -289,3 +288,24 @@ async def test_a_backend_opened_from_a_url_is_closed_when_the_app_stops(tmp_path
         assert await backend.read("x") is None
     with pytest.raises(BackendUnavailable, match="closed"):
         await backend.read("x")
+
+
+async def test_starlette_endpoints_hold_a_lock_with_the_same_responses() -> None:
+    backend = MemoryBackend()
+    assert await backend.try_acquire("invoices/1", "other", 30, "other-host:1", {})
+    leases = Leases(backend)
+
+    async def charge(request: Request) -> Response:
+        async with leases.hold(request, "invoices/{invoice_id}", ttl=TTL, timeout=0) as lease:
+            return JSONResponse({"token": lease.token})
+
+    app = Starlette(routes=[Route("/invoices/{invoice_id}", charge, methods=["POST"])])
+    leases.install(app)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            held = await client.post("/invoices/1")
+            granted = await client.post("/invoices/2")
+    assert held.status_code == 409
+    assert held.json() == {"detail": "locked: try again later", "lock": "invoices/1"}
+    assert granted.status_code == 200 and granted.json() == {"token": 1}
