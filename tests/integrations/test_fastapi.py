@@ -269,7 +269,8 @@ async def test_the_apps_own_lifespan_runs_inside_with_the_backend_open() -> None
 
     app = FastAPI(lifespan=lifespan)
     leases.install(app)
-    async with serving(app):
+    async with app.router.lifespan_context(app) as state:
+        assert state == {"greeting": "hi"}  # the app's own state, passed on
         with pytest.raises(RuntimeError, match="already"):
             async with leases.running():
                 pass
