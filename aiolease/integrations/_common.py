@@ -204,21 +204,6 @@ class _LeaderJob:
 class Hub:
     """The app-wide part of an integration: the backend, open while the app runs, and
     the leader-only jobs run in the background meanwhile.
-
-    :param backend: a backend URL (opened when the app starts, closed when it stops) or
-        an open :class:`~aiolease.Backend` (used as it is, never closed here)
-    :param on_crash: what a crash of a leader job does, unless the job says otherwise:
-        ``"restart"`` (log it, campaign again after ``restart_backoff``) or ``"exit"``
-        (log it, then stop the app through ``stop``)
-    :param restart_backoff: seconds between a job's crash (or return) and its next campaign
-    :param stop: how ``on_crash="exit"`` stops the app (default: SIGTERM to this
-        process, which uvicorn, hypercorn, gunicorn and aiohttp's ``run_app`` take as
-        a graceful shutdown)
-    :param held_status: the HTTP status of a request whose lock is held elsewhere (or
-        that waited ``timeout`` for it)
-    :param lost_status: the HTTP status of a request whose lock was lost while it ran
-    :param open_options: passed to :func:`~aiolease.open_backend` with a URL
-    :raises InvalidArgument: on any bad argument
     """
 
     def __init__(
@@ -232,6 +217,23 @@ class Hub:
         lost_status: int = 503,
         open_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """Nothing is opened here: a backend URL is opened when the app starts.
+
+        :param backend: a backend URL (opened when the app starts, closed when it stops) or
+            an open :class:`~aiolease.Backend` (used as it is, never closed here)
+        :param on_crash: what a crash of a leader job does, unless the job says otherwise:
+            ``"restart"`` (log it, campaign again after ``restart_backoff``) or ``"exit"``
+            (log it, then stop the app through ``stop``)
+        :param restart_backoff: seconds between a job's crash (or return) and its next campaign
+        :param stop: how ``on_crash="exit"`` stops the app (default: SIGTERM to this
+            process, which uvicorn and aiohttp's ``run_app``, like most servers, take as a
+            request to shut down gracefully)
+        :param held_status: the HTTP status of a request whose lock is held elsewhere (or
+            that waited ``timeout`` for it)
+        :param lost_status: the HTTP status of a request whose lock was lost while it ran
+        :param open_options: passed to :func:`~aiolease.open_backend` with a URL
+        :raises InvalidArgument: on any bad argument
+        """
         if not isinstance(backend, (str, Backend)):
             raise InvalidArgument(f"backend must be a URL or a Backend, not {type(backend)!r}")
         self._source = backend

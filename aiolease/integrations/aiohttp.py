@@ -45,10 +45,10 @@ _SPEC = "__aiolease_lock__"
 
 @final
 class Leases(Hub):
-    """aiolease for one aiohttp app (the parameters are :class:`Hub`'s).
+    """aiolease for one aiohttp app.
 
     Append :meth:`cleanup_ctx` to ``app.cleanup_ctx``; declare leader-only jobs with
-    :meth:`~Hub.leader_job` before the app starts.
+    :meth:`leader_job` before the app starts.
     """
 
     async def cleanup_ctx(self, app: web.Application) -> AsyncIterator[None]:

@@ -71,10 +71,10 @@ def _calls(dependant: Any) -> Iterator[object]:
 
 @final
 class Leases(Hub):
-    """aiolease for one FastAPI or Starlette app (the parameters are :class:`Hub`'s).
+    """aiolease for one FastAPI or Starlette app.
 
     Call :meth:`install` on the app once; declare leader-only jobs with
-    :meth:`~Hub.leader_job` before it starts.
+    :meth:`leader_job` before it starts.
     """
 
     def install(self, app: Starlette, *, lifespan: bool = True) -> None:
