@@ -35,7 +35,7 @@ def create_app(url: str, *, ttl: float = 10.0) -> web.Application:
     routes = web.RouteTableDef()
 
     @routes.post("/invoices/{invoice_id}/charge")
-    @leases.locked("invoices/{invoice_id}", ttl=ttl, timeout=ttl)
+    @leases.locked("invoices/{invoice_id}", ttl=ttl, timeout=10)
     async def charge(request: web.Request, lease: Lease) -> web.Response:
         # One request at a time per invoice, across every process: 409 after `timeout`,
         # 503 if the lease is lost (this handler is then cancelled).

@@ -39,7 +39,7 @@ def create_app(url: str, *, ttl: float = 10.0) -> FastAPI:
     leases.install(app)  # error responses; the backend and the job for the app's life
     # Dependencies. This module has no `from __future__ import annotations`: FastAPI
     # reads these names from the annotations of functions local to create_app.
-    InvoiceLock = Annotated[Lease, leases.lock("invoices/{invoice_id}", ttl=ttl, timeout=ttl)]
+    InvoiceLock = Annotated[Lease, leases.lock("invoices/{invoice_id}", ttl=ttl, timeout=10)]
     Leading = Annotated[bool, leases.is_leader("scheduler")]
     CurrentLeader = Annotated[LeaderInfo | None, leases.current_leader("scheduler")]
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 
 from tests.backends.postgres.support import no_tls, schema_of_run
+from tests.backends.redis.support import delete_under, new_prefix
 from tests.support import unique, with_query
 
 
@@ -18,9 +20,12 @@ def pg_schema() -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_app_url(aiolease_server: Callable[[str], str]) -> str:
-    """The Redis server, under a key prefix of this test's own."""
-    return with_query(aiolease_server("redis"), prefix=unique("web") + ":")
+def redis_app_url(aiolease_server: Callable[[str], str]) -> Iterator[str]:
+    """The Redis server, under a key prefix of this test's own (its keys deleted after)."""
+    url = aiolease_server("redis")
+    prefix = new_prefix("web")
+    yield with_query(url, prefix=prefix)
+    delete_under(prefix, [redis.Redis.from_url(url)])
 
 
 @pytest.fixture
