@@ -2,3 +2,5 @@
 Starlette, extra ``[fastapi]``) and :mod:`aiolease.integrations.aiohttp` (extra
 ``[aiohttp]``). Each module imports its framework when it is imported itself; this
 package imports none."""
+
+__all__: list[str] = []
