@@ -20,8 +20,8 @@ and later), so it is released when the path operation returns, before the respon
 sent; the default scope would hold it until the response has been sent.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: FastAPI reads the dependency's parameter
+# annotation (``request: Request``), and older versions do not evaluate strings there.
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, final
@@ -50,7 +50,7 @@ __all__ = ["Leases"]
 class _LockDependency:
     """The dependency that :meth:`Leases.lock` returns: holds the lock for one request."""
 
-    def __init__(self, hub: Leases, spec: LockSpec) -> None:
+    def __init__(self, hub: "Leases", spec: LockSpec) -> None:
         self.hub = hub
         self.spec = spec
 
