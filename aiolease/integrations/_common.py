@@ -27,7 +27,16 @@ from .._registry import open_backend
 from .._validate import check_metadata, check_name, check_seconds
 from ..abc import Backend
 
-__all__ = ["Hub", "LockName", "LockSpec", "error_body", "logger", "signal_own_process"]
+__all__ = [
+    "BAD_NAME_BODY",
+    "BadLockName",
+    "Hub",
+    "LockName",
+    "LockSpec",
+    "error_body",
+    "logger",
+    "signal_own_process",
+]
 
 #: The logger of every integration: job crashes (with their traceback), restarts, stops.
 logger = logging.getLogger("aiolease.integrations")
@@ -59,6 +68,15 @@ def signal_own_process() -> None:
     re-raises the signal, so that the process ends by SIGTERM (exit status 143 in a shell,
     -15 for ``subprocess``)."""
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+class BadLockName(InvalidArgument):
+    """A request's parameters make a lock name that is not a valid lease name (more
+    than 255 bytes, a NUL): the client's doing, answered with 400."""
+
+
+#: The JSON body of the response to :class:`BadLockName` (the name is not repeated).
+BAD_NAME_BODY = {"detail": "the request's parameters make no valid lock name"}
 
 
 @final
@@ -390,9 +408,15 @@ class Hub:
         :raises LeaseHeldError: ``spec.timeout`` ran out (``0``: it was held); ``.holder``
             says who held it, when known
         :raises LeaseLostError: the lease was lost while the block ran (it was cancelled)
-        :raises InvalidArgument: ``params`` do not make a valid name
+        :raises InvalidArgument: ``params`` lack a field of the name
+        :raises BadLockName: ``params`` make a name that is not valid (too long, a NUL)
         """
-        lock = AsyncLock(self.backend, spec.name.format(params), ttl=spec.ttl, **spec.options)
+        name = spec.name.format(params)
+        try:
+            check_name(name)
+        except InvalidArgument as exc:
+            raise BadLockName(str(exc)) from None
+        lock = AsyncLock(self.backend, name, ttl=spec.ttl, **spec.options)
         async with AsyncExitStack() as stack:
             try:
                 lease = await stack.enter_async_context(lock.hold(timeout=spec.timeout))

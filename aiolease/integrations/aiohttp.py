@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from .._exceptions import LeaseHeldError, LeaseLostError
 from .._lease import Lease
-from ._common import Hub, LockSpec, error_body, logger
+from ._common import BAD_NAME_BODY, BadLockName, Hub, LockSpec, error_body, logger
 
 __all__ = ["Leases"]
 
@@ -144,6 +144,8 @@ class Leases(Hub):
                 try:
                     async with self._hold(spec, request.match_info) as lease:
                         return await handler(request, lease)
+                except BadLockName:
+                    return web.json_response(BAD_NAME_BODY, status=400)
                 except (LeaseHeldError, LeaseLostError) as exc:
                     status = (
                         self.lost_status if isinstance(exc, LeaseLostError) else self.held_status

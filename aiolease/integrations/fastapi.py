@@ -41,7 +41,7 @@ from .._elector import LeaderInfo
 from .._exceptions import LeaseHeldError, LeaseLostError
 from .._lease import Lease
 from .._validate import check_name
-from ._common import Hub, LockSpec, error_body
+from ._common import BAD_NAME_BODY, BadLockName, Hub, LockSpec, error_body
 
 __all__ = ["Leases"]
 
@@ -88,6 +88,7 @@ class Leases(Hub):
         """
         app.add_exception_handler(LeaseHeldError, self._error_response)
         app.add_exception_handler(LeaseLostError, self._error_response)
+        app.add_exception_handler(BadLockName, self._error_response)
         if lifespan:
             inner = app.router.lifespan_context
 
@@ -122,6 +123,8 @@ class Leases(Hub):
                     call.spec.name.check_params(params, f"the route {route.path!r}")  # type: ignore[attr-defined]
 
     async def _error_response(self, request: StarletteRequest, exc: Exception) -> Response:
+        if isinstance(exc, BadLockName):
+            return JSONResponse(BAD_NAME_BODY, status_code=400)
         assert isinstance(exc, (LeaseHeldError, LeaseLostError))
         status = self.lost_status if isinstance(exc, LeaseLostError) else self.held_status
         return JSONResponse(error_body(exc), status_code=status, headers={"Retry-After": "1"})

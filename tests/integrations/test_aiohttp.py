@@ -134,6 +134,12 @@ async def test_held_and_lost_locks_map_to_their_statuses() -> None:
         assert response.status == 200
         assert await response.json() == {"token": 2, "name": "invoices/2"}
 
+        response = await client.post("/invoices/" + "x" * 300)  # no valid lease name
+        assert response.status == 400
+        assert await response.json() == {
+            "detail": "the request's parameters make no valid lock name"
+        }
+
 
 async def test_a_crashing_job_is_logged_and_campaigned_again(
     caplog: pytest.LogCaptureFixture,

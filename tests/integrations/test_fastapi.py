@@ -133,6 +133,16 @@ async def test_concurrent_requests_take_turns_with_increasing_tokens() -> None:
     assert notes[::2] == [f"start {t}" for t in range(1, 11)]
 
 
+async def test_a_name_made_invalid_by_the_client_is_a_400() -> None:
+    leases = Leases(MemoryBackend())
+    app, notes = locking_app(leases, None)
+    async with serving(app) as client:
+        response = await client.post("/invoices/" + "x" * 300)
+    assert response.status_code == 400
+    assert response.json() == {"detail": "the request's parameters make no valid lock name"}
+    assert notes == []
+
+
 async def test_a_lock_naming_a_missing_path_parameter_stops_the_app_at_start() -> None:
     leases = Leases(MemoryBackend())
     app = FastAPI()
