@@ -33,7 +33,7 @@ def lint(session: nox.Session) -> None:
     """
     session.install("ruff>=0.5")
     session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", "aiolease", "tests", "benchmarks")
+    session.run("ruff", "format", "--check", "aiolease", "tests", "benchmarks", "docs/examples")
 
 
 @nox.session

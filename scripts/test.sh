@@ -52,7 +52,7 @@ step "ruff check"
 "$venv/bin/python" -m ruff check . || failed+=("ruff")
 
 step "ruff format --check"
-"$venv/bin/python" -m ruff format --check aiolease tests benchmarks || failed+=("ruff format")
+"$venv/bin/python" -m ruff format --check aiolease tests benchmarks docs/examples || failed+=("ruff format")
 
 echo
 echo "test.sh: took ${SECONDS}s"

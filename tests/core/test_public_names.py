@@ -33,6 +33,9 @@ PUBLIC_MODULES = [
     "aiolease.backends.memory",
     "aiolease.backends.sqlite",
     "aiolease.backends.etcd",
+    "aiolease.integrations",
+    "aiolease.integrations.aiohttp",
+    "aiolease.integrations.fastapi",
 ]
 
 
