@@ -1,0 +1,286 @@
+"""OpenTelemetry metrics and spans for aiolease (``pip install 'aiolease[otel]'``).
+
+:func:`instrument` subscribes an :class:`Instrumentation` (an
+:class:`~aiolease.Observer`) to one backend object, or to every one: it records the
+metrics below on the meter provider given (default: the global one) and the spans on
+the tracer provider given (default: the global one). Nothing here is imported by the
+core: without this module, or without an observer, the core's events cost one
+attribute check each.
+
+Metrics (attributes of low cardinality: ``aiolease.backend``, the backend's kind such
+as ``"redis"``; ``aiolease.lock.name`` only when ``lock_names`` asks for it):
+
+==============================  ==============  ==========  ==============================
+name                            instrument      unit        extra attributes
+==============================  ==============  ==========  ==============================
+aiolease.lock.acquire.duration  histogram       s
+aiolease.lock.hold.duration     histogram       s           aiolease.loss.reason
+aiolease.lock.renew.duration    histogram       s
+aiolease.lock.renew.failures    counter         {failure}
+aiolease.lock.losses            counter         {lease}     aiolease.loss.reason
+aiolease.lock.held              up-down counter {lease}
+aiolease.elector.is_leader      up-down counter {leader}    aiolease.election.name
+aiolease.elector.transitions    counter         {change}    aiolease.election.name,
+                                                            aiolease.election.change
+==============================  ==============  ==========  ==============================
+
+"lock" means every lease: those of :class:`~aiolease.AsyncLock` and the terms of
+:class:`~aiolease.Elector`. Spans: ``aiolease.acquire`` (from the first request to the
+grant, in the acquiring task's trace), ``aiolease.renew`` (one per renewal round trip:
+one per batch on a backend that renews many leases in one call; a root span, as the
+renewal scheduler serves every task) and ``aiolease.release`` (the release round trip),
+with ``aiolease.lock.name`` and ``aiolease.lease.token``.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._events import Events, Observer, subscribe_all
+from .._exceptions import InvalidArgument, LossReason
+from .._lease import Lease
+from ..abc import Backend, WrappingBackend
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import TracerProvider
+
+__all__ = ["BUCKETS", "Instrumentation", "backend_kind", "instrument"]
+
+#: Histogram bucket boundaries in seconds (OpenTelemetry's advice for durations).
+BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+
+_SCOPE = "aiolease"
+_kinds: dict[type[Backend], str] = {}
+
+
+def backend_kind(backend: Backend) -> str:
+    """The kind of ``backend`` for the ``aiolease.backend`` attribute: the package under
+    ``aiolease.backends`` (``"redis"``, ``"memory"``...), else the class name in lower
+    case without a ``Backend`` suffix; through wrappers, the wrapped backend's."""
+    while isinstance(backend, WrappingBackend):
+        backend = backend.inner
+    cls = type(backend)
+    kind = _kinds.get(cls)
+    if kind is None:
+        parts = cls.__module__.split(".")
+        if parts[:2] == ["aiolease", "backends"] and len(parts) > 2:
+            kind = parts[2]
+        else:
+            kind = cls.__name__.lower().removesuffix("backend") or cls.__name__.lower()
+        _kinds[cls] = kind
+    return kind
+
+
+def _import_otel() -> Any:
+    try:
+        from opentelemetry import context, metrics, trace
+    except ImportError:  # pragma: no cover - depends on the installed extras
+        raise ImportError(
+            "aiolease.integrations.otel needs OpenTelemetry: pip install 'aiolease[otel]'"
+        ) from None
+    return context, metrics, trace
+
+
+class Instrumentation(Observer):
+    """Records aiolease's metrics and spans with OpenTelemetry (see the module docstring).
+
+    :param meter_provider: where the metrics go (default: the global provider)
+    :param tracer_provider: where the spans go (default: the global provider)
+    :param lock_names: add ``aiolease.lock.name`` to the lock metrics: ``True`` for the
+        name itself, or a function from the name to a label (a name the function maps to
+        ``None`` gets no attribute). Off by default: a name per request would make a
+        time series per request. Spans carry the name either way.
+    :raises InvalidArgument: ``lock_names`` is neither a bool nor callable
+    """
+
+    def __init__(
+        self,
+        *,
+        meter_provider: MeterProvider | None = None,
+        tracer_provider: TracerProvider | None = None,
+        lock_names: bool | Callable[[str], str | None] = False,
+    ) -> None:
+        context, metrics, trace = _import_otel()
+        if not isinstance(lock_names, bool) and not callable(lock_names):
+            raise InvalidArgument("lock_names must be a bool or a function of the name")
+        self._label = (lambda name: name) if lock_names is True else (lock_names or None)
+        self._context = context
+        self._unsubscribe: list[Callable[[], None]] = []
+        meter = metrics.get_meter(_SCOPE, meter_provider=meter_provider)
+        self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
+        self._status_error = trace.StatusCode.ERROR
+
+        def histogram(name: str, description: str) -> Any:
+            return meter.create_histogram(
+                name, unit="s", description=description, explicit_bucket_boundaries_advisory=BUCKETS
+            )
+
+        self._acquire = histogram(
+            "aiolease.lock.acquire.duration", "Time from an acquire's first request to its grant"
+        )
+        self._hold = histogram(
+            "aiolease.lock.hold.duration", "Time a lease was held, from its grant's request"
+        )
+        self._renew = histogram(
+            "aiolease.lock.renew.duration", "Round trip of one renewal (of one lease or a batch)"
+        )
+        self._renew_failures = meter.create_counter(
+            "aiolease.lock.renew.failures", unit="{failure}", description="Failed renewals"
+        )
+        self._losses = meter.create_counter(
+            "aiolease.lock.losses", unit="{lease}", description="Leases lost, by reason"
+        )
+        self._held = meter.create_up_down_counter(
+            "aiolease.lock.held", unit="{lease}", description="Leases held now"
+        )
+        self._leader = meter.create_up_down_counter(
+            "aiolease.elector.is_leader", unit="{leader}", description="1 while leading"
+        )
+        self._transitions = meter.create_counter(
+            "aiolease.elector.transitions",
+            unit="{change}",
+            description="Terms started (elected) and ended (deposed)",
+        )
+        # Leases counted in aiolease.lock.held / is_leader: an end is counted only for
+        # a start that was (an observer subscribed mid-lease sees only the end).
+        self._holding: weakref.WeakSet[Lease] = weakref.WeakSet()
+        self._leading: weakref.WeakSet[Lease] = weakref.WeakSet()
+
+    def _attributes(self, lease: Lease) -> dict[str, str]:
+        attributes = {"aiolease.backend": backend_kind(lease.backend)}
+        if self._label is not None:
+            label = self._label(lease.name)
+            if label is not None:
+                attributes["aiolease.lock.name"] = label
+        return attributes
+
+    def _span(
+        self,
+        name: str,
+        duration: float,
+        attributes: dict[str, Any],
+        *,
+        root: bool = False,
+        error: BaseException | None = None,
+    ) -> None:
+        """A span that ended now and lasted ``duration`` seconds."""
+        end = time.time_ns()
+        span = self._tracer.start_span(
+            name,
+            context=self._context.Context() if root else None,
+            attributes=attributes,
+            start_time=end - int(duration * 1e9),
+        )
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(self._status_error, repr(error))
+        span.end(end_time=end)
+
+    @staticmethod
+    def _lease_attributes(lease: Lease) -> dict[str, Any]:
+        return {
+            "aiolease.lock.name": lease.name,
+            "aiolease.lease.token": lease.token,
+            "aiolease.backend": backend_kind(lease.backend),
+        }
+
+    # -- the events -------------------------------------------------------------------
+
+    def acquired(self, lease: Lease, wait: float) -> None:
+        attributes = self._attributes(lease)
+        self._acquire.record(wait, attributes)
+        self._held.add(1, attributes)
+        self._holding.add(lease)
+        self._span("aiolease.acquire", wait, self._lease_attributes(lease))
+
+    def released(self, lease: Lease, held: float) -> None:
+        self._ended(lease, LossReason.RELEASED, held)
+
+    def lost(self, lease: Lease, reason: LossReason, held: float) -> None:
+        self._ended(lease, reason, held)
+        attributes = self._attributes(lease)
+        attributes["aiolease.loss.reason"] = reason.value
+        self._losses.add(1, attributes)
+
+    def _ended(self, lease: Lease, reason: LossReason, held: float) -> None:
+        attributes = self._attributes(lease)
+        if lease in self._holding:
+            self._holding.discard(lease)
+            self._held.add(-1, attributes)
+        attributes["aiolease.loss.reason"] = reason.value
+        self._hold.record(held, attributes)
+
+    def renewed(self, leases: Sequence[Lease], latency: float) -> None:
+        first = leases[0]
+        kind = backend_kind(first.backend)
+        self._renew.record(latency, {"aiolease.backend": kind})
+        attributes: dict[str, Any] = (
+            self._lease_attributes(first) if len(leases) == 1 else {"aiolease.backend": kind}
+        )
+        attributes["aiolease.lease.count"] = len(leases)
+        self._span("aiolease.renew", latency, attributes, root=True)
+
+    def renew_failed(self, lease: Lease, error: BaseException) -> None:
+        self._renew_failures.add(1, self._attributes(lease))
+
+    def release_finished(self, name: str, token: int | None, duration: float, freed: bool) -> None:
+        attributes: dict[str, Any] = {"aiolease.lock.name": name, "aiolease.release.freed": freed}
+        if token is not None:
+            attributes["aiolease.lease.token"] = token
+        self._span("aiolease.release", duration, attributes)
+
+    def elected(self, lease: Lease) -> None:
+        self._leading.add(lease)
+        self._leader.add(1, self._election(lease))
+        self._transitions.add(1, {**self._election(lease), "aiolease.election.change": "elected"})
+
+    def deposed(self, lease: Lease, reason: LossReason) -> None:
+        if lease in self._leading:
+            self._leading.discard(lease)
+            self._leader.add(-1, self._election(lease))
+        self._transitions.add(1, {**self._election(lease), "aiolease.election.change": "deposed"})
+
+    @staticmethod
+    def _election(lease: Lease) -> dict[str, str]:
+        return {
+            "aiolease.backend": backend_kind(lease.backend),
+            "aiolease.election.name": lease.name,
+        }
+
+    # -- installing -------------------------------------------------------------------
+
+    def uninstrument(self) -> None:
+        """Stop recording (unsubscribe from every backend :func:`instrument` added it to)."""
+        unsubscribe, self._unsubscribe = self._unsubscribe, []
+        for undo in unsubscribe:
+            undo()
+
+
+def instrument(
+    backend: Backend | None = None,
+    *,
+    meter_provider: MeterProvider | None = None,
+    tracer_provider: TracerProvider | None = None,
+    lock_names: bool | Callable[[str], str | None] = False,
+) -> Instrumentation:
+    """Record the metrics and spans of ``backend``'s leases (``None``: of every backend
+    object of this process, open now or later) with OpenTelemetry.
+
+    :returns: the :class:`Instrumentation`; call its :meth:`~Instrumentation.uninstrument`
+        to stop
+    :raises InvalidArgument: ``backend`` is not a :class:`~aiolease.Backend`, or a bad
+        ``lock_names``
+    """
+    if backend is not None and not isinstance(backend, Backend):
+        raise InvalidArgument(f"backend must be an aiolease Backend, not {type(backend).__name__}")
+    instrumentation = Instrumentation(
+        meter_provider=meter_provider, tracer_provider=tracer_provider, lock_names=lock_names
+    )
+    events: Events | None = None if backend is None else backend.events
+    undo = subscribe_all(instrumentation) if events is None else events.subscribe(instrumentation)
+    instrumentation._unsubscribe.append(undo)
+    return instrumentation
