@@ -445,7 +445,8 @@ async def release_shielded(
                 extra=log_fields(name, token, lost),
             )
             freed = False
-        _release_finished(backend, name, token, started, freed)
+        if backend.events.observers:
+            _release_finished(backend, name, token, started, freed)
         return freed
     logger.warning(
         "release of lease %r timed out after %gs", name, bound, extra=log_fields(name, token, lost)
@@ -457,9 +458,7 @@ async def release_shielded(
 def _release_finished(
     backend: Backend, name: str, token: int | None, started: float, freed: bool
 ) -> None:
-    events = backend.events
-    if events.observers:
-        events._emit("release_finished", name, token, current_time() - started, freed)
+    backend.events._emit("release_finished", name, token, current_time() - started, freed)
 
 
 def log_fields(name: str, token: int | None, reason: LossReason | None = None) -> dict[str, object]:

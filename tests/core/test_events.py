@@ -11,8 +11,6 @@ and the backend's close.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
 
 import anyio
 import pytest
@@ -21,55 +19,9 @@ import aiolease
 from aiolease import AsyncLock, Elector, Lease, LeaseLostError, LossReason, Observer
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.faults import FaultyBackend
-from tests.support import raises
+from tests.support import Recorder, raises
 
 pytestmark = pytest.mark.anyio
-
-
-class Recorder(Observer):
-    """Records every event as a tuple, and wakes whoever waits for an event's kind."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[Any, ...]] = []
-        self._waiting: dict[str, anyio.Event] = {}
-
-    def _record(self, *event: Any) -> None:
-        self.log.append(event)
-        waiting = self._waiting.pop(event[0], None)
-        if waiting is not None:
-            waiting.set()
-
-    async def next(self, kind: str) -> tuple[Any, ...]:
-        """Wait for the next event of ``kind`` and return it."""
-        await self._waiting.setdefault(kind, anyio.Event()).wait()
-        return [e for e in self.log if e[0] == kind][-1]
-
-    def kinds(self) -> list[str]:
-        return [event[0] for event in self.log]
-
-    def acquired(self, lease: Lease, wait: float) -> None:
-        self._record("acquired", lease, wait)
-
-    def released(self, lease: Lease, held: float) -> None:
-        self._record("released", lease, held)
-
-    def lost(self, lease: Lease, reason: LossReason, held: float) -> None:
-        self._record("lost", lease, reason, held)
-
-    def renewed(self, leases: Sequence[Lease], latency: float) -> None:
-        self._record("renewed", list(leases), latency)
-
-    def renew_failed(self, lease: Lease, error: BaseException) -> None:
-        self._record("renew_failed", lease, error)
-
-    def release_finished(self, name: str, token: int | None, duration: float, freed: bool) -> None:
-        self._record("release_finished", name, token, duration, freed)
-
-    def elected(self, lease: Lease) -> None:
-        self._record("elected", lease)
-
-    def deposed(self, lease: Lease, reason: LossReason) -> None:
-        self._record("deposed", lease, reason)
 
 
 def lost_reasons(recorder: Recorder) -> list[LossReason]:
