@@ -68,7 +68,10 @@ without it as follows:
 Wrappers (the trio bridge, :class:`~aiolease.testing.faults.FaultyBackend`,
 :class:`~aiolease.testing.remote.RemoteBackend`) derive from
 :class:`ForwardingBackend`, which hands every operation, hook and property of the
-contract to the backend they wrap.
+contract to the backend they wrap. A wrapper of this process (:class:`WrappingBackend`)
+also shares the wrapped backend's :attr:`Backend.events`, the observers of the leases
+held through it (:class:`~aiolease.Observer`), which the core tells of every grant,
+release, renewal and loss.
 """
 
 from __future__ import annotations

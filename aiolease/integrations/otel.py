@@ -1,35 +1,26 @@
 """OpenTelemetry metrics and spans for aiolease (``pip install 'aiolease[otel]'``).
 
 :func:`instrument` subscribes an :class:`Instrumentation` (an
-:class:`~aiolease.Observer`) to one backend object, or to every one: it records the
-metrics below on the meter provider given (default: the global one) and the spans on
-the tracer provider given (default: the global one). Nothing here is imported by the
-core: without this module, or without an observer, the core's events cost one
-attribute check each.
+:class:`~aiolease.Observer`) to one backend object, or to every one. It records these
+metrics on the meter provider given (default: the global one), with the attribute
+``aiolease.backend`` (the backend's kind, :func:`backend_kind`) and, only when
+``lock_names`` asks for it, ``aiolease.lock.name``:
 
-Metrics (attributes of low cardinality: ``aiolease.backend``, the backend's kind such
-as ``"redis"``; ``aiolease.lock.name`` only when ``lock_names`` asks for it):
+* ``aiolease.lock.acquire.duration``, ``aiolease.lock.hold.duration`` (with
+  ``aiolease.loss.reason``) and ``aiolease.lock.renew.duration``: histograms, in
+  seconds;
+* ``aiolease.lock.renew.failures`` and ``aiolease.lock.losses`` (with
+  ``aiolease.loss.reason``): counters;
+* ``aiolease.lock.held``: an up-down counter of the leases held now;
+* ``aiolease.elector.is_leader`` (an up-down counter) and
+  ``aiolease.elector.transitions`` (a counter, with ``aiolease.election.change``),
+  both with ``aiolease.election.name``.
 
-==============================  ==============  ==========  ==============================
-name                            instrument      unit        extra attributes
-==============================  ==============  ==========  ==============================
-aiolease.lock.acquire.duration  histogram       s
-aiolease.lock.hold.duration     histogram       s           aiolease.loss.reason
-aiolease.lock.renew.duration    histogram       s
-aiolease.lock.renew.failures    counter         {failure}
-aiolease.lock.losses            counter         {lease}     aiolease.loss.reason
-aiolease.lock.held              up-down counter {lease}
-aiolease.elector.is_leader      up-down counter {leader}    aiolease.election.name
-aiolease.elector.transitions    counter         {change}    aiolease.election.name,
-                                                            aiolease.election.change
-==============================  ==============  ==========  ==============================
-
-"lock" means every lease: those of :class:`~aiolease.AsyncLock` and the terms of
-:class:`~aiolease.Elector`. Spans: ``aiolease.acquire`` (from the first request to the
-grant, in the acquiring task's trace), ``aiolease.renew`` (one per renewal round trip:
-one per batch on a backend that renews many leases in one call; a root span, as the
-renewal scheduler serves every task) and ``aiolease.release`` (the release round trip),
-with ``aiolease.lock.name`` and ``aiolease.lease.token``.
+And the spans ``aiolease.acquire``, ``aiolease.renew`` (one per renewal round trip:
+per batch where the backend batches) and ``aiolease.release`` on the tracer provider
+given (default: the global one), with the name and the fencing token.
+``docs/observability.md`` has the tables. The core never imports this module, nor
+OpenTelemetry.
 """
 
 from __future__ import annotations
@@ -39,6 +30,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .. import __version__
 from .._events import Events, Observer, subscribe_all
 from .._exceptions import InvalidArgument, LossReason
 from .._lease import Lease
@@ -110,9 +102,8 @@ class Instrumentation(Observer):
         self._label = (lambda name: name) if lock_names is True else (lock_names or None)
         self._context = context
         self._unsubscribe: list[Callable[[], None]] = []
-        meter = metrics.get_meter(_SCOPE, meter_provider=meter_provider)
-        self._tracer = trace.get_tracer(_SCOPE, tracer_provider=tracer_provider)
-        self._status_error = trace.StatusCode.ERROR
+        meter = metrics.get_meter(_SCOPE, __version__, meter_provider=meter_provider)
+        self._tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider)
 
         def histogram(name: str, description: str) -> Any:
             return meter.create_histogram(
@@ -159,15 +150,10 @@ class Instrumentation(Observer):
         return attributes
 
     def _span(
-        self,
-        name: str,
-        duration: float,
-        attributes: dict[str, Any],
-        *,
-        root: bool = False,
-        error: BaseException | None = None,
+        self, name: str, duration: float, attributes: dict[str, Any], *, root: bool = False
     ) -> None:
-        """A span that ended now and lasted ``duration`` seconds."""
+        """A span that ended now and lasted ``duration`` seconds (``root``: of a trace
+        of its own, not the current one)."""
         end = time.time_ns()
         span = self._tracer.start_span(
             name,
@@ -175,9 +161,6 @@ class Instrumentation(Observer):
             attributes=attributes,
             start_time=end - int(duration * 1e9),
         )
-        if error is not None:
-            span.record_exception(error)
-            span.set_status(self._status_error, repr(error))
         span.end(end_time=end)
 
     @staticmethod

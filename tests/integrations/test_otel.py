@@ -8,6 +8,8 @@ batched. And the Prometheus scrape that ``docs/observability.md`` shows, run as 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +202,8 @@ async def test_lock_names_only_by_option(anyio_backend: str, otel: Otel) -> None
     assert point.attributes["aiolease.lock.name"] == "invoices"
     with pytest.raises(aiolease.InvalidArgument):
         otel.instrument(backend, lock_names="yes")
+    with pytest.raises(aiolease.InvalidArgument):
+        instrument("memory://")  # type: ignore[arg-type]
 
 
 async def test_uninstrument_and_every_backend(anyio_backend: str, otel: Otel) -> None:
@@ -270,3 +274,26 @@ def test_the_prometheus_scrape_in_the_docs() -> None:
         'aiolease_backend="memory"',
     ):
         assert name in scraped, name
+
+
+def test_the_core_never_imports_opentelemetry() -> None:
+    script = (
+        "import sys, anyio, aiolease\n"
+        "from aiolease.backends.memory import MemoryBackend\n"
+        "async def main():\n"
+        "    backend = MemoryBackend()\n"
+        "    backend.events.subscribe(aiolease.Observer())\n"
+        "    async with aiolease.Elector(backend, 'e', ttl=5).leadership():\n"
+        "        async with aiolease.AsyncLock(backend, 'a', ttl=5): pass\n"
+        "anyio.run(main)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=DOCS.parents[1],  # this tree's aiolease first
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "[]"
