@@ -117,7 +117,10 @@ async def acquire_lease(
             maybe_held = True
             with anyio.move_on_after(timing.ttl):
                 await backend.wait_turn(name, owner, timing.ttl, result)
-    except BaseException:
+    except BaseException as exc:
+        events = backend.events
+        if events.observers and started is not None:
+            events._emit("acquire_failed", name, current_time() - started, exc)
         if maybe_held:
             await release_shielded(backend, name, owner, None, timing)
         raise

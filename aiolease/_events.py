@@ -47,6 +47,12 @@ class Observer:
     def acquired(self, lease: Lease, wait: float) -> None:
         """``lease`` was granted, ``wait`` seconds after the acquire sent its first request."""
 
+    def acquire_failed(self, name: str, wait: float, error: BaseException) -> None:
+        """An acquire of ``name`` ended without a grant, ``wait`` seconds after its first
+        request, with ``error``: :class:`~aiolease.LeaseHeldError` (a try that found it
+        held), a :class:`~aiolease.BackendError`, or the cancellation that a timeout or
+        the caller's cancel scope delivered (``TimeoutError`` is raised from it later)."""
+
     def released(self, lease: Lease, held: float) -> None:
         """``lease`` was given up by its holder (the release is being sent), ``held``
         seconds after its grant's request was sent."""

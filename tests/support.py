@@ -134,6 +134,9 @@ class Recorder(Observer):
     def acquired(self, lease: Lease, wait: float) -> None:
         self._record("acquired", lease, wait)
 
+    def acquire_failed(self, name: str, wait: float, error: BaseException) -> None:
+        self._record("acquire_failed", name, wait, error)
+
     def released(self, lease: Lease, held: float) -> None:
         self._record("released", lease, held)
 

@@ -30,6 +30,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .. import __version__
 from .._events import Events, Observer, subscribe_all
 from .._exceptions import InvalidArgument, LossReason
@@ -67,6 +69,16 @@ def backend_kind(backend: Backend) -> str:
     return kind
 
 
+def _error_type(error: BaseException) -> str:
+    """The ``error.type`` of a failed acquire: the exception's class name, or
+    ``cancelled`` for a cancellation (a timeout, or the caller's cancel scope)."""
+    try:
+        cancelled = isinstance(error, anyio.get_cancelled_exc_class())
+    except Exception:  # no async library running: not a cancellation of one
+        cancelled = False
+    return "cancelled" if cancelled else type(error).__name__
+
+
 def _import_otel() -> Any:
     try:
         from opentelemetry import context, metrics, trace
@@ -101,6 +113,8 @@ class Instrumentation(Observer):
             raise InvalidArgument("lock_names must be a bool or a function of the name")
         self._label = (lambda name: name) if lock_names is True else (lock_names or None)
         self._context = context
+        self._status = trace.Status
+        self._error_code = trace.StatusCode.ERROR
         self._unsubscribe: list[Callable[[], None]] = []
         meter = metrics.get_meter(_SCOPE, __version__, meter_provider=meter_provider)
         self._tracer = trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider)
@@ -136,9 +150,12 @@ class Instrumentation(Observer):
             unit="{change}",
             description="Terms started (elected) and ended (deposed)",
         )
-        # Leases counted in aiolease.lock.held / is_leader: an end is counted only for
-        # a start that was (an observer subscribed mid-lease sees only the end).
-        self._holding: weakref.WeakSet[Lease] = weakref.WeakSet()
+        # Leases counted in aiolease.lock.held (with their attributes) and is_leader: an
+        # end is counted only for a start that was (an observer subscribed mid-lease
+        # sees only the end).
+        self._holding: weakref.WeakKeyDictionary[Lease, dict[str, str]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._leading: weakref.WeakSet[Lease] = weakref.WeakSet()
 
     def _attributes(self, lease: Lease) -> dict[str, str]:
@@ -150,10 +167,16 @@ class Instrumentation(Observer):
         return attributes
 
     def _span(
-        self, name: str, duration: float, attributes: dict[str, Any], *, root: bool = False
+        self,
+        name: str,
+        duration: float,
+        attributes: dict[str, Any],
+        *,
+        root: bool = False,
+        error: BaseException | None = None,
     ) -> None:
         """A span that ended now and lasted ``duration`` seconds (``root``: of a trace
-        of its own, not the current one)."""
+        of its own, not the current one; ``error``: it failed with that)."""
         end = time.time_ns()
         span = self._tracer.start_span(
             name,
@@ -161,6 +184,8 @@ class Instrumentation(Observer):
             attributes=attributes,
             start_time=end - int(duration * 1e9),
         )
+        if error is not None:
+            span.set_status(self._status(self._error_code, repr(error)))
         span.end(end_time=end)
 
     @staticmethod
@@ -177,25 +202,33 @@ class Instrumentation(Observer):
         attributes = self._attributes(lease)
         self._acquire.record(wait, attributes)
         self._held.add(1, attributes)
-        self._holding.add(lease)
+        self._holding[lease] = attributes
         self._span("aiolease.acquire", wait, self._lease_attributes(lease))
+
+    def acquire_failed(self, name: str, wait: float, error: BaseException) -> None:
+        self._span(
+            "aiolease.acquire",
+            wait,
+            {"aiolease.lock.name": name, "error.type": _error_type(error)},
+            error=error,
+        )
 
     def released(self, lease: Lease, held: float) -> None:
         self._ended(lease, LossReason.RELEASED, held)
 
     def lost(self, lease: Lease, reason: LossReason, held: float) -> None:
-        self._ended(lease, reason, held)
-        attributes = self._attributes(lease)
-        attributes["aiolease.loss.reason"] = reason.value
-        self._losses.add(1, attributes)
+        self._losses.add(1, self._ended(lease, reason, held))
 
-    def _ended(self, lease: Lease, reason: LossReason, held: float) -> None:
-        attributes = self._attributes(lease)
-        if lease in self._holding:
-            self._holding.discard(lease)
+    def _ended(self, lease: Lease, reason: LossReason, held: float) -> dict[str, str]:
+        """Record the end of ``lease``; return its attributes with the reason."""
+        attributes = self._holding.pop(lease, None)
+        if attributes is None:
+            attributes = self._attributes(lease)
+        else:
             self._held.add(-1, attributes)
-        attributes["aiolease.loss.reason"] = reason.value
-        self._hold.record(held, attributes)
+        ended = {**attributes, "aiolease.loss.reason": reason.value}
+        self._hold.record(held, ended)
+        return ended
 
     def renewed(self, leases: Sequence[Lease], latency: float) -> None:
         first = leases[0]

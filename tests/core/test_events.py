@@ -50,6 +50,26 @@ async def test_a_wait_a_hold_and_a_release(anyio_backend: str) -> None:
     assert waited > 0
 
 
+async def test_acquires_that_end_without_a_grant(anyio_backend: str) -> None:
+    backend = FaultyBackend(MemoryBackend())
+    recorder = Recorder()
+    backend.events.subscribe(recorder)
+    lock = AsyncLock(backend, "busy", ttl=30)
+    async with lock:
+        with pytest.raises(aiolease.LeaseHeldError):
+            await AsyncLock(backend, "busy", ttl=30).acquire_nowait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lock.acquire)
+            await backend.wait_called("wait_turn")
+            tg.cancel_scope.cancel()
+    failed = [e for e in recorder.log if e[0] == "acquire_failed"]
+    assert [(e[1], type(e[3])) for e in failed] == [
+        ("busy", aiolease.LeaseHeldError),
+        ("busy", anyio.get_cancelled_exc_class()),
+    ]
+    assert all(e[2] >= 0 for e in failed)
+
+
 async def test_no_observer_no_event_and_unsubscribe(anyio_backend: str) -> None:
     backend = MemoryBackend()
     assert backend.events.observers == ()

@@ -22,6 +22,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import aiolease
 from aiolease import AsyncLock, Elector, LeaseLostError, LossReason
@@ -191,6 +192,24 @@ async def test_spans_carry_the_name_and_the_token(anyio_backend: str, otel: Otel
         if attrs(span)["aiolease.release.freed"]
     }
     assert {"wait", "stolen"} <= freed
+
+
+async def test_acquires_without_a_grant_make_failed_spans(anyio_backend: str, otel: Otel) -> None:
+    backend = FaultyBackend(MemoryBackend())
+    otel.instrument(backend)
+    lock = AsyncLock(backend, "busy", ttl=30)
+    async with lock:
+        with pytest.raises(aiolease.LeaseHeldError):
+            await lock.acquire_nowait()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lock.acquire)
+            await backend.wait_called("wait_turn")
+            tg.cancel_scope.cancel()
+    failed = [s for s in otel.finished("aiolease.acquire") if not s.status.is_ok]
+    assert [attrs(span)["error.type"] for span in failed] == ["LeaseHeldError", "cancelled"]
+    assert all(span.status.status_code is StatusCode.ERROR for span in failed)
+    (granted,) = otel.metric("aiolease.lock.acquire.duration")
+    assert granted.count == 1  # the histogram counts grants only
 
 
 async def test_lock_names_only_by_option(anyio_backend: str, otel: Otel) -> None:
