@@ -376,17 +376,17 @@ class Lease(metaclass=_NoPublicConstructor):
                 reason.value,
                 extra=log_fields(self._name, self._token, reason),
             )
-        if self._events.observers:
-            held = current_time() - self._acquired_at
-            if reason is LossReason.RELEASED:
-                self._events._emit("released", self, held)
-            else:
-                self._events._emit("lost", self, reason, held)
         if self._ended is not None:
             self._ended.set()
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(reason)
+        if self._events.observers:  # after the callbacks: the work is cancelled first
+            held = current_time() - self._acquired_at
+            if reason is LossReason.RELEASED:
+                self._events._emit("released", self, held)
+            else:
+                self._events._emit("lost", self, reason, held)
 
     def _raise_if_lost(self) -> None:
         reason = self.lost

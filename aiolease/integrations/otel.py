@@ -16,9 +16,10 @@ metrics on the meter provider given (default: the global one), with the attribut
   ``aiolease.elector.transitions`` (a counter, with ``aiolease.election.change``),
   both with ``aiolease.election.name``.
 
-And the spans ``aiolease.acquire``, ``aiolease.renew`` (one per renewal round trip:
-per batch where the backend batches) and ``aiolease.release`` on the tracer provider
-given (default: the global one), with the name and the fencing token.
+And the spans ``aiolease.acquire`` (with an error status when no grant came),
+``aiolease.renew`` (one per renewal round trip: per batch where the backend batches)
+and ``aiolease.release`` on the tracer provider given (default: the global one), with
+the name and the fencing token.
 ``docs/observability.md`` has the tables. The core never imports this module, nor
 OpenTelemetry.
 """
