@@ -1,7 +1,7 @@
 """Event hooks: what happens to the leases of one backend object, told to observers.
 
-Each backend object has one :class:`Events` registry (:attr:`Backend.events
-<aiolease.abc.Backend.events>`, shared with the wrappers around it: the trio bridge,
+Each backend object has one :class:`Events` registry
+(:attr:`~aiolease.abc.Backend.events`, shared with the wrappers around it: the trio bridge,
 :class:`~aiolease.testing.faults.FaultyBackend`), so events are counted per backend,
 not per :class:`~aiolease.AsyncLock` (which an application may make per request).
 :func:`subscribe_all` adds an observer to every backend object, open now or later.
@@ -84,8 +84,8 @@ class Observer:
 
 
 class Events:
-    """The observers of one backend object's leases (:attr:`Backend.events
-    <aiolease.abc.Backend.events>`)."""
+    """The observers of one backend object's leases: its
+    :attr:`~aiolease.abc.Backend.events`. Made by the backend; subscribe to it."""
 
     __slots__ = ("__weakref__", "_own", "observers")
 
