@@ -3,6 +3,9 @@
 from ._elector import Elector as Elector
 from ._elector import ElectorStatistics as ElectorStatistics
 from ._elector import LeaderInfo as LeaderInfo
+from ._events import Events as Events
+from ._events import Observer as Observer
+from ._events import subscribe_all as subscribe_all
 from ._exceptions import AioleaseError as AioleaseError
 from ._exceptions import BackendError as BackendError
 from ._exceptions import BackendNotFound as BackendNotFound
@@ -40,6 +43,7 @@ __all__ = [
     "Capability",
     "Elector",
     "ElectorStatistics",
+    "Events",
     "ForeignDataError",
     "HolderInfo",
     "InvalidArgument",
@@ -52,8 +56,10 @@ __all__ = [
     "LockStatistics",
     "LossReason",
     "NotOwnerError",
+    "Observer",
     "ReentrantAcquireError",
     "Timing",
     "UnsupportedCapability",
     "open_backend",
+    "subscribe_all",
 ]

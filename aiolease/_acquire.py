@@ -81,9 +81,12 @@ async def acquire_lease(
     owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
     fair = Capability.FAIR_QUEUE in backend.capabilities
     maybe_held = False
+    started: float | None = None  # when the first request was sent
     try:
         while True:
             sent_at = current_time()
+            if started is None:
+                started = sent_at
             maybe_held = True
             result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
             if isinstance(result, Grant):
@@ -96,6 +99,8 @@ async def acquire_lease(
                         backend, name, owner, identity, metadata, timing, sent_at, result
                     )
                     tenancy.track(lease)
+                    if lease._events.observers:
+                        lease._events._emit("acquired", lease, current_time() - started)
                     return lease
                 # The grant came back too late to be of any use: give it back.
                 await release_shielded(backend, name, owner, result.token, timing)
@@ -112,7 +117,10 @@ async def acquire_lease(
             maybe_held = True
             with anyio.move_on_after(timing.ttl):
                 await backend.wait_turn(name, owner, timing.ttl, result)
-    except BaseException:
+    except BaseException as exc:
+        events = backend.events
+        if events.observers and started is not None:
+            events._emit("acquire_failed", name, current_time() - started, exc)
         if maybe_held:
             await release_shielded(backend, name, owner, None, timing)
         raise

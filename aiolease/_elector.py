@@ -17,11 +17,11 @@ from ._acquire import acquire_lease, default_identity, validate_backend
 from ._bridge import adapt
 from ._exceptions import BackendError, LeaseLostError, LossReason
 from ._holding import Counters, HealthCheck, HealthPolicy, Holding, probe
-from ._lease import Lease, Timing
+from ._lease import Lease, Timing, log_fields
 from ._validate import check_count, check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, HolderInfo
 
-logger = logging.getLogger("aiolease")
+logger = logging.getLogger("aiolease.elector")
 
 T = TypeVar("T")
 
@@ -198,11 +198,21 @@ class Elector:
                     result = await fn(lease, *args)
             except LeaseLostError as exc:
                 logger.info(
-                    "%s: term for %r ended: %s", self._identity, self._name, exc.reason.value
+                    "%s: term for %r ended: %s",
+                    self._identity,
+                    self._name,
+                    exc.reason.value,
+                    extra=log_fields(self._name, None, exc.reason),
                 )
             except BackendError as exc:
                 self._campaign_errors += 1
-                logger.warning("%s: campaign for %r failed: %r", self._identity, self._name, exc)
+                logger.warning(
+                    "%s: campaign for %r failed: %r",
+                    self._identity,
+                    self._name,
+                    exc,
+                    extra=log_fields(self._name, None),
+                )
             if result is not _NOTHING:
                 return result  # type: ignore[no-any-return]
             await anyio.sleep(self._backoff * self._random.uniform(0.5, 1.5))
@@ -226,14 +236,27 @@ class Elector:
             self._counters,
             blocking=True,
         )
-        logger.info("%s: elected for %r with token %d", self._identity, self._name, lease.token)
+        logger.info(
+            "%s: elected for %r with token %d",
+            self._identity,
+            self._name,
+            lease.token,
+            extra=log_fields(self._name, lease.token),
+        )
         self._lease = lease
+        events = lease._events
+        elected = False
         try:
             async with Holding(lease, self._counters, self._health, self._defeated):
+                if events.observers:
+                    elected = True
+                    events._emit("elected", lease)
                 await _call_back(self._on_elected, lease)
                 yield lease
         finally:
             self._lease = None
+            if elected:
+                events._emit("deposed", lease, lease.lost or LossReason.RELEASED)
 
     async def _defeated(self, reason: LossReason) -> None:
         if reason is LossReason.UNHEALTHY:

@@ -35,14 +35,14 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
-from ._lease import Lease, release_shielded
+from ._lease import Lease, log_fields, release_shielded
 from ._life import Tenancy
 from ._renewer import Counters, Renewer
 from .abc import Capability, HolderInfo, SessionClock
 
 __all__ = ["Counters", "HealthCheck", "HealthPolicy", "Holding", "probe"]
 
-logger = logging.getLogger("aiolease")
+logger = logging.getLogger("aiolease.lease")
 
 HealthCheck = Callable[[], "Awaitable[bool] | bool"]
 _Watch = tuple[Callable[..., Coroutine[Any, Any, None]], tuple[Any, ...]]
@@ -92,7 +92,7 @@ async def watch_takeover(lease: Lease) -> None:
                 return  # woken by its own release, say: nothing to read
             holder = await backend.read(name)
         except BackendError as exc:
-            logger.debug("takeover watch of %r: %r", name, exc)
+            logger.debug("takeover watch of %r: %r", name, exc, extra=log_fields(name, lease.token))
             await anyio.sleep(lease.timing.renew_interval)
             continue
         if holder is None or holder.owner != lease.owner:
@@ -108,7 +108,12 @@ async def watch_session(lease: Lease) -> None:
         try:
             reason = await backend.wait_lost(lease.name, lease.owner, lease.token)
         except BackendError as exc:
-            logger.debug("session watch of %r: %r", lease.name, exc)
+            logger.debug(
+                "session watch of %r: %r",
+                lease.name,
+                exc,
+                extra=log_fields(lease.name, lease.token),
+            )
             await anyio.sleep(lease.timing.renew_interval)
             continue
         lease._end(reason)
@@ -285,7 +290,11 @@ class Holding:
         try:
             sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
         except Exception:  # a backend's bug: release() is called instead
-            logger.exception("release_now of lease %r failed", lease.name)
+            logger.exception(
+                "release_now of lease %r failed",
+                lease.name,
+                extra=log_fields(lease.name, lease.token),
+            )
             sent = None
         reason: LossReason | None = None
         try:

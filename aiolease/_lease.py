@@ -40,7 +40,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     from typing_extensions import Self
 
-logger = logging.getLogger("aiolease")
+logger = logging.getLogger("aiolease.lease")
 
 #: The smallest margin used when none is given, in seconds.
 MIN_MARGIN = 0.05
@@ -169,6 +169,7 @@ class Lease(metaclass=_NoPublicConstructor):
         self._renew_at = timing._renewal_after(sent_at, grant)
         self._clock: SessionClock | None = None
         self._acquired_at = sent_at
+        self._events = backend.events
         self._reason: LossReason | None = None
         self._ended: anyio.Event | None = None  # made by wait_lost(), on first use
         self._callbacks: list[Callable[[LossReason], object]] = []
@@ -278,7 +279,13 @@ class Lease(metaclass=_NoPublicConstructor):
             self._end(LossReason.STOLEN)
             self._raise_if_lost()
             raise
+        except BackendError as exc:
+            if self._events.observers:
+                self._events._emit("renew_failed", self, exc)
+            raise
         self._confirm(sent_at, grant)
+        if self._events.observers:
+            self._events._emit("renewed", (self,), current_time() - sent_at)
 
     async def release(self) -> bool:
         """Release the lease: shielded, bounded by the release timeout, idempotent.
@@ -296,7 +303,12 @@ class Lease(metaclass=_NoPublicConstructor):
             self._end(LossReason.RELEASED)
         elif not self._warned:
             self._warned = True
-            logger.warning("release of lease %r after it was lost (%s)", self._name, reason.value)
+            logger.warning(
+                "release of lease %r after it was lost (%s)",
+                self._name,
+                reason.value,
+                extra=log_fields(self._name, self._token, reason),
+            )
         # Even a lost lease may still sit on the server; the owner check makes this safe.
         freed = await release_shielded(
             self._backend, self._name, self._owner, self._token, self._timing, lost=reason
@@ -357,12 +369,24 @@ class Lease(metaclass=_NoPublicConstructor):
             return
         self._reason = reason
         if reason is not LossReason.RELEASED:
-            logger.warning("lease %r (token %d) lost: %s", self._name, self._token, reason.value)
+            logger.warning(
+                "lease %r (token %d) lost: %s",
+                self._name,
+                self._token,
+                reason.value,
+                extra=log_fields(self._name, self._token, reason),
+            )
         if self._ended is not None:
             self._ended.set()
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(reason)
+        if self._events.observers:  # after the callbacks: the work is cancelled first
+            held = current_time() - self._acquired_at
+            if reason is LossReason.RELEASED:
+                self._events._emit("released", self, held)
+            else:
+                self._events._emit("lost", self, reason, held)
 
     def _raise_if_lost(self) -> None:
         reason = self.lost
@@ -409,13 +433,39 @@ async def release_shielded(
         (:meth:`Timing.release_bound`)
     """
     bound = timing.release_bound(lost)
-    with anyio.CancelScope(deadline=current_time() + bound, shield=True):
+    started = current_time()
+    with anyio.CancelScope(deadline=started + bound, shield=True):
         try:
-            if sent is not None:
-                return await sent
-            return await backend.release(name, owner, token)
+            freed = await (backend.release(name, owner, token) if sent is None else sent)
         except BackendError as exc:
-            logger.warning("release of lease %r failed: %s (it will expire on its own)", name, exc)
-            return False
-    logger.warning("release of lease %r timed out after %gs", name, bound)
+            logger.warning(
+                "release of lease %r failed: %s (it will expire on its own)",
+                name,
+                exc,
+                extra=log_fields(name, token, lost),
+            )
+            freed = False
+        if backend.events.observers:
+            _release_finished(backend, name, token, started, freed)
+        return freed
+    logger.warning(
+        "release of lease %r timed out after %gs", name, bound, extra=log_fields(name, token, lost)
+    )
+    _release_finished(backend, name, token, started, False)
     return False
+
+
+def _release_finished(
+    backend: Backend, name: str, token: int | None, started: float, freed: bool
+) -> None:
+    backend.events._emit("release_finished", name, token, current_time() - started, freed)
+
+
+def log_fields(name: str, token: int | None, reason: LossReason | None = None) -> dict[str, object]:
+    """The ``extra`` fields of aiolease's log records about one lease: ``aiolease_name``,
+    ``aiolease_token`` and ``aiolease_reason`` (a :class:`LossReason` value, or ``None``)."""
+    return {
+        "aiolease_name": name,
+        "aiolease_token": token,
+        "aiolease_reason": None if reason is None else reason.value,
+    }

@@ -34,7 +34,7 @@ from .abc import Backend
 
 __all__ = ["CLOSE_TIMEOUT", "Tenancy", "current_task", "end_leases"]
 
-logger = logging.getLogger("aiolease")
+logger = logging.getLogger("aiolease.lease")
 
 #: The longest that closing a backend waits for the releases of the leases still held
 #: through it, in seconds (less if every such lease's ``release_timeout`` is shorter).

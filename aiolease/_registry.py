@@ -24,7 +24,7 @@ from .abc import Backend, Capability
 
 ENTRY_POINT_GROUP = "aiolease.backends"
 
-logger = logging.getLogger("aiolease")
+logger = logging.getLogger("aiolease.registry")
 
 #: Backends shipped with aiolease, used when the package metadata is not installed.
 BUILTIN: dict[str, str] = {

@@ -46,12 +46,12 @@ from anyio.abc import TaskGroup
 from ._checked import HeldRenewals
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
-from ._lease import Lease, Timing
+from ._lease import Lease, Timing, log_fields
 from .abc import Backend, Grant, SessionClock
 
 __all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
 
-logger = logging.getLogger("aiolease")
+logger = logging.getLogger("aiolease.renewer")
 
 
 @dataclass
@@ -548,7 +548,10 @@ class Renewer:
             result = exc
         finally:
             # Also when the scheduler moves (``None``): the renewal is due again at once.
-            self._settle(renewed, renewing, sent_at, result)
+            now = current_time()
+            if type(result) is Grant and lease._events.observers:
+                lease._events._emit("renewed", (lease,), now - sent_at)
+            self._settle(renewed, renewing, sent_at, result, now)
 
     async def _renew_many(
         self, in_flight: _Cohort, renewing: set[_Renewed], sent_at: float
@@ -574,7 +577,15 @@ class Renewer:
             results = [exc] * len(batch)
         finally:
             in_flight.version += 1  # its entry is stale now
-            self._settle_batch(batch, renewing, sent_at, results, current_time())
+            now = current_time()
+            events = batch[0].lease._events
+            if events.observers:
+                confirmed = [
+                    r.lease for r, a in zip(batch, results, strict=True) if type(a) is Grant
+                ]
+                if confirmed:
+                    events._emit("renewed", confirmed, now - sent_at)
+            self._settle_batch(batch, renewing, sent_at, results, now)
 
     def _settle_batch(
         self,
@@ -645,7 +656,12 @@ class Renewer:
         elif isinstance(result, BackendError | TimeoutError):
             self._failed(renewed, result)
         elif result is not None:  # a backend bug must not end other leases' holdings
-            logger.error("renewal of lease %r raised", lease.name, exc_info=result)
+            logger.error(
+                "renewal of lease %r raised",
+                lease.name,
+                exc_info=result,
+                extra=log_fields(lease.name, lease.token),
+            )
             self._failed(renewed, result)
         renewed.renewing = False
         renewing.discard(renewed)
@@ -656,6 +672,13 @@ class Renewer:
         lease = renewed.lease
         renewed.counters.renew_failures += 1
         lease._note_error(exc)
-        logger.info("renewal of lease %r failed, retrying: %r", lease.name, exc)
+        logger.info(
+            "renewal of lease %r failed, retrying: %r",
+            lease.name,
+            exc,
+            extra=log_fields(lease.name, lease.token),
+        )
+        if lease._events.observers:
+            lease._events._emit("renew_failed", lease, exc)
         renewed.next_at = current_time() + renewed.backoff
         renewed.backoff = min(renewed.backoff * 2, lease.timing.renew_interval)

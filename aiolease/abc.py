@@ -68,7 +68,10 @@ without it as follows:
 Wrappers (the trio bridge, :class:`~aiolease.testing.faults.FaultyBackend`,
 :class:`~aiolease.testing.remote.RemoteBackend`) derive from
 :class:`ForwardingBackend`, which hands every operation, hook and property of the
-contract to the backend they wrap.
+contract to the backend they wrap. A wrapper of this process (:class:`WrappingBackend`)
+also shares the wrapped backend's :attr:`Backend.events`, the observers of the leases
+held through it (:class:`~aiolease.Observer`), which the core tells of every grant,
+release, renewal and loss.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ from typing import Any, ClassVar
 import anyio
 
 from ._checked import install
+from ._events import Events
 from ._exceptions import (
     BackendError,
     BackendTimeout,
@@ -191,6 +195,15 @@ class Backend(abc.ABC):
         scheduler then hands it every lease due at once, from one task, instead of a
         :meth:`renew` call (and a task) per lease."""
         return type(self).renew_many is not Backend.renew_many
+
+    @functools.cached_property
+    def events(self) -> Events:
+        """The observers of the leases held through this backend object
+        (:class:`~aiolease.Observer`): ``backend.events.subscribe(observer)``. A wrapper
+        (the trio bridge, :class:`~aiolease.testing.faults.FaultyBackend`) shares the
+        registry of the backend it wraps. Made on first use (a subclass need not call
+        an ``__init__`` of the base)."""
+        return Events()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Wrap what the subclass defines: its contract methods with the argument
@@ -526,6 +539,11 @@ class WrappingBackend(ForwardingBackend):
     def capabilities(self) -> frozenset[Capability]:
         """``inner``'s."""
         return self.inner.capabilities
+
+    @functools.cached_property
+    def events(self) -> Events:
+        """``inner``'s: an observer sees the leases held through either."""
+        return self.inner.events
 
     @property
     def renews_many(self) -> bool:

@@ -8,7 +8,14 @@ Prints, per event loop (asyncio, and trio for reference):
   ``trio.Lock``; under asyncio also event-loop passes per cycle;
 * hand-offs per second among 8 tasks on one name, each holding 1 ms, and the CPU
   each hand-off costs (process CPU time / hand-offs), for ``async with lock`` and
-  for the bare lock.
+  for the bare lock;
+* what observing costs (docs/observability.md): the uncontended ``async with lock``
+  cycle on three memory backends, one with no observer, one with an
+  :class:`aiolease.Observer` whose methods do nothing, and two instrumented with
+  OpenTelemetry (:func:`aiolease.integrations.otel.instrument`, the SDK's meter
+  provider with an in-memory reader; with a no-op tracer provider, then with the
+  SDK's tracer provider with no span processor: spans made and dropped); measured in
+  alternating rounds (the median of their medians), with the ratios to the first.
 
 Usage: ``python benchmarks/bench_core.py [--cycles N] [--seconds S] [--loop asyncio|trio]``.
 Quote ratios from one run; absolute times depend on the machine and its load.
@@ -29,7 +36,7 @@ import anyio.lowlevel
 import sniffio
 from _common import record
 
-from aiolease import AsyncLock
+from aiolease import AsyncLock, Observer
 from aiolease.backends.memory import MemoryBackend
 
 Cycle = Callable[[], Awaitable[object]]
@@ -155,6 +162,55 @@ async def main(cycles: int, seconds: float) -> None:
         rate, cpu_each = await handoffs(factory, seconds)
         print(f"{label:<28} {rate:>12.0f} {cpu_each:>12.0f}")
         record(f"core ({loop})", "hand-offs, 8 tasks, 1 ms hold", label, rate, "/s")
+    await observing(cycles)
+
+
+def instrumented(backend: MemoryBackend, *, spans: bool) -> bool:
+    """Instrument ``backend`` with OpenTelemetry's SDK (its spans made and dropped, or
+    not made: a no-op tracer); ``False`` if the SDK is not installed."""
+    try:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.trace import NoOpTracerProvider
+    except ImportError:
+        return False
+    from aiolease.integrations.otel import instrument
+
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    tracers = TracerProvider() if spans else NoOpTracerProvider()
+    instrument(backend, meter_provider=meters, tracer_provider=tracers)
+    return True
+
+
+async def observing(cycles: int, rounds: int = 5) -> None:
+    """The uncontended ``async with lock`` cycle with no observer, a no-op observer, and
+    OpenTelemetry: alternating rounds, the median of their medians."""
+    contenders: dict[str, MemoryBackend] = {"no observer": MemoryBackend()}
+    contenders["no-op Observer"] = noop = MemoryBackend()
+    noop.events.subscribe(Observer())
+    metrics, both = MemoryBackend(), MemoryBackend()
+    if instrumented(metrics, spans=False) and instrumented(both, spans=True):
+        contenders["OpenTelemetry metrics"] = metrics
+        contenders["OpenTelemetry metrics+spans"] = both
+    samples: dict[str, list[float]] = {label: [] for label in contenders}
+    for _ in range(rounds):
+        for label, backend in contenders.items():
+            lock = AsyncLock(backend, "observed", ttl=10)
+
+            async def cycle(lock: AsyncLock = lock) -> None:
+                async with lock:
+                    pass
+
+            samples[label].append((await uncontended(cycle, max(cycles // rounds, 1))).wall_us)
+    loop = sniffio.current_async_library()
+    print(f"-- {loop}: observing, uncontended async with lock, memory backend")
+    print(f"{'contender':<28} {'wall us':>9} {'ratio':>7}")
+    base = statistics.median(samples["no observer"])
+    for label, values in samples.items():
+        wall = statistics.median(values)
+        print(f"{label:<28} {wall:>9.1f} {wall / base:>7.2f}")
+        record(f"core ({loop})", "observing, uncontended async with lock", label, wall, "us")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import anyio
 import pytest
 
-from aiolease import open_backend
+from aiolease import Lease, LossReason, Observer, open_backend
 from aiolease._bridge import AsyncioBridge, call_asyncio, running_trio
 from aiolease.abc import Backend, Grant, HolderInfo
 
@@ -125,3 +125,53 @@ def suspended_in(task: asyncio.Task[Any], function: str) -> bool:
         names.append(awaited.cr_code.co_name)
         awaited = awaited.cr_await
     return not task.done() and function in names and awaited is not None
+
+
+class Recorder(Observer):
+    """An :class:`Observer` that records every event as a tuple (its kind first), and
+    wakes whoever waits for an event of a kind."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self._waiting: dict[str, anyio.Event] = {}
+
+    def _record(self, *event: Any) -> None:
+        self.log.append(event)
+        waiting = self._waiting.pop(event[0], None)
+        if waiting is not None:
+            waiting.set()
+
+    async def next(self, kind: str) -> tuple[Any, ...]:
+        """Wait for the next event of ``kind`` and return it."""
+        await self._waiting.setdefault(kind, anyio.Event()).wait()
+        return [e for e in self.log if e[0] == kind][-1]
+
+    def kinds(self) -> list[str]:
+        return [event[0] for event in self.log]
+
+    def acquired(self, lease: Lease, wait: float) -> None:
+        self._record("acquired", lease, wait)
+
+    def acquire_failed(self, name: str, wait: float, error: BaseException) -> None:
+        self._record("acquire_failed", name, wait, error)
+
+    def released(self, lease: Lease, held: float) -> None:
+        self._record("released", lease, held)
+
+    def lost(self, lease: Lease, reason: LossReason, held: float) -> None:
+        self._record("lost", lease, reason, held)
+
+    def renewed(self, leases: Sequence[Lease], latency: float) -> None:
+        self._record("renewed", list(leases), latency)
+
+    def renew_failed(self, lease: Lease, error: BaseException) -> None:
+        self._record("renew_failed", lease, error)
+
+    def release_finished(self, name: str, token: int | None, duration: float, freed: bool) -> None:
+        self._record("release_finished", name, token, duration, freed)
+
+    def elected(self, lease: Lease) -> None:
+        self._record("elected", lease)
+
+    def deposed(self, lease: Lease, reason: LossReason) -> None:
+        self._record("deposed", lease, reason)

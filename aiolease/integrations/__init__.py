@@ -1,6 +1,6 @@
-"""Integrations with web frameworks: :mod:`aiolease.integrations.fastapi` (FastAPI and
-Starlette, extra ``[fastapi]``) and :mod:`aiolease.integrations.aiohttp` (extra
-``[aiohttp]``). Each module imports its framework when it is imported itself; this
-package imports none."""
+"""Integrations with other libraries: :mod:`aiolease.integrations.fastapi` (FastAPI and
+Starlette, extra ``[fastapi]``), :mod:`aiolease.integrations.aiohttp` (extra
+``[aiohttp]``) and :mod:`aiolease.integrations.otel` (OpenTelemetry, extra ``[otel]``).
+Each module imports its library when it is imported itself; this package imports none."""
 
 __all__: list[str] = []

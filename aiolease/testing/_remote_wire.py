@@ -20,7 +20,7 @@ from .._exceptions import (
 )
 from ..abc import Capability, Grant, HolderInfo, Renewal, RenewResult
 
-logger = logging.getLogger("aiolease.remote")
+logger = logging.getLogger("aiolease.testing.remote")
 
 #: The protocol version exchanged at ``hello`` (2: request ids; 3: ``renew_many``,
 #: ``wait_taken`` and the served ``renews_many``).

@@ -93,7 +93,7 @@ from ._remote_wire import (
 
 __all__ = ["PROTOCOL", "BackendServer", "RemoteBackend", "main"]
 
-logger = logging.getLogger("aiolease.remote")
+logger = logging.getLogger("aiolease.testing.remote")
 T = TypeVar("T")
 
 # -- the server -------------------------------------------------------------------------

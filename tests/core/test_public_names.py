@@ -19,6 +19,7 @@ PUBLIC_MODULES = [
     "aiolease",
     "aiolease.abc",
     "aiolease.cli",
+    "aiolease.integrations.otel",
     "aiolease.testing",
     "aiolease.testing.asyncio_only",
     "aiolease.testing.conformance",

@@ -13,12 +13,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import anyio
 import pytest
 
-from aiolease import Capability, LossReason
+from aiolease import Capability, Events, LossReason
 from aiolease._bridge import AsyncioBridge, running_trio
 from aiolease.abc import Backend, ForwardingBackend, Grant, HolderInfo, Renewal, RenewResult
 from aiolease.testing.faults import FaultyBackend
@@ -131,6 +132,9 @@ PROBES: dict[str, Callable[[Backend], Any]] = {
 }
 #: The properties and attributes a wrapper must report as the wrapped backend's.
 ATTRIBUTES = ("capabilities", "renews_many", "poll_interval")
+#: What a wrapper of this process shares with the wrapped backend (the same object); a
+#: client over a wire has its own, in its own process.
+SHARED = ("events",)
 #: Members a wrapper has of its own, and why.
 OWN = {
     "from_url": "a wrapper is made around a backend (a remote one from its own URL)",
@@ -145,7 +149,7 @@ def _public_members() -> set[str]:
 
 
 def test_every_member_is_probed() -> None:
-    assert _public_members() == set(PROBES) | set(ATTRIBUTES) | set(OWN)
+    assert _public_members() == set(PROBES) | set(ATTRIBUTES) | set(SHARED) | set(OWN)
 
 
 async def gaps(wrapper: Backend, inner: Recorder, *, far: bool) -> list[str]:
@@ -162,6 +166,8 @@ async def gaps(wrapper: Backend, inner: Recorder, *, far: bool) -> list[str]:
     if far:
         expected["capabilities"] = inner.capabilities | {Capability.MULTI_PROCESS}
     missing += [a for a, value in expected.items() if getattr(wrapper, a) != value]
+    if not far:
+        missing += [a for a in SHARED if getattr(wrapper, a) is not getattr(inner, a)]
     declines = (
         far and getattr(type(wrapper), "_forward_now", None) is ForwardingBackend._forward_now
     )
@@ -253,6 +259,14 @@ class _KeepsNothing(FaultyBackend):
         return None
 
 
+class _OwnEvents(FaultyBackend):
+    """Tells its own observers, not the wrapped backend's."""
+
+    @cached_property
+    def events(self) -> Events:
+        return Events()
+
+
 class _ReleasesLate(AsyncioBridge):
     """Sends no early release (as the bridge once did)."""
 
@@ -266,6 +280,7 @@ MUTANTS: dict[str, tuple[Callable[[Recorder], Backend], list[str]]] = {
     "capabilities": (_ClassCapabilities, ["capabilities"]),
     "hold": (_KeepsNothing, ["hold"]),
     "release_now": (_ReleasesLate, ["release_now"]),
+    "events": (_OwnEvents, ["events"]),
 }
 
 

@@ -28,7 +28,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-logger = logging.getLogger("aiolease.etcd")
+logger = logging.getLogger("aiolease.backends.etcd")
 
 #: Set inside :func:`shielded`: nobody cancels the calls made there (see :func:`cancellable`).
 _SHIELDED: contextvars.ContextVar[bool] = contextvars.ContextVar("_SHIELDED", default=False)

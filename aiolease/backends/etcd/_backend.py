@@ -36,7 +36,7 @@ from ._wire import SessionGone, Wire
 
 __all__ = ["EtcdBackend", "EtcdStatistics"]
 
-logger = logging.getLogger("aiolease.etcd")
+logger = logging.getLogger("aiolease.backends.etcd")
 
 #: Seconds one request may take, unless ``timeout`` says otherwise.
 DEFAULT_TIMEOUT = 5.0

@@ -47,7 +47,7 @@ from ._wire import LeaseIdTaken, Wire
 
 __all__ = ["Entry", "Session", "SessionStats", "Sessions"]
 
-logger = logging.getLogger("aiolease.etcd")
+logger = logging.getLogger("aiolease.backends.etcd")
 
 #: First retry delay after a failed keepalive (doubles up to a third of the TTL).
 RETRY_MIN = 0.05

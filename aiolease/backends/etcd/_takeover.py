@@ -37,7 +37,7 @@ from ._wire import Wire
 
 __all__ = ["Takeovers"]
 
-logger = logging.getLogger("aiolease.etcd")
+logger = logging.getLogger("aiolease.backends.etcd")
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 

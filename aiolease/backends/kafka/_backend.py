@@ -29,7 +29,7 @@ from ._wire import Wire
 
 __all__ = ["KafkaBackend", "KafkaStatistics"]
 
-logger = logging.getLogger("aiolease.kafka")
+logger = logging.getLogger("aiolease.backends.kafka")
 
 #: The share of the ttl (or of the session timeout, if shorter) that ``try_acquire``
 #: waits for a rebalance: a grant must leave the core a deadline after the call.

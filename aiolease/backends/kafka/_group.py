@@ -38,7 +38,7 @@ from aiokafka.protocol.group import MemberAssignment, ProtocolMetadata
 
 __all__ = ["Candidate", "View", "assign", "candidate_bytes", "record_bytes", "record_of", "view_of"]
 
-logger = logging.getLogger("aiolease.kafka")
+logger = logging.getLogger("aiolease.backends.kafka")
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from ._wire import (
 
 __all__ = ["Member", "Term"]
 
-logger = logging.getLogger("aiolease.kafka")
+logger = logging.getLogger("aiolease.backends.kafka")
 
 #: Seconds between two attempts to join after a failure.
 RETRY = 0.25

@@ -34,7 +34,7 @@ from ._pipelines import BY, RELEASED
 
 __all__ = ["Notice", "Stream", "notice_of"]
 
-logger = logging.getLogger("aiolease.mongo")
+logger = logging.getLogger("aiolease.backends.mongo")
 
 #: Longest wait for the server to open the stream before a waiter polls instead.
 OPEN_TIMEOUT = 5.0

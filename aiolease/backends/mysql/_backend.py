@@ -35,7 +35,7 @@ from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 
 __all__ = ["MySQLBackend", "MySQLStatistics"]
 
-logger = logging.getLogger("aiolease.mysql")
+logger = logging.getLogger("aiolease.backends.mysql")
 
 #: How many times a refusal whose holder is gone by the time it is read is asked again.
 _RACE_RETRIES = 8

@@ -44,7 +44,7 @@ from ._statements import Prepared
 
 __all__ = ["Bells"]
 
-logger = logging.getLogger("aiolease.mysql")
+logger = logging.getLogger("aiolease.backends.mysql")
 
 #: The most waits in flight at once per backend (each on a connection of its own);
 #: beyond that, waiters poll.

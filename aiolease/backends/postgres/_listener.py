@@ -29,7 +29,7 @@ from ._takers import Takers
 
 __all__ = ["LISTEN_CHECK", "Held", "Listener"]
 
-logger = logging.getLogger("aiolease.postgres")
+logger = logging.getLogger("aiolease.backends.postgres")
 
 #: While listening, waits still return this often, and the listener is checked as often.
 LISTEN_CHECK = 10.0

@@ -60,7 +60,7 @@ from .._asyncio import now, wait_event
 
 __all__ = ["Connect", "Dispatch", "Listener", "Mark", "Subscriptions", "Wire"]
 
-logger = logging.getLogger("aiolease.redis")
+logger = logging.getLogger("aiolease.backends.redis")
 
 #: Seconds a channel stays subscribed after its last watcher left.
 LINGER = 5.0

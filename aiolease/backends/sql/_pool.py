@@ -39,7 +39,7 @@ from .._asyncio import timeout_after
 
 __all__ = ["LeanPool", "PoolStatistics"]
 
-logger = logging.getLogger("aiolease.sql")
+logger = logging.getLogger("aiolease.backends.sql")
 
 C = TypeVar("C")
 

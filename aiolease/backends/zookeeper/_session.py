@@ -31,7 +31,7 @@ from ._wire import Wire
 
 __all__ = ["Entry", "Keeper"]
 
-logger = logging.getLogger("aiolease.zookeeper")
+logger = logging.getLogger("aiolease.backends.zookeeper")
 
 #: First retry delay after a failed ping (doubles up to a sixth of the timeout).
 RETRY_MIN = 0.05

@@ -307,7 +307,7 @@ async def test_listener_log_lines_never_show_the_listen_url_password(
     """A ``listen_url`` that asyncpg cannot parse: its error quotes a piece of the
     password (cut at the ``/``), which the listener's log line must mask."""
     listen_url = "postgresql://u:pw1/pw2@[::1/test"
-    caplog.set_level("INFO", logger="aiolease.postgres")
+    caplog.set_level("INFO", logger="aiolease.backends.postgres")
     async with aiolease.open_backend(pg_url, listen_url=listen_url) as b:
         with anyio.move_on_after(0.5):
             await b.wait_changed("listener-log", None)
