@@ -448,6 +448,7 @@ class PostgresBackend(Backend):
         # goes on to the queue-aware statement, which queues the caller.
         fast = asker is None or asker.refused_at is None
         args = (name, owner, identity, meta, float(ttl), self._channel, self._grants_channel)
+        seen: HolderInfo | None = None  # the holder that the latest read showed
         for _ in range(_RACE_RETRIES + fast):
             asked_at, mark = now(), self._listener.mark()
             if fast:
@@ -474,8 +475,13 @@ class PostgresBackend(Backend):
             elif row is None:
                 # Neither granted nor refused: a row this statement's snapshot does not
                 # show yet, or one held with no expiry (foreign: the read raises).
-                await self._read(name, self._sql.read, name)
+                seen = await self._read(name, self._sql.read, name)
             # Refused by a row this statement's snapshot does not show yet: ask again.
+        if seen is not None and seen.owner != owner and (seen.remaining or 0) > 0:
+            # The name changed hands under every statement (a storm of grants and
+            # releases): it is held, as the latest read showed. A refusal, so that the
+            # caller waits for a change as for any other, rather than failing.
+            return seen
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
