@@ -464,8 +464,8 @@ async def test_a_name_that_changes_hands_under_every_statement_is_refused_not_an
         acquires = {pg._sql.acquire, pg._sql.acquire_fast}
         fetch = pg._fetch
 
-        async def snapshot_never_shows_it(sql: str, *args: Any) -> Any:
-            rows = await fetch(sql, *args)
+        async def snapshot_never_shows_it(sql: str, *args: Any, renewal: bool = False) -> list[Any]:
+            rows = await fetch(sql, *args, renewal=renewal)
             return [] if sql in acquires else rows
 
         pg._fetch = snapshot_never_shows_it  # type: ignore[method-assign]
