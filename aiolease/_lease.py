@@ -175,6 +175,10 @@ class Lease(metaclass=_NoPublicConstructor):
         self._unconfirmed = False  # a renewal was sent since the last confirmation
         self._renewals = 0
         self._warned = False
+        #: ``max_hold``: not renewed from then on (``_limits``); ``None``: no limit.
+        self._hold_until: float | None = None
+        #: ``min_hold``: a release before then leaves the grant until then (``_limits``).
+        self._keep_until: float | None = None
 
     def __repr__(self) -> str:
         state = self._reason.value if self._reason else f"{self.remaining:.3f}s left"
@@ -269,6 +273,9 @@ class Lease(metaclass=_NoPublicConstructor):
         """
         self._raise_if_lost()
         sent_at = current_time()
+        if self._hold_until is not None and sent_at >= self._hold_until:
+            self._end(LossReason.MAX_HOLD)
+            self._raise_if_lost()
         self._unconfirmed = True
         try:
             grant = await self._backend.renew(
@@ -286,6 +293,9 @@ class Lease(metaclass=_NoPublicConstructor):
         A lease lost at its deadline or taken by someone else is released for at most
         its margin (:meth:`Timing.release_bound`): the server frees it by then anyway.
 
+        A lease of a lock with ``min_hold`` released before that time is left on the
+        server until then (see :class:`~aiolease.AsyncLock`).
+
         :returns: ``True`` if this call freed it; ``False`` if it was already
             released or lost (logged once), or the backend could not be told
         """
@@ -297,6 +307,10 @@ class Lease(metaclass=_NoPublicConstructor):
         elif not self._warned:
             self._warned = True
             logger.warning("release of lease %r after it was lost (%s)", self._name, reason.value)
+        if self._keep_until is not None and reason in (None, LossReason.MAX_HOLD):
+            from ._limits import keep_held  # (which imports this module)
+
+            return await keep_held(self) and reason is None
         # Even a lost lease may still sit on the server; the owner check makes this safe.
         freed = await release_shielded(
             self._backend, self._name, self._owner, self._token, self._timing, lost=reason
