@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,7 +29,7 @@ from ._lease import Lease, release_shielded
 from ._validate import MAX_TTL, check_seconds
 from .abc import Backend, Capability
 
-__all__ = ["HoldLimits", "check_duration", "keep_held", "watch_max_hold"]
+__all__ = ["HoldLimits", "age", "check_duration", "keep_held", "watch_max_hold"]
 
 logger = logging.getLogger("aiolease")
 
@@ -82,13 +83,33 @@ class HoldLimits:
         return lease
 
 
+#: Per lease whose ``max_hold`` is watched: set when :func:`age` moved its limit.
+_moved: weakref.WeakKeyDictionary[Lease, anyio.Event] = weakref.WeakKeyDictionary()
+
+
 async def watch_max_hold(lease: Lease) -> None:
     """End ``lease`` with :attr:`LossReason.MAX_HOLD` at its ``max_hold``."""
-    until = lease._hold_until
-    assert until is not None
-    await anyio.sleep_until(until)
-    if lease.lost is None:  # a deadline passed first is EXPIRED, not MAX_HOLD
-        lease._end(LossReason.MAX_HOLD)
+    while lease.lost is None:  # (a deadline passed first is EXPIRED, not MAX_HOLD)
+        until = lease._hold_until
+        assert until is not None
+        if current_time() >= until:
+            lease._end(LossReason.MAX_HOLD)
+            return
+        moved = _moved[lease] = anyio.Event()
+        with anyio.move_on_at(until):
+            await moved.wait()
+
+
+def age(lease: Lease, seconds: float) -> None:
+    """Count ``seconds`` more of ``lease``'s life towards its limits, as if they had
+    passed (:class:`~aiolease.testing.memory.DrivenMemoryBackend` moves time so)."""
+    if lease._hold_until is not None:
+        lease._hold_until -= seconds
+        moved = _moved.get(lease)
+        if moved is not None:
+            moved.set()
+    if lease._keep_until is not None:
+        lease._keep_until -= seconds
 
 
 async def keep_held(lease: Lease) -> bool:

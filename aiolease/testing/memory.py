@@ -17,7 +17,8 @@ it lives through the time that passed (its record is moved along with the clock)
 any other grant ages by that time: its record expires if its ttl runs out (waiters
 wake up and may take the name), and a lease from ``acquire()`` that nobody renewed
 meanwhile loses that time from its local deadline too, so it ends
-(:attr:`LossReason.EXPIRED`) exactly when its record does. Under trio, a
+(:attr:`LossReason.EXPIRED`) exactly when its record does. The time counts towards
+every held lease's ``max_hold`` and ``min_hold`` too. Under trio, a
 ``MockClock`` moves the event loop's clock and this backend's together, as it does
 for :class:`~aiolease.backends.memory.MemoryBackend`.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 from .._clock import current_time
 from .._exceptions import InvalidArgument, LossReason
 from .._life import Tenancy
+from .._limits import age
 from .._validate import check_seconds
 from ..backends.memory import MemoryBackend
 
@@ -78,6 +80,7 @@ class DrivenMemoryBackend(MemoryBackend):
                 self._live(name)  # drops it if its time ran out, and tells who waits
         now = current_time()
         for lease in list(tenancy.leases):
+            age(lease, seconds)  # its max_hold and min_hold come that much closer
             if (lease.name, lease.owner) not in renewed and lease.lost is None:
                 # Nobody renewed it meanwhile: the time passed for its deadline too.
                 lease._deadline -= seconds

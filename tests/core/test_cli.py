@@ -303,3 +303,41 @@ def test_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert state_dir() == tmp_path / ".local" / "state" / "aiolease"
+
+
+# -- --max-hold and --min-hold ----------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_max_hold_stops_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    async with children() as kids, anyio.create_task_group() as tg:
+        codes: list[int] = []
+
+        async def lock() -> None:
+            argv = lock_argv("n", kids.command(), "--ttl", "5", "--max-hold", "0.3")
+            codes.append(await run(argv, backend=backend))
+
+        tg.start_soon(lock)
+        child = await kids.accept_ready()
+        assert await child.line() == b"term"
+    assert codes == [EXIT_LOST]
+    assert "held lock 'n' for --max-hold; the command was stopped" in capsys.readouterr().err
+    assert await backend.read("n") is None
+
+
+@pytest.mark.anyio
+async def test_min_hold_keeps_the_lock_after_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    backend = MemoryBackend()
+    argv = lock_argv("n", [PY, "-c", "pass"], "--min-hold", "60", "--timeout", "0")
+    assert await run(argv, backend=backend) == 0
+    assert await backend.read("n") is not None
+    assert await run(argv, backend=backend) == EXIT_TIMEOUT  # it ran less than 60 s ago
+    assert "(held by " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--max-hold", "--min-hold"])
+def test_bad_hold_limits_are_usage_errors(option: str) -> None:
+    assert main(lock_argv("n", [PY, "-c", "pass"], option, "0")) == EXIT_USAGE
