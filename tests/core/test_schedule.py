@@ -20,7 +20,7 @@ from aiolease.testing.memory import DrivenMemoryBackend
 pytestmark = pytest.mark.anyio
 
 WAIT = 30.0
-EVERY = 0.5
+EVERY = 0.3
 
 
 @pytest.fixture
