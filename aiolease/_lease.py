@@ -144,6 +144,13 @@ class Lease(metaclass=_NoPublicConstructor):
     from an older holder (fencing).
     """
 
+    # Class defaults (set per lease only by a lock or elector that has the limit): a
+    # grant costs nothing more without them.
+    #: ``max_hold``: not renewed from then on (:mod:`aiolease._limits`); ``None``: no limit.
+    _hold_until: float | None = None
+    #: ``min_hold``: a release before then leaves the grant until then (``_limits``).
+    _keep_until: float | None = None
+
     def __init__(
         self,
         backend: Backend,
@@ -175,10 +182,6 @@ class Lease(metaclass=_NoPublicConstructor):
         self._unconfirmed = False  # a renewal was sent since the last confirmation
         self._renewals = 0
         self._warned = False
-        #: ``max_hold``: not renewed from then on (``_limits``); ``None``: no limit.
-        self._hold_until: float | None = None
-        #: ``min_hold``: a release before then leaves the grant until then (``_limits``).
-        self._keep_until: float | None = None
 
     def __repr__(self) -> str:
         state = self._reason.value if self._reason else f"{self.remaining:.3f}s left"
