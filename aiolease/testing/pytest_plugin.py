@@ -244,7 +244,7 @@ def aiolease_driven_backend() -> DrivenMemoryBackend:
 
 #: pytest-asyncio's loop scopes: each async fixture is made once per scope, so that it
 #: runs on the loop of the test that asks for it.
-LOOP_SCOPES = ("function", "class", "module", "package", "session")
+_LOOP_SCOPES = ("function", "class", "module", "package", "session")
 
 
 def _on_the_tests_loop(request: pytest.FixtureRequest, what: str) -> str:
@@ -313,7 +313,7 @@ def _asyncio_fixtures() -> dict[str, object]:
     except ImportError:
         return {}
     fixtures: dict[str, object] = {}
-    for scope in LOOP_SCOPES:
+    for scope in _LOOP_SCOPES:
 
         async def backend(aiolease_url: str) -> AsyncIterator[Backend]:
             async for opened in _open(aiolease_url):
