@@ -11,8 +11,11 @@ another loop than the test's (the renewals never run).
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+
+from tests.conftest import NO_PYTEST_ASYNCIO
 
 _SUITE = '''
 import asyncio
@@ -87,16 +90,22 @@ async def test_the_driven_backend(aiolease_driven_backend):
 PASSED = 10
 
 
-def _suite(pytester: pytest.Pytester, *, ini: str, marks: str) -> None:
+def _suite(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *, ini: str, marks: str
+) -> None:
     if importlib.util.find_spec("pytest_asyncio") is None:
         pytest.fail("pytest-asyncio is not installed: install the [test] extra", pytrace=False)
+    # Let it in (tests/conftest.py keeps it out of the pytests that tests run).
+    given = os.environ.get("PYTEST_ADDOPTS", "").replace(NO_PYTEST_ASYNCIO, "").strip()
+    monkeypatch.setenv("PYTEST_ADDOPTS", given)
     pytester.makeini(f"[pytest]\nfilterwarnings = error\n{ini}\n")
     pytester.makepyfile(test_app=_SUITE.replace("MARKS", marks))
 
 
-def test_a_strict_mode_suite(pytester: pytest.Pytester) -> None:
+def test_a_strict_mode_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     _suite(
         pytester,
+        monkeypatch,
         ini="asyncio_mode = strict\nasyncio_default_fixture_loop_scope = function",
         marks="[pytest.mark.asyncio]",
     )
@@ -104,9 +113,12 @@ def test_a_strict_mode_suite(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=PASSED)
 
 
-def test_an_auto_mode_suite_in_a_session_loop_without_anyio(pytester: pytest.Pytester) -> None:
+def test_an_auto_mode_suite_in_a_session_loop_without_anyio(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _suite(
         pytester,
+        monkeypatch,
         ini=(
             "asyncio_mode = auto\nasyncio_default_fixture_loop_scope = session\n"
             "asyncio_default_test_loop_scope = session"
