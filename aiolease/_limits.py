@@ -24,7 +24,13 @@ from datetime import timedelta
 import anyio
 
 from ._clock import current_time
-from ._exceptions import BackendError, LossReason, NotOwnerError, UnsupportedCapability
+from ._exceptions import (
+    BackendError,
+    InvalidArgument,
+    LossReason,
+    NotOwnerError,
+    UnsupportedCapability,
+)
 from ._lease import Lease, release_shielded
 from ._validate import MAX_TTL, check_seconds
 from .abc import Backend, Capability
@@ -42,8 +48,6 @@ def check_duration(what: str, value: object) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     checked = check_seconds(what, seconds)
     if checked > MAX_TTL:
-        from ._exceptions import InvalidArgument
-
         raise InvalidArgument(f"{what} must be at most {MAX_TTL:g} seconds (365 days)")
     return checked
 
