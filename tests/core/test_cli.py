@@ -308,20 +308,18 @@ def test_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 # -- --max-hold and --min-hold ----------------------------------------------------------------
 
 
+#: A command that runs until it is stopped (it may be stopped before it even started).
+SLEEPER = [PY, "-c", "import time; time.sleep(60)"]
+
+
 @pytest.mark.anyio
 async def test_max_hold_stops_the_command(capsys: pytest.CaptureFixture[str]) -> None:
     backend = MemoryBackend()
-    async with children() as kids, anyio.create_task_group() as tg:
-        codes: list[int] = []
-
-        async def lock() -> None:
-            argv = lock_argv("n", kids.command(), "--ttl", "5", "--max-hold", "0.3")
-            codes.append(await run(argv, backend=backend))
-
-        tg.start_soon(lock)
-        child = await kids.accept_ready()
-        assert await child.line() == b"term"
-    assert codes == [EXIT_LOST]
+    with anyio.fail_after(30):
+        code = await run(
+            lock_argv("n", SLEEPER, "--ttl", "5", "--max-hold", "0.3"), backend=backend
+        )
+    assert code == EXIT_LOST
     assert "held lock 'n' for --max-hold; the command was stopped" in capsys.readouterr().err
     assert await backend.read("n") is None
 
@@ -341,3 +339,21 @@ async def test_min_hold_keeps_the_lock_after_the_command(
 @pytest.mark.parametrize("option", ["--max-hold", "--min-hold"])
 def test_bad_hold_limits_are_usage_errors(option: str) -> None:
     assert main(lock_argv("n", [PY, "-c", "pass"], option, "0")) == EXIT_USAGE
+
+
+#: Runs until it is stopped in the first term; exits by itself (0) in any later one.
+FIRST_TERM_SLEEPS = [
+    PY,
+    "-c",
+    "import os, sys, time\nif os.environ['AIOLEASE_TOKEN'] == '1': time.sleep(60)",
+]
+
+
+@pytest.mark.anyio
+async def test_elect_max_hold_ends_each_term(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    argv = ["elect", "e", "--ttl", "0.3", "--max-hold", "0.5", "--", *FIRST_TERM_SLEEPS]
+    with anyio.fail_after(30):
+        code = await run(argv, backend=backend)  # campaigned again after the first term
+    assert code == 0
+    assert "lost leadership of 'e' (max_hold)" in capsys.readouterr().err
