@@ -23,7 +23,7 @@ pytestmark = pytest.mark.anyio
 WAIT = 30.0
 #: Far longer than the test: only min_hold can free the name in time.
 TTL = 60.0
-MIN_HOLD = 0.3
+MIN_HOLD = 0.5
 
 prefix = prefix_fixture("holds")
 

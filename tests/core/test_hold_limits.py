@@ -34,8 +34,8 @@ WAIT = 30.0
 
 async def test_a_block_held_past_max_hold_is_cancelled_and_released() -> None:
     backend = MemoryBackend()
-    # Renewed every 0.05 s, stopped at 0.4 s: the loss is the limit, not an expiry.
-    lock = AsyncLock(backend, "job", ttl=0.3, renew_interval=0.05, max_hold=0.4)
+    # Renewed every 0.1 s, stopped at 0.4 s: the loss is the limit, not an expiry.
+    lock = AsyncLock(backend, "job", ttl=1.0, renew_interval=0.1, max_hold=0.4)
     with pytest.raises(LeaseLostError) as info, anyio.fail_after(WAIT):
         async with lock as lease:
             await anyio.sleep_forever()
@@ -56,10 +56,10 @@ async def test_a_body_that_ends_before_max_hold_is_not_touched() -> None:
 
 
 async def test_renew_of_a_lease_past_max_hold_is_refused() -> None:
-    backend = MemoryBackend()
-    lease = await AsyncLock(backend, "job", ttl=10, max_hold=0.05).acquire()
+    backend = DrivenMemoryBackend()
+    lease = await AsyncLock(backend, "job", ttl=3600, max_hold=60).acquire()
     await lease.renew()
-    await anyio.sleep(0.1)  # the time itself is what is waited for
+    backend.advance(60)
     with pytest.raises(LeaseLostError) as info:
         await lease.renew()
     assert info.value.reason is LossReason.MAX_HOLD
@@ -83,7 +83,7 @@ async def test_a_leader_steps_down_at_max_hold_and_the_other_candidate_leads() -
         Elector(
             backend,
             "leader",
-            ttl=0.3,
+            ttl=0.6,
             identity=who,
             max_hold=0.2,
             retry_backoff=0.01,
