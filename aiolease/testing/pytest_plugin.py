@@ -9,12 +9,19 @@ Without either, the URLs are ``memory://`` and, when :mod:`aiolease.backends.sql
 imports, a SQLite file in a temporary directory. ``{tmp}`` in a URL is replaced by
 a per-session temporary directory.
 
-Fixtures (the async ones need anyio's ``anyio_backend`` fixture, as any anyio test):
+Fixtures:
 
 * ``aiolease_url``: parametrised over the URLs (ids are the schemes)
 * ``aiolease_backend``: an open backend for the URL
 * ``aiolease_backend_factory``: opens a fresh backend per call, for
   :mod:`aiolease.testing.conformance`
+* ``aiolease_driven_backend``: a fresh :class:`~aiolease.testing.memory.DrivenMemoryBackend`
+
+``aiolease_backend`` and ``aiolease_backend_factory`` open their backend on the event
+loop that runs the test: anyio's (a test that uses ``anyio_backend``, as any anyio
+test does), or pytest-asyncio's, in the test's loop scope (a test with its
+``asyncio`` mark, which its auto mode adds), so that the backend's renewals run
+while the test does.
 * ``aiolease_server``: a function that takes a service name of
   :data:`aiolease.testing.servers.SERVERS` (``"redis"``, ``"etcd-cluster"``, ...) and
   returns its URL once every address in it accepts connections
