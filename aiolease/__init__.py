@@ -26,6 +26,8 @@ from ._lease import Timing as Timing
 from ._lock import AsyncLock as AsyncLock
 from ._lock import LockStatistics as LockStatistics
 from ._registry import open_backend as open_backend
+from ._schedule import run_at_most_once as run_at_most_once
+from ._schedule import run_every as run_every
 from .abc import Backend as Backend
 from .abc import Capability as Capability
 from .abc import HolderInfo as HolderInfo
@@ -62,4 +64,6 @@ __all__ = [
     "UnsupportedCapability",
     "open_backend",
     "subscribe_all",
+    "run_at_most_once",
+    "run_every",
 ]

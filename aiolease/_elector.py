@@ -8,6 +8,7 @@ import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar, cast, final
 
@@ -18,6 +19,7 @@ from ._bridge import adapt
 from ._exceptions import BackendError, LeaseLostError, LossReason
 from ._holding import Counters, HealthCheck, HealthPolicy, Holding, probe
 from ._lease import Lease, Timing, log_fields
+from ._limits import HoldLimits
 from ._validate import check_count, check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, HolderInfo
 
@@ -102,6 +104,9 @@ class Elector:
     :param on_elected: called with the lease when a term starts (sync or async)
     :param on_defeated: called with the :class:`LossReason` as soon as a term is lost
         (the work cancelled), before the lost lease's release
+    :param max_hold: seconds (or a :class:`~datetime.timedelta`) a term may last: then
+        the leader steps down (:attr:`LossReason.MAX_HOLD`); :meth:`run` campaigns again
+        after a ttl, so that the other candidates have had their chance
     :raises InvalidArgument: on any bad argument
     """
 
@@ -123,10 +128,12 @@ class Elector:
         retry_backoff: float | None = None,
         on_elected: Callable[[Lease], Awaitable[None] | None] | None = None,
         on_defeated: Callable[[LossReason], Awaitable[None] | None] | None = None,
+        max_hold: float | timedelta | None = None,
     ) -> None:
         self._backend = validate_backend(backend)
         self._name = check_name(name)
         self._timing = Timing._build(ttl, renew_interval, margin, release_timeout)
+        self._limits = HoldLimits.build(backend, max_hold, None)
         self._identity = check_identity(default_identity() if identity is None else identity)
         self._metadata = MappingProxyType(check_metadata(metadata))
         self._health: HealthPolicy | None = None
@@ -193,6 +200,7 @@ class Elector:
         """
         while True:
             result = _NOTHING
+            pause = 0.0
             try:
                 async with self.leadership() as lease:
                     result = await fn(lease, *args)
@@ -204,6 +212,10 @@ class Elector:
                     exc.reason.value,
                     extra=log_fields(self._name, None, exc.reason),
                 )
+                if exc.reason is LossReason.MAX_HOLD:
+                    # Every other candidate tries again within a ttl (its wait is bounded
+                    # by one): let them, so that the term limit hands the role over.
+                    pause = self._timing.ttl
             except BackendError as exc:
                 self._campaign_errors += 1
                 logger.warning(
@@ -215,7 +227,7 @@ class Elector:
                 )
             if result is not _NOTHING:
                 return result  # type: ignore[no-any-return]
-            await anyio.sleep(self._backoff * self._random.uniform(0.5, 1.5))
+            await anyio.sleep(pause + self._backoff * self._random.uniform(0.5, 1.5))
 
     @asynccontextmanager
     async def leadership(self) -> AsyncIterator[Lease]:
@@ -236,6 +248,8 @@ class Elector:
             self._counters,
             blocking=True,
         )
+        if self._limits is not None:
+            self._limits.apply(lease)
         logger.info(
             "%s: elected for %r with token %d",
             self._identity,

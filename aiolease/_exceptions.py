@@ -67,6 +67,9 @@ class LossReason(str, enum.Enum):
     RELEASED = "released"
     #: The backend or elector was closed while the lease was held.
     SHUTDOWN = "shutdown"
+    #: The lease was held for its ``max_hold`` seconds: the holder stopped renewing it,
+    #: cancelled the work and released it (not a fault: the limit it was given).
+    MAX_HOLD = "max_hold"
 
 
 class AioleaseError(Exception):

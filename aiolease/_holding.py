@@ -18,6 +18,7 @@ While a lease is held:
   (:meth:`Backend.wait_lost`).
 * **health probe** (electors): ends the lease after ``health_failures``
   consecutive failed probes.
+* **max_hold** (:mod:`aiolease._limits`): ends the lease when it was held that long.
 
 When the lease ends, the protected cancel scope is cancelled.
 """
@@ -37,6 +38,7 @@ from anyio.abc import TaskGroup
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, log_fields, release_shielded
 from ._life import Tenancy
+from ._limits import keep_held, watch_max_hold
 from ._renewer import Counters, Renewer
 from .abc import Capability, HolderInfo, SessionClock
 
@@ -130,6 +132,11 @@ async def watch_health(lease: Lease, policy: HealthPolicy) -> None:
             lease._end(LossReason.UNHEALTHY)
 
 
+#: How a lease of a lock with ``min_hold`` may end and still be kept for it (not lost to
+#: anyone; ``None``: the block ended).
+_KEPT = (None, LossReason.RELEASED, LossReason.MAX_HOLD)
+
+
 class Holding:
     """The protected block of one held lease.
 
@@ -195,6 +202,8 @@ class Holding:
             watches.append((watch_session, (lease,)))
         if self._health is not None:
             watches.append((watch_health, (lease, self._health)))
+        if lease._hold_until is not None:
+            watches.append((watch_max_hold, (lease,)))
         return watches
 
     def _guard(self, clock: SessionClock | None, watches: list[_Watch]) -> None:
@@ -287,8 +296,10 @@ class Holding:
         # Sent before the bookkeeping below (leaving the body's scope included: nothing
         # is awaited in between), where the backend can: a waiter that the release
         # serves gets the lease sooner.
+        sent: Awaitable[bool] | None = None
         try:
-            sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
+            if lease._keep_until is None:  # (else kept for min_hold, maybe)
+                sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
         except Exception:  # a backend's bug: release() is called instead
             logger.exception(
                 "release_now of lease %r failed",
@@ -311,7 +322,10 @@ class Holding:
             # above, finish during its round trip, so leaving then costs no extra wait.
             # The release of a lost lease comes after the report, tightly bounded.
             try:
-                await self._release(sent, reason)
+                if lease._keep_until is None or reason not in _KEPT:
+                    await self._release(sent, reason)
+                elif reason is not LossReason.RELEASED:  # (lease.release() kept that)
+                    await keep_held(lease)  # min_hold
             finally:
                 await self._leave_task_group()
         if reason is None or reason is LossReason.RELEASED:

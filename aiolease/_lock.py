@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import timedelta
 from types import MappingProxyType, TracebackType
 from typing import final
 
@@ -15,6 +16,7 @@ from ._acquire import acquire_lease, checked_default_identity, validate_backend
 from ._exceptions import LeaseHeldError, LossReason, UnsupportedCapability
 from ._holding import Counters, Holding
 from ._lease import Lease, Timing
+from ._limits import HoldLimits
 from ._validate import check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, Capability
 
@@ -118,9 +120,17 @@ class AsyncLock:
     :param metadata: a small ``str -> str`` map published with the grant
     :param release_timeout: upper bound on a release (default ``min(max(ttl, 1), 10)``);
         a lease lost at its deadline or taken is released for at most ``margin``
+    :param max_hold: seconds (or a :class:`~datetime.timedelta`) after which a lease is
+        not renewed any more: the block is cancelled, raises :class:`LeaseLostError`
+        with :attr:`LossReason.MAX_HOLD`, and the lease is released
+    :param min_hold: seconds (or a :class:`~datetime.timedelta`) the name stays taken
+        after a grant, even if released sooner (ShedLock's ``lockAtLeastFor``): a release
+        before then leaves the grant on the server until then
     :raises InvalidArgument: on any bad argument; nothing is sent
     :raises UnsupportedCapability: the backend serves leader election only
-        (:attr:`Capability.ELECTION_ONLY <aiolease.abc.Capability.ELECTION_ONLY>`)
+        (:attr:`Capability.ELECTION_ONLY <aiolease.abc.Capability.ELECTION_ONLY>`), or
+        ``min_hold`` on a session backend
+        (:attr:`Capability.SESSION <aiolease.abc.Capability.SESSION>`)
     """
 
     def __init__(
@@ -134,6 +144,8 @@ class AsyncLock:
         identity: str | None = None,
         metadata: Mapping[str, str] | None = None,
         release_timeout: float | None = None,
+        max_hold: float | timedelta | None = None,
+        min_hold: float | timedelta | None = None,
     ) -> None:
         self._backend = validate_backend(backend)
         if Capability.ELECTION_ONLY in backend.capabilities:
@@ -149,6 +161,7 @@ class AsyncLock:
         self._metadata = (
             _NO_METADATA if metadata is None else MappingProxyType(check_metadata(metadata))
         )
+        self._limits = HoldLimits.build(backend, max_hold, min_hold)
         self._counters = Counters()
         self._held = 0
 
@@ -201,7 +214,7 @@ class AsyncLock:
         return await self._acquire(blocking=False)
 
     async def _acquire(self, *, blocking: bool) -> Lease:
-        return await acquire_lease(
+        lease = await acquire_lease(
             self._backend,
             self._name,
             self._timing,
@@ -210,6 +223,7 @@ class AsyncLock:
             self._counters,
             blocking=blocking,
         )
+        return lease if self._limits is None else self._limits.apply(lease)
 
     def hold(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
         """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout."""
