@@ -378,7 +378,7 @@ class KafkaBackend(Backend):
         described = await self._wire.describe(group)
         state, members = str(described[2]), described[-1]
         if state in ("Empty", "Dead") or not members:
-            return None  # (a leader keeps its term through a rebalance: not those states)
+            return None  # (in a rebalance, the last generation's leader may be named)
         for described_member in members:
             view = view_of(bytes(described_member[-1] or b""))
             if view is not None and view.leader == described_member[0]:
