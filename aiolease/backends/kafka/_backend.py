@@ -19,8 +19,7 @@ from ..._exceptions import (
     NotOwnerError,
 )
 from ...abc import Backend, Capability, Grant, HolderInfo, SessionClock
-from .._asyncio import now, timeout_after, wait_event
-from ..etcd._aio import Tasks
+from .._asyncio import Tasks, now, timeout_after, wait_event
 from ._group import record_of, view_of
 from ._member import Member, Term
 from ._names import check_name
@@ -104,7 +103,7 @@ class KafkaBackend(Backend):
         self._members: dict[str, dict[_Candidate, Member]] = {}
         self._floors: dict[str, int] = {}
         self._topics: set[str] = set()
-        self._tasks = Tasks()
+        self._tasks = Tasks(logger)
         self._closed = False
 
     def __repr__(self) -> str:
