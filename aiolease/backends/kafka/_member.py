@@ -53,8 +53,11 @@ logger = logging.getLogger("aiolease.kafka")
 
 #: Seconds between two attempts to join after a failure.
 RETRY = 0.25
-#: SyncGroups refused in a row after which the member leaves and joins anew.
-STUCK_SYNCS = 1
+#: SyncGroups refused in a row after which the member leaves and joins anew. Not
+#: after one: a SyncGroup refused because another member joined meanwhile is common
+#: (every rebalance now ends the term, and candidates rejoin more often), and leaving
+#: then starts one more rebalance for everybody (seen in the SIGSTOP safety runs).
+STUCK_SYNCS = 2
 #: Codes after which the member rejoins: it is not (any more) in this generation.
 _REJOIN = frozenset({REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID})
 
