@@ -22,7 +22,7 @@ from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, run_to_end, wait_event
-from ..postgres._takers import Takers
+from .._takers import Takers
 from ..sql._running import finished
 from ..sql._values import check_owner
 from ..sql._wakeups import Wakeups

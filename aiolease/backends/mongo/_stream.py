@@ -7,7 +7,7 @@ upsert, a takeover of an expired lease, a hand-off to a waiter) or a release (th
 token released, which the release writes to ``released`` so that its event says
 which grant ended). Renewals and queue changes are no notice. Events come in the
 order of the oplog, and tokens only grow, so a late event is told from a new one by
-its token alone (see :class:`~aiolease.backends.postgres._takers.Takers`).
+its token alone (see :class:`~aiolease.backends._takers.Takers`).
 
 The stream is opened before a waiter reads (so a change after the read is seen),
 by :meth:`Stream.ensure`. When it fails, every waiter is woken (events may have been

@@ -18,6 +18,7 @@ from ..._urls import scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
+from .._takers import Takers
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
@@ -30,7 +31,6 @@ from ._errors import mapped
 from ._listener import LISTEN_CHECK, Held, Listener
 from ._queue import Queue
 from ._statements import Sql, advisory_key, default_channel, grants_channel
-from ._takers import Takers
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
@@ -622,7 +622,7 @@ class PostgresBackend(Backend):
         Only while the listener is up (else ``None``: the core's watch task waits in
         :meth:`wait_taken`, which connects it). Notifications carry their token, so a
         late one from before the grant ends nothing (see
-        :class:`~aiolease.backends.postgres._takers.Takers`). A takeover whose notification is
+        :class:`~aiolease.backends._takers.Takers`). A takeover whose notification is
         missed (the listener was down) ends nothing here: the holder's next renewal
         finds the row gone, within one renew interval.
         """

@@ -4,7 +4,7 @@
 connection, and turns each notification into wake-ups of that backend's waiters
 (its :class:`~aiolease.backends.sql._wakeups.Wakeups`, its
 :class:`~aiolease.backends.postgres._queue.Queue` and its
-:class:`~aiolease.backends.postgres._takers.Takers`, given to it). It also tells
+:class:`~aiolease.backends._takers.Takers`, given to it). It also tells
 whether a name has had no notification since a given moment (:meth:`Listener.mark`,
 :meth:`Listener.unchanged_since`), which lets the backend answer a read of a grant
 it made without a statement (:class:`Held`).
@@ -21,11 +21,11 @@ from typing import Any
 from ..._exceptions import BackendUnavailable
 from ..._urls import scrub
 from .._asyncio import now, timeout_after
+from .._takers import Takers
 from ..sql._renewals import Held as _Held
 from ..sql._wakeups import Wakeups
 from ._queue import Queue
 from ._statements import parse_notice
-from ._takers import Takers
 
 __all__ = ["LISTEN_CHECK", "Held", "Listener"]
 

@@ -449,7 +449,7 @@ class ZooKeeperBackend(Backend):
         entry = self._keeper.entries.get((name, owner))
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
-            self._keeper.end(entry, LossReason.RELEASED)
+            self._keeper.end(entry, LossReason.RELEASED, quietly=True)
             deleted = await self._deleted(
                 self._wire.send(self._wire.delete(self._wire.path(entry.path))), entry
             )
@@ -469,7 +469,7 @@ class ZooKeeperBackend(Backend):
         replies = self._wire.send_now(self._wire.delete(self._wire.path(entry.path)))
         if replies is None:
             return None
-        self._keeper.end(entry, LossReason.RELEASED)
+        self._keeper.end(entry, LossReason.RELEASED, quietly=True)
         return self._deleted(replies, entry)
 
     async def _deleted(self, replies: Awaitable[list[Any]], entry: Entry) -> bool:
