@@ -296,6 +296,10 @@ class Holding:
         # Sent before the bookkeeping below (leaving the body's scope included: nothing
         # is awaited in between), where the backend can: a waiter that the release
         # serves gets the lease sooner.
+        # Judged before release_now, which may end the lease (a session backend tells
+        # the core of every end of its grants): a deadline that passed before the body
+        # ended is a loss, not a release.
+        lost = lease.lost
         sent: Awaitable[bool] | None = None
         try:
             if lease._keep_until is None:  # (else kept for min_hold, maybe)
@@ -311,7 +315,8 @@ class Holding:
         try:
             cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
             self._left = True
-            reason = lease.lost  # a passed deadline counts even if the body never checkpointed
+            # A passed deadline counts even if the body never checkpointed.
+            reason = lost if lost is not None else lease.lost
             if reason is None:
                 lease._end(LossReason.RELEASED)
             self._unguard()
