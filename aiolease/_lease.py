@@ -280,6 +280,28 @@ class Lease(metaclass=_NoPublicConstructor):
             raise
         self._confirm(sent_at, grant)
 
+    async def ensure_held(self) -> None:
+        """Ask the backend, in one read, whether this grant still holds the name.
+
+        A read, not a renewal: the lease's expiry is left as it is. When the backend
+        reports another holder (another owner, or another token: a later grant), or
+        nobody, the lease ends here with :attr:`LossReason.STOLEN`, as when a renewal
+        hears "not owner": the protected block is cancelled and raises
+        :class:`LeaseLostError`, and :attr:`lost` says so. A lease known to be lost or
+        released raises at once, without a round trip.
+
+        :raises LeaseLostError: the lease is lost (now or before)
+        :raises BackendError: the read failed; the lease stays valid until its deadline
+        """
+        self._raise_if_lost()
+        holder = await self._backend.read(self._name)
+        # A deadline passed or a release made while reading comes first (``lost``).
+        if self.lost is None and (
+            holder is None or (holder.owner, holder.token) != (self._owner, self._token)
+        ):
+            self._end(LossReason.STOLEN)
+        self._raise_if_lost()
+
     async def release(self) -> bool:
         """Release the lease: shielded, bounded by the release timeout, idempotent.
 
