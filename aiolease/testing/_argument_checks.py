@@ -118,10 +118,11 @@ async def check_bad_arguments_rejected(factory: BackendFactory) -> None:
         for bad in BAD_TTLS:
             for what, call in _ttl_calls(backend, name, bad, owner, granted.token, held):
                 await _refused(f"{what} with ttl={bad!r}", call)
+        careless: Any = backend  # what a careless caller may send
         for meta in BAD_METADATA:
             await _refused(
                 f"update_metadata with metadata {meta!r:.20}",
-                functools.partial(backend.update_metadata, name, owner, granted.token, meta),
+                functools.partial(careless.update_metadata, name, owner, granted.token, meta),
             )
         after = await holder_of(backend, name)
         require(
