@@ -284,8 +284,8 @@ class Lease(metaclass=_NoPublicConstructor):
         """Ask the backend, in one read, whether this grant still holds the name.
 
         A read, not a renewal: the lease's expiry is left as it is. When the backend
-        reports another holder (another owner, or another token: a later grant), or
-        nobody, the lease ends here with :attr:`LossReason.STOLEN`, as when a renewal
+        reports another holder (another owner id: every acquire attempt has its own),
+        or nobody, the lease ends here with :attr:`LossReason.STOLEN`, as when a renewal
         hears "not owner": the protected block is cancelled and raises
         :class:`LeaseLostError`, and :attr:`lost` says so. A lease known to be lost or
         released raises at once, without a round trip.
@@ -296,9 +296,10 @@ class Lease(metaclass=_NoPublicConstructor):
         self._raise_if_lost()
         holder = await self._backend.read(self._name)
         # A deadline passed or a release made while reading comes first (``lost``).
-        if self.lost is None and (
-            holder is None or (holder.owner, holder.token) != (self._owner, self._token)
-        ):
+        # The owner id is unique per acquire attempt: it alone names this grant (as for
+        # the takeover watch; a Redlock read may report a grant's token as counted by
+        # another majority of its instances).
+        if self.lost is None and (holder is None or holder.owner != self._owner):
             self._end(LossReason.STOLEN)
         self._raise_if_lost()
 
