@@ -366,7 +366,10 @@ async def check_update_metadata(factory: BackendFactory) -> None:
                 "update_metadata without Capability.PROCLAIM did not raise UnsupportedCapability"
             )
         await backend.update_metadata(name, owner, granted.token, {"v": "2", "url": "ü"})
-        for holder in (await holder_of(backend, name), await refused(backend, name, new_owner())):
+        intruder = new_owner()
+        refusal = await refused(backend, name, intruder)
+        await backend.release(name, intruder, None)  # leaves a fair queue, as the core would
+        for holder in (await holder_of(backend, name), refusal):
             require(
                 (holder.owner, holder.identity, holder.token) == (owner, "leader-a", granted.token),
                 f"update_metadata changed the grant: {holder!r}",
