@@ -245,8 +245,9 @@ class Listener:
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         """A grant (a takeover or a hand-off; on the grants channel, of a free name), a
-        release, or new metadata of a grant (see :func:`~aiolease.backends.postgres._statements.parse_payload`).
-        Watchers wake on both; a waiter here on a hand-off to it, and every waiter for
+        release, or new metadata of a grant (see
+        :func:`~aiolease.backends.postgres._statements.parse_payload`). Watchers wake on
+        each; a waiter here on a hand-off to it, and every waiter for
         the name on a release (with nobody queued to hand it to, as the release saw it)."""
         kind, name, owner, token, ask = parse_notice(payload)
         self.notes += 1
