@@ -27,6 +27,7 @@ from __future__ import annotations
 from ..abc import Capability
 from ._api_checks import (
     check_elector_one_leader,
+    check_elector_proclaim,
     check_lock_acquire_nowait,
     check_lock_acquire_timeout,
     check_lock_cancel_in_flight,
@@ -66,6 +67,7 @@ __all__ = [
     "check_backend",
     "check_bad_arguments_rejected",
     "check_elector_one_leader",
+    "check_elector_proclaim",
     "check_expiry_allows_takeover",
     "check_grant_when_free",
     "check_holder_reported",
@@ -128,6 +130,7 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_lock_cancel_in_flight,
     check_lock_release_after_takeover,
     check_elector_one_leader,
+    check_elector_proclaim,
 )
 
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 import aiolease
-from aiolease import NotOwnerError
+from aiolease import LossReason, NotOwnerError
 from aiolease.abc import Backend, Capability, Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend, _Record
 from aiolease.testing import conformance
@@ -25,6 +25,7 @@ from aiolease.testing.conformance import (
     check_backend,
     check_bad_arguments_rejected,
     check_elector_one_leader,
+    check_elector_proclaim,
     check_holder_reported,
     check_idempotent_retry,
     check_lock_acquire_nowait,
@@ -158,6 +159,15 @@ class _ProclaimSilent(MemoryBackend):
         record.metadata = dict(metadata)  # nobody woken
 
 
+class _ProclaimEndsTerm(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await super().update_metadata(name, owner, token, metadata)
+        for _, _, taken in list(self._takers.get(name, {}).values()):
+            taken(LossReason.STOLEN)  # the announcement taken for a takeover
+
+
 class _ProclaimUndeclared(MemoryBackend):
     capabilities = MemoryBackend.capabilities - {Capability.PROCLAIM}  # yet it answers
 
@@ -201,6 +211,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_ProclaimByAnyone, check_update_metadata),
     (_ProclaimUndeclared, check_update_metadata),
     (_ProclaimSilent, check_update_metadata_wakes),
+    (_ProclaimEndsTerm, check_elector_proclaim),
 ]
 
 
