@@ -388,24 +388,33 @@ async def check_update_metadata(factory: BackendFactory) -> None:
 async def check_update_metadata_wakes(factory: BackendFactory) -> None:
     """A task in ``wait_changed`` returns after the holder's ``update_metadata`` (at once
     on a push backend, by the seen holder's expiry on a polling one), and then reads
-    the new metadata."""
-    from .faults import FaultyBackend
-
+    the new metadata; for a :attr:`Capability.MULTI_PROCESS` backend, the waiter's is
+    another backend object (as another process's would be)."""
     async with factory() as inner:
         if Capability.PROCLAIM not in inner.capabilities:
             return  # check_update_metadata covers the refusal
-        spy = FaultyBackend(inner)
-        push = Capability.PUSH_WAKEUP in inner.capabilities
-        ttl = LONG_TTL if push else 1.0
-        bound = PROMPT + 2 * inner.poll_interval if push else ttl + 1.0
-        name, owner = unique_name(), new_owner()
-        granted = await grant(inner, name, owner, ttl=ttl, metadata={"v": "1"})
-        seen = await holder_of(inner, name)
-        async with task_group() as tg:
-            tg.start_soon(_wait_changed_within, spy, name, seen, bound)
-            await spy.wait_called("wait_changed")
-            await inner.update_metadata(name, owner, granted.token, {"v": "2"})
-        if push:
-            after = await holder_of(inner, name)
-            require(dict(after.metadata) == {"v": "2"}, "the woken waiter reads old metadata")
-        await inner.release(name, owner, None)
+        if Capability.MULTI_PROCESS in inner.capabilities:
+            async with factory() as other:
+                await _woken_by_update(inner, other)
+        else:
+            await _woken_by_update(inner, inner)
+
+
+async def _woken_by_update(backend: Backend, waiter: Backend) -> None:
+    from .faults import FaultyBackend
+
+    spy = FaultyBackend(waiter)
+    push = Capability.PUSH_WAKEUP in waiter.capabilities
+    ttl = LONG_TTL if push else 1.0
+    bound = PROMPT + 2 * waiter.poll_interval if push else ttl + 1.0
+    name, owner = unique_name(), new_owner()
+    granted = await grant(backend, name, owner, ttl=ttl, metadata={"v": "1"})
+    seen = await holder_of(waiter, name)
+    async with task_group() as tg:
+        tg.start_soon(_wait_changed_within, spy, name, seen, bound)
+        await spy.wait_called("wait_changed")
+        await backend.update_metadata(name, owner, granted.token, {"v": "2"})
+    if push:
+        after = await holder_of(waiter, name)
+        require(dict(after.metadata) == {"v": "2"}, "the woken waiter reads old metadata")
+    await backend.release(name, owner, None)
