@@ -104,8 +104,9 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
 
 def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
     """What the server sends the stream: grants, releases, deletions and a holder's new
-    metadata (not renewals, which change only ``expires``, nor queue changes), and not the writes of the
-    backend whose ``by`` ids start with ``own`` (it acts on those when it makes them)."""
+    metadata (not renewals, which change only ``expires``, nor queue changes), and not
+    the writes of the backend whose ``by`` ids start with ``own`` (it acts on those when
+    it makes them)."""
     fields = "updateDescription.updatedFields"
     changes: dict[str, Any] = {
         "$or": [
