@@ -287,8 +287,10 @@ class Backend(abc.ABC):
         waiters return as for any change of the record (push backends wake them). This
         default raises :class:`UnsupportedCapability`.
 
-        :raises NotOwnerError: ``owner`` does not hold ``name`` with ``token`` (any more);
-            nothing changed
+        :raises NotOwnerError: ``owner`` does not hold ``name`` (any more); nothing
+            changed. As for :meth:`renew`, the owner id (unique per acquire attempt)
+            names the grant; a backend may check ``token`` too (Redlock cannot: its
+            instances count tokens of their own)
         :raises UnsupportedCapability: the backend cannot change metadata in place
         """
         raise UnsupportedCapability(
