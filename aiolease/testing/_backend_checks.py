@@ -349,8 +349,9 @@ async def _not_owner(backend: Backend, name: str, owner: str, token: int, what: 
 async def check_update_metadata(factory: BackendFactory) -> None:
     """``update_metadata`` by the holder changes what ``read`` and a refused
     ``try_acquire`` report, and nothing else (owner, identity, token); by anyone else, or
-    once released, it raises :class:`NotOwnerError` and changes nothing. A backend without :attr:`Capability.PROCLAIM` raises
-    :class:`UnsupportedCapability` and changes nothing."""
+    once released, it raises :class:`NotOwnerError` and changes nothing. A backend
+    without :attr:`Capability.PROCLAIM` raises :class:`UnsupportedCapability` and
+    changes nothing."""
     async with factory() as backend:
         name, owner = unique_name(), new_owner()
         granted = await grant(backend, name, owner, identity="leader-a", metadata={"v": "1"})
