@@ -15,12 +15,18 @@ import anyio
 
 from ._acquire import acquire_lease, default_identity, validate_backend
 from ._bridge import adapt
-from ._exceptions import BackendError, LeaseLostError, LossReason, NotOwnerError
+from ._exceptions import (
+    BackendError,
+    LeaseLostError,
+    LossReason,
+    NotOwnerError,
+    UnsupportedCapability,
+)
 from ._holding import Counters, HealthCheck, HealthPolicy, Holding, probe
 from ._lease import Lease, Timing
 from ._records import state_of
 from ._validate import check_count, check_identity, check_metadata, check_name, check_seconds
-from .abc import Backend, HolderInfo
+from .abc import Backend, Capability, HolderInfo
 
 logger = logging.getLogger("aiolease")
 
@@ -301,12 +307,18 @@ class Elector:
 
         :raises InvalidArgument: bad ``metadata``; nothing is sent
         :raises NotOwnerError: this candidate does not lead (any more)
-        :raises UnsupportedCapability: the backend cannot change metadata in place
-            (no :attr:`Capability.PROCLAIM <aiolease.abc.Capability.PROCLAIM>`: Kafka)
+        :raises UnsupportedCapability: the backend does not declare
+            :attr:`Capability.PROCLAIM <aiolease.abc.Capability.PROCLAIM>` (Kafka);
+            nothing is sent
         :raises BackendError: the write failed; the term goes on, with the old
             metadata or the new one
         """
         checked = MappingProxyType(check_metadata(metadata))
+        if Capability.PROCLAIM not in self._backend.capabilities:
+            raise UnsupportedCapability(
+                f"{self._backend!r} cannot change a term's metadata in place"
+                " (no Capability.PROCLAIM)"
+            )
         lease = self.lease
         if lease is None:
             raise NotOwnerError(self._name, f"{self!r} does not lead {self._name!r}")

@@ -19,8 +19,9 @@ from aiolease import (
     LeaseLostError,
     LossReason,
     NotOwnerError,
+    UnsupportedCapability,
 )
-from aiolease.abc import Grant
+from aiolease.abc import Capability, Grant
 from aiolease.backends.memory import MemoryBackend
 from aiolease.backends.sqlite import SQLiteBackend
 from aiolease.testing.faults import FaultyBackend
@@ -205,3 +206,20 @@ async def test_a_held_name_is_refused_with_the_proclaimed_metadata(inner: Memory
         with pytest.raises(LeaseHeldError) as info:
             await AsyncLock(inner, "sched", ttl=5).acquire_nowait()
         assert info.value.holder is not None and dict(info.value.holder.metadata) == {"url": "b"}
+
+
+class _NoProclaim(MemoryBackend):
+    """The reference, declared without PROCLAIM (as Kafka is)."""
+
+    capabilities = MemoryBackend.capabilities - {Capability.PROCLAIM}
+
+
+async def test_proclaim_needs_the_capability() -> None:
+    backend = _NoProclaim()
+    elector = Elector(backend, "sched", ttl=30, metadata={"url": "a"})
+    async with elector.leadership() as lease:
+        with pytest.raises(UnsupportedCapability):
+            await elector.proclaim({"url": "b"})
+        holder = await backend.read("sched")
+        assert holder is not None and dict(holder.metadata) == {"url": "a"}
+        assert lease.lost is None and lease.metadata == {"url": "a"}
