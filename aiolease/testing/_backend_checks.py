@@ -348,10 +348,10 @@ async def _not_owner(backend: Backend, name: str, owner: str, token: int, what: 
 
 async def check_update_metadata(factory: BackendFactory) -> None:
     """``update_metadata`` by the holder changes what ``read`` and a refused
-    ``try_acquire`` report, and nothing else (owner, identity, token); by anyone else, or
-    once released, it raises :class:`NotOwnerError` and changes nothing. A backend
-    without :attr:`Capability.PROCLAIM` raises :class:`UnsupportedCapability` and
-    changes nothing."""
+    ``try_acquire`` report, and nothing else (owner, identity, token, expiry); by anyone
+    else, or once released, it raises :class:`NotOwnerError` and changes nothing. A
+    backend without :attr:`Capability.PROCLAIM` raises :class:`UnsupportedCapability`
+    and changes nothing."""
     async with factory() as backend:
         name, owner = unique_name(), new_owner()
         granted = await grant(backend, name, owner, identity="leader-a", metadata={"v": "1"})
@@ -365,7 +365,9 @@ async def check_update_metadata(factory: BackendFactory) -> None:
             raise AssertionError(
                 "update_metadata without Capability.PROCLAIM did not raise UnsupportedCapability"
             )
+        await backend.renew(name, owner, granted.token, 2.0)  # shorter: a reset would show
         await backend.update_metadata(name, owner, granted.token, {"v": "2", "url": "ü"})
+        await require_remaining(backend, name, 0.0, 2.0)  # no renewal
         intruder = new_owner()
         refusal = await refused(backend, name, intruder)
         await backend.release(name, intruder, None)  # leaves a fair queue, as the core would

@@ -168,6 +168,14 @@ class _ProclaimEndsTerm(MemoryBackend):
             taken(LossReason.STOLEN)  # the announcement taken for a takeover
 
 
+class _ProclaimRenews(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await super().update_metadata(name, owner, token, metadata)
+        self._records[name].expires_at = self._clock() + 30.0  # as a retry of the grant would
+
+
 class _ProclaimUndeclared(MemoryBackend):
     capabilities = MemoryBackend.capabilities - {Capability.PROCLAIM}  # yet it answers
 
@@ -210,6 +218,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_ProclaimIgnored, check_update_metadata),
     (_ProclaimByAnyone, check_update_metadata),
     (_ProclaimUndeclared, check_update_metadata),
+    (_ProclaimRenews, check_update_metadata),
     (_ProclaimSilent, check_update_metadata_wakes),
     (_ProclaimEndsTerm, check_elector_proclaim),
 ]
