@@ -180,23 +180,24 @@ async def test_proclaim_when_not_leading_raises_not_owner(inner: MemoryBackend) 
     assert await inner.read("sched") is None
 
 
-async def test_proclaim_of_a_taken_term_ends_it(inner: MemoryBackend) -> None:
-    faulty = FaultyBackend(inner)
-    faulty.callbacks = False  # no takeover callback: only the proclaim hears of it
-    elector = Elector(faulty, "sched", ttl=30, metadata={"url": "a"})
-    with pytest.raises(LeaseLostError) as info:
-        async with elector.leadership() as lease:
-            # Taken on the server behind the wrapper's back, without a checkpoint: the
-            # takeover watch has not looked yet.
-            inner.force_release("sched")
-            assert isinstance(await inner.try_acquire("sched", "thief", 30, "t", {}), Grant)
-            with pytest.raises(NotOwnerError):
-                await elector.proclaim({"url": "b"})
-            assert lease.lost is LossReason.STOLEN
-            await anyio.sleep_forever()  # cancelled: the term ended
-    assert info.value.reason is LossReason.STOLEN
-    holder = await inner.read("sched")
-    assert holder is not None and holder.owner == "thief" and dict(holder.metadata) == {}
+async def test_proclaim_of_a_taken_term_ends_it(tmp_path: Path) -> None:
+    # SQLite: no takeover watch runs and the renewals are far off, so only the
+    # proclaim's own write can hear that the term is gone.
+    async with SQLiteBackend(str(tmp_path / "leases.db")) as backend:
+        faulty = FaultyBackend(backend)
+        elector = Elector(faulty, "sched", ttl=30, metadata={"url": "a"})
+        with pytest.raises(LeaseLostError) as info:
+            async with elector.leadership() as lease:
+                assert await backend.release("sched", lease.owner, None)  # an operator's
+                assert isinstance(await backend.try_acquire("sched", "thief", 30, "t", {}), Grant)
+                with pytest.raises(NotOwnerError):
+                    await elector.proclaim({"url": "b"})
+                assert faulty.calls["update_metadata"] == 1  # the server said so
+                assert lease.lost is LossReason.STOLEN
+                await anyio.sleep_forever()  # cancelled: the term ended
+        assert info.value.reason is LossReason.STOLEN
+        holder = await backend.read("sched")
+        assert holder is not None and holder.owner == "thief" and dict(holder.metadata) == {}
 
 
 async def test_a_held_name_is_refused_with_the_proclaimed_metadata(inner: MemoryBackend) -> None:
