@@ -16,7 +16,7 @@ from typing import Any
 
 from ._exceptions import InvalidArgument
 from ._records import Renewal
-from ._validate import check_name, check_ttl
+from ._validate import check_metadata, check_name, check_ttl
 
 __all__ = ["HeldRenewals", "check_arguments", "install"]
 
@@ -49,6 +49,13 @@ def _ttl(ttl: object) -> object:
     return _checked_ttl(ttl) if type(ttl) is float else check_ttl(ttl)
 
 
+def _metadata(metadata: object) -> object:
+    """:func:`check_metadata`, which also refuses ``None`` (not a map to publish)."""
+    if metadata is None:
+        raise InvalidArgument("metadata must be a mapping, not None")
+    return check_metadata(metadata)
+
+
 _NAME: _Spec = ((0, "name", _name),)
 SPECS: dict[str, _Spec] = {
     "try_acquire": (*_NAME, (2, "ttl", _ttl)),
@@ -61,6 +68,7 @@ SPECS: dict[str, _Spec] = {
     "wait_lost": _NAME,
     "hold": _NAME,
     "on_taken": _NAME,
+    "update_metadata": (*_NAME, (3, "metadata", _metadata)),
 }
 
 

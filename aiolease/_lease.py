@@ -297,6 +297,29 @@ class Lease(metaclass=_NoPublicConstructor):
         if self._events.observers:
             self._events._emit("renewed", (self,), current_time() - sent_at)
 
+    async def ensure_held(self) -> None:
+        """Ask the backend, in one read, whether this grant still holds the name.
+
+        A read, not a renewal: the lease's expiry is left as it is. When the backend
+        reports another holder (another owner id: every acquire attempt has its own),
+        or nobody, the lease ends here with :attr:`LossReason.STOLEN`, as when a renewal
+        hears "not owner": the protected block is cancelled and raises
+        :class:`LeaseLostError`, and :attr:`lost` says so. A lease known to be lost or
+        released raises at once, without a round trip.
+
+        :raises LeaseLostError: the lease is lost (now or before)
+        :raises BackendError: the read failed; the lease stays valid until its deadline
+        """
+        self._raise_if_lost()
+        holder = await self._backend.read(self._name)
+        # A deadline passed or a release made while reading comes first (``lost``).
+        # The owner id is unique per acquire attempt: it alone names this grant (as for
+        # the takeover watch; a Redlock read may report a grant's token as counted by
+        # another majority of its instances).
+        if self.lost is None and (holder is None or holder.owner != self._owner):
+            self._end(LossReason.STOLEN)
+        self._raise_if_lost()
+
     async def release(self) -> bool:
         """Release the lease: shielded, bounded by the release timeout, idempotent.
 

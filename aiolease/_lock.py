@@ -13,12 +13,13 @@ from typing import final
 import anyio
 
 from ._acquire import acquire_lease, checked_default_identity, validate_backend
-from ._exceptions import LeaseHeldError, LossReason, UnsupportedCapability
+from ._bridge import adapt
+from ._exceptions import LossReason, UnsupportedCapability
 from ._holding import Counters, Holding
 from ._lease import Lease, Timing
 from ._limits import HoldLimits
 from ._validate import check_identity, check_metadata, check_name, check_seconds
-from .abc import Backend, Capability
+from .abc import Backend, Capability, HolderInfo
 
 #: Validated timings by their arguments (with their types: ``True`` is not ``1``).
 _timings: dict[tuple[object, ...], Timing] = {}
@@ -185,8 +186,11 @@ class AsyncLock:
         for that, or call :meth:`Lease.renew` yourself before :attr:`Lease.deadline`,
         and :meth:`Lease.release` when done. Enclosing cancel scopes apply too.
 
-        :param timeout: give up after this many seconds; ``0`` tries once and does not wait
-        :raises TimeoutError: ``timeout`` ran out; nothing is held
+        :param timeout: give up after this many seconds; ``0`` is :meth:`acquire_nowait`:
+            one try, no wait, and :class:`LeaseHeldError` (with the holder) if taken
+        :raises TimeoutError: ``timeout`` (not ``0``) ran out; nothing is held
+        :raises LeaseHeldError: ``timeout`` is ``0`` and somebody else (or this task)
+            holds it
         :raises ReentrantAcquireError: this task holds the name in a block already, and
             ``timeout`` is not ``0``
         :raises BackendError: the backend failed; nothing is held
@@ -197,12 +201,20 @@ class AsyncLock:
         if seconds == 0:
             # A deadline of "now" would cancel the first request before it is sent:
             # zero means one try, as in "only if it is free right now".
-            try:
-                return await self._acquire(blocking=False)
-            except LeaseHeldError as exc:
-                raise TimeoutError(f"timeout=0 and {exc}") from exc
+            return await self._acquire(blocking=False)
         with anyio.fail_after(seconds):
             return await self._acquire(blocking=True)
+
+    async def holder(self) -> HolderInfo | None:
+        """Who holds the name now, in one read of the backend (``None``: nobody).
+
+        The :class:`HolderInfo` carries the holder's identity, fencing token and
+        metadata, and the server-side ttl it had left when read, where the backend
+        knows it. A snapshot: it may change as soon as it is returned.
+
+        :raises BackendError: the read failed
+        """
+        return await adapt(self._backend).read(self._name)
 
     async def acquire_nowait(self) -> Lease:
         """Try once.
@@ -226,7 +238,8 @@ class AsyncLock:
         return lease if self._limits is None else self._limits.apply(lease)
 
     def hold(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
-        """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout."""
+        """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout
+        (``timeout=0``: one try, as :meth:`acquire` takes it)."""
         if timeout is not None:
             check_seconds("timeout", timeout, allow_zero=True)
         return _Acquisition(self, timeout)

@@ -45,6 +45,9 @@ without it as follows:
   renews each lease in a task of its own (overriding it makes
   :attr:`~Backend.renews_many` true: the core hands it every lease due at once).
 * :meth:`~Backend.release_now`: the core awaits :meth:`~Backend.release` instead.
+* :meth:`~Backend.update_metadata` (:attr:`Capability.PROCLAIM`): the default raises
+  :class:`UnsupportedCapability`, and :meth:`Elector.proclaim <aiolease.Elector.proclaim>`
+  with it.
 * :meth:`~Backend.wait_turn` (:attr:`Capability.FAIR_QUEUE`): the default is
   :meth:`~Backend.wait_changed`.
 * :meth:`~Backend.on_taken` (:attr:`Capability.PUSH_WAKEUP`): reports a takeover of
@@ -95,8 +98,9 @@ from ._exceptions import (
     InvalidArgument,
     LossReason,
     NotOwnerError,
+    UnsupportedCapability,
 )
-from ._records import Grant, HolderInfo, Renewal, SessionClock, identity_of
+from ._records import Grant, HolderInfo, Renewal, SessionClock, state_of
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -118,6 +122,7 @@ __all__ = [
     "Renewal",
     "RenewResult",
     "SessionClock",
+    "UnsupportedCapability",
     "WrappingBackend",
 ]
 
@@ -137,6 +142,10 @@ class Capability(str, enum.Enum):
     SESSION = "session"
     #: Safe across several processes (not only several tasks of one process).
     MULTI_PROCESS = "multi_process"
+    #: The holder can change the metadata of its grant in place
+    #: (:meth:`Backend.update_metadata`: same token, same expiry, watchers woken), which
+    #: :meth:`Elector.proclaim <aiolease.Elector.proclaim>` needs.
+    PROCLAIM = "proclaim"
     #: Serves :class:`~aiolease.Elector` only: :class:`~aiolease.AsyncLock` refuses it
     #: (:class:`~aiolease.UnsupportedCapability`), as every acquire would cost what a
     #: campaign costs there (Kafka: a rebalance of the group).
@@ -279,6 +288,28 @@ class Backend(abc.ABC):
         :returns: whether this call freed it
         """
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the metadata of ``owner``'s grant ``token`` of ``name`` with ``metadata``
+        (:attr:`Capability.PROCLAIM`), in one atomic step.
+
+        The grant stays as it is otherwise: same owner, identity and token, and the same
+        server-side expiry (this is no renewal). :meth:`read`, and a refused
+        :meth:`try_acquire`, report the new metadata from then on, and :meth:`wait_changed`
+        waiters return as for any change of the record (push backends wake them). This
+        default raises :class:`UnsupportedCapability`.
+
+        :raises NotOwnerError: ``owner`` does not hold ``name`` (any more); nothing
+            changed. As for :meth:`renew`, the owner id (unique per acquire attempt)
+            names the grant; a backend may check ``token`` too (Redlock cannot: its
+            instances count tokens of their own)
+        :raises UnsupportedCapability: the backend cannot change metadata in place
+        """
+        raise UnsupportedCapability(
+            f"{self!r} cannot update a grant's metadata in place (no Capability.PROCLAIM)"
+        )
+
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
         """Send the release of ``owner``'s grant ``token`` of ``name`` before returning,
         if this backend can: an awaitable of what :meth:`release` would return, which
@@ -304,7 +335,7 @@ class Backend(abc.ABC):
         unknown. Backends with push notifications override it.
         """
         current = await self.read(name)
-        if identity_of(current) != identity_of(seen):
+        if state_of(current) != state_of(seen):
             return
         if current is not None and current.remaining is not None:
             await anyio.sleep(max(current.remaining, 0.001))
@@ -479,6 +510,11 @@ class ForwardingBackend(Backend):
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         freed: bool = await self._forward("release", name, owner, token)
         return freed
+
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await self._forward("update_metadata", name, owner, token, metadata)
 
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
         sent: Awaitable[bool] | None = self._forward_now("release_now", name, owner, token)

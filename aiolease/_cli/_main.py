@@ -357,11 +357,11 @@ async def cmd_lock(args: argparse.Namespace, backend: Backend) -> int:
     started = current_time()
     try:
         try:
-            return await _hold_and_run(args, lock, timing.grace, 0)
-        except TimeoutError as exc:
-            if args.timeout == 0 or not isinstance(exc.__cause__, LeaseHeldError):
-                raise
-            holder = exc.__cause__.holder
+            return await _hold_and_run(args, lock, timing.grace, 0)  # one try
+        except LeaseHeldError as exc:
+            if args.timeout == 0:
+                raise TimeoutError from exc
+            holder = exc.holder
             who = f"{holder.identity!r} (token {holder.token})" if holder else "another owner"
             say(f"lock {args.name!r} is held by {who}; waiting")
         left = None if args.timeout is None else args.timeout - (current_time() - started)

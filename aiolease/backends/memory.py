@@ -15,6 +15,7 @@ import anyio
 
 from .._clock import current_time
 from .._exceptions import InvalidArgument, LossReason, NotOwnerError
+from .._records import state_of
 from .._urls import redact, split_url
 from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 
@@ -51,7 +52,7 @@ class MemoryBackend(Backend):
         ``anyio.current_time()`` read without its per-call look-ups)
     """
 
-    capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME})
+    capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.PROCLAIM})
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or current_time
@@ -172,6 +173,16 @@ class MemoryBackend(Backend):
         self._changed_record(name)
         return True
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        if record is None or record.owner != owner or record.token != token:
+            raise NotOwnerError(name)
+        record.metadata = dict(metadata)
+        self._notify(name)  # the holder is the same: no takeover to report
+
     async def read(self, name: str) -> HolderInfo | None:
         await anyio.lowlevel.checkpoint()
         record = self._live(name)
@@ -179,8 +190,8 @@ class MemoryBackend(Backend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         record = self._live(name)
-        current = None if record is None else (record.owner, record.token)
-        if current != (None if seen is None else (seen.owner, seen.token)):
+        current = None if record is None else self._holder(name, record)
+        if state_of(current) != state_of(seen):
             await anyio.lowlevel.checkpoint()
             return
         event = self._changed.setdefault(name, anyio.Event())

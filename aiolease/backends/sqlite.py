@@ -66,6 +66,7 @@ from .._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
+from .._records import state_of
 from .._urls import redact, split_url
 from .._validate import check_seconds
 from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
@@ -253,7 +254,12 @@ class SQLiteBackend(Backend):
     """
 
     capabilities = frozenset(
-        {Capability.SERVER_TIME, Capability.DURABLE_TOKENS, Capability.MULTI_PROCESS}
+        {
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
+        }
     )
 
     def __init__(
@@ -474,6 +480,17 @@ class SQLiteBackend(Backend):
         ).fetchall()
         return bool(rows)
 
+    def _update_metadata_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int, meta: str
+    ) -> bool:
+        rows = conn.execute(
+            f"UPDATE {self._table} SET metadata = :metadata"
+            f" WHERE name = :name AND owner = :owner AND token = :token AND {_LIVE}"
+            " RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token, metadata=meta),
+        ).fetchall()
+        return bool(rows)
+
     def _read_sync(self, conn: sqlite3.Connection, name: str, now: float) -> HolderInfo | None:
         rows = conn.execute(
             f"SELECT owner, identity, token, metadata, expires_at, ttl, {_LIVE}"
@@ -514,16 +531,27 @@ class SQLiteBackend(Backend):
             _notify(self._path, name)
         return freed
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+        if not await self._run(
+            lambda conn: self._update_metadata_sync(conn, name, owner, token, meta)
+        ):
+            raise NotOwnerError(name)
+        _notify(self._path, name)
+
     async def read(self, name: str) -> HolderInfo | None:
         return await self._run(lambda conn: self._read_sync(conn, name, self._clock()))
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
+        """Return when ``name``'s holder or its metadata differs from ``seen`` (renewals
+        do not count).
 
         Wakes at once for changes made in this process, within :attr:`poll_interval`
         for changes made by others, and no later than ``seen``'s expiry.
         """
-        seen_key = None if seen is None else (seen.owner, seen.token)
+        seen_key = state_of(seen)
         give_up = None
         if seen is not None and seen.remaining is not None:
             give_up = anyio.current_time() + seen.remaining
@@ -531,7 +559,7 @@ class SQLiteBackend(Backend):
         with _watching(self._path, name) as event:
             while True:
                 current = await self.read(name)
-                if (None if current is None else (current.owner, current.token)) != seen_key:
+                if state_of(current) != seen_key:
                     return
                 timeout = self.poll_interval
                 if current is not None and current.remaining is not None:

@@ -17,14 +17,15 @@ from .._exceptions import (
     InvalidArgument,
     LossReason,
     NotOwnerError,
+    UnsupportedCapability,
 )
 from ..abc import Capability, Grant, HolderInfo, Renewal, RenewResult
 
 logger = logging.getLogger("aiolease.testing.remote")
 
 #: The protocol version exchanged at ``hello`` (2: request ids; 3: ``renew_many``,
-#: ``wait_taken`` and the served ``renews_many``).
-PROTOCOL = 3
+#: ``wait_taken`` and the served ``renews_many``; 4: ``update_metadata``).
+PROTOCOL = 4
 #: The longest line either side accepts, in bytes.
 MAX_FRAME = 1 << 20
 
@@ -43,6 +44,7 @@ _WIRE_ERRORS: tuple[type[Exception], ...] = (
     BackendUnavailable,
     BackendTimeout,
     BackendError,
+    UnsupportedCapability,
 )
 
 
@@ -252,6 +254,7 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     "wait_taken": ("name", "held"),
     "wait_turn": ("name", "owner", "ttl", "seen"),
     "wait_lost": ("name", "owner", "token"),
+    "update_metadata": ("name", "owner", "token", "metadata"),
 }
 
 #: How each operation's reply becomes its result (given the client's send time).
@@ -265,6 +268,7 @@ _DECODERS: dict[str, Callable[[Any, float], Any]] = {
     "wait_taken": lambda value, _: _decode_none(value),
     "wait_turn": lambda value, _: _decode_none(value),
     "wait_lost": lambda value, _: _decode_reason(value),
+    "update_metadata": lambda value, _: _decode_none(value),
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._exceptions import InvalidArgument
+from .._records import state_of
 from .._urls import redact
 from ..abc import Grant, HolderInfo
 from ..backends._asyncio import now, timeout_after
@@ -71,7 +72,7 @@ class AsyncioOnlyBackend(MemoryBackend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         holder = await self.read(name)
-        if (holder and (holder.owner, holder.token)) != (seen and (seen.owner, seen.token)):
+        if state_of(holder) != state_of(seen):
             return
         event = self._events.setdefault(name, asyncio.Event())
         timeout = None if holder is None else holder.remaining

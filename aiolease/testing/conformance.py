@@ -27,6 +27,7 @@ from __future__ import annotations
 from ..abc import Capability
 from ._api_checks import (
     check_elector_one_leader,
+    check_elector_proclaim,
     check_lock_acquire_nowait,
     check_lock_acquire_timeout,
     check_lock_cancel_in_flight,
@@ -51,6 +52,8 @@ from ._backend_checks import (
     check_renew_requires_owner,
     check_renew_resets,
     check_tokens_increase,
+    check_update_metadata,
+    check_update_metadata_wakes,
     check_wait_changed_on_release,
     check_wait_changed_prompt,
 )
@@ -64,6 +67,7 @@ __all__ = [
     "check_backend",
     "check_bad_arguments_rejected",
     "check_elector_one_leader",
+    "check_elector_proclaim",
     "check_expiry_allows_takeover",
     "check_grant_when_free",
     "check_holder_reported",
@@ -85,6 +89,8 @@ __all__ = [
     "check_renew_requires_owner",
     "check_renew_resets",
     "check_tokens_increase",
+    "check_update_metadata",
+    "check_update_metadata_wakes",
     "check_wait_changed_on_release",
     "check_wait_changed_prompt",
     "checks_for",
@@ -111,6 +117,8 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_wait_changed_on_release,
     check_wait_changed_prompt,
     check_metadata_round_trip,
+    check_update_metadata,
+    check_update_metadata_wakes,
     check_names_accepted,
     check_names_independent,
     check_bad_arguments_rejected,
@@ -122,6 +130,7 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_lock_cancel_in_flight,
     check_lock_release_after_takeover,
     check_elector_one_leader,
+    check_elector_proclaim,
 )
 
 

@@ -41,6 +41,7 @@ Op = Literal[
     "wait_taken",
     "wait_turn",
     "wait_lost",
+    "update_metadata",
 ]
 OPS: frozenset[str] = frozenset(get_args(Op))
 T = TypeVar("T")

@@ -231,6 +231,10 @@ class BackendServer:
             owner, token = _field(args, "owner", str), _field(args, "token", int)
             reason = await backend.wait_lost(name, owner, token)
             return reason.value
+        if op == "update_metadata":
+            owner, token = _field(args, "owner", str), _field(args, "token", int)
+            await backend.update_metadata(name, owner, token, _metadata(args))
+            return None
         raise _ProtocolError(f"unknown operation {op!r}")
 
 

@@ -94,6 +94,11 @@ class Recorder(Backend):
         self.calls.append("wait_lost")
         return LossReason.EXPIRED
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        self.calls.append("update_metadata")
+
     def hold(
         self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
     ) -> _Clock:
@@ -126,6 +131,7 @@ PROBES: dict[str, Callable[[Backend], Any]] = {
     "wait_taken": lambda b: b.wait_taken("n", HELD),
     "wait_turn": lambda b: b.wait_turn("n", "o2", 5.0, HELD),
     "wait_lost": lambda b: b.wait_lost("n", "o", 7),
+    "update_metadata": lambda b: b.update_metadata("n", "o", 7, {"k": "w"}),
     "hold": lambda b: b.hold("n", "o", 7, _ignore),
     "on_taken": lambda b: b.on_taken("n", "o", 7, _ignore),
     "aclose": lambda b: b.aclose(),  # last: it closes the wrapper

@@ -30,7 +30,7 @@ from typing import Any
 
 from .._asyncio import now, retrieve, wait_event
 from ._errors import NO_CHANGE_STREAMS, code_of
-from ._pipelines import BY, RELEASED
+from ._pipelines import BY, PROCLAIMED, RELEASED
 
 __all__ = ["Notice", "Stream", "notice_of"]
 
@@ -56,6 +56,8 @@ class Notice:
     owner: str | None
     token: int | None
     left: float | None = None
+    #: the holder's metadata changed (no grant, no release: nobody is taken)
+    proclaimed: bool = False
 
 
 def _left(expires: object, change: Mapping[str, Any]) -> float | None:
@@ -95,13 +97,16 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
         return Notice(name, granted, _int(fields["token"]), _left(fields.get("expires"), change))
     if RELEASED in fields or "owner" in removed:
         return Notice(name, None, _int(fields.get(RELEASED)))
+    if PROCLAIMED in fields:
+        return Notice(name, None, None, proclaimed=True)
     return None
 
 
 def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
-    """What the server sends the stream: grants, releases and deletions (not renewals,
-    which change only ``expires``, nor queue changes), and not the writes of the
-    backend whose ``by`` ids start with ``own`` (it acts on those when it makes them)."""
+    """What the server sends the stream: grants, releases, deletions and a holder's new
+    metadata (not renewals, which change only ``expires``, nor queue changes), and not
+    the writes of the backend whose ``by`` ids start with ``own`` (it acts on those when
+    it makes them)."""
     fields = "updateDescription.updatedFields"
     changes: dict[str, Any] = {
         "$or": [
@@ -109,6 +114,7 @@ def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
             {f"{fields}.token": {"$exists": True}},
             {f"{fields}.{RELEASED}": {"$exists": True}},
             {"updateDescription.removedFields": "owner"},
+            {f"{fields}.{PROCLAIMED}": {"$exists": True}},
         ]
     }
     stages: list[dict[str, Any]] = [{"operationType": {"$in": _OPERATIONS}}, changes]

@@ -12,8 +12,9 @@ from ..._exceptions import (
     BackendUnavailable,
     InvalidArgument,
     LossReason,
+    NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import state_of
 from ..._urls import scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
@@ -93,6 +94,7 @@ CAPABILITIES = frozenset(
         Capability.SERVER_TIME,
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
     }
 )
 
@@ -573,6 +575,21 @@ class PostgresBackend(Backend):
                 self._queue.handed(name, row["handed_to"], int(row["token"]), row["ask"])
         return row
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the metadata of ``owner``'s grant, and announce it (``NOTIFY``, as
+        ``'m'``: every listener's watchers look again; no holder is taken by it)."""
+        check_owner(owner)
+        meta = encode_metadata(metadata) if metadata else "{}"
+        rows = await self._fetch(self._sql.update_metadata, name, owner, token, meta, self._channel)
+        if not rows:
+            raise NotOwnerError(name)
+        held = self._held.get(name)
+        if held is not None and (held.owner, held.token) == (owner, token):
+            held.meta = meta  # what read() answers from here
+        self._wakeups.wake(name)
+
     async def read(self, name: str) -> HolderInfo | None:
         """The holder of ``name``. For a live grant made through this backend, answered
         without a statement while the listener proves the row unchanged (see ``Held``)."""
@@ -648,7 +665,7 @@ class PostgresBackend(Backend):
             with self._wakeups.watching(name) as event:
                 mark = self._listener.mark()
                 current = await (self._watched_read(name) if listening else self.read(name))
-                if identity_of(current) != identity_of(seen):
+                if state_of(current) != state_of(seen):
                     return
                 timeout = LISTEN_CHECK if listening else self.poll_interval
                 if current is not None and current.remaining is not None:
