@@ -353,9 +353,7 @@ class MemoryBackend(Backend):
             first = min(state.held.values(), key=lambda held: held[0].expires_at)[0]
             return self._permit_holder(name, first.owner, first)
         first_owner, head = next(iter(state.queue.items()))
-        return HolderInfo(
-            name, first_owner, first.identity, 0, {}, max(first.expires_at - now, 0.0)
-        )
+        return HolderInfo(name, first_owner, head.identity, 0, {}, max(head.expires_at - now, 0.0))
 
     def _renew_permit(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         state = self._live_permits(name)
