@@ -94,7 +94,6 @@ class _Settings:
         self,
         backend: object,
         name: object,
-        limit: int | None,
         ttl: object,
         renew_interval: object,
         margin: object,
@@ -109,8 +108,6 @@ class _Settings:
                 f"{self.backend!r} does not serve {what} (no Capability.SEMAPHORE)"
             )
         self.name = check_name(name)
-        if limit is not None:
-            check_limit(limit, at_most=MAX_LIMIT)
         self.timing: Timing = _timing(ttl, renew_interval, margin, release_timeout)
         self.identity = checked_default_identity() if identity is None else check_identity(identity)
         self.metadata = (
@@ -253,7 +250,6 @@ class AsyncSemaphore(_Permits):
         settings = _Settings(
             backend,
             name,
-            limit,
             ttl,
             renew_interval,
             margin,
@@ -262,7 +258,7 @@ class AsyncSemaphore(_Permits):
             release_timeout,
             "semaphores",
         )
-        super().__init__(settings, PermitRequest(limit, 1))
+        super().__init__(settings, PermitRequest(check_limit(limit, at_most=MAX_LIMIT), 1))
 
     def __repr__(self) -> str:
         s = self._settings
@@ -335,7 +331,6 @@ class AsyncReadWriteLock:
         settings = _Settings(
             backend,
             name,
-            None,
             ttl,
             renew_interval,
             margin,
