@@ -57,6 +57,10 @@ class _Permits:
     queue: dict[str, _Queued]
 
 
+#: What the wake-ups of a name's permits are keyed by, before the name (apart from
+#: the lock's: a name never holds NUL).
+PERMITS_KEY = "\x00permits:"
+
 #: The options :meth:`MemoryBackend.from_url` takes.
 OPTIONS = ("clock",)
 
@@ -281,8 +285,7 @@ class MemoryBackend(Backend):
                     taken(LossReason.STOLEN)
 
     def _notify_permits(self, name: str) -> None:
-        # Keyed apart from the lock's events: a name never holds NUL.
-        self._notify("\x00permits:" + name)
+        self._notify(PERMITS_KEY + name)
 
     def _on_permit_taken(
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
@@ -387,21 +390,30 @@ class MemoryBackend(Backend):
         weights = tuple(w for _, w in state.held.values())
         return PermitHolders(name, state.limit, holders, weights, len(state.queue))
 
-    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` is gone, or the first of them
-        expires, or after a third of ``ttl`` (so that the retry keeps the place)."""
+    def _permit_wait(self, name: str, owner: str, ttl: float) -> float | None:
+        """How long a refused ``owner`` may wait for a change before it retries (the
+        first expiry among the name's permits and queue entries, at most a third of
+        ``ttl``), or ``None`` if it should retry at once."""
         state = self._live_permits(name)
         if state is None or owner not in state.queue:
-            await anyio.lowlevel.checkpoint()
-            return
+            return None
         now = self._clock()
         until = now + ttl / 3
         for record, _ in state.held.values():
             until = min(until, record.expires_at)
         for queued in state.queue.values():
             until = min(until, queued.expires_at)
-        event = self._changed.setdefault("\x00permits:" + name, anyio.Event())
-        with anyio.move_on_at(until - now + anyio.current_time()):
+        return until - now
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` is gone, or the first of them
+        expires, or after a third of ``ttl`` (so that the retry keeps the place)."""
+        seconds = self._permit_wait(name, owner, ttl)
+        if seconds is None:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self._changed.setdefault(PERMITS_KEY + name, anyio.Event())
+        with anyio.move_on_after(seconds):
             await event.wait()
 
     def force_release_permits(self, name: str) -> None:
