@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._exceptions import InvalidArgument
+from ._permits import check_limit, check_weight
 from ._records import Renewal
 from ._validate import check_metadata, check_name, check_ttl
 
@@ -69,6 +70,9 @@ SPECS: dict[str, _Spec] = {
     "hold": _NAME,
     "on_taken": _NAME,
     "update_metadata": (*_NAME, (3, "metadata", _metadata)),
+    "try_acquire_permit": (*_NAME, (2, "ttl", _ttl), (5, "limit", check_limit)),
+    "read_permits": _NAME,
+    "wait_permit_turn": (*_NAME, (2, "ttl", _ttl)),
 }
 
 
@@ -94,6 +98,11 @@ def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) ->
             check(args[index])
         elif key in kwargs:
             check(kwargs[key])
+    if method == "try_acquire_permit":
+        limit = args[5] if len(args) > 5 else kwargs.get("limit")
+        weight = args[6] if len(args) > 6 else kwargs.get("weight")
+        if isinstance(limit, int):  # checked above (a missing one: the call's TypeError)
+            check_weight(weight, limit)
 
 
 def _wrap(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:

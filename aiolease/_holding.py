@@ -39,8 +39,9 @@ from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, log_fields, release_shielded
 from ._life import Tenancy
 from ._limits import keep_held, watch_max_hold
+from ._permits import is_permit_owner
 from ._renewer import Counters, Renewer
-from .abc import Capability, HolderInfo, SessionClock
+from .abc import Backend, Capability, HolderInfo, SessionClock
 
 __all__ = ["Counters", "HealthCheck", "HealthPolicy", "Holding", "probe"]
 
@@ -92,7 +93,7 @@ async def watch_takeover(lease: Lease) -> None:
             await backend.wait_taken(name, held)
             if _ended(lease):
                 return  # woken by its own release, say: nothing to read
-            holder = await backend.read(name)
+            holder = await read_holder(backend, name, lease.owner)
         except BackendError as exc:
             logger.debug("takeover watch of %r: %r", name, exc, extra=log_fields(name, lease.token))
             await anyio.sleep(lease.timing.renew_interval)
@@ -101,6 +102,15 @@ async def watch_takeover(lease: Lease) -> None:
             lease._end(LossReason.STOLEN)
             return
         held = holder
+
+
+async def read_holder(backend: Backend, name: str, owner: str) -> HolderInfo | None:
+    """The holder of lock ``name``; for a permit's ``owner``, that permit if it is live."""
+    if not is_permit_owner(owner):
+        return await backend.read(name)
+    permits = await backend.read_permits(name)
+    held = () if permits is None else permits.holders
+    return next((holder for holder in held if holder.owner == owner), None)
 
 
 async def watch_session(lease: Lease) -> None:

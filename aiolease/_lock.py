@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from types import MappingProxyType, TracebackType
-from typing import final
+from typing import Protocol, final
 
 import anyio
 
@@ -67,10 +67,20 @@ class LockStatistics:
 _open: ContextVar[tuple[_Acquisition, ...]] = ContextVar("aiolease_open_locks", default=())
 
 
+class _Acquirer(Protocol):
+    """What :class:`_Acquisition` needs of what it acquires: a lock, or a permit kind
+    (:mod:`aiolease._semaphore`)."""
+
+    _counters: Counters
+    _held: int
+
+    async def acquire(self, *, timeout: float | None = None) -> Lease: ...
+
+
 class _Acquisition(AbstractAsyncContextManager[Lease]):
     """One ``async with lock.hold():`` block."""
 
-    def __init__(self, lock: AsyncLock, timeout: float | None) -> None:
+    def __init__(self, lock: _Acquirer, timeout: float | None) -> None:
         self._lock = lock
         self._timeout = timeout
         self._holding: Holding | None = None

@@ -68,6 +68,14 @@ without it as follows:
   client of a backend served over the wire); the default never reports a loss, and
   the core then learns of one at the next renewal.
 
+Permits (:attr:`Capability.SEMAPHORE`): :meth:`~Backend.try_acquire_permit`,
+:meth:`~Backend.read_permits` and :meth:`~Backend.wait_permit_turn` serve
+:class:`~aiolease.AsyncSemaphore` and :class:`~aiolease.AsyncReadWriteLock`; their
+defaults refuse (:class:`UnsupportedCapability`). A permit is then addressed like a
+lease, by ``(name, owner, token)``: the lease operations above serve it when
+:func:`is_permit_owner` says ``owner`` is a permit's. ``docs/internals/semaphores.md``
+has the rules.
+
 Wrappers (the trio bridge, :class:`~aiolease.testing.faults.FaultyBackend`,
 :class:`~aiolease.testing.remote.RemoteBackend`) derive from
 :class:`ForwardingBackend`, which hands every operation, hook and property of the
@@ -100,6 +108,7 @@ from ._exceptions import (
     NotOwnerError,
     UnsupportedCapability,
 )
+from ._permits import PermitHolders, is_permit_owner, permit_owner
 from ._records import Grant, HolderInfo, Renewal, SessionClock, state_of
 
 if sys.version_info >= (3, 11):
@@ -119,11 +128,14 @@ __all__ = [
     "InvalidArgument",
     "LossReason",
     "NotOwnerError",
+    "PermitHolders",
     "Renewal",
     "RenewResult",
     "SessionClock",
     "UnsupportedCapability",
     "WrappingBackend",
+    "is_permit_owner",
+    "permit_owner",
 ]
 
 
@@ -150,6 +162,13 @@ class Capability(str, enum.Enum):
     #: (:class:`~aiolease.UnsupportedCapability`), as every acquire would cost what a
     #: campaign costs there (Kafka: a rebalance of the group).
     ELECTION_ONLY = "election_only"
+    #: Serves permits (:class:`~aiolease.AsyncSemaphore`,
+    #: :class:`~aiolease.AsyncReadWriteLock`): :meth:`Backend.try_acquire_permit`,
+    #: :meth:`Backend.read_permits`, and the lease operations serve permits too.
+    SEMAPHORE = "semaphore"
+    #: Permit requests are queued and served in arrival order (readers and writers
+    #: alike); without it, a backend with :attr:`SEMAPHORE` prefers writers.
+    FAIR_PERMITS = "fair_permits"
 
 
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`
@@ -378,6 +397,59 @@ class Backend(abc.ABC):
         """
         await self.wait_changed(name, seen)
 
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """Grant ``owner`` a permit of ``weight`` out of ``name``'s ``limit``, or refuse
+        and queue it (:attr:`Capability.SEMAPHORE`; rules in
+        ``docs/internals/semaphores.md``).
+
+        Granted iff the weight of the live permits, plus that of the live queue entries
+        that arrived before ``owner``'s, plus ``weight``, is at most ``limit``; a refused
+        request enqueues ``owner`` (or refreshes its entry) for ``ttl`` (a backend
+        without :attr:`Capability.FAIR_PERMITS` sets a writer-waiting marker instead,
+        for ``weight == limit``). A retry by the live holder returns its grant and
+        resets its expiry. Tokens come from one counter per name shared by all its
+        permits. Afterwards :meth:`renew`, :meth:`renew_many`, :meth:`release` (which
+        also drops a queue entry), :meth:`release_now`, :meth:`on_taken`, :meth:`hold`
+        and :meth:`wait_lost` serve the permit: its ``owner`` is a permit's
+        (:func:`is_permit_owner`).
+
+        :returns: the :class:`Grant`, or the holder that blocks the request (the live
+            permit that expires first; when only the queue blocks, the first entry
+            ahead, with token 0)
+        :raises LimitMismatchError: ``name`` has live permits or queue entries asked
+            with another limit; nothing changed
+        :raises UnsupportedCapability: this default (no :attr:`Capability.SEMAPHORE`)
+        """
+        raise UnsupportedCapability(f"{self!r} does not serve semaphores")
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        """The live permits of ``name`` and how many requests are queued, or ``None``
+        when it has neither.
+
+        :raises UnsupportedCapability: this default (no :attr:`Capability.SEMAPHORE`)
+        """
+        raise UnsupportedCapability(f"{self!r} does not serve semaphores")
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait, as the refused permit request ``owner``, until trying again may
+        succeed: :meth:`wait_turn` for permits (``seen`` is what the refusal reported).
+        Must return well within ``ttl``, so that the retry keeps ``owner``'s queue entry
+        alive. May return early. This default sleeps :attr:`poll_interval` (less if
+        ``seen`` expires sooner, never more than a third of ``ttl``)."""
+        delay = min(self.poll_interval, ttl / 3)
+        if seen.remaining is not None:
+            delay = min(delay, max(seen.remaining, 0.001))
+        await anyio.sleep(delay)
+
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         """Return when this backend knows that ``owner``'s grant ``token`` of ``name`` has
         ended, and why.
@@ -532,6 +604,28 @@ class ForwardingBackend(Backend):
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         await self._forward("wait_turn", name, owner, ttl, seen)
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        outcome: Grant | HolderInfo = await self._forward(
+            "try_acquire_permit", name, owner, ttl, identity, metadata, limit, weight
+        )
+        return outcome
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        permits: PermitHolders | None = await self._forward("read_permits", name)
+        return permits
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await self._forward("wait_permit_turn", name, owner, ttl, seen)
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         reason: LossReason = await self._forward("wait_lost", name, owner, token)

@@ -64,12 +64,22 @@ from .._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    LimitMismatchError,
     NotOwnerError,
 )
 from .._records import state_of
 from .._urls import redact, split_url
 from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
+from ..abc import (
+    Backend,
+    Capability,
+    Grant,
+    HolderInfo,
+    PermitHolders,
+    Renewal,
+    RenewResult,
+    is_permit_owner,
+)
 from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
@@ -94,6 +104,12 @@ _LIVE = (
     "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
     " AND expires_at - :now <= ttl + 0.001"
 )
+
+#: A permit's row (held or queued) is live when written in this boot, not expired, and
+#: no further ahead than its ttl.
+_PERMIT_LIVE = "boot_id = :boot AND expires_at > :now AND expires_at - :now <= ttl + 0.001"
+#: The columns of a permit's row, as :meth:`SQLiteBackend._permit_rows_sync` selects them.
+_PERMIT_COLUMNS = "owner, weight, lim, granted, seq, token, identity, metadata, expires_at"
 
 #: A renewal batch (JSON ``[[name, owner, token, ttl], ...]`` in ``:batch``) as rows.
 _BATCH = (
@@ -259,6 +275,8 @@ class SQLiteBackend(Backend):
             Capability.DURABLE_TOKENS,
             Capability.MULTI_PROCESS,
             Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
         }
     )
 
@@ -348,6 +366,19 @@ class SQLiteBackend(Backend):
                 " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL,"
                 " owner TEXT, identity TEXT, metadata TEXT,"
                 " ttl REAL, expires_at REAL, boot_id TEXT)"
+            )
+            # Permits (docs/internals/semaphores.md): a row per held or queued request,
+            # and per name the token counter and the arrival sequence of the queue.
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table}_permits ("
+                " name TEXT NOT NULL, owner TEXT NOT NULL, weight INTEGER NOT NULL,"
+                " lim INTEGER NOT NULL, granted INTEGER NOT NULL, seq INTEGER NOT NULL,"
+                " token INTEGER, identity TEXT, metadata TEXT, ttl REAL NOT NULL,"
+                " expires_at REAL NOT NULL, boot_id TEXT NOT NULL, PRIMARY KEY (name, owner))"
+            )
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table}_permit_names ("
+                " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL, seq INTEGER NOT NULL)"
             )
         except BaseException:
             conn.close()
@@ -439,18 +470,22 @@ class SQLiteBackend(Backend):
         return bool(rows)
 
     def _renew_many_sync(
-        self, conn: sqlite3.Connection, renewals: Sequence[Renewal]
+        self, conn: sqlite3.Connection, renewals: Sequence[Renewal], *, permits: bool = False
     ) -> set[tuple[str, str, int]]:
-        """Renew every lease of ``renewals`` in one statement; which were renewed (one
-        more statement tells which, only when some were not)."""
+        """Renew every lease of ``renewals`` (all locks, or all ``permits``) in one
+        statement; which were renewed (one more statement tells which, only when some
+        were not)."""
         batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
         params = {"batch": batch, "now": self._clock(), "boot": self._boot_id}
+        table, live = self._table, _LIVE
+        if permits:
+            table, live = f"{self._table}_permits", f"granted = 1 AND {_PERMIT_LIVE}"
         conn.execute("BEGIN IMMEDIATE")
         try:
             changed = conn.execute(
-                f"UPDATE {self._table} SET expires_at = :now + v.vttl, ttl = v.vttl"
+                f"UPDATE {table} SET expires_at = :now + v.vttl, ttl = v.vttl"
                 f" FROM ({_BATCH}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
-                f" AND {_LIVE}",
+                f" AND {live}",
                 params,
             ).rowcount
             if changed == len(renewals):
@@ -458,8 +493,8 @@ class SQLiteBackend(Backend):
             else:
                 renewed = set(
                     conn.execute(
-                        f"SELECT name, owner, token FROM {self._table}, ({_BATCH}) AS v"
-                        f" WHERE name = v.n AND owner = v.o AND token = v.k AND {_LIVE}",
+                        f"SELECT name, owner, token FROM {table}, ({_BATCH}) AS v"
+                        f" WHERE name = v.n AND owner = v.o AND token = v.k AND {live}",
                         params,
                     ).fetchall()
                 )
@@ -499,6 +534,195 @@ class SQLiteBackend(Backend):
         ).fetchall()
         return self._holder(name, rows[0], now) if rows else None
 
+    # -- permits (docs/internals/semaphores.md) ---------------------------------------
+
+    def _permit_rows_sync(
+        self, conn: sqlite3.Connection, name: str, now: float
+    ) -> list[tuple[Any, ...]]:
+        """The live rows of ``name``'s permits, held and queued, in arrival order."""
+        return conn.execute(
+            f"SELECT {_PERMIT_COLUMNS} FROM {self._table}_permits"
+            f" WHERE name = :name AND {_PERMIT_LIVE} ORDER BY seq",
+            {"name": name, "now": now, "boot": self._boot_id},
+        ).fetchall()
+
+    def _next_sync(self, conn: sqlite3.Connection, name: str, column: str) -> int:
+        """The next value of ``name``'s token counter or queue sequence (``column``)."""
+        row = conn.execute(
+            f"INSERT INTO {self._table}_permit_names (name, token, seq) VALUES (:name, 1, 1)"
+            f" ON CONFLICT (name) DO UPDATE SET {column} = {column} + 1 RETURNING {column}",
+            {"name": name},
+        ).fetchone()
+        return int(row[0])
+
+    def _permit_holder(self, name: str, row: tuple[Any, ...], now: float) -> HolderInfo:
+        owner, _, _, _, _, token, identity, metadata, expires_at = row
+        return HolderInfo(
+            name,
+            owner,
+            identity,
+            0 if token is None else token,
+            json.loads(metadata) if metadata else {},
+            max(expires_at - now, 0.0),
+        )
+
+    def _try_acquire_permit_sync(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        meta: str,
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        t = f"{self._table}_permits"
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = self._clock()  # read only now that the write lock is ours
+            p = self._params(name, now, owner=owner, ttl=ttl)
+            conn.execute(f"DELETE FROM {t} WHERE name = :name AND NOT ({_PERMIT_LIVE})", p)
+            rows = self._permit_rows_sync(conn, name, now)
+            if rows and rows[0][2] != limit:
+                conn.execute("COMMIT")
+                raise LimitMismatchError(name, limit, rows[0][2])
+            mine = next((row for row in rows if row[0] == owner), None)
+            if mine is not None and mine[3]:  # a retry by the holder
+                conn.execute(
+                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
+                    " WHERE name = :name AND owner = :owner",
+                    p,
+                )
+                conn.execute("COMMIT")
+                return Grant(mine[5], ttl)
+            used = sum(row[1] for row in rows if row[3])
+            ahead = sum(row[1] for row in rows if not row[3] and (mine is None or row[4] < mine[4]))
+            if used + ahead + weight <= limit:
+                token = self._next_sync(conn, name, "token")
+                conn.execute(
+                    f"INSERT OR REPLACE INTO {t} (name, owner, weight, lim, granted, seq, token,"
+                    " identity, metadata, ttl, expires_at, boot_id) VALUES (:name, :owner,"
+                    " :weight, :lim, 1, :seq, :token, :identity, :metadata, :ttl, :now + :ttl,"
+                    " :boot)",
+                    {
+                        **p,
+                        "weight": weight,
+                        "lim": limit,
+                        "seq": 0 if mine is None else mine[4],
+                        "token": token,
+                        "identity": identity,
+                        "metadata": meta,
+                    },
+                )
+                conn.execute("COMMIT")
+                return Grant(token, ttl)
+            if mine is None:
+                seq = self._next_sync(conn, name, "seq")
+                conn.execute(
+                    f"INSERT INTO {t} (name, owner, weight, lim, granted, seq, identity, ttl,"
+                    " expires_at, boot_id) VALUES (:name, :owner, :weight, :lim, 0, :seq,"
+                    " :identity, :ttl, :now + :ttl, :boot)",
+                    {**p, "weight": weight, "lim": limit, "seq": seq, "identity": identity},
+                )
+            else:
+                conn.execute(
+                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
+                    " WHERE name = :name AND owner = :owner",
+                    p,
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+        held = [row for row in rows if row[3]]
+        if held:
+            return self._permit_holder(name, min(held, key=lambda row: row[8]), now)
+        return self._permit_holder(name, rows[0], now)  # only the queue blocks
+
+    def _renew_permit_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int, ttl: float
+    ) -> bool:
+        rows = conn.execute(
+            f"UPDATE {self._table}_permits SET expires_at = :now + :ttl, ttl = :ttl"
+            " WHERE name = :name AND owner = :owner AND token = :token AND granted = 1"
+            f" AND {_PERMIT_LIVE} RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token, ttl=ttl),
+        ).fetchall()
+        return bool(rows)
+
+    def _release_permit_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
+    ) -> tuple[bool, bool]:
+        """Delete ``owner``'s permit (if ``token`` matches) or queue entry: (whether a
+        live permit was freed, whether anything was deleted)."""
+        rows = conn.execute(
+            f"DELETE FROM {self._table}_permits WHERE name = :name AND owner = :owner"
+            " AND (granted = 0 OR :token IS NULL OR token = :token)"
+            f" RETURNING granted, {_PERMIT_LIVE}",
+            self._params(name, self._clock(), owner=owner, token=token),
+        ).fetchall()
+        return any(granted and live for granted, live in rows), bool(rows)
+
+    def _wakeup_key(self, name: str) -> str:
+        return "\x00permits:" + name  # apart from the lock's: a name never holds NUL
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One ``BEGIN IMMEDIATE`` transaction: drop the expired rows, check the limit,
+        grant if the held weight, the weight queued ahead and ``weight`` fit, else queue."""
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+        return await self._run(
+            lambda conn: self._try_acquire_permit_sync(
+                conn, name, owner, ttl, identity, meta, limit, weight
+            )
+        )
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        freed, deleted = await self._run(
+            lambda conn: self._release_permit_sync(conn, name, owner, token)
+        )
+        if deleted:
+            _notify(self._path, self._wakeup_key(name))
+        return freed
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        def read(conn: sqlite3.Connection) -> PermitHolders | None:
+            now = self._clock()
+            rows = self._permit_rows_sync(conn, name, now)
+            if not rows:
+                return None
+            held = sorted((row for row in rows if row[3]), key=lambda row: row[5])
+            return PermitHolders(
+                name,
+                rows[0][2],
+                tuple(self._permit_holder(name, row, now) for row in held),
+                tuple(row[1] for row in held),
+                sum(1 for row in rows if not row[3]),
+            )
+
+        return await self._run(read)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` is deleted in this process, or
+        after :attr:`poll_interval` (changes by other processes), or when the first
+        permit expires; never later than a third of ``ttl``."""
+        timeout = min(self.poll_interval, ttl / 3)
+        if seen.remaining is not None:
+            timeout = min(timeout, max(seen.remaining, 0.001))
+        with _watching(self._path, self._wakeup_key(name)) as event:
+            with anyio.move_on_after(timeout):
+                await event.wait()
+
     # -- the contract ------------------------------------------------------------------
 
     async def try_acquire(
@@ -514,18 +738,31 @@ class SQLiteBackend(Backend):
         return result
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        if not await self._run(lambda conn: self._renew_sync(conn, name, owner, token, ttl)):
+        renew = self._renew_permit_sync if is_permit_owner(owner) else self._renew_sync
+        if not await self._run(lambda conn: renew(conn, name, owner, token, ttl)):
             raise NotOwnerError(name)
         return Grant(token, ttl)
 
     async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
-        """Every lease the core's scheduler finds due, in one statement."""
-        renewed = await self._run(lambda conn: self._renew_many_sync(conn, renewals))
+        """Every lease the core's scheduler finds due, in one statement (one more for
+        the permits among them)."""
+        locks = [r for r in renewals if not is_permit_owner(r[1])]
+        permits = [r for r in renewals if is_permit_owner(r[1])]
+
+        def renew(conn: sqlite3.Connection) -> set[tuple[str, str, int]]:
+            renewed = self._renew_many_sync(conn, locks) if locks else set()
+            if permits:
+                renewed |= self._renew_many_sync(conn, permits, permits=True)
+            return renewed
+
+        renewed = await self._run(renew)
         return [
             Grant(t, ttl) if (n, o, t) in renewed else NotOwnerError(n) for n, o, t, ttl in renewals
         ]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        if is_permit_owner(owner):
+            return await self._release_permit(name, owner, token)
         freed = await self._run(lambda conn: self._release_sync(conn, name, owner, token))
         if freed:
             _notify(self._path, name)

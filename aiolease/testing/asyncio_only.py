@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 from .._exceptions import InvalidArgument
 from .._records import state_of
 from .._urls import redact
-from ..abc import Grant, HolderInfo
+from ..abc import Grant, HolderInfo, PermitHolders
 from ..backends._asyncio import now, timeout_after
-from ..backends.memory import MemoryBackend
+from ..backends.memory import PERMITS_KEY, MemoryBackend
 
 __all__ = ["AsyncioOnlyBackend"]
 
@@ -78,6 +78,35 @@ class AsyncioOnlyBackend(MemoryBackend):
         timeout = None if holder is None else holder.remaining
         try:  # not asyncio.wait_for, which can drop a cancel before Python 3.12
             async with timeout_after(timeout):
+                await event.wait()
+        except asyncio.TimeoutError:
+            pass
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        await _step()
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        await _step()
+        return await super().read_permits(name)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await _step()
+        seconds = self._permit_wait(name, owner, ttl)
+        if seconds is None:
+            return
+        event = self._events.setdefault(PERMITS_KEY + name, asyncio.Event())
+        try:
+            async with timeout_after(seconds):
                 await event.wait()
         except asyncio.TimeoutError:
             pass

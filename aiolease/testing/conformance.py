@@ -57,6 +57,18 @@ from ._backend_checks import (
     check_wait_changed_on_release,
     check_wait_changed_prompt,
 )
+from ._permit_checks import (
+    check_permit_expiry_frees,
+    check_permit_limit_checked,
+    check_permit_release_frees,
+    check_permit_renew_after_loss,
+    check_permit_tokens_increase,
+    check_permits_within_limit,
+    check_rw_fifo,
+    check_rw_readers_share,
+    check_rw_writer_alone,
+    check_semaphore_api,
+)
 from ._support import BackendFactory, Check
 
 __all__ = [
@@ -82,12 +94,22 @@ __all__ = [
     "check_metadata_round_trip",
     "check_names_accepted",
     "check_names_independent",
+    "check_permit_expiry_frees",
+    "check_permit_limit_checked",
+    "check_permit_release_frees",
+    "check_permit_renew_after_loss",
+    "check_permit_tokens_increase",
+    "check_permits_within_limit",
     "check_read",
     "check_release_owner_checked",
     "check_release_without_token",
     "check_renew_does_not_revive",
     "check_renew_requires_owner",
     "check_renew_resets",
+    "check_rw_fifo",
+    "check_rw_readers_share",
+    "check_rw_writer_alone",
+    "check_semaphore_api",
     "check_tokens_increase",
     "check_update_metadata",
     "check_update_metadata_wakes",
@@ -131,6 +153,16 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_lock_release_after_takeover,
     check_elector_one_leader,
     check_elector_proclaim,
+    check_permits_within_limit,
+    check_permit_tokens_increase,
+    check_permit_limit_checked,
+    check_permit_expiry_frees,
+    check_permit_release_frees,
+    check_permit_renew_after_loss,
+    check_rw_writer_alone,
+    check_rw_readers_share,
+    check_rw_fifo,
+    check_semaphore_api,
 )
 
 

@@ -42,6 +42,9 @@ Op = Literal[
     "wait_turn",
     "wait_lost",
     "update_metadata",
+    "try_acquire_permit",
+    "read_permits",
+    "wait_permit_turn",
 ]
 OPS: frozenset[str] = frozenset(get_args(Op))
 T = TypeVar("T")
