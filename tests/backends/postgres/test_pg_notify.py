@@ -17,7 +17,7 @@ from aiolease import (
     LossReason,
 )
 from aiolease.backends.postgres import PostgresBackend
-from aiolease.backends.postgres._statements import grants_channel, parse_payload
+from aiolease.backends.postgres._statements import grants_channel, parse_notice, parse_payload
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.servers import server
@@ -284,6 +284,10 @@ async def test_a_holder_released_normally_is_not_taken(pg_url: str) -> None:
         ("g3:0:x", ("g", "x", "", 3)),
         ("g3:9:short", ("r", "g3:9:short", None, None)),  # a length past the end
         ("gx:1:ab", ("r", "gx:1:ab", None, None)),
+        ("h4:7:1500:5:ownername", ("g", "name", "owner", 4)),  # a hand-off, for 1.5 s
+        ("h4:7:5:ownername", ("r", "h4:7:5:ownername", None, None)),  # no duration
+        ("h4:7:-1:5:ownername", ("r", "h4:7:-1:5:ownername", None, None)),
+        ("r\u00b2:x", ("r", "r\u00b2:x", None, None)),  # a digit that int() refuses
         ("rname", ("r", "rname", None, None)),  # the old format: a release, token unknown
         ("", ("r", "", None, None)),
     ],
@@ -292,6 +296,12 @@ def test_payloads_parse_or_count_as_releases_of_unknown_tokens(
     payload: str, parsed: tuple[str, str, str | None, int | None]
 ) -> None:
     assert parse_payload(payload) == parsed
+
+
+def test_a_hand_off_says_the_waiters_ask_and_how_long_the_grant_lasts_at_most() -> None:
+    assert parse_notice("h4:7:1500:5:ownerna:me") == ("g", "na:me", "owner", 4, 7, 1.5)
+    assert parse_notice("g4:5:ownername") == ("g", "name", "owner", 4, None, None)
+    assert parse_notice("h4:x:1:5:ownername")[0] == "r"
 
 
 def test_grants_of_free_names_have_a_channel_of_their_own() -> None:
