@@ -134,7 +134,7 @@ class Queue:
             until = now() + lasts
             for who, other in askers.items():
                 if who == owner or token < other.until_token:
-                    continue  # an older hand-off's notification, come late
+                    continue  # the handed owner, or an older hand-off told late
                 if token > other.until_token or until < other.until:
                     other.until, other.until_token = until, token
                 other.event.set()  # re-timed: ``woken`` stays as it is
