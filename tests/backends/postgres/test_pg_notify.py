@@ -16,7 +16,9 @@ from aiolease import (
     LeaseLostError,
     LossReason,
 )
+from aiolease.backends._asyncio import now
 from aiolease.backends.postgres import PostgresBackend
+from aiolease.backends.postgres._queue import Queue
 from aiolease.backends.postgres._statements import grants_channel, parse_notice, parse_payload
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
@@ -302,6 +304,25 @@ def test_a_hand_off_says_the_waiters_ask_and_how_long_the_grant_lasts_at_most() 
     assert parse_notice("h4:7:1500:5:ownerna:me") == ("g", "na:me", "owner", 4, 7, 1.5)
     assert parse_notice("g4:5:ownername") == ("g", "name", "owner", 4, None, None)
     assert parse_notice("h4:x:1:5:ownername")[0] == "r"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the queue runs in the backend's loop
+async def test_a_hand_off_re_times_the_other_waiters_and_ends_the_wait_of_none_of_them() -> None:
+    queue = Queue()
+    asks = {owner: queue.sending("n", owner, 30.0, now()) for owner in ("a", "b")}
+    for owner, ask in asks.items():
+        queue.refused("n", owner, ask)
+    a, b = queue.get("n", "a"), queue.get("n", "b")
+    assert a is not None and b is not None
+    queue.handed("n", "a", 5, asks["a"], 1.5)
+    assert a.woken and a.handed is not None and a.handed[0] == 5  # its grant: ask now
+    assert b.event.is_set() and not b.woken  # woken to wait on, until the grant ends
+    assert now() < b.until <= now() + 1.5
+    until = b.until
+    queue.handed("n", "x", 4, None, 100.0)  # an older hand-off, told late: no later
+    assert b.until == until
+    queue.released("n")  # a release ends the wait
+    assert b.woken
 
 
 def test_grants_of_free_names_have_a_channel_of_their_own() -> None:
