@@ -51,8 +51,10 @@ that died holds nobody up for longer). A free or expired name is granted only to
 caller that no live waiter is queued before, so a newcomer queues behind those
 waiting. A release hands the row to the oldest live waiter in the release statement
 itself (token + 1, that waiter's identity, metadata and ttl, until its own ttl from
-the release or its row's expiry, whichever is sooner) and announces it (``'h'``),
-else clears it. The waiter, in any process, takes the grant from the notification
+the release or its row's expiry, whichever is sooner) and announces it (``'h'``,
+with how long that grant lasts at most: the other waiters ask again once it runs
+out, so a waiter that died while queued holds them up for no longer than its own
+ttl), else clears it. The waiter, in any process, takes the grant from the notification
 without a statement (:mod:`aiolease.backends.postgres._queue`): its local deadline counts
 from the send time of the ask whose row the release saw, which ran before the
 release read its clock. A waiter asks again a third of its ttl after its latest

@@ -572,7 +572,8 @@ class PostgresBackend(Backend):
         if row is not None and row["token"] is not None:
             self._wakeups.wake(name)
             if row["handed_to"] is not None:  # a waiter here learns it before the NOTIFY
-                self._queue.handed(name, row["handed_to"], int(row["token"]), row["ask"])
+                lasts = None if row["lasts"] is None else row["lasts"] / 1000
+                self._queue.handed(name, row["handed_to"], int(row["token"]), row["ask"], lasts)
         return row
 
     async def update_metadata(
@@ -683,8 +684,10 @@ class PostgresBackend(Backend):
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Wait, in the name's queue in the database, until the lease is handed to
         ``owner``, the name is released with nobody to hand it to, the holder's ttl
-        runs out, or ``owner``'s waiter row is due for a refresh (a third of ``ttl``
-        after its latest refused ask: its next ask keeps its place).
+        runs out (or, once the name is handed to another waiter, that grant's: a
+        waiter that died while queued holds ``owner`` up for no longer than what was
+        left of its row), or ``owner``'s waiter row is due for a refresh (a third of
+        ``ttl`` after its latest refused ask: its next ask keeps its place).
 
         While nothing listens, looks every :attr:`poll_interval` (a read) whether the
         name is ``owner``'s or free. A wait that ends by an exception leaves the
@@ -704,12 +707,15 @@ class PostgresBackend(Backend):
         try:
             while asker.handed is None:
                 listening = await self._listener.ensure()  # a reconnect sets the event
-                left = deadline - now()
+                left = min(deadline, asker.until) - now()
                 if left <= 0:
                     return
                 step = min(left, LISTEN_CHECK if listening else self.poll_interval)
                 if await wait_event(event, step):
-                    return
+                    if asker.woken or asker.handed is not None or event is not asker.event:
+                        return
+                    event.clear()  # re-timed by a hand-off to another waiter: wait on
+                    continue
                 if not listening and now() < deadline:
                     current = await self.read(name)
                     if current is None or current.owner == owner:

@@ -248,8 +248,10 @@ class Listener:
         release, or new metadata of a grant (see
         :func:`~aiolease.backends.postgres._statements.parse_payload`). Watchers wake on
         each; a waiter here on a hand-off to it, and every waiter for
-        the name on a release (with nobody queued to hand it to, as the release saw it)."""
-        kind, name, owner, token, ask = parse_notice(payload)
+        the name on a release (with nobody queued to hand it to, as the release saw it).
+        A hand-off to another waiter re-times the name's other waiters here (they wait
+        no longer than the handed grant lasts unless renewed)."""
+        kind, name, owner, token, ask, lasts = parse_notice(payload)
         self.notes += 1
         if len(self._noted) >= _MAX_NOTED:
             self._noted.clear()
@@ -261,7 +263,7 @@ class Listener:
         if kind != "g":
             self._queue.released(name)
         elif ask is not None and owner is not None and token is not None:
-            self._queue.handed(name, owner, token, ask)
+            self._queue.handed(name, owner, token, ask, lasts)
         self._takers.notified(name, owner, token)
 
     def _lost(self, conn: Any) -> None:

@@ -15,7 +15,14 @@ another statement:
   after the release read its clock, and still not seen its commit;
 * the hand-offs, from the listener or from a release through this backend (which
   knows it before the notification arrives), and an event per ask that a hand-off,
-  a release with nobody to hand to, or a reconnected listener sets.
+  a release with nobody to hand to, or a reconnected listener sets;
+* for the other waiters of the name, when the latest hand-off's grant runs out at
+  the latest unless renewed (the ``'h'`` payload says how long it lasts): their wait
+  ends then, so that a waiter that died while queued, handed the row, holds them up
+  for no longer than what was left of its row (at most its own ttl). This re-times
+  their wait without a statement; they ask again once, when it passes (granted if
+  the handed owner never took it; refused and queued again, in their place, if it
+  holds it and renews).
 
 Driver-free and asyncio-only, like :mod:`aiolease.backends.sql`.
 """
@@ -23,6 +30,7 @@ Driver-free and asyncio-only, like :mod:`aiolease.backends.sql`.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 from .._asyncio import now
@@ -45,8 +53,20 @@ class Asker:
     refused_at: float | None = None
     #: A hand-off to it: (token, send time of the ask it saw, that ask's ttl).
     handed: tuple[int, float, float] | None = None
-    #: Set by a hand-off, a release, or a listener (re)connect after the latest ask.
+    #: Set by a hand-off, a release, or a listener (re)connect after the latest ask
+    #: (then ``woken`` too: ask again now), or by a hand-off to another waiter (which
+    #: only re-times the wait: ``until``).
     event: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The wait ends: a hand-off to it, a release, or a listener (re)connect.
+    woken: bool = False
+    #: When (loop time) the grant of the latest hand-off to another waiter runs out
+    #: unless renewed, and that hand-off's token.
+    until: float = math.inf
+    until_token: int = -1
+
+    def wake(self) -> None:
+        self.woken = True
+        self.event.set()
 
 
 class Queue:
@@ -74,6 +94,8 @@ class Queue:
         else:
             asker.event = asyncio.Event()
             asker.handed = None
+            asker.woken = False
+            asker.until, asker.until_token = math.inf, -1
         self._asks += 1
         asker.asks[self._asks] = (at, ttl)
         if len(asker.asks) > _MAX_ASKS:
@@ -98,16 +120,31 @@ class Queue:
             if not askers:
                 del self._by_name[name]
 
-    def handed(self, name: str, owner: str, token: int, ask: int | None) -> None:
+    def handed(
+        self, name: str, owner: str, token: int, ask: int | None, lasts: float | None = None
+    ) -> None:
         """The lease row of ``name`` was handed to ``owner`` with ``token``, from the row
-        that its ask ``ask`` wrote. Ignored unless that ask is one of ours."""
-        asker = self.get(name, owner)
+        that its ask ``ask`` wrote, for ``lasts`` seconds at most unless renewed (from
+        when the release ran: before now). Taken by ``owner`` if that ask is one of
+        ours; the other waiters here wait no longer than that (without a statement)."""
+        askers = self._by_name.get(name)
+        if askers is None:
+            return
+        if lasts is not None:
+            until = now() + lasts
+            for who, other in askers.items():
+                if who == owner or token < other.until_token:
+                    continue  # the handed owner, or an older hand-off told late
+                if token > other.until_token or until < other.until:
+                    other.until, other.until_token = until, token
+                other.event.set()  # re-timed: ``woken`` stays as it is
+        asker = askers.get(owner)
         if asker is None or ask is None or ask not in asker.asks:
             return
         if asker.handed is None or asker.handed[0] < token:
             sent_at, ttl = asker.asks[ask]
             asker.handed = (token, sent_at, ttl)
-        asker.event.set()
+        asker.wake()
 
     def take(self, name: str, owner: str, fresh_for: float) -> tuple[int, float, float] | None:
         """The hand-off to ``owner``, if the ask it saw was sent less than ``fresh_for``
@@ -121,10 +158,10 @@ class Queue:
     def released(self, name: str) -> None:
         """``name`` was released with nobody to hand it to: every waiter asks again."""
         for asker in self._by_name.get(name, {}).values():
-            asker.event.set()
+            asker.wake()
 
     def wake_all(self) -> None:
         """Wake every waiter (notifications may have been missed)."""
         for askers in self._by_name.values():
             for asker in askers.values():
-                asker.event.set()
+                asker.wake()

@@ -225,7 +225,10 @@ class Sql:
         # one read per statement would cost a join per use. With no live waiter to hand
         # to, the mark is cleared, unless the row changed after this statement's
         # snapshot (its xmin is not the snapshot's): a waiter that marked it meanwhile
-        # is not in the snapshot, and keeps its mark.
+        # is not in the snapshot, and keeps its mark. "lasts": the milliseconds (rounded
+        # up) the handed grant lasts at most, unless renewed: announced in the "h"
+        # payload, so that the other waiters ask again once it runs out (a dead waiter
+        # handed the row holds them up for no longer than that).
         handed = (
             f" r AS (UPDATE {t} l SET"
             " token = CASE WHEN x.owner IS NULL THEN l.token ELSE l.token + 1 END,"
@@ -240,12 +243,15 @@ class Sql:
             f" o.expires_at FROM {w} o WHERE o.name = $1 AND o.owner <> $2"
             " AND o.expires_at > clock_timestamp() ORDER BY o.seq LIMIT 1) x ON true"
             " WHERE l.name = $1 AND l.owner = $2 AND ($3::int8 IS NULL OR l.token = $3::int8)"
-            " AND l.expires_at > clock_timestamp() RETURNING l.token, l.owner, x.ask)"
+            " AND l.expires_at > clock_timestamp() RETURNING l.token, l.owner, x.ask,"
+            " greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::int8"
+            " AS lasts)"
         )
         notify = (
             " CASE WHEN r.token IS NULL THEN NULL"
             " WHEN r.owner IS NULL THEN pg_notify($4, 'r' || r.token || ':' || $1)"
-            " ELSE pg_notify($4, 'h' || r.token || ':' || r.ask || ':' || length(r.owner)"
+            " ELSE pg_notify($4, 'h' || r.token || ':' || r.ask || ':' || r.lasts"
+            " || ':' || length(r.owner)"
             " || ':' || r.owner || $1) END IS NULL AS notified"
         )
         self.release = (
@@ -253,7 +259,7 @@ class Sql:
             f" gone AS (DELETE FROM {w} d USING (SELECT max(r.owner) AS owner, count(*) AS n"
             " FROM r) h WHERE d.name = $1 AND (d.owner = $2 OR d.owner = h.owner"
             " OR (h.n > 0 AND d.expires_at <= clock_timestamp())) RETURNING d.owner)"
-            " SELECT r.token, r.owner AS handed_to, r.ask,"
+            " SELECT r.token, r.owner AS handed_to, r.ask, r.lasts,"
             f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
             " FROM (SELECT 1) one LEFT JOIN r ON true"
         )
@@ -264,7 +270,7 @@ class Sql:
             f"WITH{handed},"
             f" gone AS (DELETE FROM {w} d USING r WHERE d.name = $1"
             " AND (d.owner = r.owner OR d.expires_at <= clock_timestamp()) RETURNING d.owner)"
-            " SELECT r.token, r.owner AS handed_to, r.ask,"
+            " SELECT r.token, r.owner AS handed_to, r.ask, r.lasts,"
             f" (SELECT array_agg(g.owner) FROM gone g) AS gone,{notify}"
             " FROM r"
         )
@@ -355,34 +361,38 @@ def grants_channel(channel: str) -> str:
 
 #: What a notification says: (kind, name, owner granted to or ``None``, token or ``None``).
 Payload = tuple[str, str, str | None, int | None]
-#: :data:`Payload` and, for a hand-off, the number of the waiter's ask it saw (else ``None``).
-Notice = tuple[str, str, str | None, int | None, int | None]
+#: :data:`Payload` and, for a hand-off, the number of the waiter's ask it saw and the
+#: seconds the handed grant lasts at most (unless renewed), counted from when the
+#: release ran (else ``None`` and ``None``).
+Notice = tuple[str, str, str | None, int | None, int | None, float | None]
 
 
 def parse_payload(payload: str) -> Payload:
     """Read a notification: ``'r' + token + ':' + name`` (released), ``'g' + token +
     ':' + len(owner) + ':' + owner + name`` (granted), ``'h' + token + ':' + ask +
-    ':' + len(owner) + ':' + owner + name`` (handed to a waiter: a grant, kind ``'g'``
-    here), or ``'m' + token + ':' + name`` (grant ``token``'s metadata changed: neither
-    a grant nor a release). Anything else counts as a release of an unknown token."""
-    kind, name, owner, token, _ask = parse_notice(payload)
+    ':' + ms + ':' + len(owner) + ':' + owner + name`` (handed to a waiter, for ``ms``
+    milliseconds at most unless renewed: a grant, kind ``'g'`` here), or ``'m' + token
+    + ':' + name`` (grant ``token``'s metadata changed: neither a grant nor a release).
+    Anything else counts as a release of an unknown token."""
+    kind, name, owner, token, _ask, _lasts = parse_notice(payload)
     return kind, name, owner, token
 
 
 def parse_notice(payload: str) -> Notice:
-    """:func:`parse_payload`, and the ask number of a hand-off."""
+    """:func:`parse_payload`, and the ask number and the most seconds of a hand-off."""
     kind = payload[:1]
     token, colon, rest = payload[1:].partition(":")
-    if kind in ("g", "r", "h", "m") and colon and token.isdigit():
+    if kind in ("g", "r", "h", "m") and colon and token.isdecimal():
         if kind in ("r", "m"):
-            return kind, rest, None, int(token), None
-        ask = None
+            return kind, rest, None, int(token), None, None
+        ask = lasts = None
         if kind == "h":
             number, colon, rest = rest.partition(":")
-            if not (colon and number.isdigit()):
-                return "r", payload, None, None, None
-            ask = int(number)
+            ms, colon_ms, rest = rest.partition(":")
+            if not (colon and number.isdecimal() and colon_ms and ms.isdecimal()):
+                return "r", payload, None, None, None, None
+            ask, lasts = int(number), int(ms) / 1000
         size, colon, rest = rest.partition(":")
-        if colon and size.isdigit() and int(size) <= len(rest):
-            return "g", rest[int(size) :], rest[: int(size)], int(token), ask
-    return "r", payload, None, None, None
+        if colon and size.isdecimal() and int(size) <= len(rest):
+            return "g", rest[int(size) :], rest[: int(size)], int(token), ask, lasts
+    return "r", payload, None, None, None, None

@@ -113,11 +113,13 @@ async def test_a_dead_waiter_holds_nobody_up_longer_than_its_ttl(
         first = await AsyncLock(holder_side, name, ttl=30).acquire()
         refused = await dead.try_acquire(name, "dead-owner", 1.0, "dead", {})
         assert isinstance(refused, HolderInfo)
-        with anyio.fail_after(30):
+        # The live waiter's own refresh and the holder's ttl are far off: the guard
+        # fails unless the end of the dead waiter's grant wakes the live one.
+        with anyio.fail_after(20):  # a hang guard: the dead waiter's ttl is 1 s
             async with anyio.create_task_group() as tg:
 
                 async def take() -> None:
-                    lease = await AsyncLock(live, name, ttl=30).acquire()
+                    lease = await AsyncLock(live, name, ttl=600).acquire()
                     holder = await live.read(name)
                     assert holder is not None and holder.owner == lease.owner
                     assert lease.token == first.token + 2  # after the dead one's grant

@@ -16,8 +16,10 @@ from aiolease import (
     LeaseLostError,
     LossReason,
 )
+from aiolease.backends._asyncio import now
 from aiolease.backends.postgres import PostgresBackend
-from aiolease.backends.postgres._statements import grants_channel, parse_payload
+from aiolease.backends.postgres._queue import Queue
+from aiolease.backends.postgres._statements import grants_channel, parse_notice, parse_payload
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
 from aiolease.testing.servers import server
@@ -284,6 +286,10 @@ async def test_a_holder_released_normally_is_not_taken(pg_url: str) -> None:
         ("g3:0:x", ("g", "x", "", 3)),
         ("g3:9:short", ("r", "g3:9:short", None, None)),  # a length past the end
         ("gx:1:ab", ("r", "gx:1:ab", None, None)),
+        ("h4:7:1500:5:ownername", ("g", "name", "owner", 4)),  # a hand-off, for 1.5 s
+        ("h4:7:5:ownername", ("r", "h4:7:5:ownername", None, None)),  # no duration
+        ("h4:7:-1:5:ownername", ("r", "h4:7:-1:5:ownername", None, None)),
+        ("r\u00b2:x", ("r", "r\u00b2:x", None, None)),  # a digit that int() refuses
         ("rname", ("r", "rname", None, None)),  # the old format: a release, token unknown
         ("", ("r", "", None, None)),
     ],
@@ -292,6 +298,31 @@ def test_payloads_parse_or_count_as_releases_of_unknown_tokens(
     payload: str, parsed: tuple[str, str, str | None, int | None]
 ) -> None:
     assert parse_payload(payload) == parsed
+
+
+def test_a_hand_off_says_the_waiters_ask_and_how_long_the_grant_lasts_at_most() -> None:
+    assert parse_notice("h4:7:1500:5:ownerna:me") == ("g", "na:me", "owner", 4, 7, 1.5)
+    assert parse_notice("g4:5:ownername") == ("g", "name", "owner", 4, None, None)
+    assert parse_notice("h4:x:1:5:ownername")[0] == "r"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the queue runs in the backend's loop
+async def test_a_hand_off_re_times_the_other_waiters_and_ends_the_wait_of_none_of_them() -> None:
+    queue = Queue()
+    asks = {owner: queue.sending("n", owner, 30.0, now()) for owner in ("a", "b")}
+    for owner, ask in asks.items():
+        queue.refused("n", owner, ask)
+    a, b = queue.get("n", "a"), queue.get("n", "b")
+    assert a is not None and b is not None
+    queue.handed("n", "a", 5, asks["a"], 1.5)
+    assert a.woken and a.handed is not None and a.handed[0] == 5  # its grant: ask now
+    assert b.event.is_set() and not b.woken  # woken to wait on, until the grant ends
+    assert now() < b.until <= now() + 1.5
+    until = b.until
+    queue.handed("n", "x", 4, None, 100.0)  # an older hand-off, told late: no later
+    assert b.until == until
+    queue.released("n")  # a release ends the wait
+    assert b.woken
 
 
 def test_grants_of_free_names_have_a_channel_of_their_own() -> None:
