@@ -557,11 +557,15 @@ class ZooKeeperBackend(Backend):
         if seen is None:
             await self._wait_children(name, bound)
         else:
-            await self._wait_gone(known[1], bound)
+            await self._wait_gone(known[1], bound, holder=(name, expected))
 
-    async def _wait_gone(self, path: str, bound: float) -> None:
+    async def _wait_gone(
+        self, path: str, bound: float, holder: tuple[str, object] | None = None
+    ) -> None:
         """Return when the node at ``path`` is deleted (or is gone already), or its data
-        changes (the holder's new metadata)."""
+        changes (the holder's new metadata); with ``holder`` (a name and the state of its
+        holder as the caller knew it), also when the holder differs once the watch is
+        set (what was known of it may predate a rewrite)."""
         full = self._wire.path(path)
         fired, stop = self._wire.watch(protocol.WatchEvent.DELETED, full)
         rewritten, stop_rewritten = self._wire.watch(protocol.WatchEvent.DATA_CHANGED, full)
@@ -569,6 +573,12 @@ class ZooKeeperBackend(Backend):
             (stat,) = await self._wire.send(self._wire.exists(full, watch=True))
             if isinstance(stat, Exception):
                 return
+            # Its data was rewritten (a proclaim), maybe after what was known of it:
+            # compare once the watch is set. (Never rewritten: nothing to compare.)
+            if holder is not None and stat.stat.version:
+                name, expected = holder
+                if state_of(await self.read(name)) != expected:
+                    return
             await wait_any([fired, rewritten], self._keeper.wake_closed, bound)
         finally:
             stop()

@@ -264,3 +264,23 @@ async def test_names_never_share_a_node(anyio_backend: str, zk_url: str) -> None
         for name in names:
             grant = await backend.try_acquire(name, owner, 5, "me", {})
             assert isinstance(grant, Grant), name
+
+
+async def test_wait_changed_sees_a_proclaim_made_before_its_watch(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """A waiter whose knowledge of the holder predates a proclaim (its own earlier read)
+    returns at once: the rewrite happened before its watch was set, so no watch event
+    would come. Regression: it waited for the session timeout."""
+    open_ = opener(zk_url, session_timeout=30)
+    async with open_() as holder_side, open_() as waiter:
+        name = unique("proclaimed")
+        granted = await holder_side.try_acquire(name, "holder", 30.0, "holder", {"v": "1"})
+        assert isinstance(granted, Grant), granted
+        seen = await waiter.read(name)
+        assert seen is not None and dict(seen.metadata) == {"v": "1"}
+        await holder_side.update_metadata(name, "holder", granted.token, {"v": "2"})
+        with anyio.fail_after(10):  # a hang guard, well below the session timeout
+            await waiter.wait_changed(name, seen)
+        after = await waiter.read(name)
+        assert after is not None and dict(after.metadata) == {"v": "2"}
