@@ -120,21 +120,16 @@ async def lost_while_cut(
     return info.value, stopped_at, anyio.current_time()
 
 
-async def test_a_blackholed_server_is_unreachable(anyio_backend: str, cut_off: Opener) -> None:
-    """Renewals sent and never answered: the backend could not be reached."""
-    async with cut_off() as (proxy, backend):
-        error, _, _ = await lost_while_cut(backend, proxy.blackhole, unique("blackholed"))
-    assert error.reason is LossReason.UNREACHABLE
-
-
-async def test_a_blackholed_server_reports_the_loss_at_once(
+async def test_a_blackholed_server_is_unreachable_and_reported_at_once(
     anyio_backend: str, cut_off: Opener
 ) -> None:
-    """The release of the lost lease cannot get through: the error must not wait for it."""
+    """Renewals sent and never answered: the backend could not be reached. The release
+    of the lost lease cannot get through either: the error must not wait for it."""
     async with cut_off() as (proxy, backend):
-        _, stopped_at, surfaced_at = await lost_while_cut(
-            backend, proxy.blackhole, unique("prompt")
+        error, stopped_at, surfaced_at = await lost_while_cut(
+            backend, proxy.blackhole, unique("blackholed")
         )
+    assert error.reason is LossReason.UNREACHABLE
     assert surfaced_at - stopped_at < PROMPT
 
 
