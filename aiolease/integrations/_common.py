@@ -428,7 +428,8 @@ class Hub:
 
 
 async def _read_leader(backend: Backend, name: str) -> LeaderInfo | None:
-    """Who leads ``name`` now (the one place to switch to ``Elector.leader()``)."""
+    """Who leads ``name`` now, as :meth:`Elector.leader` reads it (any name: the app
+    need not run an elector for it)."""
     holder = await backend.read(name)
     return None if holder is None else LeaderInfo._from_holder(holder)
 
