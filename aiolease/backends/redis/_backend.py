@@ -27,12 +27,22 @@ from ..._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    LimitMismatchError,
     NotOwnerError,
 )
 from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
-from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
+from ...abc import (
+    Backend,
+    Capability,
+    Grant,
+    HolderInfo,
+    LossReason,
+    PermitHolders,
+    RenewResult,
+    is_permit_owner,
+)
 from ...abc import Renewal as LeaseRenewal
 from .._asyncio import now, wait_event, wait_for_or_none
 from ._batch import RenewalBatcher
@@ -48,8 +58,9 @@ from ._clients import (
     where,
 )
 from ._errors import mapped_error
-from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
-from ._pubsub import Subscriptions, Wire
+from ._keys import DEFAULT_PREFIX, Keys, PermitKeys, check_prefix, keys_of, permit_keys_of
+from ._permit_scripts import PERMIT_ACQUIRE, PERMIT_READ, PERMIT_RELEASE, PERMIT_RENEW
+from ._pubsub import Mark, Subscriptions, Wire
 from ._replies import config_pairs, holder_from, text
 from ._riders import Rider, Riders, send_with, sent_with
 from ._scripts import (
@@ -129,6 +140,8 @@ CAPABILITIES = frozenset(
         Capability.SERVER_TIME,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
     }
 )
 
@@ -193,6 +206,9 @@ class RedisBackend(Backend):
         #: Names an attempt through this backend found held (the newest last): only
         #: their releases announce a hand-off with a leading PING (see _releasing).
         self._contended: dict[str, None] = {}
+        #: Refused permit requests: where their name's permit channel stood before the
+        #: attempt (``None``: not subscribed then), for wait_permit_turn.
+        self._permit_marks: dict[tuple[str, str], Mark | None] = {}
 
     async def _subscriber(self) -> Wire:
         """A pub/sub connection of the backend's transport."""
@@ -303,7 +319,9 @@ class RedisBackend(Backend):
         return mapped_error(exc, name, prefix=self._prefix)
 
     @asynccontextmanager
-    async def _watching(self, name: str) -> AsyncIterator[asyncio.Event]:
+    async def _watching(
+        self, name: str, channel: bytes | None = None
+    ) -> AsyncIterator[asyncio.Event]:
         """Subscribed to ``name``'s channel for the block: an event set by the next grant
         or release announced on it.
 
@@ -315,7 +333,8 @@ class RedisBackend(Backend):
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         try:
-            async with self._subscriptions.watch(self._keys(name).channel) as changed:
+            channel = self._keys(name).channel if channel is None else channel
+            async with self._subscriptions.watch(channel) as changed:
                 yield changed
         except (RedisError, OSError) as exc:
             raise self._mapped(name, exc) from exc
@@ -473,14 +492,20 @@ class RedisBackend(Backend):
         return results
 
     async def _send_renewals(self, leases: Sequence[LeaseRenewal]) -> list[bool | BaseException]:
+        """Renew ``leases`` (locks and permits alike) in one pipelined round trip."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         waits = self._replication
         # One server: RENEW_MANY scripts of up to RENEW_CHUNK leases each. A Cluster
-        # spreads names over slots: one RENEW script per lease.
+        # spreads names over slots: one RENEW script per lease. A permit: one
+        # PERMIT_RENEW each, in the same pipeline.
         script = RENEW if isinstance(self._client, RedisCluster) else RENEW_MANY
+        locks = [lease for lease in leases if not is_permit_owner(lease[1])]
+        permits = [lease for lease in leases if is_permit_owner(lease[1])]
         for attempt in range(2):
-            commands = self._renewal_commands(script, leases)
+            commands = self._renewal_commands(script, locks) if locks else []
+            sent = len(commands)
+            commands += self._permit_renewal_commands(permits)
             if waits.replicas:
                 commands.append(("WAIT", waits.replicas, waits.timeout_ms))
             try:
@@ -488,7 +513,8 @@ class RedisBackend(Backend):
             except Exception as exc:  # only the driver runs here: map all it raises
                 raise self._mapped(None, exc) from exc
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                await self._call(None, "SCRIPT LOAD", script.source)
+                for used in (script, PERMIT_RENEW) if permits else (script,):
+                    await self._call(None, "SCRIPT LOAD", used.source)
                 continue
             break
         if waits.replicas:
@@ -497,19 +523,34 @@ class RedisBackend(Backend):
                 raise self._mapped(None, acked) from acked
             if int(acked) < waits.replicas:
                 raise self._unreplicated(int(acked))
+        lock_replies, permit_replies = replies[:sent], replies[sent:]
         if script is RENEW_MANY:
-            replies = [
+            lock_replies = [
                 answer
-                for start, reply in zip(range(0, len(leases), RENEW_CHUNK), replies, strict=True)
+                for start, reply in zip(
+                    range(0, len(locks), RENEW_CHUNK), lock_replies, strict=True
+                )
                 for answer in (
                     reply
                     if isinstance(reply, list)
-                    else [reply] * min(RENEW_CHUNK, len(leases) - start)
+                    else [reply] * min(RENEW_CHUNK, len(locks) - start)
                 )
             ]
+        if permits:  # back in the order asked
+            answers = iter(lock_replies), iter(permit_replies)
+            replies = [next(answers[is_permit_owner(lease[1])]) for lease in leases]
+        else:
+            replies = lock_replies
         return [
             self._mapped(lease[0], r) if isinstance(r, BaseException) else int(r) == 1
             for lease, r in zip(leases, replies, strict=True)
+        ]
+
+    def _permit_renewal_commands(self, permits: Sequence[LeaseRenewal]) -> list[tuple[Any, ...]]:
+        """A PERMIT_RENEW of each of ``permits``."""
+        return [
+            ("EVALSHA", PERMIT_RENEW.sha, 6, *self._permit_keys(name).all, owner, token, ms(ttl))
+            for name, owner, token, ttl in permits
         ]
 
     def _renewal_commands(
@@ -544,6 +585,8 @@ class RedisBackend(Backend):
         return key
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        if is_permit_owner(owner):
+            return await self._release_permit(name, owner, token)
         self._forget(name, owner)
         keys, args, riders, first = self._releasing(name, owner, token)
         if self._closed:
@@ -556,7 +599,7 @@ class RedisBackend(Backend):
         """:meth:`release`, its request written before returning (where the transport
         can write at once); ``None`` in a subclass that has a release of its own."""
         own = type(self).release is RedisBackend.release
-        if not self._wire.writes_now or self._closed or not own:
+        if not self._wire.writes_now or self._closed or not own or is_permit_owner(owner):
             return None
         keys, args, riders, first = self._releasing(name, owner, token)
         request = self._send_release(name, keys, args, riders, first)
@@ -731,6 +774,8 @@ class RedisBackend(Backend):
         so a watch task per lease would hear nothing either."""
         if self._closed:
             return None
+        if is_permit_owner(owner):
+            return _nothing  # nobody takes a permit over: its renewals see it gone
         stop = self._followers.follow(name, owner, self._keys(name).channel, taken)
         return _nothing if stop is None else stop
 
@@ -755,6 +800,86 @@ class RedisBackend(Backend):
         # unheard. Subscribe, and let the core try again (it then picks it up).
         async with self._watching(name), subs.watch(turns):
             return
+
+    # -- permits (docs/internals/semaphores.md; scripts in _permit_scripts) ------------
+
+    def _permit_keys(self, name: str) -> PermitKeys:
+        return permit_keys_of(self._prefix, name)
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One PERMIT_ACQUIRE script: granted if the held weight, the weight queued
+        ahead and ``weight`` fit in ``limit``, else queued (first come, first served)."""
+        keys = self._permit_keys(name)
+        mark = self._subscriptions.mark(keys.channel)  # before the attempt: see wait
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
+        args = (owner, ms(ttl), identity.encode(), meta.encode(), limit, weight, keys.channel)
+        if not self._replication.replicas:
+            reply = await self._eval(name, PERMIT_ACQUIRE, keys.all, *args)
+        else:
+            reply, acked = await self._eval_waited(name, PERMIT_ACQUIRE, keys.all, *args)
+            if int(reply[0]) == 1 and acked < self._replication.replicas:
+                await self._release_permit(name, owner, int(reply[1]))
+                raise self._unreplicated(acked)
+        kind = int(reply[0])
+        if kind == 1:
+            self._permit_marks.pop((name, owner), None)
+            return Grant(int(reply[1]), ttl)
+        if kind == 3:
+            raise LimitMismatchError(name, limit, int(reply[1]))
+        marks = self._permit_marks
+        marks.pop((name, owner), None)
+        marks[name, owner] = mark
+        if len(marks) > MAX_WATCHED:  # abandoned requests: drop the oldest half
+            for old in list(marks)[: MAX_WATCHED // 2]:
+                del marks[old]
+        return holder_from(name, reply, f"Redis key {keys.held!r}")
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        """One PERMIT_RELEASE script: ``owner``'s permit freed, or its queue entry dropped."""
+        self._batcher.forget(name, owner)
+        self._permit_marks.pop((name, owner), None)
+        keys = self._permit_keys(name)
+        args = (owner, "" if token is None else token, keys.channel)
+        return int(await self._eval(name, PERMIT_RELEASE, keys.all, *args)) == 1
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        keys = self._permit_keys(name)
+        reply = await self._eval(name, PERMIT_READ, keys.all, keys.channel)
+        if not reply:
+            return None
+        place = f"Redis key {keys.held!r}"
+        rows = [reply[i : i + 6] for i in range(2, len(reply), 6)]
+        rows.sort(key=lambda row: int(row[2]))  # oldest grant first
+        holders = tuple(holder_from(name, (0, *row[:5]), place) for row in rows)
+        weights = tuple(int(row[5]) for row in rows)
+        return PermitHolders(name, int(reply[0]), holders, weights, int(reply[1]))
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` goes while ``owner`` is queued
+        (published on the name's permit channel), when ``seen`` (the permit that
+        expires first) expires, or after a third of ``ttl`` (the retry keeps the place).
+        At once if the channel was not subscribed since the refused attempt: the
+        core's retry then comes with the channel subscribed."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        channel = self._permit_keys(name).channel
+        mark = self._permit_marks.pop((name, owner), None)
+        timeout = ttl * REFRESH_FRACTION
+        if seen.remaining is not None:
+            timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
+        async with self._watching(name, channel) as changed:
+            if mark is None or self._subscriptions.missed(channel, mark) != []:
+                return  # not listening since the attempt, or something changed since
+            await wait_event(changed, timeout)
 
     def statistics(self) -> RedisStatistics:
         """A frozen snapshot of the renewal batching."""

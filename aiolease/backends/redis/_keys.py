@@ -18,6 +18,23 @@ script touches a single slot::
                                "<owner>\\n+<px>" to a waiter next in line behind one
                                (of another backend object)
 
+The permits of a name (semaphores and read-write locks, ``docs/internals/semaphores.md``)
+live in keys of their own under the same tag::
+
+    <prefix>{<name>}:permits         ZSET owner -> expiry (ms of the server's TIME)
+    <prefix>{<name>}:permit_info     HASH owner -> JSON {w: weight, t: token (0 while
+                                     queued), i: identity, m: metadata}
+    <prefix>{<name>}:permit_queue    ZSET owner -> arrival number (refused requests)
+    <prefix>{<name>}:permit_waits    ZSET owner -> queue entry expiry (ms, server time)
+    <prefix>{<name>}:permit_limit    STRING the limit of the live permits and entries
+    <prefix>{<name>}:permit_token    STRING, the permits' token counter (INCR; never
+                                     expires; one per name, whatever the weight)
+    <prefix>{<name>}:permits_changed pub/sub channel: "" when a permit or queue entry
+                                     went while somebody is queued
+
+The first five expire (PEXPIRE) no sooner than their latest entry and are deleted
+when the last entry goes.
+
 ``{``, ``}`` and ``%`` in a name are percent-encoded inside the tag, so the tag is
 always the whole name.
 """
@@ -29,7 +46,7 @@ from dataclasses import dataclass
 
 from ..._exceptions import InvalidArgument
 
-__all__ = ["DEFAULT_PREFIX", "Keys", "check_prefix", "keys_of"]
+__all__ = ["DEFAULT_PREFIX", "Keys", "PermitKeys", "check_prefix", "keys_of", "permit_keys_of"]
 
 #: The key prefix used when none is given.
 DEFAULT_PREFIX = "aiolease:"
@@ -94,3 +111,41 @@ class Keys:
 def keys_of(prefix: str, name: str) -> Keys:
     """:meth:`Keys.of`, remembered for the names used most recently."""
     return Keys.of(prefix, name)
+
+
+@dataclass(frozen=True, slots=True)
+class PermitKeys:
+    """The keys and channel of one name's permits (all in the name's hash slot)."""
+
+    held: bytes
+    info: bytes
+    queue: bytes
+    waits: bytes
+    limit: bytes
+    token: bytes
+    channel: bytes
+
+    @classmethod
+    def of(cls, prefix: str, name: str) -> PermitKeys:
+        """The permit keys of ``name`` under ``prefix``."""
+        base = f"{prefix}{{{_tag(name)}}}:".encode()
+        return cls(
+            base + b"permits",
+            base + b"permit_info",
+            base + b"permit_queue",
+            base + b"permit_waits",
+            base + b"permit_limit",
+            base + b"permit_token",
+            base + b"permits_changed",
+        )
+
+    @property
+    def all(self) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]:
+        """The six keys every permit script is given, in order."""
+        return (self.held, self.info, self.queue, self.waits, self.limit, self.token)
+
+
+@functools.lru_cache(maxsize=1024)
+def permit_keys_of(prefix: str, name: str) -> PermitKeys:
+    """:meth:`PermitKeys.of`, remembered for the names used most recently."""
+    return PermitKeys.of(prefix, name)

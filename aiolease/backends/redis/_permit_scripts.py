@@ -1,0 +1,257 @@
+"""The Redis backend's permit scripts (semaphores and read-write locks): one Lua script
+per operation over the keys of :class:`~aiolease.backends.redis._keys.PermitKeys`.
+
+The rules are ``docs/internals/semaphores.md``'s. Every script reads the server's
+clock (``TIME``) and judges expiry by it: a permit's score in the holders' sorted set
+and a queue entry's score in the waits' sorted set are ``TIME`` + ttl in
+milliseconds. Each script first drops what has expired (``purge``). A release, or a
+purge that dropped something, publishes ``""`` on the name's permit channel only when
+somebody is queued (a waiter's :meth:`~RedisBackend.wait_permit_turn` listens there);
+a release that nobody waits for publishes nothing.
+
+Foreign values are refused as the lock scripts refuse them (an error starting with
+:data:`~aiolease.backends.redis._scripts.FOREIGN`), never overwritten.
+"""
+
+from __future__ import annotations
+
+from ._scripts import LEASE_FUNCTIONS, Script
+
+__all__ = ["PERMIT_ACQUIRE", "PERMIT_READ", "PERMIT_RELEASE", "PERMIT_RENEW"]
+
+_PERMITS = (
+    LEASE_FUNCTIONS
+    + r"""
+-- KEYS (every permit script): held, info, queue, waits, limit, token
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A call whose WRONGTYPE refusal means a foreign value under our key.
+local function typed(key, what, ...)
+  local r = redis.pcall(...)
+  if type(r) == 'table' and r.err then
+    if string.find(r.err, 'WRONGTYPE', 1, true) then
+      foreign(key, 'holds no ' .. what .. ' of aiolease')
+    end
+    error(r)
+  end
+  return r
+end
+
+local function decode(k, raw)
+  if not raw then foreign(k[2], 'lacks the entry of a permit it lists') end
+  local ok, e = pcall(cjson.decode, raw)
+  if not ok or type(e) ~= 'table' or type(e.w) ~= 'number' or type(e.t) ~= 'number'
+      or type(e.i) ~= 'string' or type(e.m) ~= 'string' then
+    foreign(k[2], 'holds an entry that is not an aiolease permit')
+  end
+  return e
+end
+
+local function info_of(k, owner)
+  local raw = typed(k[2], 'permit hash', 'HGET', k[2], owner)
+  if not raw then return nil end
+  return decode(k, raw)
+end
+
+-- INCR of the counter ("0", which aiolease never writes, counts as unused).
+local function next_token(key)
+  local token = redis.pcall('INCR', key)
+  if type(token) == 'table' or token < 1 then
+    if type(token) ~= 'table' then redis.call('DECR', key) end  -- put it back
+    foreign(key, 'is not an aiolease token counter (a positive integer)')
+  end
+  return token
+end
+
+-- The recorded limit (nil if none).
+local function limit_of(k)
+  local v = typed(k[5], 'permit limit', 'GET', k[5])
+  if v and not is_count(v) then foreign(k[5], 'is not an aiolease permit limit') end
+  return v and tonumber(v)
+end
+
+-- Drop the expired permits and queue entries; whether any was dropped.
+local function purge(k, now)
+  local expired = typed(k[1], 'permits sorted set', 'ZRANGEBYSCORE', k[1], '-inf', now)
+  local lapsed = typed(k[4], 'permit waits sorted set', 'ZRANGEBYSCORE', k[4], '-inf', now)
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', k[1], '-inf', now)
+    typed(k[2], 'permit hash', 'HDEL', k[2], unpack(expired))
+  end
+  if #lapsed > 0 then
+    redis.call('ZREMRANGEBYSCORE', k[4], '-inf', now)
+    typed(k[3], 'permit queue', 'ZREM', k[3], unpack(lapsed))
+    typed(k[2], 'permit hash', 'HDEL', k[2], unpack(lapsed))
+  end
+  return #expired + #lapsed > 0
+end
+
+-- After a change: with nothing left, the keys go (not the token counter); else, if
+-- `changed` and somebody is queued, wake the waiters; keys written last `ttl` at least.
+local function settle(k, channel, changed, ttl)
+  local queued = redis.call('ZCARD', k[3])
+  if queued == 0 and redis.call('ZCARD', k[1]) == 0 then
+    redis.call('DEL', k[1], k[2], k[3], k[4], k[5])
+    return
+  end
+  if changed and queued > 0 then redis.call('PUBLISH', channel, '') end
+  if ttl then
+    local keep = math.max(redis.call('PTTL', k[5]), ttl)
+    for i = 1, 5 do redis.call('PEXPIRE', k[i], keep) end
+  end
+end
+"""
+)
+
+PERMIT_ACQUIRE = Script(
+    "permit_acquire",
+    _PERMITS
+    + r"""
+-- ARGV: owner, ttl ms, identity, metadata, limit, weight, channel
+-- Reply: {1, token} granted; {0, owner, identity, token, metadata, pttl} refused (and
+-- queued), who blocks; {3, held limit} another limit is held.
+local k = KEYS
+local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local limit, weight, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local now = now_ms()
+local changed = purge(k, now)
+local held_limit = limit_of(k)
+if not held_limit or (redis.call('ZCARD', k[1]) == 0 and redis.call('ZCARD', k[3]) == 0) then
+  redis.call('SET', k[5], limit)  -- nothing live (or the limit evicted): this one sets it
+elseif held_limit ~= limit then
+  settle(k, channel, changed, nil)
+  return {3, held_limit or 0}
+end
+local mine = redis.call('ZSCORE', k[1], owner)
+if mine then  -- a retry by the holder: its grant, its expiry reset
+  local e = decode(k, typed(k[2], 'permit hash', 'HGET', k[2], owner))
+  redis.call('ZADD', k[1], now + ttl, owner)
+  settle(k, channel, changed, ttl)
+  return {1, e.t}
+end
+local holders = redis.call('ZRANGE', k[1], 0, -1, 'WITHSCORES')  -- by expiry
+local used, first = 0, nil
+if #holders > 0 then
+  local owners = {}
+  for i = 1, #holders, 2 do owners[#owners + 1] = holders[i] end
+  local raws = typed(k[2], 'permit hash', 'HMGET', k[2], unpack(owners))
+  for i = 1, #owners do
+    local e = decode(k, raws[i])
+    if i == 1 then first = e end
+    used = used + e.w
+  end
+end
+local queued = typed(k[3], 'permit queue', 'ZRANGE', k[3], 0, -1)
+local ahead, queued_here, head = 0, false, nil
+if #queued > 0 then
+  local raws = typed(k[2], 'permit hash', 'HMGET', k[2], unpack(queued))
+  for i = 1, #queued do
+    if queued[i] == owner then queued_here = true break end
+    local e = decode(k, raws[i])
+    if i == 1 then head = e end
+    ahead = ahead + e.w
+  end
+end
+if used + ahead + weight <= limit then
+  if queued_here then
+    redis.call('ZREM', k[3], owner)
+    typed(k[4], 'permit waits sorted set', 'ZREM', k[4], owner)
+  end
+  local token = next_token(k[6])
+  redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = token, i = identity, m = metadata}))
+  redis.call('ZADD', k[1], now + ttl, owner)
+  settle(k, channel, changed, ttl)
+  return {1, token}
+end
+if not queued_here then  -- behind the last; a queued owner keeps its place
+  local last = redis.call('ZRANGE', k[3], -1, -1, 'WITHSCORES')
+  redis.call('ZADD', k[3], (tonumber(last[2]) or 0) + 1, owner)
+end
+redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = 0, i = identity, m = metadata}))
+typed(k[4], 'permit waits sorted set', 'ZADD', k[4], now + ttl, owner)
+settle(k, channel, changed, ttl)
+if first then  -- the permit that expires first
+  return {0, holders[1], first.i, first.t, first.m, tonumber(holders[2]) - now}
+end
+-- only the queue blocks: its first entry (ahead of this one)
+local expiry = tonumber(redis.call('ZSCORE', k[4], queued[1]))
+return {0, queued[1], head.i, 0, '{}', expiry - now}
+""",
+)
+
+PERMIT_RENEW = Script(
+    "permit_renew",
+    _PERMITS
+    + r"""
+-- ARGV: owner, token, ttl ms. 1 renewed, 0 not the owner's (expired, released, other).
+local k = KEYS
+local owner, ttl = ARGV[1], tonumber(ARGV[3])
+local now = now_ms()
+local score = typed(k[1], 'permits sorted set', 'ZSCORE', k[1], owner)
+if not score or tonumber(score) <= now then return 0 end
+local e = info_of(k, owner)
+if not e or e.t ~= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', k[1], 'XX', now + ttl, owner)
+if redis.call('PTTL', k[5]) < ttl then
+  for i = 1, 5 do redis.call('PEXPIRE', k[i], ttl) end
+end
+return 1
+""",
+)
+
+PERMIT_RELEASE = Script(
+    "permit_release",
+    _PERMITS
+    + r"""
+-- ARGV: owner, token ('' for any), channel. Frees the owner's live permit (1) or
+-- drops its queue entry (0: the undo of a cancelled wait); 0 if neither.
+local k = KEYS
+local owner, token, channel = ARGV[1], ARGV[2], ARGV[3]
+local changed = purge(k, now_ms())
+local freed = 0
+if typed(k[1], 'permits sorted set', 'ZSCORE', k[1], owner) then
+  local e = info_of(k, owner)
+  if token == '' or (e and e.t == tonumber(token)) then
+    redis.call('ZREM', k[1], owner)
+    redis.call('HDEL', k[2], owner)
+    freed, changed = 1, true
+  end
+elseif typed(k[3], 'permit queue', 'ZREM', k[3], owner) == 1 then
+  typed(k[4], 'permit waits sorted set', 'ZREM', k[4], owner)
+  typed(k[2], 'permit hash', 'HDEL', k[2], owner)
+  changed = true
+end
+if changed then settle(k, channel, true, nil) end
+return freed
+""",
+)
+
+PERMIT_READ = Script(
+    "permit_read",
+    _PERMITS
+    + r"""
+-- ARGV: channel. false if nothing is live; else {limit, waiting, then per permit (by
+-- expiry): owner, identity, token, metadata, pttl, weight}.
+local k = KEYS
+local now = now_ms()
+if purge(k, now) then settle(k, ARGV[1], true, nil) end
+local holders = redis.call('ZRANGE', k[1], 0, -1, 'WITHSCORES')
+local waiting = redis.call('ZCARD', k[3])
+if #holders == 0 and waiting == 0 then return false end
+local out = {limit_of(k) or 0, waiting}
+if #holders > 0 then
+  local owners = {}
+  for i = 1, #holders, 2 do owners[#owners + 1] = holders[i] end
+  local raws = typed(k[2], 'permit hash', 'HMGET', k[2], unpack(owners))
+  for i = 1, #owners do
+    local e = decode(k, raws[i])
+    local pttl = tonumber(holders[2 * i]) - now
+    for _, v in ipairs({owners[i], e.i, e.t, e.m, pttl, e.w}) do out[#out + 1] = v end
+  end
+end
+return out
+""",
+)
