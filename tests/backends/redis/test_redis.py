@@ -79,6 +79,8 @@ async def test_capabilities(anyio_backend: str, open_redis: Opener) -> None:
         Capability.SERVER_TIME,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,  # permits queue in both modes
     }
     async with open_redis(fair=False) as plain, open_redis() as fair:
         assert plain.capabilities == base

@@ -1,5 +1,6 @@
 """The Redis backend on a real Redis Cluster (three masters, ``scripts/services.sh
-start redis-cluster``): the conformance suite, and every key of a name in one slot.
+start redis-cluster``): the conformance suite, and every key of a name (its permits' too)
+in one slot.
 
 Each test works under its own key prefix and deletes its keys afterwards.
 """
@@ -16,10 +17,10 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
 import aiolease
-from aiolease import AsyncLock, Capability, InvalidArgument
+from aiolease import AsyncLock, AsyncSemaphore, Capability, InvalidArgument
 from aiolease.abc import Backend
 from aiolease.backends.redis import RedisBackend
-from aiolease.backends.redis._keys import Keys
+from aiolease.backends.redis._keys import Keys, PermitKeys
 from aiolease.testing import CHECKS, Check
 
 pytestmark = pytest.mark.anyio
@@ -74,6 +75,25 @@ async def test_the_keys_of_a_name_live_in_one_slot(
             wanted = [keys.lease, keys.token, keys.queue, keys.waiters]
             assert {key_slot(k) for k in wanted} == {key_slot(keys.lease)}  # ... one slot each
             assert client.get(keys.token) == b"1"  # the counter is where the script wrote it
+
+
+async def test_cluster_keeps_a_names_permit_keys_in_one_slot(
+    anyio_backend: str, cluster_url: str, prefix: str
+) -> None:
+    names = ["a", "b{c}", "zzz/ü", "x}y{"]
+    async with open_redis(cluster_url, prefix=prefix) as backend:
+        for name in names:
+            async with AsyncSemaphore(backend, name, limit=2, ttl=30) as permit:
+                assert permit.token == 1
+                permits = await backend.read_permits(name)
+                assert permits is not None and permits.used == 1
+    assert len({key_slot(Keys.of(prefix, n).lease) for n in names}) > 1
+    with sync_cluster(cluster_url) as client:
+        for name in names:
+            keys = PermitKeys.of(prefix, name)
+            slots = {key_slot(k) for k in keys.all}
+            assert slots == {key_slot(Keys.of(prefix, name).lease)}
+            assert client.get(keys.token) == b"1"
 
 
 @pytest.mark.parametrize(

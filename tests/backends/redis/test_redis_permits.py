@@ -1,0 +1,143 @@
+"""Permits (semaphores, read-write locks) on a real Redis server and Cluster: what the
+conformance suite cannot see from outside one backend object. Two backend objects
+stand for two processes; the keys are inspected with a client of the test's own.
+(The Cluster's case, one slot per name, is in test_redis_cluster.py.)
+
+Each test uses a key prefix of its own and deletes its keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError, NotOwnerError
+from aiolease.abc import Grant, HolderInfo, permit_owner
+from aiolease.backends.redis._keys import PermitKeys
+from tests.backends.redis.support import Opener, new_name, requests, sync_client
+
+pytestmark = pytest.mark.anyio
+LONG = 30.0
+
+
+@pytest.fixture
+def admin(redis_url: str) -> Iterator[object]:
+    with sync_client(redis_url) as client:
+        yield client
+
+
+def server_ms(client: object) -> int:
+    seconds, micros = client.time()  # type: ignore[attr-defined]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def test_two_backends_never_hold_more_than_the_limit(
+    anyio_backend: str, open_redis: Opener
+) -> None:
+    """Tasks on two backend objects share a limit of 2: never more inside at once, and
+    a waiter on one is woken by a release on the other (well before the 10 s a
+    waiter would otherwise wait to refresh its queue entry)."""
+    name = new_name()
+    inside, peak, tokens = 0, 0, []
+    full = anyio.Event()
+    async with open_redis() as first, open_redis() as second:
+
+        async def body(backend: object) -> None:
+            nonlocal inside, peak
+            async with AsyncSemaphore(backend, name, limit=2, ttl=LONG) as permit:  # type: ignore[arg-type]
+                tokens.append(permit.token)
+                inside += 1
+                peak = max(peak, inside)
+                if inside == 2:
+                    full.set()
+                await full.wait()
+                await anyio.lowlevel.checkpoint()
+                inside -= 1
+
+        with anyio.fail_after(8):
+            async with anyio.create_task_group() as tg:
+                for backend in (first, second, first, second, first, second):
+                    tg.start_soon(body, backend)
+        assert peak == 2
+        assert sorted(tokens) == list(range(1, 7))  # one counter, every grant a new token
+        assert await second.read_permits(name) is None
+
+
+async def test_tokens_survive_the_release_of_every_permit(
+    anyio_backend: str, open_redis: Opener, prefix: str, admin: object
+) -> None:
+    """The last release deletes the name's permit keys but the token counter, so the
+    next grant (a writer now) still takes a larger token; locks count apart."""
+    name = new_name()
+    keys = PermitKeys.of(prefix, name)
+    async with open_redis() as backend:
+        rw = AsyncReadWriteLock(backend, name, ttl=LONG)
+        async with rw.read() as reader:
+            pass
+        assert admin.exists(*keys.all[:5]) == 0  # type: ignore[attr-defined]
+        assert admin.get(keys.token) == b"1"  # type: ignore[attr-defined]
+        async with rw.write() as writer:
+            assert writer.token > reader.token
+        async with AsyncSemaphore(backend, name + "/other", limit=3, ttl=LONG) as other:
+            assert other.token == 1
+        lock = await backend.try_acquire(name, "lock-owner", LONG, "me", {})
+        assert isinstance(lock, Grant) and lock.token == 1  # the lock's own counter
+
+
+async def test_expiry_is_the_servers_time(
+    anyio_backend: str, open_redis: Opener, prefix: str, admin: object
+) -> None:
+    """A permit is scored by the server's TIME + ttl, and judged by that score: moved
+    into the past on the server's clock, the permit is gone for the next request and
+    for its holder's renewal, whatever the client's clock says."""
+    name, owner, other = new_name(), permit_owner(), permit_owner()
+    keys = PermitKeys.of(prefix, name)
+    async with open_redis() as backend:
+        before = server_ms(admin)
+        granted = await backend.try_acquire_permit(name, owner, LONG, "me", {}, 1, 1)
+        after = server_ms(admin)
+        assert isinstance(granted, Grant)
+        score = admin.zscore(keys.held, owner)  # type: ignore[attr-defined]
+        assert before + LONG * 1000 <= score <= after + LONG * 1000
+        refused = await backend.try_acquire_permit(name, other, LONG, "you", {}, 1, 1)
+        assert isinstance(refused, HolderInfo) and refused.owner == owner
+        admin.zadd(keys.held, {owner: server_ms(admin) - 1})  # type: ignore[attr-defined]
+        again = await backend.try_acquire_permit(name, other, LONG, "you", {}, 1, 1)
+        assert isinstance(again, Grant) and again.token > granted.token
+        with pytest.raises(NotOwnerError):
+            await backend.renew(name, owner, granted.token, LONG)
+
+
+async def test_locks_and_permits_renew_in_one_round_trip(
+    anyio_backend: str, open_redis: Opener
+) -> None:
+    name = new_name()
+    async with open_redis() as backend:
+        lock = await backend.try_acquire(name, "lock-owner", LONG, "me", {})
+        owners = [permit_owner() for _ in range(3)]
+        permits = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 3, 1) for o in owners]
+        assert isinstance(lock, Grant) and all(isinstance(p, Grant) for p in permits)
+        renewals = [(name, "lock-owner", lock.token, LONG)]
+        renewals += [(name, o, p.token, LONG) for o, p in zip(owners, permits, strict=True)]
+        renewals.insert(2, (name, permit_owner(), 99, LONG))  # nobody's
+        sent = requests(backend)
+        results = await backend.renew_many(renewals)
+        assert sent["requests"] == 1
+        kinds = [type(r) for r in results]
+        assert kinds == [Grant, Grant, NotOwnerError, Grant, Grant]
+
+
+async def test_foreign_values_are_refused_and_left(
+    anyio_backend: str, open_redis: Opener, prefix: str, admin: object
+) -> None:
+    name = new_name()
+    keys = PermitKeys.of(prefix, name)
+    admin.set(keys.held, "not ours")  # type: ignore[attr-defined]
+    async with open_redis() as backend:
+        with pytest.raises(ForeignDataError):
+            await backend.try_acquire_permit(name, permit_owner(), LONG, "me", {}, 2, 1)
+        with pytest.raises(ForeignDataError):
+            await backend.read_permits(name)
+    assert admin.get(keys.held) == b"not ours"  # type: ignore[attr-defined]
