@@ -73,18 +73,42 @@ local function limit_of(k)
   return v and tonumber(v)
 end
 
+-- `command` of key with every member of `list` (unpack has a stack limit: in chunks);
+-- the replies, concatenated.
+local function each(key, what, command, list)
+  local out = {}
+  for i = 1, #list, 1000 do
+    local part = typed(key, what, command, key, unpack(list, i, math.min(i + 999, #list)))
+    if type(part) == 'table' then
+      for _, v in ipairs(part) do out[#out + 1] = v end
+    end
+  end
+  return out
+end
+
+-- The info entries of `owners`, in order, decoded.
+local function infos(k, owners)
+  local out = {}
+  for i = 1, #owners, 1000 do
+    local part = typed(k[2], 'permit hash', 'HMGET', k[2],
+                       unpack(owners, i, math.min(i + 999, #owners)))
+    for j = 1, #part do out[#out + 1] = decode(k, part[j]) end
+  end
+  return out
+end
+
 -- Drop the expired permits and queue entries; whether any was dropped.
 local function purge(k, now)
   local expired = typed(k[1], 'permits sorted set', 'ZRANGEBYSCORE', k[1], '-inf', now)
   local lapsed = typed(k[4], 'permit waits sorted set', 'ZRANGEBYSCORE', k[4], '-inf', now)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', k[1], '-inf', now)
-    typed(k[2], 'permit hash', 'HDEL', k[2], unpack(expired))
+    each(k[2], 'permit hash', 'HDEL', expired)
   end
   if #lapsed > 0 then
     redis.call('ZREMRANGEBYSCORE', k[4], '-inf', now)
-    typed(k[3], 'permit queue', 'ZREM', k[3], unpack(lapsed))
-    typed(k[2], 'permit hash', 'HDEL', k[2], unpack(lapsed))
+    each(k[3], 'permit queue', 'ZREM', lapsed)
+    each(k[2], 'permit hash', 'HDEL', lapsed)
   end
   return #expired + #lapsed > 0
 end
@@ -137,23 +161,21 @@ local used, first = 0, nil
 if #holders > 0 then
   local owners = {}
   for i = 1, #holders, 2 do owners[#owners + 1] = holders[i] end
-  local raws = typed(k[2], 'permit hash', 'HMGET', k[2], unpack(owners))
-  for i = 1, #owners do
-    local e = decode(k, raws[i])
-    if i == 1 then first = e end
-    used = used + e.w
-  end
+  local entries = infos(k, owners)
+  first = entries[1]
+  for i = 1, #entries do used = used + entries[i].w end
 end
 local queued = typed(k[3], 'permit queue', 'ZRANGE', k[3], 0, -1)
 local ahead, queued_here, head = 0, false, nil
 if #queued > 0 then
-  local raws = typed(k[2], 'permit hash', 'HMGET', k[2], unpack(queued))
+  local before = {}  -- the entries ahead of this owner's
   for i = 1, #queued do
     if queued[i] == owner then queued_here = true break end
-    local e = decode(k, raws[i])
-    if i == 1 then head = e end
-    ahead = ahead + e.w
+    before[i] = queued[i]
   end
+  local entries = infos(k, before)
+  head = entries[1]
+  for i = 1, #entries do ahead = ahead + entries[i].w end
 end
 if used + ahead + weight <= limit then
   if queued_here then
@@ -245,9 +267,9 @@ local out = {limit_of(k) or 0, waiting}
 if #holders > 0 then
   local owners = {}
   for i = 1, #holders, 2 do owners[#owners + 1] = holders[i] end
-  local raws = typed(k[2], 'permit hash', 'HMGET', k[2], unpack(owners))
+  local entries = infos(k, owners)
   for i = 1, #owners do
-    local e = decode(k, raws[i])
+    local e = entries[i]
     local pttl = tonumber(holders[2 * i]) - now
     for _, v in ipairs({owners[i], e.i, e.t, e.m, pttl, e.w}) do out[#out + 1] = v end
   end
