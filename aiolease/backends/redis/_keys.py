@@ -26,7 +26,8 @@ live in keys of their own under the same tag::
                                      queued), i: identity, m: metadata}
     <prefix>{<name>}:permit_queue    ZSET owner -> arrival number (refused requests)
     <prefix>{<name>}:permit_waits    ZSET owner -> queue entry expiry (ms, server time)
-    <prefix>{<name>}:permit_limit    STRING the limit of the live permits and entries
+    <prefix>{<name>}:permit_state    HASH limit: the limit of the live permits and
+                                     queue entries; used: the weight the permits hold
     <prefix>{<name>}:permit_token    STRING, the permits' token counter (INCR; never
                                      expires; one per name, whatever the weight)
     <prefix>{<name>}:permits_changed pub/sub channel: "" when a permit or queue entry
@@ -121,7 +122,7 @@ class PermitKeys:
     info: bytes
     queue: bytes
     waits: bytes
-    limit: bytes
+    state: bytes
     token: bytes
     channel: bytes
 
@@ -134,7 +135,7 @@ class PermitKeys:
             base + b"permit_info",
             base + b"permit_queue",
             base + b"permit_waits",
-            base + b"permit_limit",
+            base + b"permit_state",
             base + b"permit_token",
             base + b"permits_changed",
         )
@@ -142,7 +143,7 @@ class PermitKeys:
     @property
     def all(self) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]:
         """The six keys every permit script is given, in order."""
-        return (self.held, self.info, self.queue, self.waits, self.limit, self.token)
+        return (self.held, self.info, self.queue, self.waits, self.state, self.token)
 
 
 @functools.lru_cache(maxsize=1024)

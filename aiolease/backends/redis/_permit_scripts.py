@@ -22,7 +22,7 @@ __all__ = ["PERMIT_ACQUIRE", "PERMIT_READ", "PERMIT_RELEASE", "PERMIT_RENEW"]
 _PERMITS = (
     LEASE_FUNCTIONS
     + r"""
--- KEYS (every permit script): held, info, queue, waits, limit, token
+-- KEYS (every permit script): held, info, queue, waits, state, token
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -66,11 +66,17 @@ local function next_token(key)
   return token
 end
 
--- The recorded limit (nil if none).
-local function limit_of(k)
-  local v = typed(k[5], 'permit limit', 'GET', k[5])
-  if v and not is_count(v) then foreign(k[5], 'is not an aiolease permit limit') end
-  return v and tonumber(v)
+-- The recorded limit (nil if none) and the weight the live permits hold.
+local function state_of(k)
+  local v = typed(k[5], 'permit state hash', 'HMGET', k[5], 'limit', 'used')
+  if (v[1] and not is_count(v[1])) or (v[2] and v[2] ~= '0' and not is_count(v[2])) then
+    foreign(k[5], 'is not an aiolease permit state (limit, used)')
+  end
+  return v[1] and tonumber(v[1]), tonumber(v[2] or '0')
+end
+
+local function add_used(k, weight)
+  redis.call('HINCRBY', k[5], 'used', weight)
 end
 
 -- `command` of key with every member of `list` (unpack has a stack limit: in chunks);
@@ -102,8 +108,11 @@ local function purge(k, now)
   local expired = typed(k[1], 'permits sorted set', 'ZRANGEBYSCORE', k[1], '-inf', now)
   local lapsed = typed(k[4], 'permit waits sorted set', 'ZRANGEBYSCORE', k[4], '-inf', now)
   if #expired > 0 then
+    local freed = 0
+    for _, e in ipairs(infos(k, expired)) do freed = freed + e.w end
     redis.call('ZREMRANGEBYSCORE', k[1], '-inf', now)
     each(k[2], 'permit hash', 'HDEL', expired)
+    typed(k[5], 'permit state hash', 'HINCRBY', k[5], 'used', -freed)
   end
   if #lapsed > 0 then
     redis.call('ZREMRANGEBYSCORE', k[4], '-inf', now)
@@ -142,9 +151,17 @@ local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV
 local limit, weight, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local now = now_ms()
 local changed = purge(k, now)
-local held_limit = limit_of(k)
+local held_limit, used = state_of(k)
 if not held_limit or (redis.call('ZCARD', k[1]) == 0 and redis.call('ZCARD', k[3]) == 0) then
-  redis.call('SET', k[5], limit)  -- nothing live (or the limit evicted): this one sets it
+  -- nothing live (or the state evicted): this request sets the limit
+  local total = 0
+  if held_limit then used = 0 else  -- evicted: what the live permits hold
+    local owners = redis.call('ZRANGE', k[1], 0, -1)
+    for _, e in ipairs(infos(k, owners)) do total = total + e.w end
+    used = total
+  end
+  redis.call('DEL', k[5])
+  redis.call('HSET', k[5], 'limit', limit, 'used', used)
 elseif held_limit ~= limit then
   settle(k, channel, changed, nil)
   return {3, held_limit or 0}
@@ -156,15 +173,7 @@ if mine then  -- a retry by the holder: its grant, its expiry reset
   settle(k, channel, changed, ttl)
   return {1, e.t}
 end
-local holders = redis.call('ZRANGE', k[1], 0, -1, 'WITHSCORES')  -- by expiry
-local used, first = 0, nil
-if #holders > 0 then
-  local owners = {}
-  for i = 1, #holders, 2 do owners[#owners + 1] = holders[i] end
-  local entries = infos(k, owners)
-  first = entries[1]
-  for i = 1, #entries do used = used + entries[i].w end
-end
+-- the weight held is kept in the state hash: no holder needs reading but the first
 local queued = typed(k[3], 'permit queue', 'ZRANGE', k[3], 0, -1)
 local ahead, queued_here, head = 0, false, nil
 if #queued > 0 then
@@ -185,6 +194,7 @@ if used + ahead + weight <= limit then
   local token = next_token(k[6])
   redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = token, i = identity, m = metadata}))
   redis.call('ZADD', k[1], now + ttl, owner)
+  add_used(k, weight)
   settle(k, channel, changed, ttl)
   return {1, token}
 end
@@ -195,7 +205,9 @@ end
 redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = 0, i = identity, m = metadata}))
 typed(k[4], 'permit waits sorted set', 'ZADD', k[4], now + ttl, owner)
 settle(k, channel, changed, ttl)
-if first then  -- the permit that expires first
+local holders = redis.call('ZRANGE', k[1], 0, 0, 'WITHSCORES')
+if holders[1] then  -- the permit that expires first
+  local first = decode(k, redis.call('HGET', k[2], holders[1]))
   return {0, holders[1], first.i, first.t, first.m, tonumber(holders[2]) - now}
 end
 -- only the queue blocks: its first entry (ahead of this one)
@@ -239,6 +251,7 @@ if typed(k[1], 'permits sorted set', 'ZSCORE', k[1], owner) then
   if token == '' or (e and e.t == tonumber(token)) then
     redis.call('ZREM', k[1], owner)
     redis.call('HDEL', k[2], owner)
+    if e then add_used(k, -e.w) end
     freed, changed = 1, true
   end
 elseif typed(k[3], 'permit queue', 'ZREM', k[3], owner) == 1 then
@@ -263,7 +276,7 @@ if purge(k, now) then settle(k, ARGV[1], true, nil) end
 local holders = redis.call('ZRANGE', k[1], 0, -1, 'WITHSCORES')
 local waiting = redis.call('ZCARD', k[3])
 if #holders == 0 and waiting == 0 then return false end
-local out = {limit_of(k) or 0, waiting}
+local out = {(state_of(k)) or 0, waiting}
 if #holders > 0 then
   local owners = {}
   for i = 1, #holders, 2 do owners[#owners + 1] = holders[i] end

@@ -141,3 +141,22 @@ async def test_foreign_values_are_refused_and_left(
         with pytest.raises(ForeignDataError):
             await backend.read_permits(name)
     assert admin.get(keys.held) == b"not ours"  # type: ignore[attr-defined]
+
+
+async def test_a_lost_state_key_is_rebuilt_from_the_holders(
+    anyio_backend: str, open_redis: Opener, prefix: str, admin: object
+) -> None:
+    """The held weight is kept in the state hash; if that key is gone (evicted, say),
+    the next request counts the live permits again instead of overfilling the limit."""
+    name = new_name()
+    keys = PermitKeys.of(prefix, name)
+    async with open_redis() as backend:
+        for _ in range(2):
+            granted = await backend.try_acquire_permit(name, permit_owner(), LONG, "me", {}, 3, 1)
+            assert isinstance(granted, Grant)
+        admin.delete(keys.state)  # type: ignore[attr-defined]
+        third = await backend.try_acquire_permit(name, permit_owner(), LONG, "me", {}, 3, 1)
+        fourth = await backend.try_acquire_permit(name, permit_owner(), LONG, "me", {}, 3, 1)
+        assert isinstance(third, Grant) and isinstance(fourth, HolderInfo)
+        permits = await backend.read_permits(name)
+        assert permits is not None and (permits.limit, permits.used) == (3, 3)
