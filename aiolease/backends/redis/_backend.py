@@ -27,19 +27,16 @@ from ..._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
-    LimitMismatchError,
     NotOwnerError,
 )
 from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import (
-    Backend,
     Capability,
     Grant,
     HolderInfo,
     LossReason,
-    PermitHolders,
     RenewResult,
     is_permit_owner,
 )
@@ -58,8 +55,9 @@ from ._clients import (
     where,
 )
 from ._errors import mapped_error
-from ._keys import DEFAULT_PREFIX, Keys, PermitKeys, check_prefix, keys_of, permit_keys_of
-from ._permit_scripts import PERMIT_ACQUIRE, PERMIT_READ, PERMIT_RELEASE, PERMIT_RENEW
+from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
+from ._permit_ops import PermitOps
+from ._permit_scripts import PERMIT_RENEW
 from ._pubsub import Mark, Subscriptions, Wire
 from ._replies import config_pairs, holder_from, text
 from ._riders import Rider, Riders, send_with, sent_with
@@ -146,7 +144,7 @@ CAPABILITIES = frozenset(
 )
 
 
-class RedisBackend(Backend):
+class RedisBackend(PermitOps):
     """Leases on one Redis server, a Cluster, or a Sentinel's master (see the module docstring).
 
     :param client: a ``redis.asyncio.Redis`` client (also one from
@@ -546,13 +544,6 @@ class RedisBackend(Backend):
             for lease, r in zip(leases, replies, strict=True)
         ]
 
-    def _permit_renewal_commands(self, permits: Sequence[LeaseRenewal]) -> list[tuple[Any, ...]]:
-        """A PERMIT_RENEW of each of ``permits``."""
-        return [
-            ("EVALSHA", PERMIT_RENEW.sha, 6, *self._permit_keys(name).all, owner, token, ms(ttl))
-            for name, owner, token, ttl in permits
-        ]
-
     def _renewal_commands(
         self, script: Script, leases: Sequence[LeaseRenewal]
     ) -> list[tuple[Any, ...]]:
@@ -788,9 +779,7 @@ class RedisBackend(Backend):
             return
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
-        timeout = ttl * REFRESH_FRACTION
-        if seen.remaining is not None:
-            timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
+        timeout = self._turn_timeout(ttl, seen)
         channel = self._keys(name).channel
         subs = self._subscriptions
         turns = self._turns
@@ -801,85 +790,14 @@ class RedisBackend(Backend):
         async with self._watching(name), subs.watch(turns):
             return
 
-    # -- permits (docs/internals/semaphores.md; scripts in _permit_scripts) ------------
-
-    def _permit_keys(self, name: str) -> PermitKeys:
-        return permit_keys_of(self._prefix, name)
-
-    async def try_acquire_permit(
-        self,
-        name: str,
-        owner: str,
-        ttl: float,
-        identity: str,
-        metadata: Mapping[str, str],
-        limit: int,
-        weight: int,
-    ) -> Grant | HolderInfo:
-        """One PERMIT_ACQUIRE script: granted if the held weight, the weight queued
-        ahead and ``weight`` fit in ``limit``, else queued (first come, first served)."""
-        keys = self._permit_keys(name)
-        mark = self._subscriptions.mark(keys.channel)  # before the attempt: see wait
-        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
-        args = (owner, ms(ttl), identity.encode(), meta.encode(), limit, weight, keys.channel)
-        if not self._replication.replicas:
-            reply = await self._eval(name, PERMIT_ACQUIRE, keys.all, *args)
-        else:
-            reply, acked = await self._eval_waited(name, PERMIT_ACQUIRE, keys.all, *args)
-            if int(reply[0]) == 1 and acked < self._replication.replicas:
-                await self._release_permit(name, owner, int(reply[1]))
-                raise self._unreplicated(acked)
-        kind = int(reply[0])
-        if kind == 1:
-            self._permit_marks.pop((name, owner), None)
-            return Grant(int(reply[1]), ttl)
-        if kind == 3:
-            raise LimitMismatchError(name, limit, int(reply[1]))
-        marks = self._permit_marks
-        marks.pop((name, owner), None)
-        marks[name, owner] = mark
-        if len(marks) > MAX_WATCHED:  # abandoned requests: drop the oldest half
-            for old in list(marks)[: MAX_WATCHED // 2]:
-                del marks[old]
-        return holder_from(name, reply, f"Redis key {keys.held!r}")
-
-    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
-        """One PERMIT_RELEASE script: ``owner``'s permit freed, or its queue entry dropped."""
-        self._batcher.forget(name, owner)
-        self._permit_marks.pop((name, owner), None)
-        keys = self._permit_keys(name)
-        args = (owner, "" if token is None else token, keys.channel)
-        return int(await self._eval(name, PERMIT_RELEASE, keys.all, *args)) == 1
-
-    async def read_permits(self, name: str) -> PermitHolders | None:
-        keys = self._permit_keys(name)
-        reply = await self._eval(name, PERMIT_READ, keys.all, keys.channel)
-        if not reply:
-            return None
-        place = f"Redis key {keys.held!r}"
-        rows = [reply[i : i + 6] for i in range(2, len(reply), 6)]
-        rows.sort(key=lambda row: int(row[2]))  # oldest grant first
-        holders = tuple(holder_from(name, (0, *row[:5]), place) for row in rows)
-        weights = tuple(int(row[5]) for row in rows)
-        return PermitHolders(name, int(reply[0]), holders, weights, int(reply[1]))
-
-    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes while ``owner`` is queued
-        (published on the name's permit channel), when ``seen`` (the permit that
-        expires first) expires, or after a third of ``ttl`` (the retry keeps the place).
-        At once if the channel was not subscribed since the refused attempt: the
-        core's retry then comes with the channel subscribed."""
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        channel = self._permit_keys(name).channel
-        mark = self._permit_marks.pop((name, owner), None)
+    def _turn_timeout(self, ttl: float, seen: HolderInfo) -> float:
+        """How long a refused waiter may wait before it tries again: until ``seen``
+        (what blocked it) expires, and at most a third of its ttl, so that the retry
+        refreshes its queue entry in time."""
         timeout = ttl * REFRESH_FRACTION
         if seen.remaining is not None:
             timeout = min(timeout, seen.remaining + EXPIRY_SLACK)
-        async with self._watching(name, channel) as changed:
-            if mark is None or self._subscriptions.missed(channel, mark) != []:
-                return  # not listening since the attempt, or something changed since
-            await wait_event(changed, timeout)
+        return timeout
 
     def statistics(self) -> RedisStatistics:
         """A frozen snapshot of the renewal batching."""

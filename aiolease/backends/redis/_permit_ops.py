@@ -1,0 +1,152 @@
+"""The Redis backend's permits (semaphores and read-write locks,
+``docs/internals/semaphores.md``): :class:`PermitOps`, the part of
+:class:`~aiolease.backends.redis.RedisBackend` that serves them over the scripts of
+:mod:`aiolease.backends.redis._permit_scripts` and the keys of
+:class:`~aiolease.backends.redis._keys.PermitKeys`.
+
+Permits share the backend's transport, pub/sub connection and renewal batches with
+its locks: the backend's ``release``, ``renew_many`` and ``on_taken`` hand a permit's
+owner (:func:`~aiolease.abc.is_permit_owner`) to this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from ..._exceptions import BackendUnavailable, LimitMismatchError
+from ...abc import Backend, Grant, HolderInfo, PermitHolders
+from ...abc import Renewal as LeaseRenewal
+from .._asyncio import wait_event
+from ._batch import RenewalBatcher
+from ._clients import Replication
+from ._keys import PermitKeys, permit_keys_of
+from ._permit_scripts import PERMIT_ACQUIRE, PERMIT_READ, PERMIT_RELEASE, PERMIT_RENEW
+from ._pubsub import Mark, Subscriptions
+from ._replies import holder_from
+from ._scripts import Script, ms
+
+__all__ = ["PermitOps"]
+
+#: Refused permit requests whose pub/sub marks a backend remembers (a request that
+#: never waits, as ``acquire_nowait``'s, leaves one): the oldest half is dropped.
+MAX_MARKS = 1024
+
+
+class PermitOps(Backend):
+    """The permit operations of a Redis backend; what they use of it is declared
+    here and defined by :class:`~aiolease.backends.redis.RedisBackend`."""
+
+    _prefix: str
+    _closed: bool
+    _replication: Replication
+    _subscriptions: Subscriptions
+    _batcher: RenewalBatcher
+    #: Refused permit requests: where their name's permit channel stood before the
+    #: attempt (``None``: not subscribed then), for :meth:`wait_permit_turn`.
+    _permit_marks: dict[tuple[str, str], Mark | None]
+
+    async def _eval(self, name: str, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
+        raise NotImplementedError
+
+    async def _eval_waited(
+        self, name: str, script: Script, keys: Sequence[bytes], *args: Any
+    ) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def _watching(
+        self, name: str, channel: bytes | None = None
+    ) -> AbstractAsyncContextManager[asyncio.Event]:
+        raise NotImplementedError
+
+    def _unreplicated(self, acked: int) -> BackendUnavailable:
+        raise NotImplementedError
+
+    def _turn_timeout(self, ttl: float, seen: HolderInfo) -> float:
+        raise NotImplementedError
+
+    def _permit_keys(self, name: str) -> PermitKeys:
+        return permit_keys_of(self._prefix, name)
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One PERMIT_ACQUIRE script: granted if the held weight, the weight queued
+        ahead and ``weight`` fit in ``limit``, else queued (first come, first served)."""
+        keys = self._permit_keys(name)
+        mark = self._subscriptions.mark(keys.channel)  # before the attempt: see wait
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
+        args = (owner, ms(ttl), identity.encode(), meta.encode(), limit, weight, keys.channel)
+        if not self._replication.replicas:
+            reply = await self._eval(name, PERMIT_ACQUIRE, keys.all, *args)
+        else:
+            reply, acked = await self._eval_waited(name, PERMIT_ACQUIRE, keys.all, *args)
+            if int(reply[0]) == 1 and acked < self._replication.replicas:
+                await self._release_permit(name, owner, int(reply[1]))
+                raise self._unreplicated(acked)
+        kind = int(reply[0])
+        if kind == 1:
+            self._permit_marks.pop((name, owner), None)
+            return Grant(int(reply[1]), ttl)
+        if kind == 3:
+            raise LimitMismatchError(name, limit, int(reply[1]))
+        marks = self._permit_marks
+        marks.pop((name, owner), None)
+        marks[name, owner] = mark
+        if len(marks) > MAX_MARKS:  # abandoned requests: drop the oldest half
+            for old in list(marks)[: MAX_MARKS // 2]:
+                del marks[old]
+        return holder_from(name, reply, f"Redis key {keys.held!r}")
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        """One PERMIT_RELEASE script: ``owner``'s permit freed, or its queue entry dropped."""
+        self._batcher.forget(name, owner)
+        self._permit_marks.pop((name, owner), None)
+        keys = self._permit_keys(name)
+        args = (owner, "" if token is None else token, keys.channel)
+        return int(await self._eval(name, PERMIT_RELEASE, keys.all, *args)) == 1
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        keys = self._permit_keys(name)
+        reply = await self._eval(name, PERMIT_READ, keys.all, keys.channel)
+        if not reply:
+            return None
+        place = f"Redis key {keys.held!r}"
+        rows = [reply[i : i + 6] for i in range(2, len(reply), 6)]
+        rows.sort(key=lambda row: int(row[2]))  # oldest grant first
+        holders = tuple(holder_from(name, (0, *row[:5]), place) for row in rows)
+        weights = tuple(int(row[5]) for row in rows)
+        return PermitHolders(name, int(reply[0]), holders, weights, int(reply[1]))
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` goes while ``owner`` is queued
+        (published on the name's permit channel), when ``seen`` (the permit that
+        expires first) expires, or after a third of ``ttl`` (the retry keeps the place).
+        At once if the channel was not subscribed since the refused attempt: the
+        core's retry then comes with the channel subscribed."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        channel = self._permit_keys(name).channel
+        mark = self._permit_marks.pop((name, owner), None)
+        timeout = self._turn_timeout(ttl, seen)
+        async with self._watching(name, channel) as changed:
+            if mark is None or self._subscriptions.missed(channel, mark) != []:
+                return  # not listening since the attempt, or something changed since
+            await wait_event(changed, timeout)
+
+    def _permit_renewal_commands(self, permits: Sequence[LeaseRenewal]) -> list[tuple[Any, ...]]:
+        """A PERMIT_RENEW of each of ``permits``."""
+        return [
+            ("EVALSHA", PERMIT_RENEW.sha, 6, *self._permit_keys(name).all, owner, token, ms(ttl))
+            for name, owner, token, ttl in permits
+        ]
