@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ..sql._permits import permit_tables
 from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "waiters_table",
 ]
 
+#: PostgreSQL's longest identifier.
+_LONGEST = 63
 #: Greater than every ``seq`` of the waiters table (a bigserial).
 _LAST = "9223372036854775807"
 
@@ -344,23 +347,15 @@ def waiters_table(table: str) -> str:
     return f"aiolease_w{hashlib.sha256(table.encode()).hexdigest()[:16]}"
 
 
-def _suffixed(table: str, suffix: str, short: str) -> str:
-    """``<table><suffix>``, or, where that would pass PostgreSQL's 63-character limit,
-    ``short`` and 16 hex digits of a hash of ``table``."""
-    if len(table) + len(suffix) <= 63:
-        return f"{table}{suffix}"
-    return f"{short}{hashlib.sha256(table.encode()).hexdigest()[:16]}"
-
-
 def permits_table(table: str) -> str:
-    """The permits table of ``table``: ``<table>_permits`` (or ``aiolease_p`` and a hash)."""
-    return _suffixed(table, "_permits", "aiolease_p")
+    """The permits table of ``table`` (see
+    :func:`~aiolease.backends.sql._permits.permit_tables`)."""
+    return permit_tables(table, _LONGEST)[0]
 
 
 def permit_names_table(table: str) -> str:
-    """The permit names table of ``table``: ``<table>_permit_names`` (or ``aiolease_n``
-    and a hash)."""
-    return _suffixed(table, "_permit_names", "aiolease_n")
+    """The permit names table of ``table``."""
+    return permit_tables(table, _LONGEST)[1]
 
 
 def permit_key(name: str) -> str:

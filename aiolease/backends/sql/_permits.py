@@ -10,6 +10,7 @@ does what :func:`decide` says with them, all in one transaction (see
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -19,7 +20,27 @@ from ..._permits import RW_LIMIT, PermitHolders, is_permit_owner
 from ...abc import HolderInfo
 from ._rows import decode_metadata, foreign
 
-__all__ = ["Action", "PermitRow", "blocker", "decide", "permit_holders", "permit_row"]
+__all__ = [
+    "Action",
+    "PermitRow",
+    "blocker",
+    "decide",
+    "permit_holders",
+    "permit_row",
+    "permit_tables",
+]
+
+
+def permit_tables(table: str, longest: int) -> tuple[str, str]:
+    """The permits table and the permit names table of lease table ``table``:
+    ``<table>_permits`` and ``<table>_permit_names``, or, where a name would pass the
+    server's ``longest`` identifier, ``aiolease_p`` / ``aiolease_n`` and 16 hex digits
+    of a hash of ``table``."""
+    digest = hashlib.sha256(table.encode()).hexdigest()[:16]
+    return tuple(  # type: ignore[return-value]
+        f"{table}{suffix}" if len(table) + len(suffix) <= longest else f"{short}{digest}"
+        for suffix, short in (("_permits", "aiolease_p"), ("_permit_names", "aiolease_n"))
+    )
 
 
 @dataclass(frozen=True, slots=True)

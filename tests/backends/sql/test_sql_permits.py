@@ -3,7 +3,7 @@ servers: what the conformance checks cannot see (two backend objects standing fo
 processes, tables made by several processes at once, rows that aiolease did not write,
 tokens kept across releases and backend objects).
 
-PostgreSQL only so far: MySQL / MariaDB does not serve permits yet.
+Each runs on PostgreSQL and MariaDB, but for the ``NOTIFY`` wake-up (PostgreSQL's).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import anyio
 import pytest
@@ -23,15 +24,54 @@ from aiolease import AsyncLock, AsyncSemaphore, ForeignDataError
 from aiolease.abc import Grant, HolderInfo, NotOwnerError, PermitHolders, permit_owner
 from aiolease.backends.postgres._listener import LISTEN_CHECK
 from aiolease.backends.postgres._statements import permits_table
+from tests.backends.mysql.support import in_database
+from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import raw as pg_raw
 from tests.support import unique, with_query
 
 pytestmark = pytest.mark.anyio
 
 
+@dataclass(frozen=True)
+class Place:
+    """A fresh lease table on one server, and raw access to its permits table."""
+
+    url: str
+    #: The permits table, quoted as the server wants it.
+    permits: str
+    #: Runs one statement on a connection of its own (``{}``: the n-th placeholder).
+    raw: Callable[..., Awaitable[list[Any]]]
+    #: The server's "an hour from now".
+    hour: str
+    placeholder: Callable[[int], str]
+
+
+@pytest.fixture(params=["postgres", "mariadb"])
+def place(request: pytest.FixtureRequest) -> Place:
+    table = unique("permits")
+    if request.param == "postgres":
+        pg, schema = request.getfixturevalue("pg"), request.getfixturevalue("pg_schema")
+        return Place(
+            with_query(pg, schema=schema, table=table),
+            f'"{schema}"."{permits_table(table)}"',
+            lambda sql, *args: pg_raw(pg, sql, *args),
+            "clock_timestamp() + interval '1 hour'",
+            lambda n: f"${n}",
+        )
+    database = request.getfixturevalue("my_database")
+    my = in_database(request.getfixturevalue("my"), database)
+    return Place(
+        with_query(my, table=table),
+        f"`{database}`.`{table}_permits`",
+        lambda sql, *args: my_raw(my, sql, *args),
+        "UTC_TIMESTAMP(6) + INTERVAL 1 HOUR",
+        lambda _: "%s",
+    )
+
+
 @pytest.fixture
 def url(pg: str, pg_schema: str) -> str:
-    """A fresh table in this module's schema."""
+    """A fresh table in this module's schema (PostgreSQL)."""
     return with_query(pg, schema=pg_schema, table=unique("permits"))
 
 
@@ -63,8 +103,31 @@ async def test_a_release_by_another_backend_wakes_the_waiter(url: str) -> None:
         assert await one.read_permits(name) is None
 
 
-async def test_tokens_survive_release_and_backends(url: str) -> None:
-    name = unique("sem")
+async def test_two_backends_share_the_limit(place: Place) -> None:
+    async with aiolease.open_backend(place.url) as one, aiolease.open_backend(place.url) as two:
+        name = unique("sem")
+        first = await AsyncSemaphore(one, name, limit=2, ttl=30).acquire()
+        second = await AsyncSemaphore(two, name, limit=2, ttl=30).acquire()
+        for backend in (one, two):
+            with pytest.raises(aiolease.LeaseHeldError):
+                await AsyncSemaphore(backend, name, limit=2, ttl=30).acquire_nowait()
+        got: list[int] = []
+
+        async def wait() -> None:
+            permit = await AsyncSemaphore(two, name, limit=2, ttl=30).acquire(timeout=20)
+            got.append(permit.token)
+            assert await permit.release()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            assert await first.release()
+        assert got == [second.token + 1]
+        assert await second.release()
+        assert await one.read_permits(name) is None
+
+
+async def test_tokens_survive_release_and_backends(place: Place) -> None:
+    name, url = unique("sem"), place.url
     async with aiolease.open_backend(url) as backend:
         lock = await AsyncLock(backend, name, ttl=30).acquire()  # the lock's keyspace is apart
         tokens = []
@@ -81,8 +144,8 @@ async def test_tokens_survive_release_and_backends(url: str) -> None:
     assert tokens == [1, 2, 3]
 
 
-async def test_renew_many_mixes_locks_and_permits(url: str) -> None:
-    async with aiolease.open_backend(url) as backend:
+async def test_renew_many_mixes_locks_and_permits(place: Place) -> None:
+    async with aiolease.open_backend(place.url) as backend:
         name, lock_owner, owner = unique("mix"), "lock-owner", permit_owner()
         lock = await backend.try_acquire(name, lock_owner, 30.0, "l", {})
         permit = await backend.try_acquire_permit(name, owner, 30.0, "p", {}, 2, 1)
@@ -100,18 +163,16 @@ async def test_renew_many_mixes_locks_and_permits(url: str) -> None:
         assert permits.holders[0].remaining > 30.0
 
 
-async def test_a_foreign_row_is_refused(url: str, pg: str, pg_schema: str) -> None:
-    async with aiolease.open_backend(url) as backend:
+async def test_a_foreign_row_is_refused(place: Place) -> None:
+    async with aiolease.open_backend(place.url) as backend:
         name = unique("sem")
         await backend.read_permits(name)  # the tables exist from here
-        lease_table = dict(parse_qsl(urlsplit(url).query))["table"]
-        table = f'"{pg_schema}"."{permits_table(lease_table)}"'
-        await pg_raw(
-            pg,
-            f"INSERT INTO {table} (name, owner, weight, lim, granted, seq, token, ttl,"
-            " expires_at) VALUES ($1, 'intruder', 1, 2, true, 0, 5, 60,"
-            " clock_timestamp() + interval '1 hour')",
-            name,
+        at = place.placeholder
+        await place.raw(
+            f"INSERT INTO {place.permits} (name, owner, weight, lim, granted, seq, token,"
+            f" ttl, expires_at) VALUES ({at(1)}, 'intruder', 1, 2, 1 = 1, 0, 5, 60,"
+            f" {place.hour})",
+            name if at(1) == "$1" else name.encode(),
         )
         for attempt in (
             lambda: backend.read_permits(name),
@@ -126,8 +187,11 @@ async def test_a_foreign_row_is_refused(url: str, pg: str, pg_schema: str) -> No
                 flatten_subgroups=True,
             ):
                 await attempt()
-        rows = await pg_raw(pg, f"SELECT owner, token FROM {table} WHERE name = $1", name)
-        assert [(r["owner"], r["token"]) for r in rows] == [("intruder", 5)]
+        rows = await place.raw(
+            f"SELECT owner, token FROM {place.permits} WHERE name = {at(1)}",
+            name if at(1) == "$1" else name.encode(),
+        )
+        assert [tuple(r) for r in rows] in ([("intruder", 5)], [(b"intruder", 5)])
 
 
 FIRST_USE = """
@@ -148,7 +212,8 @@ anyio.run(main, url, owner, float(start_at))
 
 
 @pytest.mark.slow
-def test_processes_make_the_tables_at_once(url: str) -> None:
+def test_processes_make_the_tables_at_once(place: Place) -> None:
+    url = place.url
     start_at = time.monotonic() + 2.0  # all pools are open by then
     owners = [permit_owner() for _ in range(3)]
     procs = [
