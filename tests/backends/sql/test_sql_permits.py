@@ -126,6 +126,34 @@ async def test_two_backends_share_the_limit(place: Place) -> None:
         assert await one.read_permits(name) is None
 
 
+async def test_never_over_the_limit_across_backends(place: Place) -> None:
+    # Tasks of two backend objects (two pools: concurrent transactions on the server)
+    # take turns on a semaphore of limit 2: the server's lock on the name's row keeps
+    # the permits granted at once within the limit.
+    async with aiolease.open_backend(place.url) as one, aiolease.open_backend(place.url) as two:
+        name = unique("sem")
+        inside, most, tokens = 0, 0, []
+
+        async def task(backend: Any) -> None:
+            nonlocal inside, most
+            for _ in range(3):
+                async with AsyncSemaphore(backend, name, limit=2, ttl=30) as permit:
+                    inside += 1
+                    most = max(most, inside)
+                    tokens.append(permit.token)
+                    permits = await backend.read_permits(name)
+                    assert permits is not None and permits.used <= 2
+                    inside -= 1
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(task, (one, two)[i % 2])
+        assert most <= 2
+        assert sorted(tokens) == list(range(1, 19))  # one token per grant, none twice
+        assert await one.read_permits(name) is None
+
+
 async def test_tokens_survive_release_and_backends(place: Place) -> None:
     name, url = unique("sem"), place.url
     async with aiolease.open_backend(url) as backend:
