@@ -27,7 +27,7 @@ from aiolease.backends.postgres._statements import permits_table
 from tests.backends.mysql.support import in_database
 from tests.backends.mysql.support import raw as my_raw
 from tests.backends.postgres.support import raw as pg_raw
-from tests.support import unique, with_query
+from tests.support import eventually, unique, with_query
 
 pytestmark = pytest.mark.anyio
 
@@ -151,6 +151,26 @@ async def test_never_over_the_limit_across_backends(place: Place) -> None:
                     tg.start_soon(task, (one, two)[i % 2])
         assert most <= 2
         assert sorted(tokens) == list(range(1, 19))  # one token per grant, none twice
+        assert await one.read_permits(name) is None
+
+
+async def test_a_cancelled_waiter_leaves_the_queue(place: Place) -> None:
+    async with aiolease.open_backend(place.url) as one, aiolease.open_backend(place.url) as two:
+        name = unique("sem")
+        held = await AsyncSemaphore(one, name, limit=1, ttl=30).acquire()
+
+        async def waiting() -> bool:
+            permits = await one.read_permits(name)
+            return permits is not None and permits.waiting == 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(AsyncSemaphore(two, name, limit=1, ttl=30).acquire)
+            await eventually(waiting, "the waiter queued")
+            tg.cancel_scope.cancel()
+        permits = await one.read_permits(name)
+        assert permits is not None and permits.waiting == 0
+        assert [h.owner for h in permits.holders] == [held.owner]
+        assert await held.release()
         assert await one.read_permits(name) is None
 
 
