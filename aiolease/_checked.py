@@ -27,9 +27,19 @@ _Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
 class HeldRenewals(list[Renewal]):
     """The renewals the core's scheduler hands to :meth:`Backend.renew_many`: of leases
     it holds, whose names and ttls were checked when they were granted (so not again
-    on every tick; any other sequence is checked)."""
+    on every tick; any other sequence is checked).
 
-    __slots__ = ()
+    The scheduler hands the same list, unchanged, to every call that renews the same
+    leases again (a cohort, tick after tick): a backend may keep in :attr:`cache` what
+    it derives from the list (its encoded parameters), under a key of its own.
+    """
+
+    __slots__ = ("cache",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: What backends derived from these renewals, by a key of each backend's.
+        self.cache: dict[str, object] = {}
 
 
 #: The checks of names and ttls, remembered: the core passes the same name to several

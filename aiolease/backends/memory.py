@@ -16,7 +16,7 @@ import anyio
 from .._clock import current_time
 from .._exceptions import InvalidArgument, LossReason, NotOwnerError
 from .._urls import redact, split_url
-from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
+from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewedAsAsked, RenewResult
 
 __all__ = ["MemoryBackend"]
 
@@ -151,17 +151,16 @@ class MemoryBackend(Backend):
         await anyio.lowlevel.checkpoint()
         now = self._clock()
         records = self._records
-        results: list[RenewResult] = []
-        for name, owner, token, ttl in renewals:
+        failed: dict[int, NotOwnerError] = {}
+        for index, (name, owner, token, ttl) in enumerate(renewals):
             record = records.get(name)
             if record is not None and record.expires_at <= now:
                 record = self._live(name)  # expired: dropped, and waiters told
             if record is None or record.owner != owner or record.token != token:
-                results.append(NotOwnerError(name))
+                failed[index] = NotOwnerError(name)
             else:
                 record.expires_at = now + ttl
-                results.append(Grant(token, ttl))
-        return results
+        return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         await anyio.lowlevel.checkpoint()
