@@ -59,6 +59,7 @@ from urllib.parse import parse_qsl, unquote
 import anyio
 import anyio.to_thread
 
+from .._checked import derived
 from .._exceptions import (
     BackendError,
     BackendTimeout,
@@ -68,7 +69,7 @@ from .._exceptions import (
 )
 from .._urls import redact, split_url
 from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
+from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewedAsAsked, RenewResult
 from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
@@ -100,6 +101,20 @@ _BATCH = (
     " json_extract(value, '$[2]') AS k, json_extract(value, '$[3]') AS vttl"
     " FROM json_each(:batch)"
 )
+#: A batch whose leases all ask one ttl (``:ttl``): ``[[name, owner, token], ...]``, one
+#: value fewer to extract per lease.
+_BATCH_ONE_TTL = (
+    "SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS o,"
+    " json_extract(value, '$[2]') AS k, :ttl AS vttl FROM json_each(:batch)"
+)
+
+
+def _encode_batch(renewals: Sequence[Renewal]) -> tuple[str, float | None]:
+    """The JSON of a renewal batch, and the one ttl all its leases ask (else ``None``)."""
+    ttls = {ttl for _, _, _, ttl in renewals}
+    if len(ttls) == 1:
+        return json.dumps([[n, o, t] for n, o, t, _ in renewals]), float(ttls.pop())
+    return json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals]), None
 
 
 def host_boot_id() -> str:
@@ -434,25 +449,26 @@ class SQLiteBackend(Backend):
 
     def _renew_many_sync(
         self, conn: sqlite3.Connection, renewals: Sequence[Renewal]
-    ) -> set[tuple[str, str, int]]:
-        """Renew every lease of ``renewals`` in one statement; which were renewed (one
-        more statement tells which, only when some were not)."""
-        batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
-        params = {"batch": batch, "now": self._clock(), "boot": self._boot_id}
+    ) -> set[tuple[str, str, int]] | None:
+        """Renew every lease of ``renewals`` in one statement; which were renewed
+        (``None``: all; one more statement tells which, only when some were not). The
+        batch's JSON is made once per list of the core's (:func:`derived`)."""
+        batch, ttl = derived(renewals, "sqlite", _encode_batch)
+        rows = _BATCH if ttl is None else _BATCH_ONE_TTL
+        params = {"batch": batch, "ttl": ttl, "now": self._clock(), "boot": self._boot_id}
         conn.execute("BEGIN IMMEDIATE")
         try:
             changed = conn.execute(
                 f"UPDATE {self._table} SET expires_at = :now + v.vttl, ttl = v.vttl"
-                f" FROM ({_BATCH}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
+                f" FROM ({rows}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
                 f" AND {_LIVE}",
                 params,
             ).rowcount
-            if changed == len(renewals):
-                renewed = {(n, o, t) for n, o, t, _ in renewals}
-            else:
+            renewed: set[tuple[str, str, int]] | None = None
+            if changed != len(renewals):
                 renewed = set(
                     conn.execute(
-                        f"SELECT name, owner, token FROM {self._table}, ({_BATCH}) AS v"
+                        f"SELECT name, owner, token FROM {self._table}, ({rows}) AS v"
                         f" WHERE name = v.n AND owner = v.o AND token = v.k AND {_LIVE}",
                         params,
                     ).fetchall()
@@ -501,12 +517,17 @@ class SQLiteBackend(Backend):
             raise NotOwnerError(name)
         return Grant(token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement."""
         renewed = await self._run(lambda conn: self._renew_many_sync(conn, renewals))
-        return [
-            Grant(t, ttl) if (n, o, t) in renewed else NotOwnerError(n) for n, o, t, ttl in renewals
-        ]
+        if renewed is None:
+            return RenewedAsAsked(renewals)
+        failed = {
+            i: NotOwnerError(n)
+            for i, (n, o, t, _) in enumerate(renewals)
+            if (n, o, t) not in renewed
+        }
+        return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         freed = await self._run(lambda conn: self._release_sync(conn, name, owner, token))
