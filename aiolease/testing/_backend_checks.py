@@ -127,7 +127,8 @@ async def check_renew_many_answers_each(factory: BackendFactory) -> None:
     same list renewed again (as the core's scheduler does, tick after tick) is
     answered anew."""
     async with factory() as backend:
-        a, b, free = unique_name(), unique_name(), unique_name()
+        # A name that quoting or splitting could get wrong, in a batch of several.
+        a, b, free = unique_name(' "q", {x}\\ \u00e9'), unique_name(), unique_name()
         owner_a, owner_b = new_owner(), new_owner()
         granted_a = await grant(backend, a, owner_a, ttl=LONG_TTL)
         granted_b = await grant(backend, b, owner_b, ttl=LONG_TTL)

@@ -486,7 +486,7 @@ class MySQLBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
