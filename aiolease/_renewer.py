@@ -514,14 +514,17 @@ class Renewer:
     ) -> int:
         """Add to ``batch`` the members of ``cohort`` still held and still in it; how many."""
         added = len(batch)
+        add, append = renewing.add, batch.append
         for renewed in cohort.members:
             if renewed.cohort is not cohort:
                 continue  # ended, or on an entry of its own since
             renewed.cohort = None
-            if renewed.lease._lost_at(now) is None:
+            lease = renewed.lease
+            # lease._lost_at(now) is None, without a call while the deadline is ahead:
+            if (lease._reason is None and now < lease._deadline) or lease._lost_at(now) is None:
                 renewed.renewing = True
-                renewing.add(renewed)
-                batch.append(renewed)
+                add(renewed)
+                append(renewed)
         return len(batch) - added
 
     def _group_due(self, group: _Group, now: float) -> None:
@@ -593,7 +596,11 @@ class Renewer:
             in_flight.bound = min({r.lease._timing.renew_interval: None for r in batch})
         else:
             for renewed in batch:
-                renewed.lease._renewal_sent(sent_at)
+                lease = renewed.lease
+                if lease._reason is None and sent_at < lease._deadline:
+                    lease._unconfirmed = True  # lease._renewal_sent(sent_at), inlined
+                else:
+                    lease._renewal_sent(sent_at)
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
         bound = in_flight.bound
         try:
