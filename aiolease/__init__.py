@@ -17,6 +17,7 @@ from ._exceptions import LeaseError as LeaseError
 from ._exceptions import LeaseExpiredError as LeaseExpiredError
 from ._exceptions import LeaseHeldError as LeaseHeldError
 from ._exceptions import LeaseLostError as LeaseLostError
+from ._exceptions import LimitMismatchError as LimitMismatchError
 from ._exceptions import LossReason as LossReason
 from ._exceptions import NotOwnerError as NotOwnerError
 from ._exceptions import ReentrantAcquireError as ReentrantAcquireError
@@ -26,6 +27,13 @@ from ._lease import Timing as Timing
 from ._lock import AsyncLock as AsyncLock
 from ._lock import LockStatistics as LockStatistics
 from ._registry import open_backend as open_backend
+from ._schedule import run_at_most_once as run_at_most_once
+from ._schedule import run_every as run_every
+from ._semaphore import AsyncReadWriteLock as AsyncReadWriteLock
+from ._semaphore import AsyncSemaphore as AsyncSemaphore
+from ._semaphore import ReadWriteLockStatistics as ReadWriteLockStatistics
+from ._semaphore import ReadWriteMode as ReadWriteMode
+from ._semaphore import SemaphoreStatistics as SemaphoreStatistics
 from .abc import Backend as Backend
 from .abc import Capability as Capability
 from .abc import HolderInfo as HolderInfo
@@ -35,6 +43,8 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "AioleaseError",
     "AsyncLock",
+    "AsyncReadWriteLock",
+    "AsyncSemaphore",
     "Backend",
     "BackendError",
     "BackendNotFound",
@@ -53,13 +63,19 @@ __all__ = [
     "LeaseHeldError",
     "LeaseLostError",
     "LeaderInfo",
+    "LimitMismatchError",
     "LockStatistics",
     "LossReason",
     "NotOwnerError",
     "Observer",
+    "ReadWriteLockStatistics",
+    "ReadWriteMode",
     "ReentrantAcquireError",
+    "SemaphoreStatistics",
     "Timing",
     "UnsupportedCapability",
     "open_backend",
     "subscribe_all",
+    "run_at_most_once",
+    "run_every",
 ]

@@ -15,6 +15,7 @@ from ._exceptions import BackendTimeout, InvalidArgument, LeaseHeldError
 from ._holding import Counters
 from ._lease import Lease, Timing, release_shielded
 from ._life import Tenancy
+from ._permits import PermitRequest, permit_owner
 from ._validate import check_identity
 from .abc import Backend, Capability, Grant
 
@@ -63,8 +64,11 @@ async def acquire_lease(
     counters: Counters,
     *,
     blocking: bool,
+    permit: PermitRequest | None = None,
 ) -> Lease:
-    """Campaign for ``name`` until granted (or once, if not ``blocking``).
+    """Campaign for ``name`` until granted (or once, if not ``blocking``): for the lock,
+    or for a permit of ``permit.weight`` out of ``permit.limit`` when ``permit`` is given
+    (which is not reentrant-checked: a task may hold several permits of one name).
 
     A request whose reply may have been lost, or a queue entry left behind by a
     cancelled wait, is undone by a shielded release with the same owner id.
@@ -75,11 +79,15 @@ async def acquire_lease(
     :raises BackendError: the backend failed; nothing is held
     """
     tenancy = Tenancy.of(backend)
-    if blocking:
+    if blocking and permit is None:
         tenancy.check_reentry(name)
     backend = adapt(backend)
-    owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
-    fair = Capability.FAIR_QUEUE in backend.capabilities
+    if permit is None:
+        owner = os.urandom(16).hex()  # as random as uuid4().hex, for a fifth of the time
+        fair = Capability.FAIR_QUEUE in backend.capabilities
+    else:
+        owner = permit_owner()
+        fair = True  # a refused permit request is queued, or marks a writer waiting
     maybe_held = False
     started: float | None = None  # when the first request was sent
     try:
@@ -88,7 +96,12 @@ async def acquire_lease(
             if started is None:
                 started = sent_at
             maybe_held = True
-            result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
+            if permit is None:
+                result = await backend.try_acquire(name, owner, timing.ttl, identity, metadata)
+            else:
+                result = await backend.try_acquire_permit(
+                    name, owner, timing.ttl, identity, metadata, permit.limit, permit.weight
+                )
             if isinstance(result, Grant):
                 # A driver may swallow a cancellation that arrived while it awaited the
                 # reply (redis-py's asyncio client can): never hand a cancelled caller a lease.
@@ -116,7 +129,10 @@ async def acquire_lease(
             # must give back what it may have been given.
             maybe_held = True
             with anyio.move_on_after(timing.ttl):
-                await backend.wait_turn(name, owner, timing.ttl, result)
+                if permit is None:
+                    await backend.wait_turn(name, owner, timing.ttl, result)
+                else:
+                    await backend.wait_permit_turn(name, owner, timing.ttl, result)
     except BaseException as exc:
         events = backend.events
         if events.observers and started is not None:

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._exceptions import InvalidArgument
+from ._permits import check_limit, check_weight
 from ._records import Renewal
-from ._validate import check_name, check_ttl
+from ._validate import check_metadata, check_name, check_ttl
 
 __all__ = ["HeldRenewals", "check_arguments", "derived", "install"]
 
@@ -75,6 +76,13 @@ def _ttl(ttl: object) -> object:
     return _checked_ttl(ttl) if type(ttl) is float else check_ttl(ttl)
 
 
+def _metadata(metadata: object) -> object:
+    """:func:`check_metadata`, which also refuses ``None`` (not a map to publish)."""
+    if metadata is None:
+        raise InvalidArgument("metadata must be a mapping, not None")
+    return check_metadata(metadata)
+
+
 _NAME: _Spec = ((0, "name", _name),)
 SPECS: dict[str, _Spec] = {
     "try_acquire": (*_NAME, (2, "ttl", _ttl)),
@@ -87,6 +95,10 @@ SPECS: dict[str, _Spec] = {
     "wait_lost": _NAME,
     "hold": _NAME,
     "on_taken": _NAME,
+    "update_metadata": (*_NAME, (3, "metadata", _metadata)),
+    "try_acquire_permit": (*_NAME, (2, "ttl", _ttl), (5, "limit", check_limit)),
+    "read_permits": _NAME,
+    "wait_permit_turn": (*_NAME, (2, "ttl", _ttl)),
 }
 
 
@@ -112,6 +124,11 @@ def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) ->
             check(args[index])
         elif key in kwargs:
             check(kwargs[key])
+    if method == "try_acquire_permit":
+        limit = args[5] if len(args) > 5 else kwargs.get("limit")
+        weight = args[6] if len(args) > 6 else kwargs.get("weight")
+        if isinstance(limit, int):  # checked above (a missing one: the call's TypeError)
+            check_weight(weight, limit)
 
 
 def _wrap(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:

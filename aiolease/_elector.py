@@ -7,7 +7,8 @@ import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, TypeVar, cast, final
 
@@ -15,11 +16,19 @@ import anyio
 
 from ._acquire import acquire_lease, default_identity, validate_backend
 from ._bridge import adapt
-from ._exceptions import BackendError, LeaseLostError, LossReason
+from ._exceptions import (
+    BackendError,
+    LeaseLostError,
+    LossReason,
+    NotOwnerError,
+    UnsupportedCapability,
+)
 from ._holding import Counters, HealthCheck, HealthPolicy, Holding, probe
 from ._lease import Lease, Timing, log_fields
+from ._limits import HoldLimits
+from ._records import state_of
 from ._validate import check_count, check_identity, check_metadata, check_name, check_seconds
-from .abc import Backend, HolderInfo
+from .abc import Backend, Capability, HolderInfo
 
 logger = logging.getLogger("aiolease.elector")
 
@@ -35,16 +44,26 @@ class LeaderInfo:
 
     :param identity: the leader's identity
     :param token: the fencing token of its term
-    :param metadata: what the leader published with its term
+    :param metadata: what the leader published with its term, or proclaimed since
+        (:meth:`Elector.proclaim`)
+    :param remaining: seconds of server-side ttl the term had left when read, where the
+        backend knows it (``None`` otherwise); not compared: two reads of one term at
+        different times are equal
     """
 
     identity: str
     token: int
     metadata: Mapping[str, str]
+    remaining: float | None = field(default=None, compare=False)
 
     @classmethod
     def _from_holder(cls, holder: HolderInfo) -> LeaderInfo:
-        return cls(holder.identity, holder.token, MappingProxyType(dict(holder.metadata)))
+        return cls(
+            holder.identity,
+            holder.token,
+            MappingProxyType(dict(holder.metadata)),
+            holder.remaining,
+        )
 
 
 @final
@@ -102,6 +121,9 @@ class Elector:
     :param on_elected: called with the lease when a term starts (sync or async)
     :param on_defeated: called with the :class:`LossReason` as soon as a term is lost
         (the work cancelled), before the lost lease's release
+    :param max_hold: seconds (or a :class:`~datetime.timedelta`) a term may last: then
+        the leader steps down (:attr:`LossReason.MAX_HOLD`); :meth:`run` campaigns again
+        after a ttl, so that the other candidates have had their chance
     :raises InvalidArgument: on any bad argument
     """
 
@@ -123,10 +145,12 @@ class Elector:
         retry_backoff: float | None = None,
         on_elected: Callable[[Lease], Awaitable[None] | None] | None = None,
         on_defeated: Callable[[LossReason], Awaitable[None] | None] | None = None,
+        max_hold: float | timedelta | None = None,
     ) -> None:
         self._backend = validate_backend(backend)
         self._name = check_name(name)
         self._timing = Timing._build(ttl, renew_interval, margin, release_timeout)
+        self._limits = HoldLimits.build(backend, max_hold, None)
         self._identity = check_identity(default_identity() if identity is None else identity)
         self._metadata = MappingProxyType(check_metadata(metadata))
         self._health: HealthPolicy | None = None
@@ -193,6 +217,7 @@ class Elector:
         """
         while True:
             result = _NOTHING
+            pause = 0.0
             try:
                 async with self.leadership() as lease:
                     result = await fn(lease, *args)
@@ -204,6 +229,10 @@ class Elector:
                     exc.reason.value,
                     extra=log_fields(self._name, None, exc.reason),
                 )
+                if exc.reason is LossReason.MAX_HOLD:
+                    # Every other candidate tries again within a ttl (its wait is bounded
+                    # by one): let them, so that the term limit hands the role over.
+                    pause = self._timing.ttl
             except BackendError as exc:
                 self._campaign_errors += 1
                 logger.warning(
@@ -215,7 +244,7 @@ class Elector:
                 )
             if result is not _NOTHING:
                 return result  # type: ignore[no-any-return]
-            await anyio.sleep(self._backoff * self._random.uniform(0.5, 1.5))
+            await anyio.sleep(pause + self._backoff * self._random.uniform(0.5, 1.5))
 
     @asynccontextmanager
     async def leadership(self) -> AsyncIterator[Lease]:
@@ -236,6 +265,8 @@ class Elector:
             self._counters,
             blocking=True,
         )
+        if self._limits is not None:
+            self._limits.apply(lease)
         logger.info(
             "%s: elected for %r with token %d",
             self._identity,
@@ -283,13 +314,68 @@ class Elector:
         await lease.release()
         return True
 
+    async def leader(self) -> LeaderInfo | None:
+        """Who leads now, in one read of the backend (``None``: nobody).
+
+        A snapshot, with the term's server-side ttl left where the backend knows it
+        (:attr:`LeaderInfo.remaining`); :meth:`observe` follows the changes.
+
+        :raises BackendError: the read failed
+        """
+        holder = await adapt(self._backend).read(self._name)
+        return None if holder is None else LeaderInfo._from_holder(holder)
+
+    async def proclaim(self, metadata: Mapping[str, str]) -> None:
+        """As the leader, publish ``metadata`` in place of the term's: etcd's Proclaim.
+
+        No new election: the term keeps its token and its lease, and only what
+        observers see changes (:meth:`leader`, :meth:`observe`, a refused candidate's
+        :class:`LeaseHeldError`), as one atomic write checked against the term's owner
+        and token. Observers in other processes are woken as by a change of leader
+        (at once on a push backend; a polling one sees it at its next poll, within a
+        ttl). Later terms of this elector publish ``metadata`` too.
+
+        Like etcd's ``ErrElectionNotLeader``, :class:`NotOwnerError` is the answer
+        whenever this candidate does not lead: it holds no term, or the backend
+        reports that the term is no longer its own. In that second case the term
+        also ends here, with :attr:`LossReason.STOLEN`, as a renewal hearing "not
+        owner" would end it: its work is cancelled, and :meth:`leadership` raises
+        :class:`LeaseLostError`.
+
+        :raises InvalidArgument: bad ``metadata``; nothing is sent
+        :raises NotOwnerError: this candidate does not lead (any more)
+        :raises UnsupportedCapability: the backend does not declare
+            :attr:`Capability.PROCLAIM <aiolease.abc.Capability.PROCLAIM>` (Kafka);
+            nothing is sent
+        :raises BackendError: the write failed; the term goes on, with the old
+            metadata or the new one
+        """
+        checked = MappingProxyType(check_metadata(metadata))
+        if Capability.PROCLAIM not in self._backend.capabilities:
+            raise UnsupportedCapability(
+                f"{self._backend!r} cannot change a term's metadata in place"
+                " (no Capability.PROCLAIM)"
+            )
+        lease = self.lease
+        if lease is None:
+            raise NotOwnerError(self._name, f"{self!r} does not lead {self._name!r}")
+        try:
+            await lease.backend.update_metadata(lease.name, lease.owner, lease.token, checked)
+        except NotOwnerError:
+            if lease.lost is None:
+                lease._end(LossReason.STOLEN)
+            raise
+        self._metadata = checked
+        lease._metadata = checked
+
     async def observe(self) -> AsyncGenerator[LeaderInfo | None, None]:
-        """Yield the leader now, then each change of leader (``None``: no leader).
+        """Yield the leader now, then each change of leader or of what it proclaimed
+        (``None``: no leader).
 
         Changes closer together than one read may be coalesced into the latest.
         """
         backend = adapt(self._backend)
-        last: tuple[int, str] | None | object = _NOTHING
+        last: object = _NOTHING
         while True:
             try:
                 holder = await backend.read(self._name)
@@ -297,7 +383,7 @@ class Elector:
                 logger.warning("observe %r: %r", self._name, exc)
                 await anyio.sleep(self._backoff)
                 continue
-            key = None if holder is None else (holder.token, holder.owner)
+            key = state_of(holder)
             if key != last:
                 last = key
                 yield None if holder is None else LeaderInfo._from_holder(holder)

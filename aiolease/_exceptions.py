@@ -12,6 +12,7 @@
      |    +-- ForeignDataError               a lease's record holds data aiolease did not write
      +-- LeaseError                          about one lease (``.name``)
           +-- LeaseHeldError                 somebody else holds it (``.holder``)
+          +-- LimitMismatchError             clients disagree about a semaphore's limit
           +-- NotOwnerError                  the caller does not own it (any more)
           +-- ReentrantAcquireError (RuntimeError)  the task holds it in a block already
           +-- LeaseLostError                 a held lease was lost (``.reason``)
@@ -39,6 +40,7 @@ __all__ = [
     "LeaseExpiredError",
     "LeaseHeldError",
     "LeaseLostError",
+    "LimitMismatchError",
     "LossReason",
     "NotOwnerError",
     "ReentrantAcquireError",
@@ -67,6 +69,9 @@ class LossReason(str, enum.Enum):
     RELEASED = "released"
     #: The backend or elector was closed while the lease was held.
     SHUTDOWN = "shutdown"
+    #: The lease was held for its ``max_hold`` seconds: the holder stopped renewing it,
+    #: cancelled the work and released it (not a fault: the limit it was given).
+    MAX_HOLD = "max_hold"
 
 
 class AioleaseError(Exception):
@@ -133,6 +138,25 @@ class LeaseHeldError(LeaseError):
         who = f"{holder.identity!r} (token {holder.token})" if holder else "another owner"
         super().__init__(f"lease {name!r} is held by {who}", name=name)
         self.holder = holder
+
+
+class LimitMismatchError(LeaseError):
+    """A permit was asked for with another limit than the permits of the name that are
+    held or queued: clients disagree about the semaphore's limit (or use one name for a
+    semaphore and a read-write lock). Nothing was granted or queued.
+
+    :ivar limit: the limit this request gave
+    :ivar held_limit: the limit the name's live permits were granted with
+    """
+
+    def __init__(self, name: str, limit: int, held_limit: int) -> None:
+        super().__init__(
+            f"permits of {name!r} are held with limit {held_limit}, not {limit}: every"
+            " client of one name must give the same limit",
+            name=name,
+        )
+        self.limit = limit
+        self.held_limit = held_limit
 
 
 class NotOwnerError(LeaseError):

@@ -18,6 +18,7 @@ While a lease is held:
   (:meth:`Backend.wait_lost`).
 * **health probe** (electors): ends the lease after ``health_failures``
   consecutive failed probes.
+* **max_hold** (:mod:`aiolease._limits`): ends the lease when it was held that long.
 
 When the lease ends, the protected cancel scope is cancelled.
 """
@@ -37,8 +38,10 @@ from anyio.abc import TaskGroup
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, log_fields, release_shielded
 from ._life import Tenancy
+from ._limits import keep_held, watch_max_hold
+from ._permits import is_permit_owner
 from ._renewer import Counters, Renewer
-from .abc import Capability, HolderInfo, SessionClock
+from .abc import Backend, Capability, HolderInfo, SessionClock
 
 __all__ = ["Counters", "HealthCheck", "HealthPolicy", "Holding", "probe"]
 
@@ -90,7 +93,7 @@ async def watch_takeover(lease: Lease) -> None:
             await backend.wait_taken(name, held)
             if _ended(lease):
                 return  # woken by its own release, say: nothing to read
-            holder = await backend.read(name)
+            holder = await read_holder(backend, name, lease.owner)
         except BackendError as exc:
             logger.debug("takeover watch of %r: %r", name, exc, extra=log_fields(name, lease.token))
             await anyio.sleep(lease.timing.renew_interval)
@@ -99,6 +102,15 @@ async def watch_takeover(lease: Lease) -> None:
             lease._end(LossReason.STOLEN)
             return
         held = holder
+
+
+async def read_holder(backend: Backend, name: str, owner: str) -> HolderInfo | None:
+    """The holder of lock ``name``; for a permit's ``owner``, that permit if it is live."""
+    if not is_permit_owner(owner):
+        return await backend.read(name)
+    permits = await backend.read_permits(name)
+    held = () if permits is None else permits.holders
+    return next((holder for holder in held if holder.owner == owner), None)
 
 
 async def watch_session(lease: Lease) -> None:
@@ -128,6 +140,11 @@ async def watch_health(lease: Lease, policy: HealthPolicy) -> None:
         failures = 0 if await probe(policy.check, policy.timeout) else failures + 1
         if failures >= policy.failures:
             lease._end(LossReason.UNHEALTHY)
+
+
+#: How a lease of a lock with ``min_hold`` may end and still be kept for it (not lost to
+#: anyone; ``None``: the block ended).
+_KEPT = (None, LossReason.RELEASED, LossReason.MAX_HOLD)
 
 
 class Holding:
@@ -195,6 +212,8 @@ class Holding:
             watches.append((watch_session, (lease,)))
         if self._health is not None:
             watches.append((watch_health, (lease, self._health)))
+        if lease._hold_until is not None:
+            watches.append((watch_max_hold, (lease,)))
         return watches
 
     def _guard(self, clock: SessionClock | None, watches: list[_Watch]) -> None:
@@ -287,8 +306,14 @@ class Holding:
         # Sent before the bookkeeping below (leaving the body's scope included: nothing
         # is awaited in between), where the backend can: a waiter that the release
         # serves gets the lease sooner.
+        # Judged before release_now, which may end the lease (a session backend tells
+        # the core of every end of its grants): a deadline that passed before the body
+        # ended is a loss, not a release.
+        lost = lease.lost
+        sent: Awaitable[bool] | None = None
         try:
-            sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
+            if lease._keep_until is None:  # (else kept for min_hold, maybe)
+                sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
         except Exception:  # a backend's bug: release() is called instead
             logger.exception(
                 "release_now of lease %r failed",
@@ -300,7 +325,8 @@ class Holding:
         try:
             cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
             self._left = True
-            reason = lease.lost  # a passed deadline counts even if the body never checkpointed
+            # A passed deadline counts even if the body never checkpointed.
+            reason = lost if lost is not None else lease.lost
             if reason is None:
                 lease._end(LossReason.RELEASED)
             self._unguard()
@@ -311,7 +337,10 @@ class Holding:
             # above, finish during its round trip, so leaving then costs no extra wait.
             # The release of a lost lease comes after the report, tightly bounded.
             try:
-                await self._release(sent, reason)
+                if lease._keep_until is None or reason not in _KEPT:
+                    await self._release(sent, reason)
+                elif reason is not LossReason.RELEASED:  # (lease.release() kept that)
+                    await keep_held(lease)  # min_hold
             finally:
                 await self._leave_task_group()
         if reason is None or reason is LossReason.RELEASED:

@@ -144,6 +144,13 @@ class Lease(metaclass=_NoPublicConstructor):
     from an older holder (fencing).
     """
 
+    # Class defaults (set per lease only by a lock or elector that has the limit): a
+    # grant costs nothing more without them.
+    #: ``max_hold``: not renewed from then on (:mod:`aiolease._limits`); ``None``: no limit.
+    _hold_until: float | None = None
+    #: ``min_hold``: a release before then leaves the grant until then (``_limits``).
+    _keep_until: float | None = None
+
     def __init__(
         self,
         backend: Backend,
@@ -270,6 +277,9 @@ class Lease(metaclass=_NoPublicConstructor):
         """
         self._raise_if_lost()
         sent_at = current_time()
+        if self._hold_until is not None and sent_at >= self._hold_until:
+            self._end(LossReason.MAX_HOLD)
+            self._raise_if_lost()
         self._unconfirmed = True
         try:
             grant = await self._backend.renew(
@@ -287,11 +297,37 @@ class Lease(metaclass=_NoPublicConstructor):
         if self._events.observers:
             self._events._emit("renewed", (self,), current_time() - sent_at)
 
+    async def ensure_held(self) -> None:
+        """Ask the backend, in one read, whether this grant still holds the name.
+
+        A read, not a renewal: the lease's expiry is left as it is. When the backend
+        reports another holder (another owner id: every acquire attempt has its own),
+        or nobody, the lease ends here with :attr:`LossReason.STOLEN`, as when a renewal
+        hears "not owner": the protected block is cancelled and raises
+        :class:`LeaseLostError`, and :attr:`lost` says so. A lease known to be lost or
+        released raises at once, without a round trip.
+
+        :raises LeaseLostError: the lease is lost (now or before)
+        :raises BackendError: the read failed; the lease stays valid until its deadline
+        """
+        self._raise_if_lost()
+        holder = await self._backend.read(self._name)
+        # A deadline passed or a release made while reading comes first (``lost``).
+        # The owner id is unique per acquire attempt: it alone names this grant (as for
+        # the takeover watch; a Redlock read may report a grant's token as counted by
+        # another majority of its instances).
+        if self.lost is None and (holder is None or holder.owner != self._owner):
+            self._end(LossReason.STOLEN)
+        self._raise_if_lost()
+
     async def release(self) -> bool:
         """Release the lease: shielded, bounded by the release timeout, idempotent.
 
         A lease lost at its deadline or taken by someone else is released for at most
         its margin (:meth:`Timing.release_bound`): the server frees it by then anyway.
+
+        A lease of a lock with ``min_hold`` released before that time is left on the
+        server until then (see :class:`~aiolease.AsyncLock`).
 
         :returns: ``True`` if this call freed it; ``False`` if it was already
             released or lost (logged once), or the backend could not be told
@@ -309,6 +345,10 @@ class Lease(metaclass=_NoPublicConstructor):
                 reason.value,
                 extra=log_fields(self._name, self._token, reason),
             )
+        if self._keep_until is not None and reason in (None, LossReason.MAX_HOLD):
+            from ._limits import keep_held  # (which imports this module)
+
+            return await keep_held(self) and reason is None
         # Even a lost lease may still sit on the server; the owner check makes this safe.
         freed = await release_shielded(
             self._backend, self._name, self._owner, self._token, self._timing, lost=reason

@@ -30,6 +30,7 @@ from ._bridge import AsyncioBridge
 from ._clock import current_time
 from ._exceptions import LossReason, ReentrantAcquireError
 from ._lease import Lease
+from ._permits import is_permit_owner
 from .abc import Backend
 
 __all__ = ["CLOSE_TIMEOUT", "Tenancy", "current_task", "end_leases"]
@@ -121,7 +122,7 @@ class Tenancy:
         if entries:
             task = current_task()
             for holder, lease in entries:
-                if holder is task and lease.lost is None:
+                if holder is task and lease.lost is None and not is_permit_owner(lease.owner):
                     raise ReentrantAcquireError(name)
 
 

@@ -6,17 +6,20 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import timedelta
 from types import MappingProxyType, TracebackType
-from typing import final
+from typing import Protocol, final
 
 import anyio
 
 from ._acquire import acquire_lease, checked_default_identity, validate_backend
-from ._exceptions import LeaseHeldError, LossReason, UnsupportedCapability
+from ._bridge import adapt
+from ._exceptions import LossReason, UnsupportedCapability
 from ._holding import Counters, Holding
 from ._lease import Lease, Timing
+from ._limits import HoldLimits
 from ._validate import check_identity, check_metadata, check_name, check_seconds
-from .abc import Backend, Capability
+from .abc import Backend, Capability, HolderInfo
 
 #: Validated timings by their arguments (with their types: ``True`` is not ``1``).
 _timings: dict[tuple[object, ...], Timing] = {}
@@ -64,10 +67,20 @@ class LockStatistics:
 _open: ContextVar[tuple[_Acquisition, ...]] = ContextVar("aiolease_open_locks", default=())
 
 
+class _Acquirer(Protocol):
+    """What :class:`_Acquisition` needs of what it acquires: a lock, or a permit kind
+    (:mod:`aiolease._semaphore`)."""
+
+    _counters: Counters
+    _held: int
+
+    async def acquire(self, *, timeout: float | None = None) -> Lease: ...
+
+
 class _Acquisition(AbstractAsyncContextManager[Lease]):
     """One ``async with lock.hold():`` block."""
 
-    def __init__(self, lock: AsyncLock, timeout: float | None) -> None:
+    def __init__(self, lock: _Acquirer, timeout: float | None) -> None:
         self._lock = lock
         self._timeout = timeout
         self._holding: Holding | None = None
@@ -118,9 +131,17 @@ class AsyncLock:
     :param metadata: a small ``str -> str`` map published with the grant
     :param release_timeout: upper bound on a release (default ``min(max(ttl, 1), 10)``);
         a lease lost at its deadline or taken is released for at most ``margin``
+    :param max_hold: seconds (or a :class:`~datetime.timedelta`) after which a lease is
+        not renewed any more: the block is cancelled, raises :class:`LeaseLostError`
+        with :attr:`LossReason.MAX_HOLD`, and the lease is released
+    :param min_hold: seconds (or a :class:`~datetime.timedelta`) the name stays taken
+        after a grant, even if released sooner (ShedLock's ``lockAtLeastFor``): a release
+        before then leaves the grant on the server until then
     :raises InvalidArgument: on any bad argument; nothing is sent
     :raises UnsupportedCapability: the backend serves leader election only
-        (:attr:`Capability.ELECTION_ONLY <aiolease.abc.Capability.ELECTION_ONLY>`)
+        (:attr:`Capability.ELECTION_ONLY <aiolease.abc.Capability.ELECTION_ONLY>`), or
+        ``min_hold`` on a session backend
+        (:attr:`Capability.SESSION <aiolease.abc.Capability.SESSION>`)
     """
 
     def __init__(
@@ -134,6 +155,8 @@ class AsyncLock:
         identity: str | None = None,
         metadata: Mapping[str, str] | None = None,
         release_timeout: float | None = None,
+        max_hold: float | timedelta | None = None,
+        min_hold: float | timedelta | None = None,
     ) -> None:
         self._backend = validate_backend(backend)
         if Capability.ELECTION_ONLY in backend.capabilities:
@@ -149,6 +172,7 @@ class AsyncLock:
         self._metadata = (
             _NO_METADATA if metadata is None else MappingProxyType(check_metadata(metadata))
         )
+        self._limits = HoldLimits.build(backend, max_hold, min_hold)
         self._counters = Counters()
         self._held = 0
 
@@ -172,8 +196,11 @@ class AsyncLock:
         for that, or call :meth:`Lease.renew` yourself before :attr:`Lease.deadline`,
         and :meth:`Lease.release` when done. Enclosing cancel scopes apply too.
 
-        :param timeout: give up after this many seconds; ``0`` tries once and does not wait
-        :raises TimeoutError: ``timeout`` ran out; nothing is held
+        :param timeout: give up after this many seconds; ``0`` is :meth:`acquire_nowait`:
+            one try, no wait, and :class:`LeaseHeldError` (with the holder) if taken
+        :raises TimeoutError: ``timeout`` (not ``0``) ran out; nothing is held
+        :raises LeaseHeldError: ``timeout`` is ``0`` and somebody else (or this task)
+            holds it
         :raises ReentrantAcquireError: this task holds the name in a block already, and
             ``timeout`` is not ``0``
         :raises BackendError: the backend failed; nothing is held
@@ -184,12 +211,20 @@ class AsyncLock:
         if seconds == 0:
             # A deadline of "now" would cancel the first request before it is sent:
             # zero means one try, as in "only if it is free right now".
-            try:
-                return await self._acquire(blocking=False)
-            except LeaseHeldError as exc:
-                raise TimeoutError(f"timeout=0 and {exc}") from exc
+            return await self._acquire(blocking=False)
         with anyio.fail_after(seconds):
             return await self._acquire(blocking=True)
+
+    async def holder(self) -> HolderInfo | None:
+        """Who holds the name now, in one read of the backend (``None``: nobody).
+
+        The :class:`HolderInfo` carries the holder's identity, fencing token and
+        metadata, and the server-side ttl it had left when read, where the backend
+        knows it. A snapshot: it may change as soon as it is returned.
+
+        :raises BackendError: the read failed
+        """
+        return await adapt(self._backend).read(self._name)
 
     async def acquire_nowait(self) -> Lease:
         """Try once.
@@ -201,7 +236,7 @@ class AsyncLock:
         return await self._acquire(blocking=False)
 
     async def _acquire(self, *, blocking: bool) -> Lease:
-        return await acquire_lease(
+        lease = await acquire_lease(
             self._backend,
             self._name,
             self._timing,
@@ -210,9 +245,11 @@ class AsyncLock:
             self._counters,
             blocking=blocking,
         )
+        return lease if self._limits is None else self._limits.apply(lease)
 
     def hold(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
-        """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout."""
+        """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout
+        (``timeout=0``: one try, as :meth:`acquire` takes it)."""
         if timeout is not None:
             check_seconds("timeout", timeout, allow_zero=True)
         return _Acquisition(self, timeout)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Grant", "HolderInfo", "Renewal", "SessionClock", "identity_of"]
+__all__ = ["Grant", "HolderInfo", "Renewal", "SessionClock", "identity_of", "state_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,16 @@ def identity_of(holder: HolderInfo | None) -> tuple[str, int] | None:
     (``None``: nobody holds it). A renewal changes neither; any grant changes the token.
     """
     return None if holder is None else (holder.owner, holder.token)
+
+
+def state_of(
+    holder: HolderInfo | None,
+) -> tuple[str, int, tuple[tuple[str, str], ...]] | None:
+    """What an observer of a name tells apart: :func:`identity_of` and the metadata,
+    which the holder may change in place (:meth:`Backend.update_metadata`)."""
+    if holder is None:
+        return None
+    return (holder.owner, holder.token, tuple(sorted(holder.metadata.items())))
 
 
 @dataclass(frozen=True, slots=True)

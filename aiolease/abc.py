@@ -45,6 +45,9 @@ without it as follows:
   renews each lease in a task of its own (overriding it makes
   :attr:`~Backend.renews_many` true: the core hands it every lease due at once).
 * :meth:`~Backend.release_now`: the core awaits :meth:`~Backend.release` instead.
+* :meth:`~Backend.update_metadata` (:attr:`Capability.PROCLAIM`): the default raises
+  :class:`UnsupportedCapability`, and :meth:`Elector.proclaim <aiolease.Elector.proclaim>`
+  with it.
 * :meth:`~Backend.wait_turn` (:attr:`Capability.FAIR_QUEUE`): the default is
   :meth:`~Backend.wait_changed`.
 * :meth:`~Backend.on_taken` (:attr:`Capability.PUSH_WAKEUP`): reports a takeover of
@@ -64,6 +67,14 @@ without it as follows:
   :meth:`~Backend.hold`'s ``ended``, for a backend that cannot keep grants itself (a
   client of a backend served over the wire); the default never reports a loss, and
   the core then learns of one at the next renewal.
+
+Permits (:attr:`Capability.SEMAPHORE`): :meth:`~Backend.try_acquire_permit`,
+:meth:`~Backend.read_permits` and :meth:`~Backend.wait_permit_turn` serve
+:class:`~aiolease.AsyncSemaphore` and :class:`~aiolease.AsyncReadWriteLock`; their
+defaults refuse (:class:`UnsupportedCapability`). A permit is then addressed like a
+lease, by ``(name, owner, token)``: the lease operations above serve it when
+:func:`is_permit_owner` says ``owner`` is a permit's. ``docs/internals/semaphores.md``
+has the rules.
 
 Wrappers (the trio bridge, :class:`~aiolease.testing.faults.FaultyBackend`,
 :class:`~aiolease.testing.remote.RemoteBackend`) derive from
@@ -95,8 +106,10 @@ from ._exceptions import (
     InvalidArgument,
     LossReason,
     NotOwnerError,
+    UnsupportedCapability,
 )
-from ._records import Grant, HolderInfo, Renewal, SessionClock, identity_of
+from ._permits import PermitHolders, is_permit_owner, permit_owner
+from ._records import Grant, HolderInfo, Renewal, SessionClock, state_of
 
 if sys.version_info >= (3, 11):
     from typing import Self
@@ -115,11 +128,15 @@ __all__ = [
     "InvalidArgument",
     "LossReason",
     "NotOwnerError",
+    "PermitHolders",
     "Renewal",
     "RenewResult",
     "RenewedAsAsked",
     "SessionClock",
+    "UnsupportedCapability",
     "WrappingBackend",
+    "is_permit_owner",
+    "permit_owner",
 ]
 
 
@@ -138,10 +155,21 @@ class Capability(str, enum.Enum):
     SESSION = "session"
     #: Safe across several processes (not only several tasks of one process).
     MULTI_PROCESS = "multi_process"
+    #: The holder can change the metadata of its grant in place
+    #: (:meth:`Backend.update_metadata`: same token, same expiry, watchers woken), which
+    #: :meth:`Elector.proclaim <aiolease.Elector.proclaim>` needs.
+    PROCLAIM = "proclaim"
     #: Serves :class:`~aiolease.Elector` only: :class:`~aiolease.AsyncLock` refuses it
     #: (:class:`~aiolease.UnsupportedCapability`), as every acquire would cost what a
     #: campaign costs there (Kafka: a rebalance of the group).
     ELECTION_ONLY = "election_only"
+    #: Serves permits (:class:`~aiolease.AsyncSemaphore`,
+    #: :class:`~aiolease.AsyncReadWriteLock`): :meth:`Backend.try_acquire_permit`,
+    #: :meth:`Backend.read_permits`, and the lease operations serve permits too.
+    SEMAPHORE = "semaphore"
+    #: Permit requests are queued and served in arrival order (readers and writers
+    #: alike); without it, a backend with :attr:`SEMAPHORE` prefers writers.
+    FAIR_PERMITS = "fair_permits"
 
 
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`
@@ -333,6 +361,28 @@ class Backend(abc.ABC):
         :returns: whether this call freed it
         """
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the metadata of ``owner``'s grant ``token`` of ``name`` with ``metadata``
+        (:attr:`Capability.PROCLAIM`), in one atomic step.
+
+        The grant stays as it is otherwise: same owner, identity and token, and the same
+        server-side expiry (this is no renewal). :meth:`read`, and a refused
+        :meth:`try_acquire`, report the new metadata from then on, and :meth:`wait_changed`
+        waiters return as for any change of the record (push backends wake them). This
+        default raises :class:`UnsupportedCapability`.
+
+        :raises NotOwnerError: ``owner`` does not hold ``name`` (any more); nothing
+            changed. As for :meth:`renew`, the owner id (unique per acquire attempt)
+            names the grant; a backend may check ``token`` too (Redlock cannot: its
+            instances count tokens of their own)
+        :raises UnsupportedCapability: the backend cannot change metadata in place
+        """
+        raise UnsupportedCapability(
+            f"{self!r} cannot update a grant's metadata in place (no Capability.PROCLAIM)"
+        )
+
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
         """Send the release of ``owner``'s grant ``token`` of ``name`` before returning,
         if this backend can: an awaitable of what :meth:`release` would return, which
@@ -358,7 +408,7 @@ class Backend(abc.ABC):
         unknown. Backends with push notifications override it.
         """
         current = await self.read(name)
-        if identity_of(current) != identity_of(seen):
+        if state_of(current) != state_of(seen):
             return
         if current is not None and current.remaining is not None:
             await anyio.sleep(max(current.remaining, 0.001))
@@ -400,6 +450,59 @@ class Backend(abc.ABC):
         This default is :meth:`wait_changed`.
         """
         await self.wait_changed(name, seen)
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """Grant ``owner`` a permit of ``weight`` out of ``name``'s ``limit``, or refuse
+        and queue it (:attr:`Capability.SEMAPHORE`; rules in
+        ``docs/internals/semaphores.md``).
+
+        Granted iff the weight of the live permits, plus that of the live queue entries
+        that arrived before ``owner``'s, plus ``weight``, is at most ``limit``; a refused
+        request enqueues ``owner`` (or refreshes its entry) for ``ttl`` (a backend
+        without :attr:`Capability.FAIR_PERMITS` sets a writer-waiting marker instead,
+        for ``weight == limit``). A retry by the live holder returns its grant and
+        resets its expiry. Tokens come from one counter per name shared by all its
+        permits. Afterwards :meth:`renew`, :meth:`renew_many`, :meth:`release` (which
+        also drops a queue entry), :meth:`release_now`, :meth:`on_taken`, :meth:`hold`
+        and :meth:`wait_lost` serve the permit: its ``owner`` is a permit's
+        (:func:`is_permit_owner`).
+
+        :returns: the :class:`Grant`, or the holder that blocks the request (the live
+            permit that expires first; when only the queue blocks, the first entry
+            ahead, with token 0)
+        :raises LimitMismatchError: ``name`` has live permits or queue entries asked
+            with another limit; nothing changed
+        :raises UnsupportedCapability: this default (no :attr:`Capability.SEMAPHORE`)
+        """
+        raise UnsupportedCapability(f"{self!r} does not serve semaphores")
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        """The live permits of ``name`` and how many requests are queued, or ``None``
+        when it has neither.
+
+        :raises UnsupportedCapability: this default (no :attr:`Capability.SEMAPHORE`)
+        """
+        raise UnsupportedCapability(f"{self!r} does not serve semaphores")
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Wait, as the refused permit request ``owner``, until trying again may
+        succeed: :meth:`wait_turn` for permits (``seen`` is what the refusal reported).
+        Must return well within ``ttl``, so that the retry keeps ``owner``'s queue entry
+        alive. May return early. This default sleeps :attr:`poll_interval` (less if
+        ``seen`` expires sooner, never more than a third of ``ttl``)."""
+        delay = min(self.poll_interval, ttl / 3)
+        if seen.remaining is not None:
+            delay = min(delay, max(seen.remaining, 0.001))
+        await anyio.sleep(delay)
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         """Return when this backend knows that ``owner``'s grant ``token`` of ``name`` has
@@ -534,6 +637,11 @@ class ForwardingBackend(Backend):
         freed: bool = await self._forward("release", name, owner, token)
         return freed
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await self._forward("update_metadata", name, owner, token, metadata)
+
     def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
         sent: Awaitable[bool] | None = self._forward_now("release_now", name, owner, token)
         return sent
@@ -550,6 +658,28 @@ class ForwardingBackend(Backend):
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         await self._forward("wait_turn", name, owner, ttl, seen)
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        outcome: Grant | HolderInfo = await self._forward(
+            "try_acquire_permit", name, owner, ttl, identity, metadata, limit, weight
+        )
+        return outcome
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        permits: PermitHolders | None = await self._forward("read_permits", name)
+        return permits
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await self._forward("wait_permit_turn", name, owner, ttl, seen)
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         reason: LossReason = await self._forward("wait_lost", name, owner, token)

@@ -135,6 +135,9 @@ async def failover(url: str, session: float) -> float:
     await expect(leader, "lead")
     async with open_backend(url, **options(prefix, session)) as backend:
         started = await elected_in(backend, name, session, "survivor")
+        # Its joining is a rebalance, which ends the leader's term: the leader (which
+        # waited longest) leads again, in a new term.
+        await expect(leader, "lead")
         await synced(backend, name)
         killed = time.monotonic()
         leader.send_signal(signal.SIGKILL)
@@ -151,11 +154,23 @@ async def resign(url: str, session: float) -> float:
         one = await stack.enter_async_context(open_backend(url, **options(prefix, session)))
         two = await stack.enter_async_context(open_backend(url, **options(prefix, session)))
         first = Elector(one, name, ttl=session, identity="first")
-        async with first.leadership():
-            second = await elected_in(two, name, session, "second")
-            await synced(two, name)
-            resigned = time.monotonic()
-            await first.resign()
+        terms: asyncio.Queue[None] = asyncio.Queue()
+
+        async def work(lease: Lease) -> None:
+            terms.put_nowait(None)
+            await asyncio.sleep(3600)
+
+        campaign = asyncio.ensure_future(first.run(work))
+        await terms.get()
+        second = await elected_in(two, name, session, "second")
+        # Its joining is a rebalance, which ends the first's term: the first (which
+        # waited longest) leads again, in a new term, and resigns that one.
+        await terms.get()
+        await synced(two, name)
+        resigned = time.monotonic()
+        await first.resign()
+        campaign.cancel()
+        await asyncio.gather(campaign, return_exceptions=True)
         took = await second - resigned
         await stop(second)
     return took

@@ -56,6 +56,7 @@ from .._exceptions import (
     UnsupportedCapability,
 )
 from .._lease import Lease, Timing
+from .._limits import check_duration
 from .._lock import AsyncLock
 from .._registry import open_backend
 from .._validate import check_identity, check_name, check_seconds
@@ -142,6 +143,13 @@ def _add_term_options(parser: argparse.ArgumentParser, *, ttl: float = 15.0) -> 
 
 def _add_command_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--max-hold",
+        type=float,
+        metavar="SECONDS",
+        help="stop the command once the lease was held this long, and release it "
+        "(lock: exit 70; elect: campaign again)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         help="seconds between SIGTERM and SIGKILL to the command's process group when the "
@@ -156,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aiolease",
         description="Distributed locks, leases and leader election from the shell.",
-        epilog="exit status: the command's own; 1 error; 2 usage; 70 lease lost; 75 timed out",
+        epilog="exit status: the command's own; 1 error; 2 usage; 70 lease lost or "
+        "--max-hold reached; 75 timed out",
     )
     _add_common(parser)
     sub = parser.add_subparsers(dest="subcommand", metavar="{lock,elect,status,watch,demo,safety}")
@@ -171,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_term_options(lock)
     lock.add_argument("--timeout", type=float, help="give up after this many seconds (exit 75)")
     _add_command_options(lock)
+    lock.add_argument(
+        "--min-hold",
+        type=float,
+        metavar="SECONDS",
+        help="keep the lock this long after it was granted, even if the command ended "
+        "sooner: it does not run again under this name anywhere before then (with "
+        "--timeout 0, for a cron job on every machine)",
+    )
 
     elect = sub.add_parser(
         "elect",
@@ -243,6 +260,9 @@ def validate(args: argparse.Namespace) -> None:
         check_seconds("timeout", args.timeout, allow_zero=True)
     if hasattr(args, "grace"):
         command_timing(args.ttl, args.grace)
+    for option in ("max_hold", "min_hold"):
+        if getattr(args, option, None) is not None:
+            check_duration(option, getattr(args, option))
 
 
 @dataclass(frozen=True)
@@ -325,15 +345,23 @@ async def cmd_lock(args: argparse.Namespace, backend: Backend) -> int:
     The first try does not wait: if the lock is held, say once who holds it, then wait.
     """
     timing = command_timing(args.ttl, args.grace)
-    lock = AsyncLock(backend, args.name, ttl=args.ttl, margin=timing.margin, identity=args.identity)
+    lock = AsyncLock(
+        backend,
+        args.name,
+        ttl=args.ttl,
+        margin=timing.margin,
+        identity=args.identity,
+        max_hold=args.max_hold,
+        min_hold=args.min_hold,
+    )
     started = current_time()
     try:
         try:
-            return await _hold_and_run(args, lock, timing.grace, 0)
-        except TimeoutError as exc:
-            if args.timeout == 0 or not isinstance(exc.__cause__, LeaseHeldError):
-                raise
-            holder = exc.__cause__.holder
+            return await _hold_and_run(args, lock, timing.grace, 0)  # one try
+        except LeaseHeldError as exc:
+            if args.timeout == 0:
+                raise TimeoutError from exc
+            holder = exc.holder
             who = f"{holder.identity!r} (token {holder.token})" if holder else "another owner"
             say(f"lock {args.name!r} is held by {who}; waiting")
         left = None if args.timeout is None else args.timeout - (current_time() - started)
@@ -346,7 +374,10 @@ async def cmd_lock(args: argparse.Namespace, backend: Backend) -> int:
         say(f"timed out after {args.timeout:g}s waiting for lock {args.name!r}{who}")
         return EXIT_TIMEOUT
     except LeaseLostError as exc:
-        say(f"error: lost lock {args.name!r} ({exc.reason.value}); the command was stopped")
+        if exc.reason is LossReason.MAX_HOLD:
+            say(f"error: held lock {args.name!r} for --max-hold; the command was stopped")
+        else:
+            say(f"error: lost lock {args.name!r} ({exc.reason.value}); the command was stopped")
         return EXIT_LOST
 
 
@@ -364,6 +395,7 @@ async def cmd_elect(args: argparse.Namespace, backend: Backend) -> int:
         margin=timing.margin,
         identity=args.identity,
         on_defeated=defeated,
+        max_hold=args.max_hold,
     )
 
     async def term(lease: Lease) -> int:

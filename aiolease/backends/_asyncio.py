@@ -22,18 +22,22 @@ looked up at call time, never anyio's; and every such helper lives here, once:
   completes and the call returns normally. Awaiting a driver call through
   :func:`guarded` raises the cancellation anyway.
 * :func:`retrieve`: marks the outcome of a task nobody awaits any more as seen.
+* :class:`Tasks`: the background tasks of one backend object, whose failures are
+  logged, cancelled and awaited when the backend closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import sys
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 __all__ = [
+    "Tasks",
     "cancel_requests",
     "guarded",
     "now",
@@ -241,3 +245,41 @@ async def guarded(awaitable: Awaitable[T]) -> T:
         # ... or deliver it here.
         raise asyncio.CancelledError("cancelled while the server answered")
     return result
+
+
+class Tasks:
+    """Background tasks owned by one backend object, cancelled and awaited by :meth:`aclose`.
+
+    :param logger: where a task's failure is logged (never lost)
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``coro`` in the background (once closed: close it, never run it)."""
+        if self.closed:
+            coro.close()
+            return
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._logger.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def aclose(self) -> None:
+        """Cancel every task and wait until all have ended. Idempotent."""
+        self.closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)

@@ -14,9 +14,20 @@ from typing import Any
 import anyio
 
 from .._clock import current_time
-from .._exceptions import InvalidArgument, LossReason, NotOwnerError
+from .._exceptions import InvalidArgument, LimitMismatchError, LossReason, NotOwnerError
+from .._records import state_of
 from .._urls import redact, split_url
-from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewedAsAsked, RenewResult
+from ..abc import (
+    Backend,
+    Capability,
+    Grant,
+    HolderInfo,
+    PermitHolders,
+    Renewal,
+    RenewedAsAsked,
+    RenewResult,
+    is_permit_owner,
+)
 
 __all__ = ["MemoryBackend"]
 
@@ -29,6 +40,28 @@ class _Record:
     metadata: dict[str, str]
     expires_at: float
 
+
+@dataclass
+class _Queued:
+    """A refused permit request, queued until its ttl runs out without a retry."""
+
+    weight: int
+    identity: str
+    expires_at: float
+
+
+@dataclass
+class _Permits:
+    """The permits of one name: held (in grant order) and queued (in arrival order)."""
+
+    limit: int
+    held: dict[str, tuple[_Record, int]]  # owner -> (record, weight)
+    queue: dict[str, _Queued]
+
+
+#: What the wake-ups of a name's permits are keyed by, before the name (apart from
+#: the lock's: a name never holds NUL).
+PERMITS_KEY = "\x00permits:"
 
 #: The options :meth:`MemoryBackend.from_url` takes.
 OPTIONS = ("clock",)
@@ -51,7 +84,15 @@ class MemoryBackend(Backend):
         ``anyio.current_time()`` read without its per-call look-ups)
     """
 
-    capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME})
+    capabilities = frozenset(
+        {
+            Capability.PUSH_WAKEUP,
+            Capability.SERVER_TIME,
+            Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
+        }
+    )
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or current_time
@@ -59,6 +100,11 @@ class MemoryBackend(Backend):
         self._tokens: dict[str, int] = {}
         self._changed: dict[str, anyio.Event] = {}
         self._takers: dict[str, dict[object, tuple[str, int, Callable[[LossReason], object]]]] = {}
+        self._permits: dict[str, _Permits] = {}
+        self._permit_tokens: dict[str, int] = {}
+        self._permit_takers: dict[
+            str, dict[object, tuple[str, int, Callable[[LossReason], object]]]
+        ] = {}
 
     def __repr__(self) -> str:
         return f"<MemoryBackend {len(self._records)} records>"
@@ -102,7 +148,10 @@ class MemoryBackend(Backend):
     def on_taken(
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
     ) -> Callable[[], None]:
-        """Call ``taken(STOLEN)`` when ``name`` is released or granted to another."""
+        """Call ``taken(STOLEN)`` when ``name`` is released or granted to another (a
+        permit: when it is gone)."""
+        if is_permit_owner(owner):
+            return self._on_permit_taken(name, owner, token, taken)
         key = object()
         takers = self._takers.setdefault(name, {})
         takers[key] = (owner, token, taken)
@@ -140,6 +189,8 @@ class MemoryBackend(Backend):
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         await anyio.lowlevel.checkpoint()
+        if is_permit_owner(owner):
+            return self._renew_permit(name, owner, token, ttl)
         record = self._live(name)
         if record is None or record.owner != owner or record.token != token:
             raise NotOwnerError(name)
@@ -153,6 +204,12 @@ class MemoryBackend(Backend):
         records = self._records
         failed: dict[int, NotOwnerError] = {}
         for index, (name, owner, token, ttl) in enumerate(renewals):
+            if is_permit_owner(owner):
+                try:
+                    self._renew_permit(name, owner, token, ttl)  # a grant as asked
+                except NotOwnerError as exc:
+                    failed[index] = exc
+                continue
             record = records.get(name)
             if record is not None and record.expires_at <= now:
                 record = self._live(name)  # expired: dropped, and waiters told
@@ -164,12 +221,24 @@ class MemoryBackend(Backend):
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         await anyio.lowlevel.checkpoint()
+        if is_permit_owner(owner):
+            return self._release_permit(name, owner, token)
         record = self._live(name)
         if record is None or record.owner != owner or (token is not None and record.token != token):
             return False
         del self._records[name]
         self._changed_record(name)
         return True
+
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        if record is None or record.owner != owner or record.token != token:
+            raise NotOwnerError(name)
+        record.metadata = dict(metadata)
+        self._notify(name)  # the holder is the same: no takeover to report
 
     async def read(self, name: str) -> HolderInfo | None:
         await anyio.lowlevel.checkpoint()
@@ -178,8 +247,8 @@ class MemoryBackend(Backend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         record = self._live(name)
-        current = None if record is None else (record.owner, record.token)
-        if current != (None if seen is None else (seen.owner, seen.token)):
+        current = None if record is None else self._holder(name, record)
+        if state_of(current) != state_of(seen):
             await anyio.lowlevel.checkpoint()
             return
         event = self._changed.setdefault(name, anyio.Event())
@@ -193,3 +262,173 @@ class MemoryBackend(Backend):
         """Drop ``name``'s record as an operator would (tests and tools)."""
         if self._records.pop(name, None) is not None:
             self._changed_record(name)
+
+    # -- permits (docs/internals/semaphores.md) -----------------------------------------
+
+    def _live_permits(self, name: str) -> _Permits | None:
+        """The permits of ``name`` with expired ones and queue entries dropped (and who
+        waits told), or ``None`` when none is left."""
+        state = self._permits.get(name)
+        if state is None:
+            return None
+        now = self._clock()
+        expired = [owner for owner, (record, _) in state.held.items() if record.expires_at <= now]
+        lapsed = [owner for owner, queued in state.queue.items() if queued.expires_at <= now]
+        for owner in expired:
+            del state.held[owner]
+        for owner in lapsed:
+            del state.queue[owner]
+        if not state.held and not state.queue:
+            del self._permits[name]
+        if expired or lapsed:
+            self._permits_changed(name)
+        return self._permits.get(name)
+
+    def _permits_changed(self, name: str) -> None:
+        """A permit or queue entry of ``name`` is gone: wake who waits, tell who watches."""
+        self._notify_permits(name)
+        takers = self._permit_takers.get(name)
+        if takers:
+            state = self._permits.get(name)
+            for key, (owner, token, taken) in list(takers.items()):
+                held = None if state is None else state.held.get(owner)
+                if held is None or held[0].token != token:
+                    del takers[key]
+                    taken(LossReason.STOLEN)
+
+    def _notify_permits(self, name: str) -> None:
+        self._notify(PERMITS_KEY + name)
+
+    def _on_permit_taken(
+        self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
+    ) -> Callable[[], None]:
+        key = object()
+        takers = self._permit_takers.setdefault(name, {})
+        takers[key] = (owner, token, taken)
+
+        def cancel() -> None:
+            takers.pop(key, None)
+            if not takers and self._permit_takers.get(name) is takers:
+                del self._permit_takers[name]
+
+        state = self._live_permits(name)
+        held = None if state is None else state.held.get(owner)
+        if held is None or held[0].token != token:
+            cancel()
+            taken(LossReason.STOLEN)
+        return cancel
+
+    def _permit_holder(self, name: str, owner: str, record: _Record) -> HolderInfo:
+        remaining = max(record.expires_at - self._clock(), 0.0)
+        return HolderInfo(
+            name, owner, record.identity, record.token, dict(record.metadata), remaining
+        )
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """Grant if the held weight, the weight queued ahead and ``weight`` fit in
+        ``limit``; else queue ``owner`` (in arrival order) and report who blocks."""
+        await anyio.lowlevel.checkpoint()
+        state = self._live_permits(name)
+        if state is not None and state.limit != limit:
+            raise LimitMismatchError(name, limit, state.limit)
+        if state is None:
+            state = self._permits[name] = _Permits(limit, {}, {})
+        now = self._clock()
+        mine = state.held.get(owner)
+        if mine is not None:  # a retry by the holder
+            mine[0].expires_at = now + ttl
+            return Grant(mine[0].token, ttl)
+        used = sum(w for _, w in state.held.values())
+        ahead = 0
+        for other, entry in state.queue.items():
+            if other == owner:
+                break
+            ahead += entry.weight
+        if used + ahead + weight <= limit:
+            state.queue.pop(owner, None)
+            token = self._permit_tokens[name] = self._permit_tokens.get(name, 0) + 1
+            record = _Record(owner, identity, token, dict(metadata), now + ttl)
+            state.held[owner] = (record, weight)
+            return Grant(token, ttl)
+        queued = state.queue.get(owner)
+        if queued is None:
+            state.queue[owner] = _Queued(weight, identity, now + ttl)
+        else:
+            queued.expires_at = now + ttl
+        if state.held:
+            first = min(state.held.values(), key=lambda held: held[0].expires_at)[0]
+            return self._permit_holder(name, first.owner, first)
+        first_owner, head = next(iter(state.queue.items()))
+        return HolderInfo(name, first_owner, head.identity, 0, {}, max(head.expires_at - now, 0.0))
+
+    def _renew_permit(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        state = self._live_permits(name)
+        held = None if state is None else state.held.get(owner)
+        if held is None or held[0].token != token:
+            raise NotOwnerError(name)
+        held[0].expires_at = self._clock() + ttl
+        return Grant(token, ttl)
+
+    def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        state = self._live_permits(name)
+        if state is None:
+            return False
+        held = state.held.get(owner)
+        freed = held is not None and (token is None or held[0].token == token)
+        if freed:
+            del state.held[owner]
+        dequeued = state.queue.pop(owner, None) is not None
+        if not state.held and not state.queue:
+            del self._permits[name]
+        if freed or dequeued:
+            self._permits_changed(name)
+        return freed
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        await anyio.lowlevel.checkpoint()
+        state = self._live_permits(name)
+        if state is None:
+            return None
+        holders = tuple(self._permit_holder(name, o, r) for o, (r, _) in state.held.items())
+        weights = tuple(w for _, w in state.held.values())
+        return PermitHolders(name, state.limit, holders, weights, len(state.queue))
+
+    def _permit_wait(self, name: str, owner: str, ttl: float) -> float | None:
+        """How long a refused ``owner`` may wait for a change before it retries (the
+        first expiry among the name's permits and queue entries, at most a third of
+        ``ttl``), or ``None`` if it should retry at once."""
+        state = self._live_permits(name)
+        if state is None or owner not in state.queue:
+            return None
+        now = self._clock()
+        until = now + ttl / 3
+        for record, _ in state.held.values():
+            until = min(until, record.expires_at)
+        for queued in state.queue.values():
+            until = min(until, queued.expires_at)
+        return until - now
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` is gone, or the first of them
+        expires, or after a third of ``ttl`` (so that the retry keeps the place)."""
+        seconds = self._permit_wait(name, owner, ttl)
+        if seconds is None:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = self._changed.setdefault(PERMITS_KEY + name, anyio.Event())
+        with anyio.move_on_after(seconds):
+            await event.wait()
+
+    def force_release_permits(self, name: str) -> None:
+        """Drop every permit and queue entry of ``name`` as an operator would (tests)."""
+        if self._permits.pop(name, None) is not None:
+            self._permits_changed(name)

@@ -65,11 +65,23 @@ from .._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    LimitMismatchError,
     NotOwnerError,
 )
+from .._records import state_of
 from .._urls import redact, split_url
 from .._validate import check_seconds
-from ..abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewedAsAsked, RenewResult
+from ..abc import (
+    Backend,
+    Capability,
+    Grant,
+    HolderInfo,
+    PermitHolders,
+    Renewal,
+    RenewedAsAsked,
+    RenewResult,
+    is_permit_owner,
+)
 from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
@@ -95,6 +107,12 @@ _LIVE = (
     " AND expires_at - :now <= ttl + 0.001"
 )
 
+#: A permit's row (held or queued) is live when written in this boot, not expired, and
+#: no further ahead than its ttl.
+_PERMIT_LIVE = "boot_id = :boot AND expires_at > :now AND expires_at - :now <= ttl + 0.001"
+#: The columns of a permit's row, as :meth:`SQLiteBackend._permit_rows_sync` selects them.
+_PERMIT_COLUMNS = "owner, weight, lim, granted, seq, token, identity, metadata, expires_at"
+
 #: A renewal batch (JSON ``[[name, owner, token, ttl], ...]`` in ``:batch``) as rows.
 _BATCH = (
     "SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS o,"
@@ -109,12 +127,33 @@ _BATCH_ONE_TTL = (
 )
 
 
-def _encode_batch(renewals: Sequence[Renewal]) -> tuple[str, float | None]:
-    """The JSON of a renewal batch, and the one ttl all its leases ask (else ``None``)."""
+@dataclass(frozen=True)
+class _Encoded:
+    """A renewal batch as its statement takes it: the JSON, the one ttl all its leases
+    ask (else ``None``: each its own, in the JSON), how many."""
+
+    json: str
+    ttl: float | None
+    size: int
+
+
+def _encode_batch(renewals: Sequence[Renewal]) -> _Encoded:
     ttls = {ttl for _, _, _, ttl in renewals}
     if len(ttls) == 1:
-        return json.dumps([[n, o, t] for n, o, t, _ in renewals]), float(ttls.pop())
-    return json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals]), None
+        batch = json.dumps([[n, o, t] for n, o, t, _ in renewals])
+        return _Encoded(batch, float(ttls.pop()), len(renewals))
+    batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
+    return _Encoded(batch, None, len(renewals))
+
+
+def _encode_batches(renewals: Sequence[Renewal]) -> tuple[_Encoded | None, _Encoded | None]:
+    """The batches of the locks and of the permits among ``renewals`` (``None``: none)."""
+    locks = [r for r in renewals if not is_permit_owner(r[1])]
+    permits = [r for r in renewals if is_permit_owner(r[1])]
+    return (
+        _encode_batch(locks) if locks else None,
+        _encode_batch(permits) if permits else None,
+    )
 
 
 def host_boot_id() -> str:
@@ -268,7 +307,14 @@ class SQLiteBackend(Backend):
     """
 
     capabilities = frozenset(
-        {Capability.SERVER_TIME, Capability.DURABLE_TOKENS, Capability.MULTI_PROCESS}
+        {
+            Capability.SERVER_TIME,
+            Capability.DURABLE_TOKENS,
+            Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
+        }
     )
 
     def __init__(
@@ -357,6 +403,19 @@ class SQLiteBackend(Backend):
                 " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL,"
                 " owner TEXT, identity TEXT, metadata TEXT,"
                 " ttl REAL, expires_at REAL, boot_id TEXT)"
+            )
+            # Permits (docs/internals/semaphores.md): a row per held or queued request,
+            # and per name the token counter and the arrival sequence of the queue.
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table}_permits ("
+                " name TEXT NOT NULL, owner TEXT NOT NULL, weight INTEGER NOT NULL,"
+                " lim INTEGER NOT NULL, granted INTEGER NOT NULL, seq INTEGER NOT NULL,"
+                " token INTEGER, identity TEXT, metadata TEXT, ttl REAL NOT NULL,"
+                " expires_at REAL NOT NULL, boot_id TEXT NOT NULL, PRIMARY KEY (name, owner))"
+            )
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {self._table}_permit_names ("
+                " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL, seq INTEGER NOT NULL)"
             )
         except BaseException:
             conn.close()
@@ -448,28 +507,35 @@ class SQLiteBackend(Backend):
         return bool(rows)
 
     def _renew_many_sync(
-        self, conn: sqlite3.Connection, renewals: Sequence[Renewal]
+        self, conn: sqlite3.Connection, batch: _Encoded, *, permits: bool = False
     ) -> set[tuple[str, str, int]] | None:
-        """Renew every lease of ``renewals`` in one statement; which were renewed
-        (``None``: all; one more statement tells which, only when some were not). The
-        batch's JSON is made once per list of the core's (:func:`derived`)."""
-        batch, ttl = derived(renewals, "sqlite", _encode_batch)
-        rows = _BATCH if ttl is None else _BATCH_ONE_TTL
-        params = {"batch": batch, "ttl": ttl, "now": self._clock(), "boot": self._boot_id}
+        """Renew every lease of ``batch`` (all locks, or all ``permits``) in one
+        statement; which were renewed (``None``: all; one more statement tells which,
+        only when some were not)."""
+        rows = _BATCH if batch.ttl is None else _BATCH_ONE_TTL
+        params = {
+            "batch": batch.json,
+            "ttl": batch.ttl,
+            "now": self._clock(),
+            "boot": self._boot_id,
+        }
+        table, live = self._table, _LIVE
+        if permits:
+            table, live = f"{self._table}_permits", f"granted = 1 AND {_PERMIT_LIVE}"
         conn.execute("BEGIN IMMEDIATE")
         try:
             changed = conn.execute(
-                f"UPDATE {self._table} SET expires_at = :now + v.vttl, ttl = v.vttl"
+                f"UPDATE {table} SET expires_at = :now + v.vttl, ttl = v.vttl"
                 f" FROM ({rows}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
-                f" AND {_LIVE}",
+                f" AND {live}",
                 params,
             ).rowcount
             renewed: set[tuple[str, str, int]] | None = None
-            if changed != len(renewals):
+            if changed != batch.size:
                 renewed = set(
                     conn.execute(
-                        f"SELECT name, owner, token FROM {self._table}, ({rows}) AS v"
-                        f" WHERE name = v.n AND owner = v.o AND token = v.k AND {_LIVE}",
+                        f"SELECT name, owner, token FROM {table}, ({rows}) AS v"
+                        f" WHERE name = v.n AND owner = v.o AND token = v.k AND {live}",
                         params,
                     ).fetchall()
                 )
@@ -490,6 +556,17 @@ class SQLiteBackend(Backend):
         ).fetchall()
         return bool(rows)
 
+    def _update_metadata_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int, meta: str
+    ) -> bool:
+        rows = conn.execute(
+            f"UPDATE {self._table} SET metadata = :metadata"
+            f" WHERE name = :name AND owner = :owner AND token = :token AND {_LIVE}"
+            " RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token, metadata=meta),
+        ).fetchall()
+        return bool(rows)
+
     def _read_sync(self, conn: sqlite3.Connection, name: str, now: float) -> HolderInfo | None:
         rows = conn.execute(
             f"SELECT owner, identity, token, metadata, expires_at, ttl, {_LIVE}"
@@ -497,6 +574,195 @@ class SQLiteBackend(Backend):
             {"name": name, "now": now, "boot": self._boot_id},
         ).fetchall()
         return self._holder(name, rows[0], now) if rows else None
+
+    # -- permits (docs/internals/semaphores.md) ---------------------------------------
+
+    def _permit_rows_sync(
+        self, conn: sqlite3.Connection, name: str, now: float
+    ) -> list[tuple[Any, ...]]:
+        """The live rows of ``name``'s permits, held and queued, in arrival order."""
+        return conn.execute(
+            f"SELECT {_PERMIT_COLUMNS} FROM {self._table}_permits"
+            f" WHERE name = :name AND {_PERMIT_LIVE} ORDER BY seq",
+            {"name": name, "now": now, "boot": self._boot_id},
+        ).fetchall()
+
+    def _next_sync(self, conn: sqlite3.Connection, name: str, column: str) -> int:
+        """The next value of ``name``'s token counter or queue sequence (``column``)."""
+        row = conn.execute(
+            f"INSERT INTO {self._table}_permit_names (name, token, seq) VALUES (:name, 1, 1)"
+            f" ON CONFLICT (name) DO UPDATE SET {column} = {column} + 1 RETURNING {column}",
+            {"name": name},
+        ).fetchone()
+        return int(row[0])
+
+    def _permit_holder(self, name: str, row: tuple[Any, ...], now: float) -> HolderInfo:
+        owner, _, _, _, _, token, identity, metadata, expires_at = row
+        return HolderInfo(
+            name,
+            owner,
+            identity,
+            0 if token is None else token,
+            json.loads(metadata) if metadata else {},
+            max(expires_at - now, 0.0),
+        )
+
+    def _try_acquire_permit_sync(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        meta: str,
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        t = f"{self._table}_permits"
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = self._clock()  # read only now that the write lock is ours
+            p = self._params(name, now, owner=owner, ttl=ttl)
+            conn.execute(f"DELETE FROM {t} WHERE name = :name AND NOT ({_PERMIT_LIVE})", p)
+            rows = self._permit_rows_sync(conn, name, now)
+            if rows and rows[0][2] != limit:
+                conn.execute("COMMIT")
+                raise LimitMismatchError(name, limit, rows[0][2])
+            mine = next((row for row in rows if row[0] == owner), None)
+            if mine is not None and mine[3]:  # a retry by the holder
+                conn.execute(
+                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
+                    " WHERE name = :name AND owner = :owner",
+                    p,
+                )
+                conn.execute("COMMIT")
+                return Grant(mine[5], ttl)
+            used = sum(row[1] for row in rows if row[3])
+            ahead = sum(row[1] for row in rows if not row[3] and (mine is None or row[4] < mine[4]))
+            if used + ahead + weight <= limit:
+                token = self._next_sync(conn, name, "token")
+                conn.execute(
+                    f"INSERT OR REPLACE INTO {t} (name, owner, weight, lim, granted, seq, token,"
+                    " identity, metadata, ttl, expires_at, boot_id) VALUES (:name, :owner,"
+                    " :weight, :lim, 1, :seq, :token, :identity, :metadata, :ttl, :now + :ttl,"
+                    " :boot)",
+                    {
+                        **p,
+                        "weight": weight,
+                        "lim": limit,
+                        "seq": 0 if mine is None else mine[4],
+                        "token": token,
+                        "identity": identity,
+                        "metadata": meta,
+                    },
+                )
+                conn.execute("COMMIT")
+                return Grant(token, ttl)
+            if mine is None:
+                seq = self._next_sync(conn, name, "seq")
+                conn.execute(
+                    f"INSERT INTO {t} (name, owner, weight, lim, granted, seq, identity, ttl,"
+                    " expires_at, boot_id) VALUES (:name, :owner, :weight, :lim, 0, :seq,"
+                    " :identity, :ttl, :now + :ttl, :boot)",
+                    {**p, "weight": weight, "lim": limit, "seq": seq, "identity": identity},
+                )
+            else:
+                conn.execute(
+                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
+                    " WHERE name = :name AND owner = :owner",
+                    p,
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+        held = [row for row in rows if row[3]]
+        if held:
+            return self._permit_holder(name, min(held, key=lambda row: row[8]), now)
+        return self._permit_holder(name, rows[0], now)  # only the queue blocks
+
+    def _renew_permit_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int, ttl: float
+    ) -> bool:
+        rows = conn.execute(
+            f"UPDATE {self._table}_permits SET expires_at = :now + :ttl, ttl = :ttl"
+            " WHERE name = :name AND owner = :owner AND token = :token AND granted = 1"
+            f" AND {_PERMIT_LIVE} RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token, ttl=ttl),
+        ).fetchall()
+        return bool(rows)
+
+    def _release_permit_sync(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
+    ) -> tuple[bool, bool]:
+        """Delete ``owner``'s permit (if ``token`` matches) or queue entry: (whether a
+        live permit was freed, whether anything was deleted)."""
+        rows = conn.execute(
+            f"DELETE FROM {self._table}_permits WHERE name = :name AND owner = :owner"
+            " AND (granted = 0 OR :token IS NULL OR token = :token)"
+            f" RETURNING granted, {_PERMIT_LIVE}",
+            self._params(name, self._clock(), owner=owner, token=token),
+        ).fetchall()
+        return any(granted and live for granted, live in rows), bool(rows)
+
+    def _wakeup_key(self, name: str) -> str:
+        return "\x00permits:" + name  # apart from the lock's: a name never holds NUL
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One ``BEGIN IMMEDIATE`` transaction: drop the expired rows, check the limit,
+        grant if the held weight, the weight queued ahead and ``weight`` fit, else queue."""
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+        return await self._run(
+            lambda conn: self._try_acquire_permit_sync(
+                conn, name, owner, ttl, identity, meta, limit, weight
+            )
+        )
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        freed, deleted = await self._run(
+            lambda conn: self._release_permit_sync(conn, name, owner, token)
+        )
+        if deleted:
+            _notify(self._path, self._wakeup_key(name))
+        return freed
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        def read(conn: sqlite3.Connection) -> PermitHolders | None:
+            now = self._clock()
+            rows = self._permit_rows_sync(conn, name, now)
+            if not rows:
+                return None
+            held = sorted((row for row in rows if row[3]), key=lambda row: row[5])
+            return PermitHolders(
+                name,
+                rows[0][2],
+                tuple(self._permit_holder(name, row, now) for row in held),
+                tuple(row[1] for row in held),
+                sum(1 for row in rows if not row[3]),
+            )
+
+        return await self._run(read)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` is deleted in this process, or
+        after :attr:`poll_interval` (changes by other processes), or when the first
+        permit expires; never later than a third of ``ttl``."""
+        timeout = min(self.poll_interval, ttl / 3)
+        if seen.remaining is not None:
+            timeout = min(timeout, max(seen.remaining, 0.001))
+        with _watching(self._path, self._wakeup_key(name)) as event:
+            with anyio.move_on_after(timeout):
+                await event.wait()
 
     # -- the contract ------------------------------------------------------------------
 
@@ -513,38 +779,64 @@ class SQLiteBackend(Backend):
         return result
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        if not await self._run(lambda conn: self._renew_sync(conn, name, owner, token, ttl)):
+        renew = self._renew_permit_sync if is_permit_owner(owner) else self._renew_sync
+        if not await self._run(lambda conn: renew(conn, name, owner, token, ttl)):
             raise NotOwnerError(name)
         return Grant(token, ttl)
 
     async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
-        """Every lease the core's scheduler finds due, in one statement."""
-        renewed = await self._run(lambda conn: self._renew_many_sync(conn, renewals))
-        if renewed is None:
+        """Every lease the core's scheduler finds due, in one statement (one more for
+        the permits among them); the batches' JSON made once per list of the core's
+        (:func:`derived`)."""
+        locks, permits = derived(renewals, "sqlite", _encode_batches)
+
+        def renew(
+            conn: sqlite3.Connection,
+        ) -> tuple[set[tuple[str, str, int]] | None, set[tuple[str, str, int]] | None]:
+            renewed = None if locks is None else self._renew_many_sync(conn, locks)
+            if permits is None:
+                return renewed, None
+            return renewed, self._renew_many_sync(conn, permits, permits=True)
+
+        renewed_locks, renewed_permits = await self._run(renew)
+        if renewed_locks is None and renewed_permits is None:
             return RenewedAsAsked(renewals)
-        failed = {
-            i: NotOwnerError(n)
-            for i, (n, o, t, _) in enumerate(renewals)
-            if (n, o, t) not in renewed
-        }
+        failed: dict[int, NotOwnerError] = {}
+        for index, (n, o, t, _) in enumerate(renewals):
+            renewed = renewed_permits if is_permit_owner(o) else renewed_locks
+            if renewed is not None and (n, o, t) not in renewed:
+                failed[index] = NotOwnerError(n)
         return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        if is_permit_owner(owner):
+            return await self._release_permit(name, owner, token)
         freed = await self._run(lambda conn: self._release_sync(conn, name, owner, token))
         if freed:
             _notify(self._path, name)
         return freed
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
+        if not await self._run(
+            lambda conn: self._update_metadata_sync(conn, name, owner, token, meta)
+        ):
+            raise NotOwnerError(name)
+        _notify(self._path, name)
+
     async def read(self, name: str) -> HolderInfo | None:
         return await self._run(lambda conn: self._read_sync(conn, name, self._clock()))
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
+        """Return when ``name``'s holder or its metadata differs from ``seen`` (renewals
+        do not count).
 
         Wakes at once for changes made in this process, within :attr:`poll_interval`
         for changes made by others, and no later than ``seen``'s expiry.
         """
-        seen_key = None if seen is None else (seen.owner, seen.token)
+        seen_key = state_of(seen)
         give_up = None
         if seen is not None and seen.remaining is not None:
             give_up = anyio.current_time() + seen.remaining
@@ -552,7 +844,7 @@ class SQLiteBackend(Backend):
         with _watching(self._path, name) as event:
             while True:
                 current = await self.read(name)
-                if (None if current is None else (current.owner, current.token)) != seen_key:
+                if state_of(current) != seen_key:
                     return
                 timeout = self.poll_interval
                 if current is not None and current.remaining is not None:

@@ -6,6 +6,8 @@
 * :mod:`aiolease.testing.model`: a hypothesis state machine holding a backend against
   the memory model (needs hypothesis)
 * :mod:`aiolease.testing.faults`: :class:`~aiolease.testing.faults.FaultyBackend`
+* :mod:`aiolease.testing.memory`: :class:`DrivenMemoryBackend`, for an application's
+  own tests: a clock the test moves, and held leases lost on demand
 * :mod:`aiolease.testing.proxy`: :class:`FaultProxy`, a TCP proxy that passes, delays,
   blackholes, resets or refuses traffic, switchable at run time
 * :mod:`aiolease.testing.remote`: serve any backend over TCP (``remote://``)
@@ -18,6 +20,7 @@ from .conformance import BackendFactory as BackendFactory
 from .conformance import Check as Check
 from .conformance import check_backend as check_backend
 from .conformance import checks_for as checks_for
+from .memory import DrivenMemoryBackend as DrivenMemoryBackend
 from .proxy import FaultProxy as FaultProxy
 from .proxy import ProxyMode as ProxyMode
 from .proxy import ProxyStatistics as ProxyStatistics
@@ -26,6 +29,7 @@ __all__ = [
     "CHECKS",
     "BackendFactory",
     "Check",
+    "DrivenMemoryBackend",
     "FaultProxy",
     "ProxyMode",
     "ProxyStatistics",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
 from contextlib import aclosing
+from typing import Any
 
 import anyio
 
 from .._elector import Elector
-from .._exceptions import LeaseHeldError, LeaseLostError
+from .._exceptions import LeaseHeldError, LeaseLostError, UnsupportedCapability
 from .._lease import Lease
 from .._lock import AsyncLock
 from ..abc import Backend, Capability
@@ -28,6 +30,7 @@ from ._support import (
 
 __all__ = [
     "check_elector_one_leader",
+    "check_elector_proclaim",
     "check_lock_acquire_nowait",
     "check_lock_acquire_timeout",
     "check_lock_cancel_in_flight",
@@ -247,3 +250,66 @@ async def check_elector_one_leader(factory: BackendFactory) -> None:
             {token for _, token in observed} >= set(terms),
             f"the observer saw {observed}, not every term {terms}",
         )
+
+
+async def check_elector_proclaim(factory: BackendFactory) -> None:
+    """The leader's ``proclaim()`` reaches an observer's ``observe()`` and ``leader()``
+    (the same term's token, the new metadata), and the term goes on: nothing takes the
+    announcement for a takeover, and ``ensure_held()`` confirms the lease. Without
+    :attr:`Capability.PROCLAIM`, ``proclaim()`` raises :class:`UnsupportedCapability`
+    and the term goes on alike."""
+    async with factory() as backend:
+        name = unique_name()
+        proclaims = Capability.PROCLAIM in backend.capabilities
+        elector = Elector(backend, name, ttl=2.0, identity="leader", metadata={"v": "1"})
+        watcher = Elector(backend, name, ttl=2.0, identity="observer")
+        seen: dict[str, anyio.Event] = {"1": anyio.Event(), "2": anyio.Event()}
+        tokens: dict[str, int] = {}
+
+        async def observe() -> None:
+            async with aclosing(watcher.observe()) as leaders:
+                async for leader in leaders:
+                    version = None if leader is None else leader.metadata.get("v")
+                    if leader is not None and version in seen:
+                        tokens[version] = leader.token
+                        seen[version].set()
+
+        with within(10.0, "a proclaim seen by an observer"):
+            try:
+                await _proclaim_in_a_term(elector, watcher, proclaims, observe, seen, tokens)
+            except LeaseLostError as exc:
+                raise AssertionError(f"the term was lost after a proclaim: {exc}") from exc
+        require(elector.statistics().losses == {}, "the term was lost after a proclaim")
+
+
+async def _proclaim_in_a_term(
+    elector: Elector,
+    watcher: Elector,
+    proclaims: bool,
+    observe: Callable[[], Coroutine[Any, Any, None]],
+    seen: dict[str, anyio.Event],
+    tokens: dict[str, int],
+) -> None:
+    async with elector.leadership() as lease, task_group() as tg:
+        tg.start_soon(observe)
+        await seen["1"].wait()
+        if proclaims:
+            await elector.proclaim({"v": "2"})
+            with within(2 * 2.0 + PROMPT, "the proclaim seen by the observer"):
+                await seen["2"].wait()
+            require(tokens["2"] == lease.token, f"a proclaim changed the token: {tokens}")
+            leader = await watcher.leader()
+            require(
+                leader is not None and dict(leader.metadata) == {"v": "2"},
+                f"leader() after a proclaim reads {leader!r}",
+            )
+        else:
+            try:
+                await elector.proclaim({"v": "2"})
+            except UnsupportedCapability:
+                pass
+            else:
+                raise AssertionError("proclaim() without PROCLAIM did not raise")
+        await lease.ensure_held()
+        require(lease.lost is None, f"the term ended after a proclaim: {lease.lost}")
+        tg.cancel_scope.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,10 @@ BAD_NAMES: tuple[object, ...] = (123, None, b"name", "", "a\x00b", "x" * 10240, 
 #: ttls no operation may take: over :data:`~aiolease._validate.MAX_TTL`, not finite,
 #: not positive, not a number.
 BAD_TTLS: tuple[object, ...] = (1e300, MAX_TTL * 2, float("inf"), float("nan"), 0, -1.0, True, "9")
+
+#: Metadata :meth:`~aiolease.abc.Backend.update_metadata` may not take: not a map of
+#: str to str, ``None``, or over 4 KiB as JSON.
+BAD_METADATA: tuple[object, ...] = (None, [("k", "v")], {"k": 1}, {1: "v"}, {"k": "x" * 5000})
 
 Call = Callable[[], object]
 
@@ -55,6 +60,7 @@ def _name_calls(
         ("wait_lost", lambda: backend.wait_lost(b, owner, token)),
         ("hold", lambda: backend.hold(b, owner, token, _ignore)),
         ("on_taken", lambda: backend.on_taken(b, owner, token, _ignore)),
+        ("update_metadata", lambda: backend.update_metadata(b, owner, token, {"k": "v"})),
     ]
 
 
@@ -112,6 +118,12 @@ async def check_bad_arguments_rejected(factory: BackendFactory) -> None:
         for bad in BAD_TTLS:
             for what, call in _ttl_calls(backend, name, bad, owner, granted.token, held):
                 await _refused(f"{what} with ttl={bad!r}", call)
+        careless: Any = backend  # what a careless caller may send
+        for meta in BAD_METADATA:
+            await _refused(
+                f"update_metadata with metadata {meta!r:.20}",
+                functools.partial(careless.update_metadata, name, owner, granted.token, meta),
+            )
         after = await holder_of(backend, name)
         require(
             (after.owner, after.token) == (owner, granted.token),

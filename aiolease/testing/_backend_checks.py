@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import anyio
 
 from .._checked import HeldRenewals
-from .._exceptions import NotOwnerError
+from .._exceptions import NotOwnerError, UnsupportedCapability
 from ..abc import Backend, Capability, Grant, HolderInfo
 from ._support import (
     LONG_TTL,
@@ -380,3 +380,89 @@ async def check_names_independent(factory: BackendFactory) -> None:
         for name in names[1:]:
             holder = await holder_of(backend, name)
             require(holder.owner == owners[name], f"releasing {names[0]!r} disturbed {name!r}")
+
+
+# -- update_metadata (Capability.PROCLAIM) ----------------------------------------------
+
+
+async def _not_owner(backend: Backend, name: str, owner: str, token: int, what: str) -> None:
+    try:
+        await backend.update_metadata(name, owner, token, {"role": "intruder"})
+    except NotOwnerError:
+        return
+    raise AssertionError(f"update_metadata by {what} did not raise NotOwnerError")
+
+
+async def check_update_metadata(factory: BackendFactory) -> None:
+    """``update_metadata`` by the holder changes what ``read`` and a refused
+    ``try_acquire`` report, and nothing else (owner, identity, token, expiry); by anyone
+    else, or once released, it raises :class:`NotOwnerError` and changes nothing. A
+    backend without :attr:`Capability.PROCLAIM` raises :class:`UnsupportedCapability`
+    and changes nothing."""
+    async with factory() as backend:
+        name, owner = unique_name(), new_owner()
+        granted = await grant(backend, name, owner, identity="leader-a", metadata={"v": "1"})
+        if Capability.PROCLAIM not in backend.capabilities:
+            try:
+                await backend.update_metadata(name, owner, granted.token, {"v": "2"})
+            except UnsupportedCapability:
+                after = await holder_of(backend, name)
+                require(dict(after.metadata) == {"v": "1"}, "a refused update changed metadata")
+                return
+            raise AssertionError(
+                "update_metadata without Capability.PROCLAIM did not raise UnsupportedCapability"
+            )
+        await backend.renew(name, owner, granted.token, 2.0)  # shorter: a reset would show
+        await backend.update_metadata(name, owner, granted.token, {"v": "2", "url": "ü"})
+        await require_remaining(backend, name, 0.0, 2.0)  # no renewal
+        intruder = new_owner()
+        refusal = await refused(backend, name, intruder)
+        await backend.release(name, intruder, None)  # leaves a fair queue, as the core would
+        for holder in (await holder_of(backend, name), refusal):
+            require(
+                (holder.owner, holder.identity, holder.token) == (owner, "leader-a", granted.token),
+                f"update_metadata changed the grant: {holder!r}",
+            )
+            require(
+                dict(holder.metadata) == {"v": "2", "url": "ü"},
+                f"after update_metadata the holder's metadata reads {dict(holder.metadata)!r}",
+            )
+        await _not_owner(backend, name, new_owner(), granted.token, "another owner")
+        await backend.release(name, owner, None)
+        await _not_owner(backend, name, owner, granted.token, "the owner after its release")
+        require(await backend.read(name) is None, "update_metadata revived a released name")
+
+
+async def check_update_metadata_wakes(factory: BackendFactory) -> None:
+    """A task in ``wait_changed`` returns after the holder's ``update_metadata`` (at once
+    on a push backend, by the seen holder's expiry on a polling one), and then reads
+    the new metadata; for a :attr:`Capability.MULTI_PROCESS` backend, the waiter's is
+    another backend object (as another process's would be)."""
+    async with factory() as inner:
+        if Capability.PROCLAIM not in inner.capabilities:
+            return  # check_update_metadata covers the refusal
+        if Capability.MULTI_PROCESS in inner.capabilities:
+            async with factory() as other:
+                await _woken_by_update(inner, other)
+        else:
+            await _woken_by_update(inner, inner)
+
+
+async def _woken_by_update(backend: Backend, waiter: Backend) -> None:
+    from .faults import FaultyBackend
+
+    spy = FaultyBackend(waiter)
+    push = Capability.PUSH_WAKEUP in waiter.capabilities
+    ttl = LONG_TTL if push else 1.0
+    bound = PROMPT + 2 * waiter.poll_interval if push else ttl + 1.0
+    name, owner = unique_name(), new_owner()
+    granted = await grant(backend, name, owner, ttl=ttl, metadata={"v": "1"})
+    seen = await holder_of(waiter, name)
+    async with task_group() as tg:
+        tg.start_soon(_wait_changed_within, spy, name, seen, bound)
+        await spy.wait_called("wait_changed")
+        await backend.update_metadata(name, owner, granted.token, {"v": "2"})
+    if push:
+        after = await holder_of(waiter, name)
+        require(dict(after.metadata) == {"v": "2"}, "the woken waiter reads old metadata")
+    await backend.release(name, owner, None)

@@ -15,16 +15,18 @@ from .._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    LimitMismatchError,
     LossReason,
     NotOwnerError,
+    UnsupportedCapability,
 )
-from ..abc import Capability, Grant, HolderInfo, Renewal, RenewResult
+from ..abc import Capability, Grant, HolderInfo, PermitHolders, Renewal, RenewResult
 
 logger = logging.getLogger("aiolease.testing.remote")
 
 #: The protocol version exchanged at ``hello`` (2: request ids; 3: ``renew_many``,
-#: ``wait_taken`` and the served ``renews_many``).
-PROTOCOL = 3
+#: ``wait_taken`` and the served ``renews_many``; 4: ``update_metadata``; 5: permits).
+PROTOCOL = 5
 #: The longest line either side accepts, in bytes.
 MAX_FRAME = 1 << 20
 
@@ -39,10 +41,12 @@ _IO_ERRORS = (
 #: The contract's errors that cross the wire, most specific first.
 _WIRE_ERRORS: tuple[type[Exception], ...] = (
     NotOwnerError,
+    LimitMismatchError,
     InvalidArgument,
     BackendUnavailable,
     BackendTimeout,
     BackendError,
+    UnsupportedCapability,
 )
 
 
@@ -133,6 +137,14 @@ def _decode_grant(obj: object, sent_at: float) -> Grant:
 
 
 def _encode_error(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, LimitMismatchError):
+        return {
+            "type": "LimitMismatchError",
+            "message": str(exc),
+            "name": exc.name,
+            "limit": exc.limit,
+            "held_limit": exc.held_limit,
+        }
     for kind in _WIRE_ERRORS:
         if isinstance(exc, kind):
             return {"type": kind.__name__, "message": str(exc), "name": getattr(exc, "name", None)}
@@ -145,7 +157,13 @@ def _decode_error(obj: object) -> Exception:
     message = _field(obj, "message", str)
     if kind == "NotOwnerError":
         return NotOwnerError(_field(obj, "name", str), message)
-    errors = {cls.__name__: cls for cls in _WIRE_ERRORS if cls is not NotOwnerError}
+    if kind == "LimitMismatchError":
+        return LimitMismatchError(
+            _field(obj, "name", str), _field(obj, "limit", int), _field(obj, "held_limit", int)
+        )
+    errors = {
+        cls.__name__: cls for cls in _WIRE_ERRORS if cls not in (NotOwnerError, LimitMismatchError)
+    }
     return errors.get(kind, BackendError)(message)
 
 
@@ -180,6 +198,37 @@ def _decode_outcome(value: object, sent_at: float) -> Grant | HolderInfo:
     if isinstance(value, dict) and "grant" in value:
         return _decode_grant(value["grant"], sent_at)
     return _decode_holder(_field(value, "holder", dict))
+
+
+def encode_permits(permits: PermitHolders | None) -> dict[str, Any] | None:
+    """What :meth:`Backend.read_permits` answered, as it travels."""
+    if permits is None:
+        return None
+    return {
+        "name": permits.name,
+        "limit": permits.limit,
+        "holders": [_encode_holder(h) for h in permits.holders],
+        "weights": list(permits.weights),
+        "waiting": permits.waiting,
+    }
+
+
+def _decode_permits(value: object) -> PermitHolders | None:
+    if value is None:
+        return None
+    holders = tuple(_decode_holder(h) for h in _field(value, "holders", list))
+    weights = _field(value, "weights", list)
+    if len(weights) != len(holders) or not all(
+        isinstance(w, int) and not isinstance(w, bool) for w in weights
+    ):
+        raise _ProtocolError(f"expected a weight per holder, got {weights!r}")
+    return PermitHolders(
+        _field(value, "name", str),
+        _field(value, "limit", int),
+        holders,
+        tuple(weights),
+        _field(value, "waiting", int),
+    )
 
 
 def _decode_bool(value: object) -> bool:
@@ -252,6 +301,10 @@ _PARAMS: dict[str, tuple[str, ...]] = {
     "wait_taken": ("name", "held"),
     "wait_turn": ("name", "owner", "ttl", "seen"),
     "wait_lost": ("name", "owner", "token"),
+    "update_metadata": ("name", "owner", "token", "metadata"),
+    "try_acquire_permit": ("name", "owner", "ttl", "identity", "metadata", "limit", "weight"),
+    "read_permits": ("name",),
+    "wait_permit_turn": ("name", "owner", "ttl", "seen"),
 }
 
 #: How each operation's reply becomes its result (given the client's send time).
@@ -265,6 +318,10 @@ _DECODERS: dict[str, Callable[[Any, float], Any]] = {
     "wait_taken": lambda value, _: _decode_none(value),
     "wait_turn": lambda value, _: _decode_none(value),
     "wait_lost": lambda value, _: _decode_reason(value),
+    "update_metadata": lambda value, _: _decode_none(value),
+    "try_acquire_permit": _decode_outcome,
+    "read_permits": lambda value, _: _decode_permits(value),
+    "wait_permit_turn": lambda value, _: _decode_none(value),
 }
 
 

@@ -14,10 +14,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._exceptions import InvalidArgument
+from .._records import state_of
 from .._urls import redact
-from ..abc import Grant, HolderInfo
+from ..abc import Grant, HolderInfo, PermitHolders
 from ..backends._asyncio import now, timeout_after
-from ..backends.memory import MemoryBackend
+from ..backends.memory import PERMITS_KEY, MemoryBackend
 
 __all__ = ["AsyncioOnlyBackend"]
 
@@ -71,12 +72,41 @@ class AsyncioOnlyBackend(MemoryBackend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         holder = await self.read(name)
-        if (holder and (holder.owner, holder.token)) != (seen and (seen.owner, seen.token)):
+        if state_of(holder) != state_of(seen):
             return
         event = self._events.setdefault(name, asyncio.Event())
         timeout = None if holder is None else holder.remaining
         try:  # not asyncio.wait_for, which can drop a cancel before Python 3.12
             async with timeout_after(timeout):
+                await event.wait()
+        except asyncio.TimeoutError:
+            pass
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        await _step()
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        await _step()
+        return await super().read_permits(name)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await _step()
+        seconds = self._permit_wait(name, owner, ttl)
+        if seconds is None:
+            return
+        event = self._events.setdefault(PERMITS_KEY + name, asyncio.Event())
+        try:
+            async with timeout_after(seconds):
                 await event.wait()
         except asyncio.TimeoutError:
             pass

@@ -306,12 +306,14 @@ class EtcdCluster:
             os.close(pidfd)
         raise ClusterTimeout(f"etcd member {member.name} survived SIGKILL for {timeout}s")
 
-    async def kill_leader(self) -> Member:
-        """Kill the current leader (see :meth:`kill`).
+    async def kill_leader(self, timeout: float = 30) -> Member:
+        """Kill the current leader (see :meth:`kill`), once the members agree on one that
+        answers (a member restarted a moment ago may not answer yet).
 
         :return: the member that was killed
+        :raises ClusterTimeout: no agreed, answering leader within ``timeout``
         """
-        leader = await self.leader()
+        leader = await self._wait("led", timeout)
         await self.kill(leader)
         return leader
 

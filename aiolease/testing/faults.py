@@ -41,6 +41,10 @@ Op = Literal[
     "wait_taken",
     "wait_turn",
     "wait_lost",
+    "update_metadata",
+    "try_acquire_permit",
+    "read_permits",
+    "wait_permit_turn",
 ]
 OPS: frozenset[str] = frozenset(get_args(Op))
 T = TypeVar("T")

@@ -2,7 +2,10 @@
 
 :func:`make_model_machine` builds a :class:`~hypothesis.stateful.RuleBasedStateMachine`
 that applies the same random operations (``try_acquire``, ``renew``, ``release``,
-``read`` by a few owners on a few names, and expiry) to the backend under test and
+``read`` by a few owners on a few names, and expiry; and, on a backend with
+:attr:`~aiolease.abc.Capability.SEMAPHORE`, permits of a semaphore and of a
+read-write lock: ``try_acquire_permit``, their renewals and releases,
+``read_permits``) to the backend under test and
 to a :class:`~aiolease.backends.memory.MemoryBackend`, and requires that they agree:
 granted or refused alike, the same holder, identity and metadata, and fencing
 tokens in the same order (equal up to a per-name offset when ``exact_tokens``)::
@@ -35,10 +38,11 @@ from anyio.abc import TaskStatus
 from anyio.from_thread import start_blocking_portal
 from anyio.streams.memory import MemoryObjectSendStream
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, rule
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from .._exceptions import NotOwnerError
-from ..abc import Backend, Grant, HolderInfo
+from .._exceptions import LimitMismatchError, NotOwnerError
+from .._permits import RW_LIMIT
+from ..abc import Backend, Capability, Grant, HolderInfo, PermitHolders
 from ..backends.memory import MemoryBackend
 from ._support import BackendFactory, require, unique_name, within
 
@@ -54,6 +58,16 @@ EXPIRE_TTL = 0.05
 EXPIRE_WITHIN = 5.0
 OWNERS = ("owner-a", "owner-b", "owner-c")
 NAME_SUFFIXES = ("/a", "/b/ü")
+#: Permit owners (what :func:`~aiolease.abc.permit_owner` makes), and the requests
+#: ``(name suffix, limit, weight)``: a semaphore of limit 2 (and a client that gives
+#: it limit 3), a reader and a writer.
+PERMIT_OWNERS = ("permit:a", "permit:b", "permit:c", "permit:d")
+PERMIT_REQUESTS = (
+    ("/sem", 2, 1),
+    ("/sem", 3, 1),
+    ("/rw", RW_LIMIT, 1),
+    ("/rw", RW_LIMIT, RW_LIMIT),
+)
 METADATA_VALUES = ("", "x", "ü/∂ ✓")
 
 _Call = Callable[[Backend], Awaitable[Any]]
@@ -140,6 +154,9 @@ class ModelMachine(RuleBasedStateMachine):
         self.model_tokens: dict[tuple[str, str], int] = {}
         #: Per name, model token -> real token, for every token seen.
         self.token_pairs: dict[str, dict[int, int]] = {}
+        self.prefix = prefix
+        #: Whether the backend serves permits (the permit rules run only then).
+        self.permits = self.driver.call(_serves_permits)
 
     def teardown(self) -> None:
         self.driver.close()
@@ -274,6 +291,96 @@ class ModelMachine(RuleBasedStateMachine):
         self._renew_model(name, owner, model_token, EXPIRE_TTL)
         self.driver.call(lambda b: _wait_free(b, name))
         self._now += 2 * EXPIRE_TTL
+
+    # -- permits (docs/internals/semaphores.md) ----------------------------------------
+
+    @precondition(lambda self: self.permits)
+    @rule(request=st.sampled_from(PERMIT_REQUESTS), owner=st.sampled_from(PERMIT_OWNERS))
+    def try_acquire_permit(self, request: tuple[str, int, int], owner: str) -> None:
+        suffix, limit, weight = request
+        name = self.prefix + suffix
+
+        def ask(b: Backend) -> Awaitable[Grant | HolderInfo]:
+            return b.try_acquire_permit(
+                name, owner, LONG_TTL, owner, {"w": str(weight)}, limit, weight
+            )
+
+        real = self._outcome(lambda: self.driver.call(ask))
+        model = self._outcome(lambda: self.on_model(ask))
+        kinds = (type(real).__name__, type(model).__name__)
+        require(
+            kinds[0] == kinds[1], f"permit {request} of {name!r}: real {real!r}, model {model!r}"
+        )
+        if isinstance(model, Grant):
+            assert isinstance(real, Grant)
+            self.relate_tokens(name, real.token, model.token)
+            self.real_tokens[name, owner] = real.token
+            self.model_tokens[name, owner] = model.token
+        elif isinstance(model, LimitMismatchError):
+            assert isinstance(real, LimitMismatchError)
+            require(
+                (real.limit, real.held_limit) == (model.limit, model.held_limit),
+                f"limit mismatch differs: real {real!r}, model {model!r}",
+            )
+
+    @staticmethod
+    def _outcome(call: Callable[[], T]) -> T | LimitMismatchError:
+        try:
+            return call()
+        except LimitMismatchError as exc:
+            return exc
+
+    @precondition(lambda self: self.permits)
+    @rule(suffix=st.sampled_from(("/sem", "/rw")), owner=st.sampled_from(PERMIT_OWNERS))
+    def renew_permit(self, suffix: str, owner: str) -> None:
+        name = self.prefix + suffix
+        real_token, model_token = self.token_of(name, owner)
+        real = self._renew_real(name, owner, real_token, LONG_TTL)
+        model = self._renew_model(name, owner, model_token, LONG_TTL)
+        require(
+            isinstance(real, Grant) == isinstance(model, Grant),
+            f"renew of a permit of {name!r} by {owner}: real {real!r}, model {model!r}",
+        )
+
+    @precondition(lambda self: self.permits)
+    @rule(
+        suffix=st.sampled_from(("/sem", "/rw")),
+        owner=st.sampled_from(PERMIT_OWNERS),
+        with_token=st.booleans(),
+    )
+    def release_permit(self, suffix: str, owner: str, with_token: bool) -> None:
+        name = self.prefix + suffix
+        real_token, model_token = self.token_of(name, owner) if with_token else (None, None)
+        real = self.driver.call(lambda b: b.release(name, owner, real_token))
+        model = self.on_model(lambda b: b.release(name, owner, model_token))
+        require(real == model, f"release of a permit of {name!r}: real {real!r}, model {model!r}")
+
+    @precondition(lambda self: self.permits)
+    @rule(suffix=st.sampled_from(("/sem", "/rw")))
+    def read_permits(self, suffix: str) -> None:
+        name = self.prefix + suffix
+        real = self.driver.call(lambda b: b.read_permits(name))
+        model = self.on_model(lambda b: b.read_permits(name))
+        if real is None or model is None:
+            require(real is model, f"read_permits({name!r}): real {real!r}, model {model!r}")
+            return
+        require(
+            (real.limit, real.waiting, _weights(real))
+            == (model.limit, model.waiting, _weights(model)),
+            f"read_permits({name!r}): real {real!r}, model {model!r}",
+        )
+        tokens = {h.owner: h.token for h in real.holders}
+        for holder in model.holders:
+            self.relate_tokens(name, tokens[holder.owner], holder.token)
+
+
+def _weights(permits: PermitHolders) -> dict[str, int]:
+    """Each holder's weight, by owner."""
+    return {h.owner: w for h, w in zip(permits.holders, permits.weights, strict=True)}
+
+
+async def _serves_permits(backend: Backend) -> bool:
+    return Capability.SEMAPHORE in backend.capabilities
 
 
 async def _wait_free(backend: Backend, name: str) -> None:

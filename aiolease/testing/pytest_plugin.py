@@ -9,12 +9,19 @@ Without either, the URLs are ``memory://`` and, when :mod:`aiolease.backends.sql
 imports, a SQLite file in a temporary directory. ``{tmp}`` in a URL is replaced by
 a per-session temporary directory.
 
-Fixtures (the async ones need anyio's ``anyio_backend`` fixture, as any anyio test):
+Fixtures:
 
 * ``aiolease_url``: parametrised over the URLs (ids are the schemes)
 * ``aiolease_backend``: an open backend for the URL
 * ``aiolease_backend_factory``: opens a fresh backend per call, for
   :mod:`aiolease.testing.conformance`
+* ``aiolease_driven_backend``: a fresh :class:`~aiolease.testing.memory.DrivenMemoryBackend`
+
+``aiolease_backend`` and ``aiolease_backend_factory`` open their backend on the event
+loop that runs the test: anyio's (a test that uses ``anyio_backend``, as any anyio
+test does), or pytest-asyncio's, in the test's loop scope (a test with its
+``asyncio`` mark, which its auto mode adds), so that the backend's renewals run
+while the test does.
 * ``aiolease_server``: a function that takes a service name of
   :data:`aiolease.testing.servers.SERVERS` (``"redis"``, ``"etcd-cluster"``, ...) and
   returns its URL once every address in it accepts connections
@@ -47,12 +54,14 @@ from .._urls import redact
 from ..abc import Backend
 from . import servers
 from ._support import BackendFactory
+from .memory import DrivenMemoryBackend
 
 __all__ = [
     "ALLOW_SKIP_ENV",
     "URLS_ENV",
     "aiolease_backend",
     "aiolease_backend_factory",
+    "aiolease_driven_backend",
     "aiolease_server",
     "aiolease_url",
     "default_urls",
@@ -215,29 +224,116 @@ def aiolease_server() -> Callable[[str], str]:
 
 
 @pytest.fixture
-async def aiolease_backend(aiolease_url: str, anyio_backend: object) -> AsyncIterator[Backend]:
-    """An open backend for :func:`aiolease_url`, closed after the test."""
+def aiolease_backend(request: pytest.FixtureRequest, aiolease_url: str) -> Backend:
+    """An open backend for :func:`aiolease_url`, closed after the test: opened on the
+    event loop the test runs on (anyio's, or pytest-asyncio's in its loop scope)."""
+    backend: Backend = request.getfixturevalue(_on_the_tests_loop(request, "backend"))
+    return backend
+
+
+@pytest.fixture
+def aiolease_backend_factory(request: pytest.FixtureRequest, aiolease_url: str) -> BackendFactory:
+    """Opens a fresh backend for :func:`aiolease_url` on each call.
+
+    The backend is opened once up front (on the test's event loop, as for
+    :func:`aiolease_backend`), so an unreachable server is reported here.
+    """
+    factory: BackendFactory = request.getfixturevalue(_on_the_tests_loop(request, "factory"))
+    return factory
+
+
+@pytest.fixture
+def aiolease_driven_backend() -> DrivenMemoryBackend:
+    """A fresh :class:`~aiolease.testing.memory.DrivenMemoryBackend` (no event loop needed
+    to make one: any test, of any plugin, may use it)."""
+    return DrivenMemoryBackend()
+
+
+#: pytest-asyncio's loop scopes: each async fixture is made once per scope, so that it
+#: runs on the loop of the test that asks for it.
+_LOOP_SCOPES = ("function", "class", "module", "package", "session")
+
+
+def _on_the_tests_loop(request: pytest.FixtureRequest, what: str) -> str:
+    """The name of the fixture that makes ``what`` on the event loop of the test.
+
+    An anyio test (it uses ``anyio_backend``) gets anyio's; a pytest-asyncio test (its
+    ``asyncio`` mark, which pytest-asyncio's auto mode adds too) gets the one of its
+    loop scope, which pytest-asyncio runs on that loop. Anything else gets anyio's.
+    """
+    if "anyio_backend" not in request.fixturenames and request.config.pluginmanager.has_plugin(
+        "asyncio"
+    ):
+        marker = request.node.get_closest_marker("asyncio")
+        if marker is not None:
+            scope = (
+                marker.kwargs.get("loop_scope")
+                or marker.kwargs.get("scope")
+                or request.config.getini("asyncio_default_test_loop_scope")
+                or "function"
+            )
+            return f"_aiolease_{what}_asyncio_{scope}"
+    return f"_aiolease_{what}_anyio"
+
+
+async def _open(url: str) -> AsyncIterator[Backend]:
     async with AsyncExitStack() as stack:
         try:
-            backend = await stack.enter_async_context(open_backend(aiolease_url))
+            backend = await stack.enter_async_context(open_backend(url))
         except (BackendError, BackendNotFound) as exc:
-            _unreachable(f"backend {redact(aiolease_url)!r}", exc)
+            _unreachable(f"backend {redact(url)!r}", exc)
             raise
         yield backend
 
 
-@pytest.fixture
-async def aiolease_backend_factory(
-    aiolease_url: str, anyio_backend: object
-) -> AsyncIterator[BackendFactory]:
-    """Opens a fresh backend for :func:`aiolease_url` on each call.
-
-    The backend is opened once up front, so an unreachable server is reported here.
-    """
+async def _factory(url: str) -> AsyncIterator[BackendFactory]:
     try:
-        async with open_backend(aiolease_url):
+        async with open_backend(url):
             pass
     except (BackendError, BackendNotFound) as exc:
-        _unreachable(f"backend {redact(aiolease_url)!r}", exc)
+        _unreachable(f"backend {redact(url)!r}", exc)
         raise
-    yield lambda: open_backend(aiolease_url)
+    yield lambda: open_backend(url)
+
+
+@pytest.fixture
+async def _aiolease_backend_anyio(
+    aiolease_url: str, anyio_backend: object
+) -> AsyncIterator[Backend]:
+    async for backend in _open(aiolease_url):
+        yield backend
+
+
+@pytest.fixture
+async def _aiolease_factory_anyio(
+    aiolease_url: str, anyio_backend: object
+) -> AsyncIterator[BackendFactory]:
+    async for factory in _factory(aiolease_url):
+        yield factory
+
+
+def _asyncio_fixtures() -> dict[str, object]:
+    """The fixtures of :func:`_on_the_tests_loop` for pytest-asyncio's tests, one per
+    loop scope (none if pytest-asyncio is not installed)."""
+    try:
+        pytest_asyncio = importlib.import_module("pytest_asyncio")
+    except ImportError:
+        return {}
+    fixtures: dict[str, object] = {}
+    for scope in _LOOP_SCOPES:
+
+        async def backend(aiolease_url: str) -> AsyncIterator[Backend]:
+            async for opened in _open(aiolease_url):
+                yield opened
+
+        async def factory(aiolease_url: str) -> AsyncIterator[BackendFactory]:
+            async for made in _factory(aiolease_url):
+                yield made
+
+        for what, fn in (("backend", backend), ("factory", factory)):
+            name = f"_aiolease_{what}_asyncio_{scope}"
+            fixtures[name] = pytest_asyncio.fixture(fn, loop_scope=scope, name=name)
+    return fixtures
+
+
+globals().update(_asyncio_fixtures())

@@ -89,6 +89,7 @@ from ._remote_wire import (
     _ProtocolError,
     _reply_to,
     _seconds,
+    encode_permits,
 )
 
 __all__ = ["PROTOCOL", "BackendServer", "RemoteBackend", "main"]
@@ -205,6 +206,23 @@ class BackendServer:
             if isinstance(result, Grant):
                 return {"grant": _encode_grant(result, received)}
             return {"holder": _encode_holder(result)}
+        if op == "try_acquire_permit":
+            ttl = _seconds(args, "ttl")
+            owner, identity = _field(args, "owner", str), _field(args, "identity", str)
+            limit, weight = _field(args, "limit", int), _field(args, "weight", int)
+            result = await backend.try_acquire_permit(
+                name, owner, ttl, identity, _metadata(args), limit, weight
+            )
+            if isinstance(result, Grant):
+                return {"grant": _encode_grant(result, received)}
+            return {"holder": _encode_holder(result)}
+        if op == "read_permits":
+            return encode_permits(await backend.read_permits(name))
+        if op == "wait_permit_turn":
+            owner, ttl = _field(args, "owner", str), _seconds(args, "ttl")
+            seen = args.get("seen") if isinstance(args, dict) else None
+            await backend.wait_permit_turn(name, owner, ttl, _decode_holder(seen))
+            return None
         if op == "renew":
             ttl = _seconds(args, "ttl")
             owner, token = _field(args, "owner", str), _field(args, "token", int)
@@ -231,6 +249,10 @@ class BackendServer:
             owner, token = _field(args, "owner", str), _field(args, "token", int)
             reason = await backend.wait_lost(name, owner, token)
             return reason.value
+        if op == "update_metadata":
+            owner, token = _field(args, "owner", str), _field(args, "token", int)
+            await backend.update_metadata(name, owner, token, _metadata(args))
+            return None
         raise _ProtocolError(f"unknown operation {op!r}")
 
 

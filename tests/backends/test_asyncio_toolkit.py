@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
+import logging
 import math
 import sys
 from collections.abc import Awaitable, Callable
@@ -19,6 +21,7 @@ import anyio
 import pytest
 
 from aiolease.backends._asyncio import (
+    Tasks,
     cancel_requests,
     guarded,
     now,
@@ -321,3 +324,46 @@ async def test_retrieve_marks_an_outcome_seen() -> None:
 
     reported = await on_asyncio(body)
     assert [str(context.get("exception")) for context in reported] == ["never retrieved"]
+
+
+# -- Tasks ------------------------------------------------------------------------------------
+
+
+async def test_tasks_log_failures_and_are_cancelled_and_awaited_by_aclose(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    logger = logging.getLogger("aiolease.test-tasks")
+
+    async def body() -> tuple[list[str], int, int]:
+        tasks = Tasks(logger)
+        seen: list[str] = []
+        failed = asyncio.Event()
+
+        async def fail() -> None:
+            failed.set()
+            raise LookupError("lost in the background")
+
+        async def forever() -> None:
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await asyncio.sleep(0)  # still awaited by aclose, once cancelled
+                seen.append("forever ended")
+
+        tasks.spawn(fail(), "failing")
+        tasks.spawn(forever(), "forever")
+        await failed.wait()
+        await asyncio.sleep(0)
+        running = len(tasks)
+        await tasks.aclose()
+        late = forever()
+        tasks.spawn(late, "after close")  # closed, never run: no "never awaited" warning
+        assert inspect.getcoroutinestate(late) == inspect.CORO_CLOSED
+        await tasks.aclose()  # idempotent
+        return seen, running, len(tasks)
+
+    with caplog.at_level(logging.ERROR, "aiolease.test-tasks"):
+        seen, running, left = await on_asyncio(body)
+    assert (seen, running, left) == (["forever ended"], 1, 0)
+    [record] = caplog.records
+    assert "failing" in record.getMessage() and record.exc_info is not None

@@ -7,6 +7,10 @@ reached through a :class:`FaultProxy` that cuts the holder off.
 * with the server blackholed, ``LeaseLostError`` leaves the ``async with`` right after
   the body stops, not after the release of the lost lease timed out, and an
   elector's ``on_defeated`` is called before that release is awaited.
+
+The other reasons need no fault: ``MAX_HOLD`` on real servers is in
+``test_hold_limits.py``; ``UNHEALTHY``, ``RELEASED`` and ``SHUTDOWN`` are in
+``tests/core``.
 """
 
 from __future__ import annotations

@@ -303,3 +303,57 @@ def test_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("XDG_STATE_HOME", "relative/ignored")
     monkeypatch.setenv("HOME", str(tmp_path))
     assert state_dir() == tmp_path / ".local" / "state" / "aiolease"
+
+
+# -- --max-hold and --min-hold ----------------------------------------------------------------
+
+
+#: A command that runs until it is stopped (it may be stopped before it even started).
+SLEEPER = [PY, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.mark.anyio
+async def test_max_hold_stops_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    with anyio.fail_after(30):
+        code = await run(
+            lock_argv("n", SLEEPER, "--ttl", "5", "--max-hold", "0.3"), backend=backend
+        )
+    assert code == EXIT_LOST
+    assert "held lock 'n' for --max-hold; the command was stopped" in capsys.readouterr().err
+    assert await backend.read("n") is None
+
+
+@pytest.mark.anyio
+async def test_min_hold_keeps_the_lock_after_the_command(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    backend = MemoryBackend()
+    argv = lock_argv("n", [PY, "-c", "pass"], "--min-hold", "60", "--timeout", "0")
+    assert await run(argv, backend=backend) == 0
+    assert await backend.read("n") is not None
+    assert await run(argv, backend=backend) == EXIT_TIMEOUT  # it ran less than 60 s ago
+    assert "(held by " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--max-hold", "--min-hold"])
+def test_bad_hold_limits_are_usage_errors(option: str) -> None:
+    assert main(lock_argv("n", [PY, "-c", "pass"], option, "0")) == EXIT_USAGE
+
+
+#: Runs until it is stopped in the first term; exits by itself (0) in any later one.
+FIRST_TERM_SLEEPS = [
+    PY,
+    "-c",
+    "import os, sys, time\nif os.environ['AIOLEASE_TOKEN'] == '1': time.sleep(60)",
+]
+
+
+@pytest.mark.anyio
+async def test_elect_max_hold_ends_each_term(capsys: pytest.CaptureFixture[str]) -> None:
+    backend = MemoryBackend()
+    argv = ["elect", "e", "--ttl", "0.3", "--max-hold", "0.5", "--", *FIRST_TERM_SLEEPS]
+    with anyio.fail_after(30):
+        code = await run(argv, backend=backend)  # campaigned again after the first term
+    assert code == 0
+    assert "lost leadership of 'e' (max_hold)" in capsys.readouterr().err

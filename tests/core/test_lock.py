@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import anyio
 import pytest
@@ -12,6 +13,7 @@ from trio.testing import MockClock
 import aiolease
 from aiolease import (
     AsyncLock,
+    Lease,
     LeaseExpiredError,
     LeaseHeldError,
     LeaseLostError,
@@ -208,8 +210,20 @@ async def test_timeout_zero_is_one_try(inner: MemoryBackend) -> None:
     lock = AsyncLock(inner, "job", ttl=5, identity="first")
     lease = await lock.acquire(timeout=0)  # free: granted, not cancelled before it is sent
     assert (await inner.read("job")) is not None
-    with pytest.raises(TimeoutError, match="held by 'first'"):
-        await AsyncLock(inner, "job", ttl=5, identity="second").acquire(timeout=0)
+    second = AsyncLock(inner, "job", ttl=5, identity="second")
+    # One try, exactly as acquire_nowait(): LeaseHeldError naming the holder.
+    one_try: list[Callable[[], Awaitable[Lease]]] = [
+        functools.partial(second.acquire, timeout=0),
+        second.acquire_nowait,
+    ]
+    for attempt in one_try:
+        with pytest.raises(LeaseHeldError) as info:
+            await attempt()
+        assert info.value.holder is not None
+        assert (info.value.holder.identity, info.value.holder.token) == ("first", lease.token)
+    with pytest.raises(LeaseHeldError):
+        async with second.hold(timeout=0):
+            pytest.fail("entered a held lock")
     async with AsyncLock(inner, "other", ttl=5).hold(timeout=0) as held:
         assert held.token >= 1
     assert await lease.release()

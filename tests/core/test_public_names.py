@@ -25,6 +25,7 @@ PUBLIC_MODULES = [
     "aiolease.testing.conformance",
     "aiolease.testing.etcd_cluster",
     "aiolease.testing.faults",
+    "aiolease.testing.memory",
     "aiolease.testing.model",
     "aiolease.testing.proxy",
     "aiolease.testing.pytest_plugin",

@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 import aiolease
+from aiolease import LossReason, NotOwnerError
 from aiolease.abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from aiolease.backends.memory import MemoryBackend, _Record
 from aiolease.testing import conformance
@@ -24,6 +25,7 @@ from aiolease.testing.conformance import (
     check_backend,
     check_bad_arguments_rejected,
     check_elector_one_leader,
+    check_elector_proclaim,
     check_holder_reported,
     check_idempotent_retry,
     check_lock_acquire_nowait,
@@ -38,6 +40,8 @@ from aiolease.testing.conformance import (
     check_renew_requires_owner,
     check_renew_resets,
     check_tokens_increase,
+    check_update_metadata,
+    check_update_metadata_wakes,
     check_wait_changed_on_release,
     check_wait_changed_prompt,
     checks_for,
@@ -140,6 +144,54 @@ async def test_the_default_wait_changed_conforms(check: Check) -> None:
     await check(_PollingDefault)
 
 
+class _ProclaimIgnored(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await anyio.lowlevel.checkpoint()  # answers as if done, changes nothing
+
+
+class _ProclaimByAnyone(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        record = self._live(name)
+        if record is not None:  # whoever asks
+            await super().update_metadata(name, record.owner, record.token, metadata)
+
+
+class _ProclaimSilent(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await anyio.lowlevel.checkpoint()
+        record = self._live(name)
+        if record is None or (record.owner, record.token) != (owner, token):
+            raise NotOwnerError(name)
+        record.metadata = dict(metadata)  # nobody woken
+
+
+class _ProclaimEndsTerm(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await super().update_metadata(name, owner, token, metadata)
+        for _, _, taken in list(self._takers.get(name, {}).values()):
+            taken(LossReason.STOLEN)  # the announcement taken for a takeover
+
+
+class _ProclaimRenews(MemoryBackend):
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        await super().update_metadata(name, owner, token, metadata)
+        self._records[name].expires_at = self._clock() + 30.0  # as a retry of the grant would
+
+
+class _ProclaimUndeclared(MemoryBackend):
+    capabilities = MemoryBackend.capabilities - {Capability.PROCLAIM}  # yet it answers
+
+
 class _ReadsAnyName(MemoryBackend):
     async def read(self, name: str) -> HolderInfo | None:
         record = self._records.get(name)  # any key: a bad name reads as free
@@ -176,6 +228,12 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_SleepsOutTtl, check_wait_changed_prompt),
     (_ReadsAnyName, check_bad_arguments_rejected),
     (_RenewsAnyTtl, check_bad_arguments_rejected),
+    (_ProclaimIgnored, check_update_metadata),
+    (_ProclaimByAnyone, check_update_metadata),
+    (_ProclaimUndeclared, check_update_metadata),
+    (_ProclaimRenews, check_update_metadata),
+    (_ProclaimSilent, check_update_metadata_wakes),
+    (_ProclaimEndsTerm, check_elector_proclaim),
 ]
 
 

@@ -21,7 +21,15 @@ import pytest
 
 from aiolease import Capability, Events, LossReason
 from aiolease._bridge import AsyncioBridge, running_trio
-from aiolease.abc import Backend, ForwardingBackend, Grant, HolderInfo, Renewal, RenewResult
+from aiolease.abc import (
+    Backend,
+    ForwardingBackend,
+    Grant,
+    HolderInfo,
+    PermitHolders,
+    Renewal,
+    RenewResult,
+)
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.remote import BackendServer, RemoteBackend
 
@@ -90,9 +98,34 @@ class Recorder(Backend):
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         self.calls.append("wait_turn")
 
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        self.calls.append("try_acquire_permit")
+        return HELD
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        self.calls.append("read_permits")
+        return PermitHolders(name, 3, (HELD,), (1,), 2)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        self.calls.append("wait_permit_turn")
+
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         self.calls.append("wait_lost")
         return LossReason.EXPIRED
+
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        self.calls.append("update_metadata")
 
     def hold(
         self, name: str, owner: str, token: int, ended: Callable[[LossReason], object]
@@ -126,6 +159,10 @@ PROBES: dict[str, Callable[[Backend], Any]] = {
     "wait_taken": lambda b: b.wait_taken("n", HELD),
     "wait_turn": lambda b: b.wait_turn("n", "o2", 5.0, HELD),
     "wait_lost": lambda b: b.wait_lost("n", "o", 7),
+    "update_metadata": lambda b: b.update_metadata("n", "o", 7, {"k": "w"}),
+    "try_acquire_permit": lambda b: b.try_acquire_permit("n", "o", 5.0, "id", {}, 3, 1),
+    "read_permits": lambda b: b.read_permits("n"),
+    "wait_permit_turn": lambda b: b.wait_permit_turn("n", "o2", 5.0, HELD),
     "hold": lambda b: b.hold("n", "o", 7, _ignore),
     "on_taken": lambda b: b.on_taken("n", "o", 7, _ignore),
     "aclose": lambda b: b.aclose(),  # last: it closes the wrapper
@@ -235,6 +272,13 @@ class _TurnIsAChange(FaultyBackend):
         await self.wait_changed(name, seen)
 
 
+class _PermitsPoll(FaultyBackend):
+    """Waits for a permit's turn by the contract's default poll, not the wrapped one's."""
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await Backend.wait_permit_turn(self, name, owner, ttl, seen)
+
+
 class _NoBatch(FaultyBackend):
     """Renews a batch one by one, and says it does not batch."""
 
@@ -276,6 +320,7 @@ class _ReleasesLate(AsyncioBridge):
 
 MUTANTS: dict[str, tuple[Callable[[Recorder], Backend], list[str]]] = {
     "wait_turn": (_TurnIsAChange, ["wait_turn"]),
+    "wait_permit_turn": (_PermitsPoll, ["wait_permit_turn"]),
     "renew_many": (_NoBatch, ["renews_many", "renew_many"]),
     "capabilities": (_ClassCapabilities, ["capabilities"]),
     "hold": (_KeepsNothing, ["hold"]),

@@ -17,6 +17,7 @@ from aiolease.abc import Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.model import make_model_machine
 from tests.testing.mutants import ReleaseByAnyone, TokensRestart
+from tests.testing.test_permit_checks import _GrantsPastLimit, _NoQueue, _TakesAnyLimit
 
 SETTINGS = settings(
     max_examples=30,
@@ -61,7 +62,15 @@ class _ForgetsMetadata(MemoryBackend):
 
 @pytest.mark.parametrize(
     "mutant",
-    [TokensRestart, ReleaseByAnyone, _RenewRevives, _ForgetsMetadata],
+    [
+        TokensRestart,
+        ReleaseByAnyone,
+        _RenewRevives,
+        _ForgetsMetadata,
+        _GrantsPastLimit,
+        _NoQueue,
+        _TakesAnyLimit,
+    ],
     ids=lambda m: m.__name__.strip("_"),
 )
 def test_model_catches_broken_backend(mutant: type[MemoryBackend]) -> None:

@@ -19,11 +19,11 @@ from .._asyncio import now, retrieve, run_to_end
 
 __all__ = [
     "CallCancelled",
-    "Tasks",
     "await_unary",
     "cancellable",
     "finishing",
     "shielded",
+    "unshielded",
 ]
 
 T = TypeVar("T")
@@ -190,37 +190,9 @@ async def _in_shield(coro: Coroutine[Any, Any, T]) -> T:
     return await coro
 
 
-async def _unshielded(coro: Coroutine[Any, Any, None]) -> None:
+async def unshielded(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` as a background task (:class:`~aiolease.backends._asyncio.Tasks`)
+    of the backend: cancelled when the backend closes, even if it was started inside
+    :func:`shielded`."""
     _SHIELDED.set(False)  # a background task is cancelled when the backend closes
     await coro
-
-
-class Tasks:
-    """Background tasks owned by one backend object, cancelled and awaited by :meth:`aclose`."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.closed = False
-
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        """Run ``coro`` in the background (its failure is logged, never lost)."""
-        if self.closed:
-            coro.close()
-            return
-        task = asyncio.get_running_loop().create_task(_unshielded(coro), name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("etcd backend task %s failed", task.get_name(), exc_info=task.exception())
-
-    async def aclose(self) -> None:
-        """Cancel every task and wait until all have ended. Idempotent."""
-        self.closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)

@@ -21,14 +21,14 @@ from ..._exceptions import (
     LossReason,
     NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now
 from ._aio import finishing, shielded
 from ._channel import open_channel, seconds
 from ._handoff import Handoffs
-from ._keys import DEFAULT_PREFIX, Layout, encode_value, with_owner
+from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
 from ._url import parse_bool, parse_url
@@ -59,8 +59,9 @@ SPARE_SLOTS = 4
 
 T = TypeVar("T")
 
-#: What was last read of a name: the holder's identity, the revision, the holder's key.
-_Seen = tuple[tuple[str, int] | None, int, bytes]
+#: What was last read of a name: the holder's state (:func:`state_of`), the revision,
+#: the holder's key.
+_Seen = tuple[object, int, bytes]
 
 
 def _any_event(event: Any) -> bool:
@@ -107,6 +108,7 @@ CAPABILITIES = frozenset(
         Capability.DURABLE_TOKENS,
         Capability.SESSION,
         Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
     }
 )
 
@@ -239,11 +241,9 @@ class EtcdBackend(Backend):
     def _remember(self, name: str, holder: HolderInfo | None, revision: int, key: bytes) -> None:
         """Note that ``holder`` (its key ``key``) held ``name`` at ``revision`` (for
         :meth:`wait_changed`)."""
-        self._remember_identity(name, identity_of(holder), int(revision), key)
+        self._remember_identity(name, state_of(holder), int(revision), key)
 
-    def _remember_identity(
-        self, name: str, identity: tuple[str, int] | None, revision: int, key: bytes
-    ) -> None:
+    def _remember_identity(self, name: str, identity: object, revision: int, key: bytes) -> None:
         self._seen.pop(name, None)
         if len(self._seen) >= SEEN_LIMIT:
             del self._seen[next(iter(self._seen))]
@@ -357,7 +357,9 @@ class EtcdBackend(Backend):
         self._check_open()
         if reply.succeeded:
             token = int(reply.header.revision)
-            self._remember_identity(name, (owner, token), token, self._layout.key(name, slot))
+            metadata = decode_value(value)[1]
+            state = (owner, token, tuple(sorted(metadata.items())))
+            self._remember_identity(name, state, token, self._layout.key(name, slot))
             self._values.pop((name, owner), None)
             entry = Entry(name, owner, token, session, touched + ttl, slot=slot)
             self._sessions.attach(entry)
@@ -639,6 +641,24 @@ class EtcdBackend(Backend):
         """Delete the key of a grant nobody renewed (the sessions' horizon)."""
         await self._wire.txn(self._layout.delete(name, slot, token))
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Write ``owner``'s key of ``name`` anew with ``metadata`` (etcd's Proclaim: a
+        txn that requires the key to be grant ``token`` and the first; it keeps the
+        key's create revision, so the token, and its session lease). Watchers of the
+        key see a new value; the holder's takeover watch waits for a deletion only."""
+        self._check_open()
+        kv = await self._find(name, owner, token)
+        if kv is None:
+            raise NotOwnerError(name)
+        holder = self._layout.holder(name, kv)
+        slot = self._layout.slot(name, kv)
+        value = encode_value(holder.identity, metadata, None if slot == owner else owner)
+        reply = await self._wire.txn(self._layout.update(name, slot, token, value))
+        if not reply.succeeded:
+            raise NotOwnerError(name)
+
     async def read(self, name: str) -> HolderInfo | None:
         self._check_open()
         reply = await self._wire.range(self._layout.first(name))
@@ -649,20 +669,21 @@ class EtcdBackend(Backend):
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Watch from the revision at which ``seen`` was last read: for the holder's
-        key to go (or, when free, for a key to appear). One round trip when ``seen``
+        key to go or change (or, when free, for a key to appear). One round trip when ``seen``
         came from this backend's latest read of ``name``, two otherwise."""
         self._check_open()
-        expected = identity_of(seen)
+        expected = state_of(seen)
         known = self._seen.get(name)
         if known is None or known[0] != expected:
-            if identity_of(await self.read(name)) != expected:
+            if state_of(await self.read(name)) != expected:
                 return
             known = self._seen[name]
         if seen is None:
             await self._wire.watch(self._layout.watch_create(name, known[1]), _any_event)
         else:
+            # Its deletion, or a new value: the holder's new metadata (update_metadata).
             key = known[2] or self._layout.key(name, seen.owner)
-            await self._wire.watch(self._layout.watch_delete(key, known[1]), _any_event)
+            await self._wire.watch(self._layout.watch_key(key, known[1]), _any_event)
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Fair mode: queue ``owner``'s key, then watch only its predecessor's."""

@@ -277,6 +277,23 @@ class Layout:
             success=[rpc.RequestOp(request_put=put)],
         )
 
+    def update(self, name: str, slot: str, token: int, value: bytes) -> Any:
+        """Txn: write ``value`` to ``slot``'s key of ``name`` if it is grant ``token`` and
+        the first key of ``name`` (the holder), keeping its lease (and so its session)."""
+        key, start = self.key(name, slot), self.start(name)
+        first = rpc.Compare(
+            key=start,
+            range_end=prefix_end(start),
+            target=rpc.Compare.CREATE,
+            result=rpc.Compare.GREATER,
+            create_revision=token - 1,
+        )
+        put = rpc.PutRequest(key=key, value=value, ignore_lease=True)
+        return rpc.TxnRequest(
+            compare=[_compare_create(key, token), first],
+            success=[rpc.RequestOp(request_put=put)],
+        )
+
     def delete_key(self, name: str, slot: str) -> Any:
         """DeleteRange: delete ``slot``'s key of ``name``, whatever grant it is."""
         return rpc.DeleteRangeRequest(key=self.key(name, slot))
@@ -299,6 +316,11 @@ class Layout:
         return rpc.WatchCreateRequest(
             key=key, start_revision=after + 1, filters=[rpc.WatchCreateRequest.NOPUT]
         )
+
+    def watch_key(self, key: bytes, after: int) -> Any:
+        """Watch for any change of ``key`` after revision ``after``: its deletion, or a
+        new value (a holder's new metadata)."""
+        return rpc.WatchCreateRequest(key=key, start_revision=after + 1)
 
     def watch_create(self, name: str, after: int) -> Any:
         """Watch for a new key of ``name`` after revision ``after``."""

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..._exceptions import BackendError, BackendUnavailable, LossReason
-from .._asyncio import now, wait_until
-from ._aio import Tasks, shielded
+from .._asyncio import Tasks, now, wait_until
+from ._aio import shielded, unshielded
 from ._wire import LeaseIdTaken, Wire
 
 __all__ = ["Entry", "Session", "SessionStats", "Sessions"]
@@ -173,7 +173,7 @@ class Sessions:
         self.entries: dict[tuple[str, str], Entry] = {}
         #: ``(name, owner, token)`` of expired grants whose keys are being deleted.
         self.doomed: set[tuple[str, str, int]] = set()
-        self._tasks = Tasks()
+        self._tasks = Tasks(logger)
         self._closed = False
         self._delete: Callable[[str, str, int], Awaitable[object]] | None = None
         self._dropped: Callable[[Entry], object] = lambda entry: None
@@ -198,7 +198,7 @@ class Sessions:
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` in the background until done or the sessions close."""
-        self._tasks.spawn(coro, name)
+        self._tasks.spawn(unshielded(coro), name)
 
     # -- getting a session -------------------------------------------------------------
 
@@ -272,7 +272,7 @@ class Sessions:
         raise BackendError("etcd lease grant: every lease id tried was taken")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], session: Session) -> None:
-        self._tasks.spawn(coro, f"etcd session {session.lease_id:x}")
+        self._tasks.spawn(unshielded(coro), f"etcd session {session.lease_id:x}")
 
     def _check_open(self) -> None:
         if self._closed:

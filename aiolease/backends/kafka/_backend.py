@@ -19,8 +19,7 @@ from ..._exceptions import (
     NotOwnerError,
 )
 from ...abc import Backend, Capability, Grant, HolderInfo, SessionClock
-from .._asyncio import now, timeout_after, wait_event
-from ..etcd._aio import Tasks
+from .._asyncio import Tasks, now, timeout_after, wait_event
 from ._group import record_of, view_of
 from ._member import Member, Term
 from ._names import check_name
@@ -104,7 +103,7 @@ class KafkaBackend(Backend):
         self._members: dict[str, dict[_Candidate, Member]] = {}
         self._floors: dict[str, int] = {}
         self._topics: set[str] = set()
-        self._tasks = Tasks()
+        self._tasks = Tasks(logger)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -378,7 +377,7 @@ class KafkaBackend(Backend):
         described = await self._wire.describe(group)
         state, members = str(described[2]), described[-1]
         if state in ("Empty", "Dead") or not members:
-            return None  # (a leader keeps its term through a rebalance: not those states)
+            return None  # (in a rebalance, the last generation's leader may be named)
         for described_member in members:
             view = view_of(bytes(described_member[-1] or b""))
             if view is not None and view.leader == described_member[0]:

@@ -4,15 +4,16 @@ Every member offers one assignment protocol (:data:`~._wire.PROTOCOL`) in the
 consumer protocol's format, subscribed to the name's one-partition topic; its user
 data says who the member is (JSON)::
 
-    {"i": identity, "m": metadata, "f": highest token seen, "l": holds a term now,
+    {"i": identity, "m": metadata, "f": highest token seen,
      "s": the first generation it was in (null: none yet)}
 
 The member the coordinator picks as the group's leader runs :func:`assign`. With
-``top = max(committed offset, every member's highest token seen)``: a member that
-holds a term with token ``top`` keeps partition 0 and its term (a sticky choice: a
-rebalance caused by another member does not interrupt the leader); otherwise the
-first member listed gets partition 0 and a new term with token ``top + 1``. Every
-member gets the same user data::
+``top = max(committed offset, every member's highest token seen)``: the member that
+has waited longest (in the group since the oldest generation) gets partition 0 and a
+new term with token ``top + 1``. Every rebalance starts a new term: a member steps
+down before it rejoins (the eager protocol revokes every assignment), so the leader
+of the last generation, the longest-waiting member, usually leads the next one too,
+with a new token. Every member gets the same user data::
 
     {"g": generation, "o": leader's member id, "i": identity, "m": metadata, "t": token,
      "q": the broker lost the committed token that members remember}
@@ -49,7 +50,6 @@ class Candidate:
     identity: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
     floor: int = 0
-    led: bool = False
     since: int | None = None
 
 
@@ -72,11 +72,10 @@ def candidate_bytes(
     identity: str,
     metadata: Mapping[str, str],
     floor: int,
-    led: bool,
     since: int | None,
 ) -> bytes:
     """The join metadata of a member."""
-    user = json.dumps({"i": identity, "m": dict(metadata), "f": floor, "l": led, "s": since})
+    user = json.dumps({"i": identity, "m": dict(metadata), "f": floor, "s": since})
     encoded: bytes = ProtocolMetadata(0, [topic], user.encode()).encode()
     return encoded
 
@@ -90,7 +89,6 @@ def _candidate(member: str, raw: bytes) -> Candidate:
             str(user["i"]),
             dict(user["m"]),
             int(user["f"]),
-            bool(user["l"]),
             None if since is None else int(since),
         )
     except Exception:  # a member that is not ours: it may be a candidate, never a source
@@ -108,14 +106,11 @@ def assign(
     """
     candidates = [_candidate(str(m[0]), bytes(m[-1])) for m in members]
     top = max([committed, *(c.floor for c in candidates)])
-    holders = [c for c in candidates if c.led and c.floor == top]
-    # Sticky: a member that holds the newest term keeps it (same token); otherwise the
-    # member that has waited longest (in the group since the oldest generation)
-    # starts a new term.
-    waited = sorted(candidates, key=lambda c: (c.since is None, c.since or 0))
-    leader = holders[0] if holders else waited[0]
+    # The member that has waited longest (in the group since the oldest generation)
+    # starts a new term: every member stepped down before it rejoined.
+    leader = min(candidates, key=lambda c: (c.since is None, c.since or 0))
     logger.debug("assign generation %d: %s -> %s", generation, candidates, leader.member)
-    token = top if holders else top + 1
+    token = top + 1
     user = json.dumps(
         {
             "g": generation,

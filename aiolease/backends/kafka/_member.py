@@ -12,14 +12,16 @@ heartbeat it answered without error: :attr:`Member.expires`. The core's deadline
 a term is that minus its margin, so the leader stops before the coordinator can
 drop it and give partition 0 to someone else.
 
-Stepping down. A heartbeat answered "rebalance in progress" (or "unknown member",
-"illegal generation") ends the term at once (``ended(STOLEN)``), and the member
-rejoins only once the core has released the lease (its work has stopped), or once
-its deadline has passed: the group cannot move partition 0 before this member
+Stepping down. Every rebalance ends the term in progress (Kafka's eager protocol
+revokes every member's assignment): a heartbeat answered "rebalance in progress"
+sends the member back to JoinGroup, and before it joins, its revocation callback
+(:meth:`Member._revoked`) ends the term (``ended(STOLEN)``) and waits until the
+core has released the lease (the holder's work was cancelled and has stopped), or
+until its deadline has passed. The group cannot move partition 0 before this member
 rejoins or the coordinator drops it, so the work is over before a successor starts.
-Every rebalance ends the term in progress (Kafka's eager protocol: the assignment
-is revoked for every member); a leader that is assigned partition 0 again starts a
-new term with a new token.
+A leader that is assigned partition 0 again starts a new term with a new token.
+"Unknown member" and "illegal generation" end the term at once too (the member is
+out of the group already).
 """
 
 from __future__ import annotations
@@ -51,8 +53,11 @@ logger = logging.getLogger("aiolease.backends.kafka")
 
 #: Seconds between two attempts to join after a failure.
 RETRY = 0.25
-#: SyncGroups refused in a row after which the member leaves and joins anew.
-STUCK_SYNCS = 1
+#: SyncGroups refused in a row after which the member leaves and joins anew. Not
+#: after one: a SyncGroup refused because another member joined meanwhile is common
+#: (every rebalance now ends the term, and candidates rejoin more often), and leaving
+#: then starts one more rebalance for everybody (seen in the SIGSTOP safety runs).
+STUCK_SYNCS = 2
 #: Codes after which the member rejoins: it is not (any more) in this generation.
 _REJOIN = frozenset({REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID})
 
@@ -246,12 +251,9 @@ class Member:
     async def _join(self, wire: Wire) -> bool:
         """One round of JoinGroup and SyncGroup; whether this member is now in a
         generation (else it rejoins)."""
-        term = self.term
-        holding = term is not None and not term.over
+        await self._revoked()
         floor = self._floor(None)
-        metadata = candidate_bytes(
-            self.topic, self.identity, self.metadata, floor, holding, self.since
-        )
+        metadata = candidate_bytes(self.topic, self.identity, self.metadata, floor, self.since)
         logger.debug("Kafka group %r: %s (%s) joins", self.group, self.member_id, self.identity)
         response = await wire.join(self.group, self.member_id, self.session, metadata)
         code = int(response.error_code)
@@ -298,14 +300,7 @@ class Member:
         if view is None:
             return False
         self._floor(view.token)
-        term = self.term
-        if view.leader != self.member_id:
-            if term is not None:  # not sticky after all (a foreign assignor): stop at once
-                self._step_down(LossReason.STOLEN)
-        else:
-            if term is not None and (term.over or term.token != view.token):
-                self._step_down(LossReason.STOLEN)
-                term = None
+        if view.leader == self.member_id:
             code = await wire.commit(
                 self.group, self.generation, self.member_id, self.topic, view.token
             )
@@ -314,20 +309,17 @@ class Member:
                 return False
             if not self._accepted(wire, code, "OffsetCommit"):
                 return False
-            if term is None:
-                self.term = Term(view.token, self.generation)
-                if view.lost:  # the old leader may run until its deadline: outwait it
-                    self.term.not_before = now() + self.session
-                    asyncio.get_running_loop().call_later(self.session, self._signal)
-                    logger.warning(
-                        "Kafka group %r: the broker lost the group's token %d; the next"
-                        " term starts after one session timeout",
-                        self.group,
-                        view.token - 1,
-                    )
-                await self._publish(wire, view)
-            else:
-                term.generation = self.generation  # the same term goes on
+            self.term = Term(view.token, self.generation)
+            if view.lost:  # the old leader may run until its deadline: outwait it
+                self.term.not_before = now() + self.session
+                asyncio.get_running_loop().call_later(self.session, self._signal)
+                logger.warning(
+                    "Kafka group %r: the broker lost the group's token %d; the next"
+                    " term starts after one session timeout",
+                    self.group,
+                    view.token - 1,
+                )
+            await self._publish(wire, view)
         self.view = view
         self._signal()
         logger.debug(
@@ -390,7 +382,7 @@ class Member:
                 self.confirmed, self.error = max(self.confirmed, sent), None
                 continue
             if code == REBALANCE_IN_PROGRESS:
-                return  # rejoin at once; a term goes on if the assignor keeps it here
+                return  # rejoin, once the term is revoked (see _join)
             if code in _REJOIN:  # this member is out of the group: so is its term
                 if code == UNKNOWN_MEMBER_ID:
                     self.member_id = ""
@@ -399,6 +391,24 @@ class Member:
             if code in COORDINATOR_MOVED:
                 wire.moved(self.group)
             self._fail(refused(code, f"Heartbeat({self.group!r})"))
+
+    async def _revoked(self) -> None:
+        """The revocation callback, run before every (re)join: Kafka's eager protocol
+        revokes every assignment in a rebalance, so the term ends (``STOLEN``) first.
+
+        It waits until the core has released the term (the holder's work was cancelled
+        and has stopped), at most until :attr:`expires`: the coordinator cannot move
+        partition 0 before this member rejoins or that time passes, so the work is over
+        before the next generation's leader starts. A term nobody took ends at once.
+        """
+        term = self._step_down(LossReason.STOLEN)
+        if term is None or term.owner is None:
+            return
+        logger.debug("Kafka group %r: rebalance; waiting for the term's work to stop", self.group)
+        if not await wait_event(term.released, self.expires - now()):
+            logger.warning(
+                "Kafka group %r: the term's work did not stop before its deadline", self.group
+            )
 
     def _step_down(self, reason: LossReason) -> Term | None:
         """End the term (if any) and forget the view; the ended term."""

@@ -17,12 +17,12 @@ from ..._exceptions import (
     LossReason,
     NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, run_to_end, wait_event
-from ..postgres._takers import Takers
+from .._takers import Takers
 from ..sql._running import finished
 from ..sql._values import check_owner
 from ..sql._wakeups import Wakeups
@@ -214,8 +214,9 @@ class MongoBackend(Backend):
     @property
     def capabilities(self) -> frozenset[Capability]:
         """Server time and multi-process always; durable tokens with majority writes;
-        the fair queue when ``fair``; push wake-ups once a probe found change streams."""
-        caps = {Capability.SERVER_TIME, Capability.MULTI_PROCESS}
+        the fair queue when ``fair``; push wake-ups once a probe found change streams;
+        metadata updates in place always."""
+        caps = {Capability.SERVER_TIME, Capability.MULTI_PROCESS, Capability.PROCLAIM}
         if self._w == "majority":
             caps.add(Capability.DURABLE_TOKENS)
         if self._fair:
@@ -526,6 +527,23 @@ class MongoBackend(Backend):
             )
         return bool(result.matched_count)
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the metadata of ``owner``'s live grant ``token`` (one update, judged
+        live on the server's clock); its change event wakes every backend's watchers."""
+        self._check_open()
+        with mapped(self._url):
+            result = await _whole(
+                self._coll.update_one(
+                    pipelines.live_filter(name, owner, token),
+                    pipelines.update_metadata(metadata, self._stamp()),
+                )
+            )
+        if not result.matched_count:
+            raise NotOwnerError(name)
+        self._wakeups.wake(name)
+
     async def read(self, name: str) -> HolderInfo | None:
         self._check_open()
         with mapped(self._url):
@@ -538,6 +556,8 @@ class MongoBackend(Backend):
         """A change event of the stream (see :mod:`aiolease.backends.mongo._stream`)."""
         name = notice.name
         self._wakeups.wake(name)
+        if notice.proclaimed:
+            return  # the holder's new metadata: watchers look, nobody is taken
         if notice.owner is None:
             # Released (or deleted: then every grant is gone): every waiter asks again.
             self._takers.notified(name, None, 2**63 if notice.token is None else notice.token)
@@ -580,7 +600,7 @@ class MongoBackend(Backend):
         try:
             with self._wakeups.watching(name) as event:
                 current = await self.read(name)
-                if identity_of(current) != identity_of(seen):
+                if state_of(current) != state_of(seen):
                     return
                 timeout = _PUSH_CHECK if streaming else self.poll_interval
                 if current is not None and current.remaining is not None:

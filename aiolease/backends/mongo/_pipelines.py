@@ -26,6 +26,7 @@ from ._docs import LEFT
 
 __all__ = [
     "BY",
+    "PROCLAIMED",
     "RELEASED",
     "RELEASE_REPLY",
     "REPLY",
@@ -37,6 +38,7 @@ __all__ = [
     "release_alone_filter",
     "release_filter",
     "renew",
+    "update_metadata",
 ]
 
 Doc = dict[str, Any]
@@ -48,6 +50,10 @@ RELEASED = "released"
 #: count of its writes (new with every write, so that its change event always shows
 #: it): a backend's change stream leaves out its own writes, which it knows already.
 BY = "by"
+#: The field a holder's metadata update sets to a value new with every update (the
+#: writing backend's next ``by`` stamp): its change event then shows it, where the
+#: change of ``metadata`` alone may be reported field by field.
+PROCLAIMED = "proclaimed"
 _TEMPORARY = ["_v", "_live", "_mine", "_q", "_grant", "_rel", "_hand", "_nq"]
 
 
@@ -371,6 +377,11 @@ def live_filter(name: str, owner: str, token: int | None) -> Doc:
         found["token"] = token
     found["$expr"] = {"$and": [{"$eq": [_type("expires"), "date"]}, {"$gt": ["$expires", NOW]}]}
     return found
+
+
+def update_metadata(metadata: Mapping[str, str], stamp: str) -> list[Doc]:
+    """Replace the holder's metadata (a ``$literal``: any key), and mark the change."""
+    return [{"$set": {"metadata": {"$literal": dict(metadata)}, PROCLAIMED: {"$literal": stamp}}}]
 
 
 def renew(ttl: float) -> list[Doc]:

@@ -7,7 +7,7 @@ upsert, a takeover of an expired lease, a hand-off to a waiter) or a release (th
 token released, which the release writes to ``released`` so that its event says
 which grant ended). Renewals and queue changes are no notice. Events come in the
 order of the oplog, and tokens only grow, so a late event is told from a new one by
-its token alone (see :class:`~aiolease.backends.postgres._takers.Takers`).
+its token alone (see :class:`~aiolease.backends._takers.Takers`).
 
 The stream is opened before a waiter reads (so a change after the read is seen),
 by :meth:`Stream.ensure`. When it fails, every waiter is woken (events may have been
@@ -30,7 +30,7 @@ from typing import Any
 
 from .._asyncio import now, retrieve, wait_event
 from ._errors import NO_CHANGE_STREAMS, code_of
-from ._pipelines import BY, RELEASED
+from ._pipelines import BY, PROCLAIMED, RELEASED
 
 __all__ = ["Notice", "Stream", "notice_of"]
 
@@ -56,6 +56,8 @@ class Notice:
     owner: str | None
     token: int | None
     left: float | None = None
+    #: the holder's metadata changed (no grant, no release: nobody is taken)
+    proclaimed: bool = False
 
 
 def _left(expires: object, change: Mapping[str, Any]) -> float | None:
@@ -95,13 +97,16 @@ def notice_of(change: Mapping[str, Any]) -> Notice | None:
         return Notice(name, granted, _int(fields["token"]), _left(fields.get("expires"), change))
     if RELEASED in fields or "owner" in removed:
         return Notice(name, None, _int(fields.get(RELEASED)))
+    if PROCLAIMED in fields:
+        return Notice(name, None, None, proclaimed=True)
     return None
 
 
 def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
-    """What the server sends the stream: grants, releases and deletions (not renewals,
-    which change only ``expires``, nor queue changes), and not the writes of the
-    backend whose ``by`` ids start with ``own`` (it acts on those when it makes them)."""
+    """What the server sends the stream: grants, releases, deletions and a holder's new
+    metadata (not renewals, which change only ``expires``, nor queue changes), and not
+    the writes of the backend whose ``by`` ids start with ``own`` (it acts on those when
+    it makes them)."""
     fields = "updateDescription.updatedFields"
     changes: dict[str, Any] = {
         "$or": [
@@ -109,6 +114,7 @@ def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
             {f"{fields}.token": {"$exists": True}},
             {f"{fields}.{RELEASED}": {"$exists": True}},
             {"updateDescription.removedFields": "owner"},
+            {f"{fields}.{PROCLAIMED}": {"$exists": True}},
         ]
     }
     stages: list[dict[str, Any]] = [{"operationType": {"$in": _OPERATIONS}}, changes]

@@ -15,8 +15,9 @@ from ..._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
+    NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import identity_of, state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
@@ -191,6 +192,7 @@ class MySQLBackend(Backend):
             Capability.DURABLE_TOKENS,
             Capability.MULTI_PROCESS,
             Capability.FAIR_QUEUE,
+            Capability.PROCLAIM,
         }
     )
     requires_asyncio = True
@@ -645,6 +647,23 @@ class MySQLBackend(Backend):
         self._changes += 1
         self._wakeups.wake(name)
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        meta = encode_metadata(metadata) if metadata else "{}"
+        params = {
+            "name": name.encode(),
+            "owner": check_owner(owner),
+            "token": token,
+            "metadata": meta.encode(),
+        }
+        if await self._execute(self._sql.update_metadata, params, _ID) != token:
+            raise NotOwnerError(name)
+        held = self._held.get(name)
+        if held is not None and (held.owner, held.token) == (owner, token):
+            held.meta = meta  # refusals answered from here report it
+        self._changed(name)
+
     async def read(self, name: str) -> HolderInfo | None:
         rows = await self._execute(self._sql.holder, {"name": name.encode()}, _ROWS)
         return None if not rows else self._holder(name, rows[0])
@@ -665,7 +684,7 @@ class MySQLBackend(Backend):
         """
         with self._wakeups.watching(name) as event:
             current = await self.read(name)
-            if identity_of(current) != identity_of(seen):
+            if state_of(current) != state_of(seen):
                 return
             await self._wait(event, current)
 

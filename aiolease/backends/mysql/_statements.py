@@ -196,6 +196,12 @@ class Sql:
             f" expires_at = {_EXPIRY} WHERE name = %(name)s AND owner = %(owner)s"
             f" AND token = %(token)s AND expires_at > {_NOW}"
         )
+        # The holder's new metadata (insert id: the token if it was the caller's, else 0).
+        self.update_metadata = Prepared.of(
+            f"UPDATE {t} SET token = LAST_INSERT_ID(token), metadata = %(metadata)s"
+            " WHERE name = %(name)s AND owner = %(owner)s"
+            f" AND token = %(token)s AND expires_at > {_NOW}"
+        )
         # Release: free the row, unless waiters may be queued (then, or when it is not
         # the caller's, the insert id is 0 and the caller asks ``release_queued``; the
         # token when freed).

@@ -13,12 +13,14 @@ from ..._exceptions import (
     BackendUnavailable,
     InvalidArgument,
     LossReason,
+    NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import state_of
 from ..._urls import scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
+from .._takers import Takers
 from ..sql._options import pool_size
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
@@ -31,7 +33,6 @@ from ._errors import mapped
 from ._listener import LISTEN_CHECK, Held, Listener
 from ._queue import Queue
 from ._statements import Sql, advisory_key, default_channel, grants_channel
-from ._takers import Takers
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
@@ -94,6 +95,7 @@ CAPABILITIES = frozenset(
         Capability.SERVER_TIME,
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
     }
 )
 
@@ -467,6 +469,7 @@ class PostgresBackend(Backend):
         # goes on to the queue-aware statement, which queues the caller.
         fast = asker is None or asker.refused_at is None
         args = (name, owner, identity, meta, float(ttl), self._channel, self._grants_channel)
+        seen: HolderInfo | None = None  # the holder that the latest read showed
         for _ in range(_RACE_RETRIES + fast):
             asked_at, mark = now(), self._listener.mark()
             if fast:
@@ -493,8 +496,13 @@ class PostgresBackend(Backend):
             elif row is None:
                 # Neither granted nor refused: a row this statement's snapshot does not
                 # show yet, or one held with no expiry (foreign: the read raises).
-                await self._read(name, self._sql.read, name)
+                seen = await self._read(name, self._sql.read, name)
             # Refused by a row this statement's snapshot does not show yet: ask again.
+        if seen is not None and seen.owner != owner and (seen.remaining or 0) > 0:
+            # The name changed hands under every statement (a storm of grants and
+            # releases): it is held, as the latest read showed. A refusal, so that the
+            # caller waits for a change as for any other, rather than failing.
+            return seen
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
@@ -581,6 +589,21 @@ class PostgresBackend(Backend):
                 self._queue.handed(name, row["handed_to"], int(row["token"]), row["ask"])
         return row
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the metadata of ``owner``'s grant, and announce it (``NOTIFY``, as
+        ``'m'``: every listener's watchers look again; no holder is taken by it)."""
+        check_owner(owner)
+        meta = encode_metadata(metadata) if metadata else "{}"
+        rows = await self._fetch(self._sql.update_metadata, name, owner, token, meta, self._channel)
+        if not rows:
+            raise NotOwnerError(name)
+        held = self._held.get(name)
+        if held is not None and (held.owner, held.token) == (owner, token):
+            held.meta = meta  # what read() answers from here
+        self._wakeups.wake(name)
+
     async def read(self, name: str) -> HolderInfo | None:
         """The holder of ``name``. For a live grant made through this backend, answered
         without a statement while the listener proves the row unchanged (see ``Held``)."""
@@ -630,7 +653,7 @@ class PostgresBackend(Backend):
         Only while the listener is up (else ``None``: the core's watch task waits in
         :meth:`wait_taken`, which connects it). Notifications carry their token, so a
         late one from before the grant ends nothing (see
-        :class:`~aiolease.backends.postgres._takers.Takers`). A takeover whose notification is
+        :class:`~aiolease.backends._takers.Takers`). A takeover whose notification is
         missed (the listener was down) ends nothing here: the holder's next renewal
         finds the row gone, within one renew interval.
         """
@@ -656,7 +679,7 @@ class PostgresBackend(Backend):
             with self._wakeups.watching(name) as event:
                 mark = self._listener.mark()
                 current = await (self._watched_read(name) if listening else self.read(name))
-                if identity_of(current) != identity_of(seen):
+                if state_of(current) != state_of(seen):
                     return
                 timeout = LISTEN_CHECK if listening else self.poll_interval
                 if current is not None and current.remaining is not None:

@@ -4,7 +4,7 @@
 connection, and turns each notification into wake-ups of that backend's waiters
 (its :class:`~aiolease.backends.sql._wakeups.Wakeups`, its
 :class:`~aiolease.backends.postgres._queue.Queue` and its
-:class:`~aiolease.backends.postgres._takers.Takers`, given to it). It also tells
+:class:`~aiolease.backends._takers.Takers`, given to it). It also tells
 whether a name has had no notification since a given moment (:meth:`Listener.mark`,
 :meth:`Listener.unchanged_since`), which lets the backend answer a read of a grant
 it made without a statement (:class:`Held`).
@@ -21,11 +21,11 @@ from typing import Any
 from ..._exceptions import BackendUnavailable
 from ..._urls import scrub
 from .._asyncio import now, timeout_after
+from .._takers import Takers
 from ..sql._renewals import Held as _Held
 from ..sql._wakeups import Wakeups
 from ._queue import Queue
 from ._statements import parse_notice
-from ._takers import Takers
 
 __all__ = ["LISTEN_CHECK", "Held", "Listener"]
 
@@ -244,9 +244,10 @@ class Listener:
         return await self._db.acquire()
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        """A grant (a takeover or a hand-off; on the grants channel, of a free name) or a
-        release (see :func:`~aiolease.backends.postgres._statements.parse_payload`).
-        Watchers wake on both; a waiter here on a hand-off to it, and every waiter for
+        """A grant (a takeover or a hand-off; on the grants channel, of a free name), a
+        release, or new metadata of a grant (see
+        :func:`~aiolease.backends.postgres._statements.parse_payload`). Watchers wake on
+        each; a waiter here on a hand-off to it, and every waiter for
         the name on a release (with nobody queued to hand it to, as the release saw it)."""
         kind, name, owner, token, ask = parse_notice(payload)
         self.notes += 1
@@ -255,6 +256,8 @@ class Listener:
             self._noted_floor = self.notes
         self._noted[name] = (self.notes, owner)
         self._wakeups.wake(name)
+        if kind == "m":
+            return  # new metadata of the same grant: watchers look, nobody is taken
         if kind != "g":
             self._queue.released(name)
         elif ask is not None and owner is not None and token is not None:

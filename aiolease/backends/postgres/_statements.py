@@ -283,6 +283,15 @@ class Sql:
             " SELECT r.token, CASE WHEN NOT $5::bool OR r.watched_until > clock_timestamp()"
             " THEN pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified FROM r"
         )
+        # $1 name, $2 owner, $3 token, $4 metadata, $5 channel: the holder's new metadata,
+        # announced on the channel as "m" (no grant, no release: see ``parse_notice``).
+        # A row if it was the caller's grant.
+        self.update_metadata = (
+            f"WITH u AS (UPDATE {t} SET metadata = $4 WHERE name = $1 AND owner = $2"
+            " AND token = $3 AND expires_at > clock_timestamp() RETURNING token)"
+            " SELECT u.token, pg_notify($5, 'm' || u.token || ':' || $1) IS NULL AS notified"
+            " FROM u"
+        )
         # Delete waiter rows of any name that expired SWEEP_AFTER seconds ago or more,
         # at most SWEEP_LIMIT (see ``Sweeps``). Only rows nobody has locked (SKIP
         # LOCKED): it never waits, so it takes part in no deadlock, whatever order it
@@ -353,9 +362,10 @@ Notice = tuple[str, str, str | None, int | None, int | None]
 
 def parse_payload(payload: str) -> Payload:
     """Read a notification: ``'r' + token + ':' + name`` (released), ``'g' + token +
-    ':' + len(owner) + ':' + owner + name`` (granted), or ``'h' + token + ':' + ask +
+    ':' + len(owner) + ':' + owner + name`` (granted), ``'h' + token + ':' + ask +
     ':' + len(owner) + ':' + owner + name`` (handed to a waiter: a grant, kind ``'g'``
-    here). Anything else counts as a release of an unknown token."""
+    here), or ``'m' + token + ':' + name`` (grant ``token``'s metadata changed: neither
+    a grant nor a release). Anything else counts as a release of an unknown token."""
     kind, name, owner, token, _ask = parse_notice(payload)
     return kind, name, owner, token
 
@@ -364,9 +374,9 @@ def parse_notice(payload: str) -> Notice:
     """:func:`parse_payload`, and the ask number of a hand-off."""
     kind = payload[:1]
     token, colon, rest = payload[1:].partition(":")
-    if kind in ("g", "r", "h") and colon and token.isdigit():
-        if kind == "r":
-            return "r", rest, None, int(token), None
+    if kind in ("g", "r", "h", "m") and colon and token.isdigit():
+        if kind in ("r", "m"):
+            return kind, rest, None, int(token), None
         ask = None
         if kind == "h":
             number, colon, rest = rest.partition(":")

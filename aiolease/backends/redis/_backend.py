@@ -30,7 +30,7 @@ from ..._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewedAsAsked, RenewResult
@@ -53,7 +53,17 @@ from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
 from ._pubsub import Subscriptions, Wire
 from ._replies import config_pairs, holder_from, text
 from ._riders import Rider, Riders, send_with, sent_with
-from ._scripts import ACQUIRE, READ, RELEASE, RENEW, RENEW_MANY, WATCH, Script, ms
+from ._scripts import (
+    ACQUIRE,
+    READ,
+    RELEASE,
+    RENEW,
+    RENEW_MANY,
+    UPDATE_METADATA,
+    WATCH,
+    Script,
+    ms,
+)
 from ._takeover import Followers
 from ._tickets import Marks, Tickets
 from ._transport import RedisPyTransport, Transport, choose
@@ -114,7 +124,14 @@ def _persists(config: Mapping[str, str]) -> bool:
 
 
 #: What every instance guarantees, whatever its mode and server.
-CAPABILITIES = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.MULTI_PROCESS})
+CAPABILITIES = frozenset(
+    {
+        Capability.PUSH_WAKEUP,
+        Capability.SERVER_TIME,
+        Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
+    }
+)
 
 
 class RedisBackend(Backend):
@@ -633,6 +650,23 @@ class RedisBackend(Backend):
             return True
         return int(reply) >= 1
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the holder's metadata (one script; published on the name's channel as
+        a grant to the holder, which wakes watchers and takes nobody)."""
+        keys = self._keys(name)
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
+        args = (owner, token, meta.encode(), keys.channel)
+        if not self._replication.replicas:
+            reply = await self._eval(name, UPDATE_METADATA, (keys.lease,), *args)
+        else:
+            reply, acked = await self._eval_waited(name, UPDATE_METADATA, (keys.lease,), *args)
+            if int(reply) == 1 and acked < self._replication.replicas:
+                raise self._unreplicated(acked)  # written, or not: unconfirmed either way
+        if int(reply) != 1:
+            raise NotOwnerError(name)
+
     async def read(self, name: str) -> HolderInfo | None:
         keys = self._keys(name)
         stamp = self._subscriptions.stamp(keys.channel)
@@ -660,7 +694,7 @@ class RedisBackend(Backend):
             if sent_at is None:
                 sent_at = now()
                 current = await self.read(name)
-                if identity_of(current) != identity_of(seen):
+                if state_of(current) != state_of(seen):
                     return
             timeout = None
             if current is not None and current.remaining is not None:

@@ -45,6 +45,7 @@ __all__ = [
     "RELEASE",
     "RENEW",
     "RENEW_MANY",
+    "UPDATE_METADATA",
     "WATCH",
     "Script",
     "evaluate",
@@ -439,6 +440,21 @@ for i = 1, #KEYS do
   end
 end
 return out
+""",
+)
+
+UPDATE_METADATA = Script(
+    "update_metadata",
+    LEASE_FUNCTIONS
+    + r"""
+-- KEYS: lease; ARGV: owner, token, metadata, channel. The holder's new metadata (the
+-- key keeps its expiry), announced as a grant to the holder: watchers look, and the
+-- holder's own takeover watch takes it for its own grant's message.
+local lease = load_lease(KEYS[1], true)
+if not lease or lease.owner ~= ARGV[1] or lease.token ~= tonumber(ARGV[2]) then return 0 end
+redis.call('HSET', KEYS[1], 'metadata', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[1])
+return 1
 """,
 )
 

@@ -24,13 +24,13 @@ from ..._exceptions import (
     InvalidArgument,
     NotOwnerError,
 )
-from ..._records import identity_of
+from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, wait_event
 from ..redis._shared import DEFAULT_PREFIX, Keys, check_prefix, holder_from, ms
 from ._fanout import Fanout, Instance, Outcome, votes
-from ._scripts import ACQUIRE, READ, RELEASE, RENEW
+from ._scripts import ACQUIRE, READ, RELEASE, RENEW, UPDATE_METADATA
 from ._url import OPTIONS, check_unique, endpoint_of, parse_url
 
 if sys.version_info >= (3, 11):
@@ -103,7 +103,12 @@ class RedlockBackend(Backend):
     """
 
     capabilities = frozenset(
-        {Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.MULTI_PROCESS}
+        {
+            Capability.PUSH_WAKEUP,
+            Capability.SERVER_TIME,
+            Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
+        }
     )
     requires_asyncio = True
 
@@ -327,6 +332,30 @@ class RedlockBackend(Backend):
             raise NotOwnerError(name)
         raise outcome.error(f"renewal of {name!r} reached no majority ({confirmed} of {n})")
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Replace the holder's metadata on every instance that holds its grant; done
+        once a majority did. One that fails to reach a majority may leave the new
+        metadata on some instances (a read then reports either)."""
+        keys = self._keys(name)
+        n, q = len(self._fanout.instances), self._quorum
+        meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True) if metadata else "{}"
+        outcome = await self._run(
+            name,
+            lambda i: i.eval(
+                UPDATE_METADATA, (keys.lease, keys.token), owner, token, meta, keys.channel
+            ),
+            self._request_timeout,
+            "finish",
+        )
+        confirmed = sum(1 for r in outcome.replies.values() if int(r) == 1)
+        if confirmed >= q:
+            return
+        if len(outcome.replies) - confirmed > n - q:
+            raise NotOwnerError(name)
+        raise outcome.error(f"metadata of {name!r} reached no majority ({confirmed} of {n})")
+
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         self._split.pop((name, owner), None)
         self._ended[name, owner] = None
@@ -398,7 +427,7 @@ class RedlockBackend(Backend):
         watchers = await self._watch(self._keys(name).channel, changed)
         try:
             current = await self.read(name)
-            if identity_of(current) != identity_of(seen):
+            if state_of(current) != state_of(seen):
                 return
             timeout = None
             if current is not None and current.remaining is not None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ..redis._shared import FOREIGN, LEASE_FUNCTIONS, READ_BODY, Script
 
-__all__ = ["ACQUIRE", "FOREIGN", "READ", "RELEASE", "RENEW"]
+__all__ = ["ACQUIRE", "FOREIGN", "READ", "RELEASE", "RENEW", "UPDATE_METADATA"]
 
 _PRELUDE = (
     LEASE_FUNCTIONS
@@ -118,6 +118,23 @@ if ARGV[4] == '1' and counter(KEYS[2]) == lease.token then
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[3], '')
+return 1
+""",
+)
+
+UPDATE_METADATA = Script(
+    "redlock-update-metadata",
+    _PRELUDE
+    + r"""
+-- KEYS: lease, token; ARGV: owner, token, metadata, channel
+-- The holder's new metadata here (the key keeps its expiry), announced as a grant to
+-- the holder: watchers look again. As for a renewal, the owner id names the grant.
+local owner, token = ARGV[1], tonumber(ARGV[2])
+local lease = load_lease(KEYS[1], true)
+carry(KEYS, lease, owner, token)
+if not lease or lease.owner ~= owner then return 0 end
+redis.call('HSET', KEYS[1], 'metadata', ARGV[3])
+redis.call('PUBLISH', ARGV[4], owner)
 return 1
 """,
 )

@@ -12,11 +12,11 @@ from typing import Any, final
 from aiozk import protocol
 
 from ..._exceptions import BackendUnavailable, InvalidArgument, LossReason, NotOwnerError
-from ..._records import identity_of
+from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, timeout_after, wait_any
-from ._nodes import DEFAULT_PREFIX, Contender, Layout, encode_data
+from ._nodes import DEFAULT_PREFIX, Contender, Layout, decode_data, encode_data
 from ._session import Entry, Keeper
 from ._url import check_path, parse_url
 from ._wire import Wire
@@ -45,6 +45,7 @@ CAPABILITIES = frozenset(
         Capability.DURABLE_TOKENS,
         Capability.SESSION,
         Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
     }
 )
 
@@ -118,7 +119,7 @@ class ZooKeeperBackend(Backend):
         self._prefix = prefix
         self._layout = Layout(chroot + base)
         self._keeper = Keeper(wire, self._layout.base)
-        self._seen: dict[str, tuple[tuple[str, int] | None, str]] = {}
+        self._seen: dict[str, tuple[object, str]] = {}
         #: Attempts whose create may have been applied without its reply seen.
         self._unsure: set[tuple[str, str]] = set()
         #: Names that had other contenders when last listed: a new attempt looks first.
@@ -277,7 +278,7 @@ class ZooKeeperBackend(Backend):
         if entry.horizon != math.inf:
             entry.horizon = touched + ttl
             self._keeper.poke()
-        self._remember(name, (owner, entry.token), entry.path)
+        self._remember(name, _state(entry), entry.path)
         return self._grant(entry, ttl)
 
     def _note_crowd(self, name: str, crowded: bool) -> None:
@@ -384,7 +385,7 @@ class ZooKeeperBackend(Backend):
                 if extra:
                     await self._wire.send(*extra)
                 holder = self._layout.holder(name, first, mine.data, mine.token, None)
-                self._remember(name, identity_of(holder), path)
+                self._remember(name, state_of(holder), path)
                 return holder
             (data, *_) = await self._wire.send(self._wire.get(self._wire.path(path)), *extra)
             extra = []
@@ -394,13 +395,13 @@ class ZooKeeperBackend(Backend):
             # No remaining ttl: the node lives as long as its session, which only its
             # own client can tell.
             holder = self._layout.holder(name, first, data.data, token, None)
-            self._remember(name, identity_of(holder), path)
+            self._remember(name, state_of(holder), path)
             return holder
         if extra:
             await self._wire.send(*extra)
         return None
 
-    def _remember(self, name: str, identity: tuple[str, int] | None, path: str) -> None:
+    def _remember(self, name: str, identity: object, path: str) -> None:
         self._seen.pop(name, None)
         if len(self._seen) >= SEEN_LIMIT:
             del self._seen[next(iter(self._seen))]
@@ -449,7 +450,7 @@ class ZooKeeperBackend(Backend):
         entry = self._keeper.entries.get((name, owner))
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
-            self._keeper.end(entry, LossReason.RELEASED)
+            self._keeper.end(entry, LossReason.RELEASED, quietly=True)
             deleted = await self._deleted(
                 self._wire.send(self._wire.delete(self._wire.path(entry.path))), entry
             )
@@ -469,7 +470,7 @@ class ZooKeeperBackend(Backend):
         replies = self._wire.send_now(self._wire.delete(self._wire.path(entry.path)))
         if replies is None:
             return None
-        self._keeper.end(entry, LossReason.RELEASED)
+        self._keeper.end(entry, LossReason.RELEASED, quietly=True)
         return self._deleted(replies, entry)
 
     async def _deleted(self, replies: Awaitable[list[Any]], entry: Entry) -> bool:
@@ -510,6 +511,25 @@ class ZooKeeperBackend(Backend):
 
     # -- read and waits ------------------------------------------------------------------------
 
+    async def update_metadata(
+        self, name: str, owner: str, token: int, metadata: Mapping[str, str]
+    ) -> None:
+        """Write the node of ``owner``'s grant (held through this backend) anew with
+        ``metadata``: its zxid of creation, the token, stays. Watchers of the node see
+        its data change.
+
+        :raises NotOwnerError: ``owner`` does not hold ``name`` through this backend, or
+            its node is gone
+        """
+        await self._start()
+        entry = self._held(name, owner, token)
+        identity, _ = decode_data(entry.data)
+        data = encode_data(identity, metadata)
+        (written,) = await self._wire.send(self._wire.set_data(self._wire.path(entry.path), data))
+        if isinstance(written, Exception):
+            raise NotOwnerError(name, f"lease {name!r}: its node is gone ({written!r})")
+        entry.data = data  # what _holder answers from
+
     async def read(self, name: str) -> HolderInfo | None:
         await self._start()
         for _ in range(READ_ATTEMPTS):
@@ -523,12 +543,13 @@ class ZooKeeperBackend(Backend):
         raise BackendUnavailable(f"ZooKeeper: the queue of {name!r} moved under every read")
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
-        """Watch the holder's node go (or, when free, the name's children change)."""
+        """Watch the holder's node go or change (or, when free, the name's children
+        change)."""
         await self._start()
-        expected = identity_of(seen)
+        expected = state_of(seen)
         known = self._seen.get(name)
         if known is None or known[0] != expected:
-            if identity_of(await self.read(name)) != expected:
+            if state_of(await self.read(name)) != expected:
                 return
             known = self._seen[name]
         # Bounded: aiozk does not set a deleted-node watch again after a reconnect.
@@ -539,16 +560,19 @@ class ZooKeeperBackend(Backend):
             await self._wait_gone(known[1], bound)
 
     async def _wait_gone(self, path: str, bound: float) -> None:
-        """Return when the node at ``path`` is deleted (or is gone already)."""
+        """Return when the node at ``path`` is deleted (or is gone already), or its data
+        changes (the holder's new metadata)."""
         full = self._wire.path(path)
         fired, stop = self._wire.watch(protocol.WatchEvent.DELETED, full)
+        rewritten, stop_rewritten = self._wire.watch(protocol.WatchEvent.DATA_CHANGED, full)
         try:
             (stat,) = await self._wire.send(self._wire.exists(full, watch=True))
             if isinstance(stat, Exception):
                 return
-            await self._wait_fired(fired, bound)
+            await wait_any([fired, rewritten], self._keeper.wake_closed, bound)
         finally:
             stop()
+            stop_rewritten()
 
     async def _wait_children(self, name: str, bound: float) -> None:
         """Return when the children of ``name``'s node change (or it is created)."""
@@ -624,6 +648,16 @@ class ZooKeeperBackend(Backend):
             await self._keeper.stop()
         finally:
             await self._wire.aclose()
+
+
+def _state(entry: Entry) -> object:
+    """What :func:`state_of` says of the holder ``entry`` stands for (an object equal to
+    nothing if its data cannot be read: a wait then reads first)."""
+    try:
+        _, metadata = decode_data(entry.data)
+    except ValueError:
+        return object()
+    return (entry.owner, entry.token, tuple(sorted(metadata.items())))
 
 
 def _number(what: str, value: object) -> object:

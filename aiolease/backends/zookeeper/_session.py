@@ -110,15 +110,21 @@ class Keeper:
         self.entries[(entry.name, entry.owner)] = entry
         self.poke()
 
-    def end(self, entry: Entry, reason: LossReason) -> None:
-        """``entry`` is over (its node deleted, or to be): tell whoever holds it."""
+    def end(self, entry: Entry, reason: LossReason, quietly: bool = False) -> None:
+        """``entry`` is over (its node deleted, or to be): tell whoever holds it.
+
+        :param quietly: not the core's ``ended`` callbacks (:meth:`Backend.hold`): a
+            release, which the core ends itself, after it looked at the lease's
+            deadline (told ``RELEASED`` first, it would take a lease that ran out
+            while the process stood still for released rather than lost)
+        """
         if self.entries.get((entry.name, entry.owner)) is entry:
             del self.entries[(entry.name, entry.owner)]
         if entry.reason is not None:
             return
         entry.reason = reason
         entry.ended.set()
-        for callback in entry.callbacks:
+        for callback in () if quietly else entry.callbacks:
             try:
                 callback(reason)
             except Exception:  # pragma: no cover - the core's callbacks only record

@@ -281,6 +281,10 @@ class Wire:
         return protocol.ExistsRequest(path=path, watch=watch)
 
     @staticmethod
+    def set_data(path: str, data: bytes) -> Any:
+        return protocol.SetDataRequest(path=path, data=data, version=-1)
+
+    @staticmethod
     def delete(path: str) -> Any:
         return protocol.DeleteRequest(path=path, version=-1)
 

@@ -46,7 +46,7 @@ if sys.version_info < (3, 11):
     from exceptiongroup import BaseExceptionGroup
 
 from ..._elector import Elector
-from ..._exceptions import BackendError, LeaseLostError, LossReason
+from ..._exceptions import BackendError, LeaseHeldError, LeaseLostError, LossReason
 from ..._lease import Lease
 from ..._lock import AsyncLock
 from ...abc import Backend
@@ -197,7 +197,8 @@ async def _hold_once(
         if body is None:
             raise
         body.outcome("lost", exc)
-    except (TimeoutError, BackendError) as exc:
+    except (TimeoutError, LeaseHeldError, BackendError) as exc:
+        # LeaseHeldError: hold(timeout=0), a last try as the run ends, found it taken.
         if body is not None:
             body.outcome("error", exc)
             return True

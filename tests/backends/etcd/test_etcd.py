@@ -123,6 +123,7 @@ async def test_capabilities(anyio_backend: str, single_url: str) -> None:
         Capability.DURABLE_TOKENS,
         Capability.SESSION,
         Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
     }
     async with opener(single_url)() as plain, opener(single_url, fair=True)() as fair:
         assert plain.capabilities == common

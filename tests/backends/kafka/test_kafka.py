@@ -19,8 +19,9 @@ from aiolease import Capability, Elector, InvalidArgument, Lease, UnsupportedCap
 from aiolease.backends.kafka import KafkaBackend
 from aiolease.backends.kafka._url import parse_url, settings_of
 from aiolease.testing import CHECKS, Check, checks_for
+from aiolease.testing._backend_checks import UNICODE_METADATA
 from aiolease.testing.conformance import LEASE_ONLY
-from tests.backends.kafka.support import SESSION, inner, opener
+from tests.backends.kafka.support import SESSION, opener
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +33,9 @@ NOT_ON_KAFKA = {
     "names_independent": "its names have '/' and ' ', which topic names cannot have",
     # test_wait_changed_wakes_on_release
     "wait_changed_on_release": "grants with ttl=1 s, shorter than one rebalance on Tansu",
+    # test_a_rebalance_ends_the_term_before_the_next_one_starts (both)
+    "holder_reported": "another candidate joining is a rebalance, which ends the term",
+    "metadata_round_trip": "its refusal comes from another candidate: a rebalance",
 }
 APPLICABLE = [
     (name, check)
@@ -45,7 +49,7 @@ APPLICABLE = [
 
 def test_the_checks_that_apply_are_chosen_by_capability() -> None:
     """Every check runs, but for those an election-only backend cannot pass (its
-    capabilities say so) and the three above, which have Kafka forms below."""
+    capabilities say so) and the five above, which have Kafka forms below."""
     assert Capability.ELECTION_ONLY in KafkaBackend.capabilities
     left_out = {name for name, _ in CHECKS} - {name for name, _ in APPLICABLE}
     assert left_out == LEASE_ONLY | set(NOT_ON_KAFKA)
@@ -160,36 +164,37 @@ async def test_resign_hands_on_without_waiting_for_the_session(
 ) -> None:
     """The leader leaves the group at once: the other candidate leads well within the
     session timeout (4 s here; a rebalance on Tansu takes half of it); a backend
-    outside the group reads the leader from the broker; tokens increase."""
+    outside the group reads the leader from the broker; tokens increase. (The second
+    candidate's joining is a rebalance: the first leads again in a new term first.)"""
     open_ = opener(kafka_url, session_timeout=4.0, heartbeat_interval=0.2)
     led: list[tuple[str, int]] = []
-    first_led, second_led = anyio.Event(), anyio.Event()
+    elected = [anyio.Event() for _ in range(3)]
 
-    async def work(lease: Lease, identity: str, elected: anyio.Event) -> None:
+    async def work(lease: Lease, identity: str) -> None:
         led.append((identity, lease.token))
-        elected.set()
+        elected[len(led) - 1].set()
         await anyio.sleep_forever()
 
     async with open_() as one, open_() as two, open_() as outside:
         first = Elector(one, "resign", ttl=4.0, identity="first")
         second = Elector(two, "resign", ttl=4.0, identity="second")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(first.run, work, "first", first_led)
-            await first_led.wait()
-            tg.start_soon(second.run, work, "second", second_led)
-            holder = await _wait_for_holder(two, lambda h: h.identity == "first")
-            while inner(two).statistics().synced < 1:  # the second is a member too
-                await two.wait_changed("resign", await two.read("resign"))
-            assert holder.token == led[0][1]
+            tg.start_soon(first.run, work, "first")
+            await elected[0].wait()
+            tg.start_soon(second.run, work, "second")
+            with anyio.fail_after(20):
+                await elected[1].wait()  # the first again, after the rebalance
+            holder = await _wait_for_holder(two, lambda h: h.token == led[1][1])
+            assert holder.identity == "first"
             # A backend outside the group reads it from the broker (the leader record).
             seen = await outside.read("resign")
             assert seen is not None and (seen.identity, seen.token) == ("first", holder.token)
             assert await first.resign()
             with anyio.fail_after(4.0):  # the session timeout: a resign must not wait it out
-                await second_led.wait()
+                await elected[2].wait()
             tg.cancel_scope.cancel()
-    assert [who for who, _ in led][:2] == ["first", "second"]
-    assert led[1][1] > led[0][1]
+    assert [who for who, _ in led] == ["first", "first", "second"]
+    assert led[0][1] < led[1][1] < led[2][1]
 
 
 async def _wait_for_holder(
@@ -235,12 +240,72 @@ async def test_an_unhealthy_leader_steps_down_and_leaves(
             tg.start_soon(sick.run, work, "sick")
             with anyio.fail_after(20):
                 await elected["sick"].wait()
+            elected["sick"] = anyio.Event()
             tg.start_soon(well.run, work, "well")
-            await _wait_for_holder(two, lambda h: h.identity == "sick", "health")
-            while inner(two).statistics().synced < 1:  # "well" is a member too
-                await two.wait_changed("health", await two.read("health"))
+            with anyio.fail_after(20):  # the sick one again, after the rebalance
+                await elected["sick"].wait()
             healthy["sick"] = False
             with anyio.fail_after(20):
                 await elected["well"].wait()
             tg.cancel_scope.cancel()
-    assert defeated == [aiolease.LossReason.UNHEALTHY]
+    assert defeated == [aiolease.LossReason.STOLEN, aiolease.LossReason.UNHEALTHY]
+
+
+# -- stepping down in a rebalance ----------------------------------------------------------
+
+
+async def test_a_rebalance_ends_the_term_before_the_next_one_starts(
+    anyio_backend: str, kafka_url: str
+) -> None:
+    """A second candidate joining makes the group rebalance, which revokes the leader's
+    assignment: its work is cancelled (``LeaseLostError``, ``STOLEN``) and over before
+    the next generation's term starts, with a greater token; never two at once.
+
+    The Kafka form of ``holder_reported`` and ``metadata_round_trip`` too: the
+    candidate that waited longest leads the next term, and the other reads it, with
+    its identity and unicode metadata exactly as given and the new term's token.
+    """
+    open_ = opener(kafka_url, heartbeat_interval=0.2)
+    identity = "hôte-ü/1 ☃"
+    running: list[str] = []
+    terms: list[tuple[str, int]] = []
+    events: list[str] = []
+    overlaps: list[list[str]] = []
+    started = [anyio.Event(), anyio.Event()]
+
+    async def work(lease: Lease, who: str) -> None:
+        if running:
+            overlaps.append([*running, who])
+        running.append(who)
+        terms.append((who, lease.token))
+        events.append(f"start {who}")
+        started[min(len(terms), 2) - 1].set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            running.remove(who)
+            events.append(f"stop {who}")
+
+    async with open_() as one, open_() as two:
+        first = Elector(
+            one,
+            "rebalance",
+            ttl=SESSION,
+            identity=identity,
+            metadata=UNICODE_METADATA,
+            on_defeated=lambda reason: events.append(f"defeated {reason.value}"),
+        )
+        second = Elector(two, "rebalance", ttl=SESSION, identity="second")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run, work, "first")
+            with anyio.fail_after(20):
+                await started[0].wait()
+            tg.start_soon(second.run, work, "second")
+            with anyio.fail_after(20):
+                await started[1].wait()
+            holder = await _wait_for_holder(two, lambda h: h.token == terms[1][1], "rebalance")
+            tg.cancel_scope.cancel()
+    assert not overlaps, overlaps
+    assert events[:4] == ["start first", "stop first", "defeated stolen", "start first"], events
+    assert terms[1][1] > terms[0][1], terms
+    assert (holder.identity, dict(holder.metadata)) == (identity, dict(UNICODE_METADATA))

@@ -96,7 +96,7 @@ async def test_failover_after_the_leader_is_killed(anyio_backend: str, kafka_url
                 survivor = Elector(backend, name, ttl=SESSION, identity="survivor")
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(survivor.run, work)
-                    # The survivor has joined (and the leader kept its term) ...
+                    # The survivor has joined (the leader leads again, in a new term) ...
                     await _holder(backend, name, lambda h: h.identity.startswith("process-"))
                     assert not elected.is_set()
                     process.kill()  # ... when the leader dies without a word.

@@ -45,6 +45,7 @@ async def test_a_standalone_server_has_no_push_wakeups(anyio_backend: str, stand
         assert backend.capabilities == {
             Capability.SERVER_TIME,
             Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
             Capability.DURABLE_TOKENS,
             Capability.FAIR_QUEUE,
         }

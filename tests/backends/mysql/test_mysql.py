@@ -90,6 +90,7 @@ async def test_capabilities_and_schemes(my_url: str) -> None:
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
         Capability.FAIR_QUEUE,
+        Capability.PROCLAIM,
     }
     assert MySQLBackend.requires_asyncio
     mariadb = urlunsplit(urlsplit(my_url)._replace(scheme="mariadb"))

@@ -447,3 +447,28 @@ async def test_a_waiter_sweeps_expired_rows_of_every_name(
 
 async def take_into(got: list[Lease], b: Backend, name: str) -> None:
     got.append(await AsyncLock(b, name, ttl=30).acquire())
+
+
+async def test_a_name_that_changes_hands_under_every_statement_is_refused_not_an_error(
+    table_url: tuple[str, str],
+) -> None:
+    """Under a storm of grants and releases every acquire statement may find the row
+    changed since its snapshot (neither granted nor refused): after its retries the
+    caller is refused with the holder the latest read showed, and waits as for any
+    holder. Regression: it raised ``BackendTimeout`` out of a blocking ``async with``."""
+    url, _ = table_url
+    async with backend(url) as holder_side, backend(url) as contender:
+        name = unique("churn")
+        first = await grant(holder_side, name, "holder")
+        pg = pg_of(contender)
+        acquires = {pg._sql.acquire, pg._sql.acquire_fast}
+        fetch = pg._fetch
+
+        async def snapshot_never_shows_it(sql: str, *args: Any, renewal: bool = False) -> list[Any]:
+            rows = await fetch(sql, *args, renewal=renewal)
+            return [] if sql in acquires else rows
+
+        pg._fetch = snapshot_never_shows_it  # type: ignore[method-assign]
+        result = await contender.try_acquire(name, "contender", 30.0, "contender", {})
+        assert isinstance(result, HolderInfo) and result.owner == "holder", result
+        assert result.token == first.token

@@ -91,6 +91,7 @@ async def test_capabilities_and_open_backend() -> None:
         Capability.SERVER_TIME,
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
     }
     assert PostgresBackend(pool).capabilities == polling | {Capability.PUSH_WAKEUP}
     assert PostgresBackend(pool, listen=False).capabilities == polling

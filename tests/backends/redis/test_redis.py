@@ -74,7 +74,12 @@ def test_agrees_with_the_model(redis_url: str, prefix: str, loop: str) -> None:
 
 
 async def test_capabilities(anyio_backend: str, open_redis: Opener) -> None:
-    base = {Capability.PUSH_WAKEUP, Capability.SERVER_TIME, Capability.MULTI_PROCESS}
+    base = {
+        Capability.PUSH_WAKEUP,
+        Capability.SERVER_TIME,
+        Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
+    }
     async with open_redis(fair=False) as plain, open_redis() as fair:
         assert plain.capabilities == base
         assert fair.capabilities == base | {Capability.FAIR_QUEUE}  # the default

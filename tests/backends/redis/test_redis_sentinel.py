@@ -131,6 +131,9 @@ def _master_pidfile(url: str) -> Path:
 
 
 @pytest.mark.slow
+# A server fault, run once (docs/testing.md, "Keeping the suite short"); the other
+# Sentinel tests run under both loops.
+@pytest.mark.parametrize("anyio_backend", ["trio"])
 async def test_a_lock_works_again_after_the_master_is_killed(
     anyio_backend: str, sentinel_url: str, prefix: str
 ) -> None:

@@ -113,6 +113,7 @@ async def test_capabilities_are_honest(anyio_backend: str, open_redlock: Opener)
             Capability.PUSH_WAKEUP,
             Capability.SERVER_TIME,
             Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
         }
         assert inner(backend).quorum == 2
     for missing in (Capability.DURABLE_TOKENS, Capability.FAIR_QUEUE):

@@ -359,6 +359,9 @@ async def test_url_forms_follow_sqlalchemy(tmp_path: Path, monkeypatch: pytest.M
             Capability.SERVER_TIME,
             Capability.DURABLE_TOKENS,
             Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
         }
     absolute = tmp_path / "sub" / "abs.db"
     absolute.parent.mkdir()

@@ -116,6 +116,7 @@ async def test_capabilities(anyio_backend: str, zk_url: str) -> None:
             Capability.DURABLE_TOKENS,
             Capability.SESSION,
             Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
         }
         assert "127.0.0.1:2181" in repr(inner(backend))
 

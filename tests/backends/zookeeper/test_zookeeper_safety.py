@@ -56,13 +56,19 @@ async def test_zookeeper_is_safe_when_the_holder_is_paused(
 ) -> None:
     """The holder is stopped (SIGSTOP) for longer than the session timeout: ZooKeeper
     expires its session and another takes the name; what the frozen holder writes on
-    waking is refused by the fence (the tokens only grow)."""
-    report = await short_run(zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL)
+    waking is refused by the fence (the tokens only grow), and its body ends with
+    ``LeaseLostError``. Bodies never end on their own (hold: 1000 ttls, cut only by
+    the end of the run), so a paused holder has no way out but its loss."""
+    report = await short_run(
+        zk_url, Fault.SIGSTOP, anyio_backend, tmp_path, fault_length=2.5 * TTL, hold=(1e3, 1e3)
+    )
     assert_safe(report, min_acquisitions=2)
     # The fault took effect: a frozen holder came back after others had taken the
-    # name, and the writes it made then were refused by the fence. (Whether its
-    # body had ended before its loss was seen decides whether it counts as a loss.)
+    # name, and the writes it made then were refused by the fence.
     assert report.paused_overlaps >= 1 and report.stale_rejected >= 1, report.line()
+    # Every fault froze a holder, and each lost its lease (bad stops, checked above,
+    # would count a loss that did not surface as LeaseLostError).
+    assert report.losses >= report.faults >= 1, report.line()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

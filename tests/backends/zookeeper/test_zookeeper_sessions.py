@@ -4,6 +4,7 @@ and order across processes (a crashed waiter does not stall the queue)."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,6 +72,20 @@ async def test_a_session_the_server_expired_loses_its_leases(
         assert await outside.tree(f"/{prefix}") == []
         async with AsyncLock(backend, "a", ttl=4) as again:
             assert again.token > first.token
+
+
+async def test_a_body_that_outlived_its_lease_in_a_stall_ends_with_lease_lost(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """The process stalls (here: blocking the loop, as a ``SIGSTOP`` does) past the
+    lease's deadline, and the body returns without a checkpoint: leaving the block
+    raises ``LeaseLostError``, not a plain release. (The backend's own release used to
+    end the lease as released before the core looked at the deadline.)"""
+    async with aiolease.open_backend(zk_url, prefix=unique_prefix(), session_timeout=1) as backend:
+        with pytest.raises(LeaseLostError) as info:
+            async with AsyncLock(backend, "stalled", ttl=1, margin=0.3) as lease:
+                time.sleep(2 * lease.remaining + 0.5)  # noqa: ASYNC251 - the stall on purpose
+        assert info.value.reason in (LossReason.EXPIRED, LossReason.UNREACHABLE)
 
 
 async def test_a_node_of_another_session_is_never_taken_for_ours(

@@ -1,11 +1,13 @@
-"""Held leases that a notification of a takeover ends (``on_taken``)."""
+"""Held leases that a notification of a takeover ends (``on_taken``): shared by the
+backends whose servers push grants and releases with their tokens (PostgreSQL's
+LISTEN/NOTIFY, MongoDB's change stream)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..._exceptions import LossReason
+from .._exceptions import LossReason
 
 __all__ = ["Takers"]
 

@@ -1,0 +1,214 @@
+"""The permit checks of the conformance suite catch broken backends.
+
+The checks themselves run on every configured backend in ``test_conformance.py``
+(memory and SQLite by default, under asyncio and trio); each mutant here breaks one
+rule of ``docs/internals/semaphores.md`` in the memory backend, and the check of
+that rule must fail on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pytest
+
+import aiolease
+from aiolease.abc import Backend, Capability, Grant, HolderInfo
+from aiolease.backends.memory import MemoryBackend, _Record
+from aiolease.testing.conformance import (
+    Check,
+    check_permit_expiry_frees,
+    check_permit_limit_checked,
+    check_permit_release_frees,
+    check_permit_renew_after_loss,
+    check_permit_tokens_increase,
+    check_permits_within_limit,
+    check_rw_fifo,
+    check_rw_readers_share,
+    check_rw_writer_alone,
+    check_semaphore_api,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class _GrantsPastLimit(MemoryBackend):
+    """Grants every request, whatever the permits held."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire_permit(
+            name, owner, ttl, identity, metadata, limit, weight
+        )
+        if isinstance(result, Grant):
+            return result
+        state = self._permits[name]
+        state.queue.pop(owner, None)
+        token = self._permit_tokens[name] = self._permit_tokens[name] + 1
+        record = _Record(owner, identity, token, dict(metadata), self._clock() + ttl)
+        state.held[owner] = (record, weight)
+        return Grant(token, ttl)
+
+
+class _TokensRestart(MemoryBackend):
+    """Restarts a name's token counter when its last permit is released."""
+
+    def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        freed = super()._release_permit(name, owner, token)
+        if name not in self._permits:
+            self._permit_tokens.pop(name, None)
+        return freed
+
+
+class _TakesAnyLimit(MemoryBackend):
+    """Takes the limit of the latest request instead of checking it."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        state = self._permits.get(name)
+        if state is not None:
+            state.limit = limit
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
+
+
+class _NeverExpires(MemoryBackend):
+    """Keeps every permit past its ttl."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire_permit(
+            name, owner, ttl, identity, metadata, limit, weight
+        )
+        if isinstance(result, Grant):
+            self._permits[name].held[owner][0].expires_at = math.inf
+        return result
+
+
+class _ReleaseKeeps(MemoryBackend):
+    """Says a permit was released, and keeps it."""
+
+    def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        state = self._live_permits(name)
+        held = None if state is None else state.held.get(owner)
+        return held is not None and (token is None or held[0].token == token)
+
+
+class _RenewsAnything(MemoryBackend):
+    """Renews a permit without looking whether it is held."""
+
+    def _renew_permit(self, name: str, owner: str, token: int, ttl: float) -> Grant:
+        return Grant(token, ttl)
+
+
+class _ReadersAlone(MemoryBackend):
+    """Weighs every request as the whole limit: readers exclude each other."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, limit)
+
+
+class _NoQueue(MemoryBackend):
+    """Forgets the refused requests: a late reader overtakes a waiting writer."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire_permit(
+            name, owner, ttl, identity, metadata, limit, weight
+        )
+        state = self._permits.get(name)
+        if state is not None:
+            state.queue.clear()
+        return result
+
+
+class _ClaimsNoSemaphore(MemoryBackend):
+    """Serves permits while it declares that it does not."""
+
+    capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME})
+
+
+MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
+    (_GrantsPastLimit, check_permits_within_limit),
+    (_GrantsPastLimit, check_rw_writer_alone),
+    (_GrantsPastLimit, check_semaphore_api),
+    (_TokensRestart, check_permit_tokens_increase),
+    (_TakesAnyLimit, check_permit_limit_checked),
+    (_NeverExpires, check_permit_expiry_frees),
+    (_ReleaseKeeps, check_permit_release_frees),
+    (_RenewsAnything, check_permit_renew_after_loss),
+    (_ReadersAlone, check_rw_readers_share),
+    (_NoQueue, check_rw_fifo),
+    (_ClaimsNoSemaphore, check_permits_within_limit),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutant", "check"),
+    MUTANTS,
+    ids=[f"{m.__name__.strip('_')}-{c.__name__.removeprefix('check_')}" for m, c in MUTANTS],
+)
+async def test_permit_check_catches_broken_backend(
+    mutant: type[MemoryBackend], check: Check
+) -> None:
+    with pytest.raises(AssertionError):
+        await check(mutant)
+
+
+class _NoPermits(MemoryBackend):
+    """A lock backend that does not serve permits: the contract's defaults."""
+
+    capabilities = frozenset({Capability.PUSH_WAKEUP, Capability.SERVER_TIME})
+    try_acquire_permit = Backend.try_acquire_permit
+    read_permits = Backend.read_permits
+
+
+@pytest.mark.parametrize("check", [check_permits_within_limit, check_rw_fifo])
+async def test_a_backend_without_permits_passes_by_refusing(check: Check) -> None:
+    await check(_NoPermits)
+    async with _NoPermits() as backend:
+        with pytest.raises(aiolease.UnsupportedCapability, match="SEMAPHORE"):
+            aiolease.AsyncSemaphore(backend, "n", limit=2, ttl=1)
+        with pytest.raises(aiolease.UnsupportedCapability, match="SEMAPHORE"):
+            aiolease.AsyncReadWriteLock(backend, "n", ttl=1)
