@@ -514,7 +514,7 @@ class Renewer:
     ) -> int:
         """Add to ``batch`` the members of ``cohort`` still held and still in it; how many."""
         added = len(batch)
-        add, append = renewing.add, batch.append
+        append = batch.append
         for renewed in cohort.members:
             if renewed.cohort is not cohort:
                 continue  # ended, or on an entry of its own since
@@ -523,8 +523,8 @@ class Renewer:
             # lease._lost_at(now) is None, without a call while the deadline is ahead:
             if (lease._reason is None and now < lease._deadline) or lease._lost_at(now) is None:
                 renewed.renewing = True
-                add(renewed)
                 append(renewed)
+        renewing.update(batch[added:])  # in one call, not one per lease
         return len(batch) - added
 
     def _group_due(self, group: _Group, now: float) -> None:
@@ -719,9 +719,9 @@ class Renewer:
             renewed.backoff = renewed.first_backoff
             renewed.next_at = renew_at
             renewed.renewing = False
-            renewing.discard(renewed)
             if now < lease._deadline or lease._lost_at(now) is None:
                 members.append(renewed)
+        renewing.difference_update(batch)  # settled, all of them: in one call
         for next_at, members in cohorts.items():
             if not members:
                 continue
