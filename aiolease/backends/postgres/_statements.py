@@ -203,7 +203,8 @@ class Sql:
         # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease. Answers the
         # leases it did not renew (usually none: nothing to decode per lease).
         self.renew = (
-            "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
+            "WITH v AS (SELECT * FROM unnest($1::text::text[], $2::text::text[],"
+            " $3::text::int8[], $4::text::float8[])"
             " AS v(name, owner, token, ttl)),"
             f" u AS (UPDATE {t} AS l SET ttl = v.ttl,"
             " expires_at = clock_timestamp() + make_interval(secs => v.ttl) FROM v"
