@@ -7,8 +7,10 @@ import json
 import random
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from aiolease import (
@@ -367,3 +369,42 @@ async def test_a_cancelled_campaign_leaves_no_key(
         assert list((await gateway.owners(prefix)).values()) == [holder.owner]
         await holder.release()
         assert await gateway.keys(prefix) == []
+
+
+async def test_many_bodies_ending_at_once_lose_nothing(anyio_backend: str, single_url: str) -> None:
+    """3,000 held leases whose bodies all end in the same instant: none is reported
+    lost, and every key is gone once the last ``async with`` is left.
+
+    Every exit starts its release in the same loop turn, and no keepalive can run before
+    that turn ends: the leases' deadlines must outlast it, and then the releases must
+    not starve the session's keepalive nor overload the server (they queue for a place
+    among the wire's requests in flight)."""
+    count, ttl = 3000, 3.0
+    open_ = opener(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    gateway = Gateway(single_url)
+    lost: list[LeaseLostError] = []
+    async with open_() as backend:
+        stop = anyio.Event()
+
+        async def hold(i: int, task_status: anyio.abc.TaskStatus[None]) -> None:
+            try:
+                async with AsyncLock(backend, f"n{i}", ttl=ttl):
+                    task_status.started()
+                    await stop.wait()
+            except LeaseLostError as exc:
+                lost.append(exc)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for start in range(0, count, 50):  # fifty acquires at a time
+                    async with anyio.create_task_group() as batch:
+                        for i in range(start, start + 50):
+                            batch.start_soon(_started, tg, hold, i)
+                stop.set()
+            assert lost == []
+            assert await gateway.keys(prefix) == []
+
+
+async def _started(tg: anyio.abc.TaskGroup, func: Any, i: int) -> None:
+    await tg.start(func, i)
