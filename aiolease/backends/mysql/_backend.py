@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..._checked import HeldRenewals, derived
 from ..._exceptions import (
     AioleaseError,
     BackendTimeout,
@@ -23,7 +24,15 @@ from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from ..sql._options import pool_size
-from ..sql._permits import Action, PermitRow, blocker, decide, permit_holders, permit_row
+from ..sql._permits import (
+    Action,
+    PermitRow,
+    blocker,
+    by_kind,
+    decide,
+    permit_holders,
+    permit_row,
+)
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Held, Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import row_holder
@@ -33,7 +42,7 @@ from ..sql._wakeups import Wakeups
 from ._bell import Bells
 from ._errors import answered, errno, mapped
 from ._queue import REFRESH, Queue
-from ._statements import EXPIRED, WAITERS_SUFFIX, PermitSql, Prepared, Sql
+from ._statements import EXPIRED, WAITERS_SUFFIX, PermitSql, Prepared, Rendered, Sql
 from ._turns import Turn, Turns
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 
@@ -96,7 +105,7 @@ _ID, _ROWS, _COUNT = "id", "rows", "count"
 
 
 async def _exchange(
-    conn: Any, sql: Prepared | str, params: Any, want: str, then: Prepared | None
+    conn: Any, sql: Prepared | Rendered | str, params: Any, want: str, then: Prepared | None
 ) -> Any:
     """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
 
@@ -107,6 +116,8 @@ async def _exchange(
     async with conn.cursor() as cur:
         if isinstance(sql, Prepared):
             count = await cur.execute(sql.sql, [params[name] for name in sql.names])
+        elif isinstance(sql, Rendered):
+            count = await cur.execute(sql.text(cur, conn))
         else:
             count = await cur.execute(cur.mogrify(sql, params))
         if want == _ID:
@@ -361,7 +372,7 @@ class MySQLBackend(Backend):
 
     async def _execute(
         self,
-        sql: Prepared | str,
+        sql: Prepared | Rendered | str,
         params: Any,
         want: str = _ID,
         then: Prepared | None = None,
@@ -395,7 +406,12 @@ class MySQLBackend(Backend):
             return await self._run(sql, params, want, then, renewal)
 
     async def _run(
-        self, sql: Prepared | str, params: Any, want: str, then: Prepared | None, renewal: bool
+        self,
+        sql: Prepared | Rendered | str,
+        params: Any,
+        want: str,
+        then: Prepared | None,
+        renewal: bool,
     ) -> Any:
         lean = self._lean
         if lean is None:
@@ -672,14 +688,32 @@ class MySQLBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_many_held(self._batcher, self._renew_failed, self._held, renewals)
 
     async def _renew_failed(self, renewals: Sequence[Renewal]) -> set[Key]:
-        """Renew every lease of ``renewals`` (:meth:`_renew_batch`); those it did not renew."""
+        """Renew every lease of ``renewals`` (:meth:`_renew_batch`); those it did not renew.
+
+        The core's list (a cohort's, renewed again tick after tick) is rendered into
+        the statement's text once (:class:`Rendered`, :func:`derived`). Permits go in
+        statements of their own (:meth:`_renew_permits`)."""
+        locks, permits = derived(renewals, "kinds", by_kind)
+        if permits:
+            failed = await self._renew_failed(locks) if locks else set()
+            items = [((n, o, t), ttl) for n, o, t, ttl in permits]
+            renewed = await self._renew_permits(items)
+            return failed | {key for key, _ in items if key not in renewed}
+        if type(renewals) is HeldRenewals and len(renewals) <= MAX_RENEWALS:
+            update, triples = derived(renewals, "mysql", self._rendered_renewal)
+            if await self._execute(update, None, _COUNT, renewal=True) == len(renewals):
+                return set()
+            live = self._sql.live(len(renewals))
+            rows = await self._execute(live, triples, _ROWS, renewal=True)
+            live_keys = {(n.decode(), o.decode(), int(t)) for n, o, t in rows}
+            return {(n, o, t) for n, o, t, _ in renewals if (n, o, t) not in live_keys}
         items = [((n, o, t), ttl) for n, o, t, ttl in renewals]
         renewed = await self._renew_batch(items)
         if len(renewed) == len(items):
@@ -704,6 +738,20 @@ class MySQLBackend(Backend):
             for start in range(0, len(items), MAX_RENEWALS):
                 renewed |= await self._renew_batch(items[start : start + MAX_RENEWALS])
             return renewed
+        sql, params, triples = self._renewal(items)
+        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
+            return frozenset(key for key, _ in items)
+        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
+        return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+
+    def _rendered_renewal(self, renewals: Sequence[Renewal]) -> tuple[Rendered, list[Any]]:
+        """The renew statement of ``renewals``, to render once; the read's parameters."""
+        sql, params, triples = self._renewal([((n, o, t), ttl) for n, o, t, ttl in renewals])
+        return Rendered(sql, params), triples
+
+    def _renewal(self, items: Sequence[tuple[Key, float]]) -> tuple[str, list[Any], list[Any]]:
+        """The statement that renews ``items`` (at most :data:`MAX_RENEWALS`), its
+        parameters, and those of the read of which are live (the triples)."""
         triples = [v for (n, o, t), _ in items for v in (n.encode(), o.encode(), t)]
         ttls = {ttl for _, ttl in items}
         if len(ttls) == 1:
@@ -717,10 +765,7 @@ class MySQLBackend(Backend):
                 for v in (n.encode(), o.encode(), t, float(ttl), _micros(ttl))
             ]
             sql = self._sql.renew_mixed(len(items))
-        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
-            return frozenset(key for key, _ in items)
-        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
-        return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+        return sql, params, triples
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         if is_permit_owner(owner):

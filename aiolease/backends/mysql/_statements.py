@@ -6,7 +6,8 @@ See :mod:`aiolease.backends.mysql` for what each statement guarantees.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from ..sql._permits import permit_tables
 
@@ -47,6 +48,35 @@ class Prepared(NamedTuple):
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")
+
+#: asyncmy's (and MySQL's) server status flag: string literals quote ``'`` by doubling
+#: it, and a backslash is an ordinary character.
+_NO_BACKSLASH_ESCAPES = 512
+
+
+class Rendered:
+    """A plain statement whose parameters are rendered into its text once per quoting
+    mode of the connections that run it (``NO_BACKSLASH_ESCAPES`` or not), not on every
+    call: a renewal batch that the core hands again tick after tick.
+
+    :param sql: the statement, with ``%s`` parameters
+    :param params: its parameters
+    """
+
+    __slots__ = ("_texts", "params", "sql")
+
+    def __init__(self, sql: str, params: Sequence[Any]) -> None:
+        self.sql = sql
+        self.params = params
+        self._texts: dict[int, str] = {}
+
+    def text(self, cursor: Any, conn: Any) -> str:
+        """The statement as ``cursor`` (of ``conn``) would render it."""
+        mode = int(conn.server_status) & _NO_BACKSLASH_ESCAPES
+        text = self._texts.get(mode)
+        if text is None:
+            text = self._texts[mode] = cursor.mogrify(self.sql, self.params)
+        return text
 
 
 class Sql:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..._checked import derived
 from ..._exceptions import (
     AioleaseError,
     BackendTimeout,
@@ -23,7 +24,7 @@ from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from .._takers import Takers
 from ..sql._options import pool_size
-from ..sql._permits import Action, blocker, decide, permit_holders, permit_row
+from ..sql._permits import Action, blocker, by_kind, decide, permit_holders, permit_row
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import HOLDER_COLUMNS, row_holder
@@ -124,6 +125,31 @@ CAPABILITIES = frozenset(
         Capability.FAIR_PERMITS,
     }
 )
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an element of a PostgreSQL array literal: in double quotes, with
+    ``"`` and ``\\`` escaped (all else, commas and braces included, is taken as is)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array_literals(renewals: Sequence[Renewal]) -> tuple[str, str, str, str]:
+    """The renew statement's parameters: the names, owners, tokens and ttls of
+    ``renewals`` as array literals (``{...}``), sent as four text values that the
+    server casts. Encoding them here once per list of the core's (:func:`derived`)
+    spares asyncpg encoding every element of four arrays on every tick."""
+    names = ",".join([_quoted(r[0]) for r in renewals])
+    owners = ",".join([_quoted(r[1]) for r in renewals])
+    tokens = ",".join([str(int(r[2])) for r in renewals])
+    ttls = ",".join([repr(float(r[3])) for r in renewals])
+    return f"{{{names}}}", f"{{{owners}}}", f"{{{tokens}}}", f"{{{ttls}}}"
+
+
+def _literals_of(
+    batch: Sequence[Renewal],
+) -> Callable[[Sequence[Renewal]], tuple[str, str, str, str]]:
+    """Makes :func:`_array_literals` of ``batch`` (a part of the list it is given)."""
+    return lambda _: _array_literals(batch)
 
 
 class PostgresBackend(Backend):
@@ -669,7 +695,7 @@ class PostgresBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
@@ -682,21 +708,18 @@ class PostgresBackend(Backend):
 
     async def _renew_failed(self, renewals: Sequence[Renewal]) -> set[Key]:
         """Renew every lease of ``renewals`` in one statement (one more for the permits
-        among them); those it did not renew (the statements answer only them)."""
+        among them); those it did not renew (the statements answer only them). What
+        is sent is made once per list of the core's (:func:`derived`)."""
+        locks, permits = derived(renewals, "kinds", by_kind)
         failed: set[Key] = set()
-        locks = [r for r in renewals if not is_permit_owner(r[1])]
-        permits = [r for r in renewals if is_permit_owner(r[1])]
-        for sql, batch in ((self._sql.renew, locks), (self._permit_sql.renew, permits)):
+        for kind, sql, batch in (
+            ("postgres", self._sql.renew, locks),
+            ("postgres-permits", self._permit_sql.renew, permits),
+        ):
             if not batch:
                 continue
-            rows = await self._fetch(
-                sql,
-                [r[0] for r in batch],
-                [r[1] for r in batch],
-                [r[2] for r in batch],
-                [r[3] for r in batch],
-                renewal=True,
-            )
+            literals = derived(renewals, kind, _literals_of(batch))
+            rows = await self._fetch(sql, *literals, renewal=True)
             failed |= {(row["name"], row["owner"], int(row["token"])) for row in rows}
         return failed
 

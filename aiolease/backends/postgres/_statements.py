@@ -210,7 +210,8 @@ class Sql:
         # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease. Answers the
         # leases it did not renew (usually none: nothing to decode per lease).
         self.renew = (
-            "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
+            "WITH v AS (SELECT * FROM unnest($1::text::text[], $2::text::text[],"
+            " $3::text::int8[], $4::text::float8[])"
             " AS v(name, owner, token, ttl)),"
             f" u AS (UPDATE {t} AS l SET ttl = v.ttl,"
             " expires_at = clock_timestamp() + make_interval(secs => v.ttl) FROM v"
@@ -451,11 +452,11 @@ class PermitSql:
             " expires_at = clock_timestamp() + make_interval(secs => $3::float8)"
             " WHERE name = $1 AND owner = $2"
         )
-        # $1 names, $2 owners, $3 tokens, $4 ttls: one row per permit. Answers those it
-        # did not renew (usually none).
+        # $1 names, $2 owners, $3 tokens, $4 ttls (array literals, as the locks' renew
+        # takes them): one row per permit. Answers those it did not renew (usually none).
         self.renew = (
-            "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
-            " AS v(name, owner, token, ttl)),"
+            "WITH v AS (SELECT * FROM unnest($1::text::text[], $2::text::text[],"
+            " $3::text::int8[], $4::text::float8[]) AS v(name, owner, token, ttl)),"
             f" u AS (UPDATE {p} AS p SET ttl = v.ttl,"
             " expires_at = clock_timestamp() + make_interval(secs => v.ttl) FROM v"
             ' WHERE p.name = v.name COLLATE "C" AND p.owner = v.owner AND p.token = v.token'

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from ..._checked import derived
 from ..._exceptions import (
     BackendError,
     BackendTimeout,
@@ -32,7 +33,7 @@ from ..._exceptions import (
 from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
-from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewResult
+from ...abc import Backend, Capability, Grant, HolderInfo, LossReason, RenewedAsAsked, RenewResult
 from ...abc import Renewal as LeaseRenewal
 from .._asyncio import now, wait_event, wait_for_or_none
 from ._batch import RenewalBatcher
@@ -454,23 +455,24 @@ class RedisBackend(Backend):
         sent_at = await self._batcher.renew(name, owner, token, ttl)
         return Grant(token, ttl, sent_at=sent_at)
 
-    async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one pipelined round trip."""
         replies = await wait_for_or_none(self._send_renewals(renewals), self._timeout)
         if replies is None:
             raise BackendTimeout(f"renewal batch took over {self._timeout:g}s")
         self._batcher.counted(len(renewals))
-        results: list[RenewResult] = []
-        for (name, _, token, ttl), reply in zip(renewals, replies, strict=True):
+        failed: dict[int, BackendError | NotOwnerError] = {}
+        for index, reply in enumerate(replies):
             if reply is True:
-                results.append(Grant(token, ttl))
-            elif reply is False:
-                results.append(NotOwnerError(name))
+                continue
+            name = renewals[index][0]
+            if reply is False:
+                failed[index] = NotOwnerError(name)
             elif isinstance(reply, BackendError):
-                results.append(reply)
+                failed[index] = reply
             else:
-                results.append(BackendError(f"renewal of {name!r}: {reply!r}"))
-        return results
+                failed[index] = BackendError(f"renewal of {name!r}: {reply!r}")
+        return RenewedAsAsked(renewals, failed=failed)
 
     async def _send_renewals(self, leases: Sequence[LeaseRenewal]) -> list[bool | BaseException]:
         if self._closed:
@@ -480,7 +482,8 @@ class RedisBackend(Backend):
         # spreads names over slots: one RENEW script per lease.
         script = RENEW if isinstance(self._client, RedisCluster) else RENEW_MANY
         for attempt in range(2):
-            commands = self._renewal_commands(script, leases)
+            # The core's list (a cohort's, tick after tick): its commands made once.
+            commands = list(derived(leases, script.sha, self._renewal_commands_of(script)))
             if waits.replicas:
                 commands.append(("WAIT", waits.replicas, waits.timeout_ms))
             try:
@@ -511,6 +514,11 @@ class RedisBackend(Backend):
             self._mapped(lease[0], r) if isinstance(r, BaseException) else int(r) == 1
             for lease, r in zip(leases, replies, strict=True)
         ]
+
+    def _renewal_commands_of(
+        self, script: Script
+    ) -> Callable[[Sequence[LeaseRenewal]], list[tuple[Any, ...]]]:
+        return lambda leases: self._renewal_commands(script, leases)
 
     def _renewal_commands(
         self, script: Script, leases: Sequence[LeaseRenewal]

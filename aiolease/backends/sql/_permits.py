@@ -17,18 +17,29 @@ from enum import Enum
 
 from ..._exceptions import LimitMismatchError
 from ..._permits import RW_LIMIT, PermitHolders, is_permit_owner
-from ...abc import HolderInfo
+from ...abc import HolderInfo, Renewal
 from ._rows import decode_metadata, foreign
 
 __all__ = [
     "Action",
     "PermitRow",
     "blocker",
+    "by_kind",
     "decide",
     "permit_holders",
     "permit_row",
     "permit_tables",
 ]
+
+
+def by_kind(renewals: Sequence[Renewal]) -> tuple[list[Renewal], list[Renewal]]:
+    """The renewals of locks, and those of permits (each renewed by a statement on its
+    own table), in the order given."""
+    locks: list[Renewal] = []
+    permits: list[Renewal] = []
+    for renewal in renewals:
+        (permits if is_permit_owner(renewal[1]) else locks).append(renewal)
+    return locks, permits
 
 
 def permit_tables(table: str, longest: int) -> tuple[str, str]:

@@ -21,6 +21,7 @@ import pytest
 
 import aiolease
 from aiolease import AsyncLock, AsyncSemaphore, ForeignDataError
+from aiolease._checked import HeldRenewals
 from aiolease.abc import Grant, HolderInfo, NotOwnerError, PermitHolders, permit_owner
 from aiolease.backends.postgres._listener import LISTEN_CHECK
 from aiolease.backends.postgres._statements import permits_table
@@ -198,14 +199,19 @@ async def test_renew_many_mixes_locks_and_permits(place: Place) -> None:
         lock = await backend.try_acquire(name, lock_owner, 30.0, "l", {})
         permit = await backend.try_acquire_permit(name, owner, 30.0, "p", {}, 2, 1)
         assert isinstance(lock, Grant) and isinstance(permit, Grant)
-        results = await backend.renew_many(
+        # As the core hands a cohort: the same list tick after tick (what a backend
+        # derives from it is kept), and as any other list.
+        cohort = HeldRenewals()
+        cohort.extend(
             [
                 (name, lock_owner, lock.token, 60.0),
                 (name, owner, permit.token, 60.0),
                 (name, permit_owner(), permit.token, 60.0),  # nobody's
             ]
         )
-        assert [type(r) for r in results] == [Grant, Grant, NotOwnerError]
+        for renewals in (cohort, cohort, list(cohort)):
+            results = await backend.renew_many(renewals)
+            assert [type(r) for r in results] == [Grant, Grant, NotOwnerError]
         permits = await backend.read_permits(name)
         assert permits is not None and permits.holders[0].remaining is not None
         assert permits.holders[0].remaining > 30.0
