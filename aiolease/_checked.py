@@ -12,14 +12,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from ._exceptions import InvalidArgument
 from ._permits import check_limit, check_weight
 from ._records import Renewal
 from ._validate import check_metadata, check_name, check_ttl
 
-__all__ = ["HeldRenewals", "check_arguments", "install"]
+__all__ = ["HeldRenewals", "check_arguments", "derived", "install"]
 
 #: Which positional argument (after ``self``) of each method is checked, and how.
 _Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
@@ -28,9 +28,35 @@ _Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
 class HeldRenewals(list[Renewal]):
     """The renewals the core's scheduler hands to :meth:`Backend.renew_many`: of leases
     it holds, whose names and ttls were checked when they were granted (so not again
-    on every tick; any other sequence is checked)."""
+    on every tick; any other sequence is checked).
 
-    __slots__ = ()
+    The scheduler hands the same list, unchanged, to every call that renews the same
+    leases again (a cohort, tick after tick): a backend may keep in :attr:`cache` what
+    it derives from the list (its encoded parameters), under a key of its own.
+    """
+
+    __slots__ = ("cache",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: What backends derived from these renewals, by a key of each backend's.
+        self.cache: dict[str, object] = {}
+
+
+T = TypeVar("T")
+
+
+def derived(renewals: Sequence[Renewal], key: str, make: Callable[[Sequence[Renewal]], T]) -> T:
+    """``make(renewals)``: made once per :class:`HeldRenewals` list (kept in its
+    :attr:`~HeldRenewals.cache` under ``key``, a key of the caller's own), made every
+    time for any other sequence (which may change between calls)."""
+    if type(renewals) is not HeldRenewals:
+        return make(renewals)
+    cache = renewals.cache
+    if key in cache:
+        return cast(T, cache[key])
+    value = cache[key] = make(renewals)
+    return value
 
 
 #: The checks of names and ttls, remembered: the core passes the same name to several

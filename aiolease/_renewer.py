@@ -47,7 +47,7 @@ from ._checked import HeldRenewals
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease, Timing, log_fields
-from .abc import Backend, Grant, SessionClock
+from .abc import Backend, Grant, RenewedAsAsked, SessionClock
 
 __all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
 
@@ -167,14 +167,28 @@ class _Cohort:
       them, to end those whose deadline passes before the answer comes;
     * once answered alike (confirmed, with the same next renewal time), at that time:
       they are then due, and renewed, together again.
+
+    Its ``renewals`` (the call's argument, and the shortest renew interval among them)
+    are made once and handed to every call that renews exactly its members again, as
+    long as none of them ends or is answered apart: a backend may keep what it derives
+    from them (:attr:`HeldRenewals.cache`) for the next tick.
     """
 
-    __slots__ = ("in_flight", "members", "version")
+    __slots__ = ("bound", "in_flight", "members", "renewals", "version")
 
-    def __init__(self, members: list[_Renewed], *, in_flight: bool) -> None:
+    def __init__(
+        self,
+        members: list[_Renewed],
+        *,
+        in_flight: bool,
+        renewals: HeldRenewals | None = None,
+        bound: float = math.inf,
+    ) -> None:
         self.members = members
         self.in_flight = in_flight
         self.version = 0
+        self.renewals = renewals
+        self.bound = bound
 
 
 _Item = _Renewed | _Group | _Cohort
@@ -393,6 +407,7 @@ class Renewer:
         """Handle what is due by ``now``; ``False`` if a renewal needs a task group."""
         heap = self._heap
         batch: list[_Renewed] | None = None
+        reuse: _Cohort | None = None  # the cohort whose renewals the batch may reuse
         while heap and heap[0][0] <= now:
             _, _, version, item = heap[0]
             if version != item.version:
@@ -410,7 +425,10 @@ class Renewer:
                 else:
                     if batch is None:
                         batch = []
-                    self._cohort_due(item, renewing, now, batch)
+                    first = not batch
+                    added = self._cohort_due(item, renewing, now, batch)
+                    if first and added == len(item.members) and item.renewals is not None:
+                        reuse = item
             elif tg is None and self._renewal_due(item, now):
                 heapq.heappush(heap, entry)  # popped first: reading .lost may drop entries
                 return False
@@ -423,6 +441,9 @@ class Renewer:
             self._join_early(batch, renewing, now)
             self._renewals += len(batch)
             in_flight = _Cohort(batch, in_flight=True)
+            if reuse is not None and len(batch) == len(reuse.members):
+                # Exactly its members, in order: the renewals made for them still hold.
+                in_flight.renewals, in_flight.bound = reuse.renewals, reuse.bound
             self._push(in_flight, min(r.lease._deadline for r in batch))
             tg.start_soon(self._renew_many, in_flight, renewing, now)
         return True
@@ -490,16 +511,21 @@ class Renewer:
     @staticmethod
     def _cohort_due(
         cohort: _Cohort, renewing: set[_Renewed], now: float, batch: list[_Renewed]
-    ) -> None:
-        """Add to ``batch`` the members of ``cohort`` still held and still in it."""
+    ) -> int:
+        """Add to ``batch`` the members of ``cohort`` still held and still in it; how many."""
+        added = len(batch)
+        append = batch.append
         for renewed in cohort.members:
             if renewed.cohort is not cohort:
                 continue  # ended, or on an entry of its own since
             renewed.cohort = None
-            if renewed.lease._lost_at(now) is None:
+            lease = renewed.lease
+            # lease._lost_at(now) is None, without a call while the deadline is ahead:
+            if (lease._reason is None and now < lease._deadline) or lease._lost_at(now) is None:
                 renewed.renewing = True
-                renewing.add(renewed)
-                batch.append(renewed)
+                append(renewed)
+        renewing.update(batch[added:])  # in one call, not one per lease
+        return len(batch) - added
 
     def _group_due(self, group: _Group, now: float) -> None:
         deadline = group.clock.expires - group.margin
@@ -560,13 +586,23 @@ class Renewer:
         (the time the batch was made: no await comes in between)."""
         batch = in_flight.members
         backend = batch[0].lease.backend
-        renewals = HeldRenewals()
-        for renewed in batch:
-            lease = renewed.lease
-            lease._renewal_sent(sent_at)
-            renewals.append((lease._name, lease._owner, lease._token, lease._timing.ttl))
+        renewals = in_flight.renewals
+        if renewals is None:
+            renewals = in_flight.renewals = HeldRenewals()
+            for renewed in batch:
+                lease = renewed.lease
+                lease._renewal_sent(sent_at)
+                renewals.append((lease._name, lease._owner, lease._token, lease._timing.ttl))
+            in_flight.bound = min({r.lease._timing.renew_interval: None for r in batch})
+        else:
+            for renewed in batch:
+                lease = renewed.lease
+                if lease._reason is None and sent_at < lease._deadline:
+                    lease._unconfirmed = True  # lease._renewal_sent(sent_at), inlined
+                else:
+                    lease._renewal_sent(sent_at)
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
-        bound = min({r.lease._timing.renew_interval: None for r in batch})
+        bound = in_flight.bound
         try:
             with anyio.fail_after(bound):
                 answers = await backend.renew_many(renewals)
@@ -580,16 +616,20 @@ class Renewer:
             now = current_time()
             events = batch[0].lease._events
             if events.observers:
-                confirmed = [
-                    r.lease for r, a in zip(batch, results, strict=True) if type(a) is Grant
-                ]
+                if type(results) is RenewedAsAsked:
+                    failed = results.failed
+                    confirmed = [r.lease for i, r in enumerate(batch) if i not in failed]
+                else:
+                    confirmed = [
+                        r.lease for r, a in zip(batch, results, strict=True) if type(a) is Grant
+                    ]
                 if confirmed:
                     events._emit("renewed", confirmed, now - sent_at)
-            self._settle_batch(batch, renewing, sent_at, results, now)
+            self._settle_batch(in_flight, renewing, sent_at, results, now)
 
     def _settle_batch(
         self,
-        batch: list[_Renewed],
+        in_flight: _Cohort,
         renewing: set[_Renewed],
         sent_at: float,
         results: Sequence[Grant | BaseException | None],
@@ -598,6 +638,10 @@ class Renewer:
         """Apply the answers to one batch; the leases confirmed alike form a cohort
         (one heap entry) due at their next renewal time, the others get entries of
         their own (:meth:`_settle`)."""
+        batch = in_flight.members
+        if type(results) is RenewedAsAsked and results.renewals is in_flight.renewals:
+            self._settle_as_asked(in_flight, renewing, sent_at, results, now)
+            return
         cohorts: dict[float, list[_Renewed]] = {}
         # What a confirmation means depends only on the timing and the grant: worked
         # out once for the leases that share both (locks share equal timings).
@@ -631,6 +675,59 @@ class Renewer:
                 members.append(renewed)
         for next_at, members in cohorts.items():
             cohort = _Cohort(members, in_flight=False)
+            for renewed in members:
+                renewed.cohort = cohort
+            self._push(cohort, next_at)
+
+    def _settle_as_asked(
+        self,
+        in_flight: _Cohort,
+        renewing: set[_Renewed],
+        sent_at: float,
+        results: RenewedAsAsked,
+        now: float,
+    ) -> None:
+        """:meth:`_settle_batch` for an answer that says "all renewed as asked, but
+        these": no :class:`Grant` per lease. Each renewal asked its lease's own ttl (the
+        core made them), so a confirmation means the same for all the leases of one
+        timing: worked out once per timing."""
+        batch = in_flight.members
+        failed = results.failed
+        grant_sent = results.sent_at
+        cohorts: dict[float, list[_Renewed]] = {}
+        timing: Timing | None = None
+        deadline = renew_at = 0.0
+        members: list[_Renewed] = []
+        for index, renewed in enumerate(batch):
+            lease = renewed.lease
+            if lease._reason is not None or (failed and index in failed):
+                self._settle(renewed, renewing, sent_at, results[index], now)
+                continue
+            renewed.counters.renewals += 1
+            if lease._timing is not timing:
+                timing = lease._timing
+                grant = Grant(lease._token, timing.ttl, grant_sent)
+                deadline = timing._deadline_after(sent_at, grant)
+                renew_at = timing._renewal_after(sent_at, grant)
+                members = cohorts.setdefault(renew_at, [])
+            # lease._confirm_at(deadline, renew_at), inlined (once per lease per tick):
+            if deadline > lease._deadline:
+                lease._deadline = deadline
+            lease._renew_at = renew_at
+            lease._unconfirmed = False
+            lease._renewals += 1
+            renewed.backoff = renewed.first_backoff
+            renewed.next_at = renew_at
+            renewed.renewing = False
+            if now < lease._deadline or lease._lost_at(now) is None:
+                members.append(renewed)
+        renewing.difference_update(batch)  # settled, all of them: in one call
+        for next_at, members in cohorts.items():
+            if not members:
+                continue
+            cohort = _Cohort(members, in_flight=False)
+            if len(members) == len(batch):  # all of them, in order: the same renewals
+                cohort.renewals, cohort.bound = in_flight.renewals, in_flight.bound
             for renewed in members:
                 renewed.cohort = cohort
             self._push(cohort, next_at)

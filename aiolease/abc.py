@@ -93,7 +93,7 @@ import functools
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, overload
 
 import anyio
 
@@ -131,6 +131,7 @@ __all__ = [
     "PermitHolders",
     "Renewal",
     "RenewResult",
+    "RenewedAsAsked",
     "SessionClock",
     "UnsupportedCapability",
     "WrappingBackend",
@@ -174,6 +175,57 @@ class Capability(str, enum.Enum):
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`
 #: would have returned or raised.
 RenewResult = Grant | BackendError | NotOwnerError
+
+
+class RenewedAsAsked(Sequence[RenewResult]):
+    """A compact answer of :meth:`Backend.renew_many`: every renewal granted as asked,
+    except the few in ``failed``.
+
+    Item ``i`` is ``failed[i]`` if there is one, else ``Grant(token, ttl, sent_at)``
+    with the token and ttl of ``renewals[i]`` (made when read): the same answers as a
+    list would hold, so any caller can read it as a sequence. The core's scheduler reads
+    it without making a :class:`Grant` per lease: a batch of N leases renewed as asked
+    then costs it no object per lease. ``renewals`` must not change after it is made.
+
+    :param renewals: the renewals asked, in order
+    :param sent_at: the :attr:`Grant.sent_at` of every grant (``None``: the core's own
+        send time)
+    :param failed: the index of each renewal that was not granted, and what
+        :meth:`Backend.renew` would have raised for it
+    """
+
+    __slots__ = ("failed", "renewals", "sent_at")
+
+    def __init__(
+        self,
+        renewals: Sequence[Renewal],
+        sent_at: float | None = None,
+        failed: Mapping[int, BackendError | NotOwnerError] | None = None,
+    ) -> None:
+        self.renewals = renewals
+        self.sent_at = sent_at
+        self.failed: Mapping[int, BackendError | NotOwnerError] = failed or {}
+
+    def __len__(self) -> int:
+        return len(self.renewals)
+
+    @overload
+    def __getitem__(self, index: int) -> RenewResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[RenewResult]: ...
+
+    def __getitem__(self, index: int | slice) -> RenewResult | Sequence[RenewResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.renewals)))]
+        _, _, token, ttl = self.renewals[index]  # raises IndexError past the end
+        if index < 0:
+            index += len(self.renewals)
+        failure = self.failed.get(index)
+        return Grant(token, ttl, sent_at=self.sent_at) if failure is None else failure
+
+    def __repr__(self) -> str:
+        return f"<RenewedAsAsked {len(self.renewals)} renewals, {len(self.failed)} failed>"
 
 
 async def _end_leases(backend: Backend) -> None:
@@ -285,7 +337,9 @@ class Backend(abc.ABC):
         them one after the other.
 
         :returns: for each renewal, in order, its :class:`Grant` or the error that
-            :meth:`renew` would have raised (:class:`NotOwnerError` included)
+            :meth:`renew` would have raised (:class:`NotOwnerError` included); a
+            :class:`RenewedAsAsked` says the same for less when most were granted as
+            asked
         :raises BackendError: every renewal failed alike (the call as a whole)
         """
         results: list[RenewResult] = []

@@ -24,6 +24,7 @@ from ..abc import (
     HolderInfo,
     PermitHolders,
     Renewal,
+    RenewedAsAsked,
     RenewResult,
     is_permit_owner,
 )
@@ -201,23 +202,22 @@ class MemoryBackend(Backend):
         await anyio.lowlevel.checkpoint()
         now = self._clock()
         records = self._records
-        results: list[RenewResult] = []
-        for name, owner, token, ttl in renewals:
+        failed: dict[int, NotOwnerError] = {}
+        for index, (name, owner, token, ttl) in enumerate(renewals):
             if is_permit_owner(owner):
                 try:
-                    results.append(self._renew_permit(name, owner, token, ttl))
+                    self._renew_permit(name, owner, token, ttl)  # a grant as asked
                 except NotOwnerError as exc:
-                    results.append(exc)
+                    failed[index] = exc
                 continue
             record = records.get(name)
             if record is not None and record.expires_at <= now:
                 record = self._live(name)  # expired: dropped, and waiters told
             if record is None or record.owner != owner or record.token != token:
-                results.append(NotOwnerError(name))
+                failed[index] = NotOwnerError(name)
             else:
                 record.expires_at = now + ttl
-                results.append(Grant(token, ttl))
-        return results
+        return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         await anyio.lowlevel.checkpoint()

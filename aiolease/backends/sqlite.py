@@ -59,6 +59,7 @@ from urllib.parse import parse_qsl, unquote
 import anyio
 import anyio.to_thread
 
+from .._checked import derived
 from .._exceptions import (
     BackendError,
     BackendTimeout,
@@ -77,6 +78,7 @@ from ..abc import (
     HolderInfo,
     PermitHolders,
     Renewal,
+    RenewedAsAsked,
     RenewResult,
     is_permit_owner,
 )
@@ -117,6 +119,41 @@ _BATCH = (
     " json_extract(value, '$[2]') AS k, json_extract(value, '$[3]') AS vttl"
     " FROM json_each(:batch)"
 )
+#: A batch whose leases all ask one ttl (``:ttl``): ``[[name, owner, token], ...]``, one
+#: value fewer to extract per lease.
+_BATCH_ONE_TTL = (
+    "SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS o,"
+    " json_extract(value, '$[2]') AS k, :ttl AS vttl FROM json_each(:batch)"
+)
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """A renewal batch as its statement takes it: the JSON, the one ttl all its leases
+    ask (else ``None``: each its own, in the JSON), how many."""
+
+    json: str
+    ttl: float | None
+    size: int
+
+
+def _encode_batch(renewals: Sequence[Renewal]) -> _Encoded:
+    ttls = {ttl for _, _, _, ttl in renewals}
+    if len(ttls) == 1:
+        batch = json.dumps([[n, o, t] for n, o, t, _ in renewals])
+        return _Encoded(batch, float(ttls.pop()), len(renewals))
+    batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
+    return _Encoded(batch, None, len(renewals))
+
+
+def _encode_batches(renewals: Sequence[Renewal]) -> tuple[_Encoded | None, _Encoded | None]:
+    """The batches of the locks and of the permits among ``renewals`` (``None``: none)."""
+    locks = [r for r in renewals if not is_permit_owner(r[1])]
+    permits = [r for r in renewals if is_permit_owner(r[1])]
+    return (
+        _encode_batch(locks) if locks else None,
+        _encode_batch(permits) if permits else None,
+    )
 
 
 def host_boot_id() -> str:
@@ -470,13 +507,18 @@ class SQLiteBackend(Backend):
         return bool(rows)
 
     def _renew_many_sync(
-        self, conn: sqlite3.Connection, renewals: Sequence[Renewal], *, permits: bool = False
-    ) -> set[tuple[str, str, int]]:
-        """Renew every lease of ``renewals`` (all locks, or all ``permits``) in one
-        statement; which were renewed (one more statement tells which, only when some
-        were not)."""
-        batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
-        params = {"batch": batch, "now": self._clock(), "boot": self._boot_id}
+        self, conn: sqlite3.Connection, batch: _Encoded, *, permits: bool = False
+    ) -> set[tuple[str, str, int]] | None:
+        """Renew every lease of ``batch`` (all locks, or all ``permits``) in one
+        statement; which were renewed (``None``: all; one more statement tells which,
+        only when some were not)."""
+        rows = _BATCH if batch.ttl is None else _BATCH_ONE_TTL
+        params = {
+            "batch": batch.json,
+            "ttl": batch.ttl,
+            "now": self._clock(),
+            "boot": self._boot_id,
+        }
         table, live = self._table, _LIVE
         if permits:
             table, live = f"{self._table}_permits", f"granted = 1 AND {_PERMIT_LIVE}"
@@ -484,16 +526,15 @@ class SQLiteBackend(Backend):
         try:
             changed = conn.execute(
                 f"UPDATE {table} SET expires_at = :now + v.vttl, ttl = v.vttl"
-                f" FROM ({_BATCH}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
+                f" FROM ({rows}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
                 f" AND {live}",
                 params,
             ).rowcount
-            if changed == len(renewals):
-                renewed = {(n, o, t) for n, o, t, _ in renewals}
-            else:
+            renewed: set[tuple[str, str, int]] | None = None
+            if changed != batch.size:
                 renewed = set(
                     conn.execute(
-                        f"SELECT name, owner, token FROM {table}, ({_BATCH}) AS v"
+                        f"SELECT name, owner, token FROM {table}, ({rows}) AS v"
                         f" WHERE name = v.n AND owner = v.o AND token = v.k AND {live}",
                         params,
                     ).fetchall()
@@ -743,22 +784,29 @@ class SQLiteBackend(Backend):
             raise NotOwnerError(name)
         return Grant(token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement (one more for
-        the permits among them)."""
-        locks = [r for r in renewals if not is_permit_owner(r[1])]
-        permits = [r for r in renewals if is_permit_owner(r[1])]
+        the permits among them); the batches' JSON made once per list of the core's
+        (:func:`derived`)."""
+        locks, permits = derived(renewals, "sqlite", _encode_batches)
 
-        def renew(conn: sqlite3.Connection) -> set[tuple[str, str, int]]:
-            renewed = self._renew_many_sync(conn, locks) if locks else set()
-            if permits:
-                renewed |= self._renew_many_sync(conn, permits, permits=True)
-            return renewed
+        def renew(
+            conn: sqlite3.Connection,
+        ) -> tuple[set[tuple[str, str, int]] | None, set[tuple[str, str, int]] | None]:
+            renewed = None if locks is None else self._renew_many_sync(conn, locks)
+            if permits is None:
+                return renewed, None
+            return renewed, self._renew_many_sync(conn, permits, permits=True)
 
-        renewed = await self._run(renew)
-        return [
-            Grant(t, ttl) if (n, o, t) in renewed else NotOwnerError(n) for n, o, t, ttl in renewals
-        ]
+        renewed_locks, renewed_permits = await self._run(renew)
+        if renewed_locks is None and renewed_permits is None:
+            return RenewedAsAsked(renewals)
+        failed: dict[int, NotOwnerError] = {}
+        for index, (n, o, t, _) in enumerate(renewals):
+            renewed = renewed_permits if is_permit_owner(o) else renewed_locks
+            if renewed is not None and (n, o, t) not in renewed:
+                failed[index] = NotOwnerError(n)
+        return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         if is_permit_owner(owner):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import anyio
 
+from .._checked import HeldRenewals
 from .._exceptions import NotOwnerError, UnsupportedCapability
 from ..abc import Backend, Capability, Grant, HolderInfo
 from ._support import (
@@ -118,6 +119,52 @@ async def check_renew_does_not_revive(factory: BackendFactory) -> None:
         await wait_free(backend, name, SHORT_TTL + 1.0 + TOLERANCE)
         await _expect_not_owner(backend, name, owner, granted.token, "after expiry")
         require(await backend.read(name) is None, "renew after expiry revived the record")
+
+
+async def check_renew_many_answers_each(factory: BackendFactory) -> None:
+    """``renew_many`` answers each renewal as ``renew`` would, in order: a grant for
+    the owner's (with the ttl it asks), ``NotOwnerError`` for a free name's; the
+    same list renewed again (as the core's scheduler does, tick after tick) is
+    answered anew."""
+    async with factory() as backend:
+        # A name that quoting or splitting could get wrong, in a batch of several.
+        a, b, free = unique_name(' "q", {x}\\ \u00e9'), unique_name(), unique_name()
+        owner_a, owner_b = new_owner(), new_owner()
+        granted_a = await grant(backend, a, owner_a, ttl=LONG_TTL)
+        granted_b = await grant(backend, b, owner_b, ttl=LONG_TTL)
+        renewals = HeldRenewals()
+        renewals.extend(
+            [
+                (a, owner_a, granted_a.token, LONG_TTL),
+                (free, owner_a, granted_a.token, LONG_TTL),
+                (b, owner_b, granted_b.token, 1.0),
+            ]
+        )
+        for round_ in ("first", "second"):
+            results = list(await backend.renew_many(renewals))
+            require(len(results) == 3, f"{round_} renew_many: {len(results)} answers to 3")
+            first, gone, last = results
+            require(
+                isinstance(first, Grant) and first.token == granted_a.token,
+                f"{round_} renew_many answered {first!r} for the owner's grant",
+            )
+            require(
+                isinstance(gone, NotOwnerError) and gone.name == free,
+                f"{round_} renew_many answered {gone!r} for a free name",
+            )
+            if round_ == "first":
+                require(
+                    isinstance(last, Grant) and last.token == granted_b.token,
+                    f"renew_many answered {last!r} for the owner's grant",
+                )
+                await require_remaining(backend, b, 0.0, 1.0)  # its own ttl
+                require(await backend.release(b, owner_b, granted_b.token), "release failed")
+            else:
+                require(
+                    isinstance(last, NotOwnerError) and last.name == b,
+                    f"renew_many answered {last!r} for a grant released since",
+                )
+        await require_remaining(backend, a, 1.0 + TOLERANCE, LONG_TTL)
 
 
 # -- release ------------------------------------------------------------------------

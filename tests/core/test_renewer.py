@@ -428,3 +428,77 @@ async def test_a_failed_call_is_retried_for_every_lease_in_it(anyio_backend: obj
         await anyio.sleep(3)
         assert all(lease.lost is None and lease.renewals >= 2 for lease in leases)
     assert all(lock.statistics().renew_failures == 2 for lock in locks)
+
+
+class AsAsked(Quiet):
+    """Renews through the memory backend's own ``renew_many`` (a :class:`RenewedAsAsked`
+    answer), recording each call's renewals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Sequence[Renewal]] = []
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        self.calls.append(renewals)
+        return await MemoryBackend.renew_many(self, renewals)
+
+
+@MOCK
+async def test_a_compact_answer_ends_the_refused_lease_alone(anyio_backend: object) -> None:
+    backend = AsAsked()
+    with pytest.raises(LeaseLostError) as info:
+        await _hold_two_timings(backend)
+    assert info.value.reason is LossReason.STOLEN
+    assert isinstance(await MemoryBackend.renew_many(backend, []), aiolease.abc.RenewedAsAsked)
+
+
+async def _hold_two_timings(backend: AsAsked) -> None:
+    async with AsyncExitStack() as stack:
+        # Two timings in one batch: each lease's deadline follows its own ttl.
+        short = await _hold_all(stack, backend, [f"s{i}" for i in range(3)], ttl=3)
+        long = await _hold_all(stack, backend, [f"l{i}" for i in range(3)], ttl=6)
+        taken = short[1]
+        backend.force_release(taken.name)  # behind its back
+        await anyio.sleep(10)
+        assert taken.lost is LossReason.STOLEN
+        assert [lease.lost for lease in short + long if lease is not taken] == [None] * 5
+        assert all(lease.renewals >= 4 for lease in short + long if lease is not taken)
+        now = anyio.current_time()
+        assert all(now + 2 - 0.3 <= lease.deadline <= now + 3 for lease in short[::2])
+        assert all(now + 4 - 0.6 <= lease.deadline <= now + 6 for lease in long)
+
+
+@MOCK
+async def test_a_cohort_is_renewed_with_the_same_renewals_until_one_ends(
+    anyio_backend: object,
+) -> None:
+    backend = AsAsked()
+    async with AsyncExitStack() as stack:
+        leases = await _hold_all(stack, backend, [f"n{i}" for i in range(4)], ttl=3)
+        await anyio.sleep(5)
+        steady = backend.calls[-3:]
+        assert all(call is steady[0] for call in steady)  # one list, tick after tick
+        assert [r[0] for r in steady[0]] == [lease.name for lease in leases]
+        await leases[2].release()
+        await anyio.sleep(3)
+        after = backend.calls[-1]
+        assert after is not steady[0]
+        assert [r[0] for r in after] == [leases[i].name for i in (0, 1, 3)]
+        assert all(lease.lost is None for i, lease in enumerate(leases) if i != 2)
+
+
+def test_a_compact_answer_reads_as_the_list_it_stands_for() -> None:
+    renewals = [("a", "o1", 3, 2.0), ("b", "o2", 5, 4.0), ("c", "o3", 7, 6.0)]
+    refused = aiolease.NotOwnerError("b")
+    answer = aiolease.abc.RenewedAsAsked(renewals, 12.5, {1: refused})
+    expected = [Grant(3, 2.0, sent_at=12.5), refused, Grant(7, 6.0, sent_at=12.5)]
+    assert len(answer) == 3 and list(answer) == expected
+    assert answer[-1] == expected[-1] and answer[-2] is refused
+    assert answer[1:] == expected[1:] and answer[::-1] == expected[::-1]
+    with pytest.raises(IndexError):
+        answer[3]
+    assert list(aiolease.abc.RenewedAsAsked(renewals)) == [
+        Grant(3, 2.0),
+        Grant(5, 4.0),
+        Grant(7, 6.0),
+    ]

@@ -7,14 +7,14 @@ SQLite); see :mod:`aiolease.testing.pytest_plugin`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import anyio
 import pytest
 
 import aiolease
 from aiolease import LossReason, NotOwnerError
-from aiolease.abc import Backend, Capability, Grant, HolderInfo
+from aiolease.abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from aiolease.backends.memory import MemoryBackend, _Record
 from aiolease.testing import conformance
 from aiolease.testing.conformance import (
@@ -36,6 +36,7 @@ from aiolease.testing.conformance import (
     check_release_owner_checked,
     check_release_without_token,
     check_renew_does_not_revive,
+    check_renew_many_answers_each,
     check_renew_requires_owner,
     check_renew_resets,
     check_tokens_increase,
@@ -69,6 +70,17 @@ class _RenewAdds(MemoryBackend):
 class _RenewRevives(MemoryBackend):
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         return Grant(token, ttl)  # never checks the record
+
+
+class _RenewManyRemembers(MemoryBackend):
+    """Keeps its answers to a list of renewals, as if they were derived from the list."""
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        known = getattr(renewals, "cache", {})
+        if "answers" not in known:
+            known["answers"] = list(await super().renew_many(renewals))
+        answers: Sequence[RenewResult] = known["answers"]
+        return answers
 
 
 class _RetryNewToken(MemoryBackend):
@@ -201,6 +213,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_RenewAdds, check_renew_resets),
     (_RenewRevives, check_renew_does_not_revive),
     (_RenewRevives, check_renew_requires_owner),
+    (_RenewManyRemembers, check_renew_many_answers_each),
     (TokensRestart, check_tokens_increase),
     (ReleaseByAnyone, check_release_owner_checked),
     (_RetryNewToken, check_idempotent_retry),

@@ -10,15 +10,28 @@ used, and it is never closed here).
 
 Every gRPC error is mapped here, at the boundary, to the most specific
 :class:`~aiolease.BackendError`.
+
+Bursts. At most :data:`MAX_IN_FLIGHT` KV requests (``Txn``, ``DeleteRange``,
+``Range``) of one wire are in flight at a time; more wait here, in arrival order
+(:class:`Limiter`). Thousands of releases at once (every body of a process ending
+together) would otherwise reach the server together: etcd refuses proposals while
+its applied index lags the committed one by more than 5,000 entries ("etcdserver:
+too many requests"), and the session's keepalive, sent on the same connection,
+would wait behind all of them. Keepalives, lease grants and revocations, and watches
+never wait here. A request refused with "too many requests" was refused before it
+was proposed (nothing of it was applied), so every request is sent again, with
+backoff, for as long as its timeout allows (:meth:`Wire.unary`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ipaddress
+import random
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +39,20 @@ import grpc
 from aetcd import rpc
 
 from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
+from .._asyncio import now
 from ._aio import await_unary, cancellable
 
-__all__ = ["LeaseIdTaken", "SessionGone", "Wire", "grpc_target", "is_ip", "map_rpc_error", "mapped"]
+__all__ = [
+    "MAX_IN_FLIGHT",
+    "LeaseIdTaken",
+    "Limiter",
+    "SessionGone",
+    "Wire",
+    "grpc_target",
+    "is_ip",
+    "map_rpc_error",
+    "mapped",
+]
 
 #: Makes a member refuse a watch (and cancel it later) while it has no leader.
 REQUIRE_LEADER = ("hasleader", "true")
@@ -44,6 +68,60 @@ CHANNEL_OPTIONS: dict[str, Any] = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.max_reconnect_backoff_ms": 1_000,
 }
+
+
+#: KV requests of one wire in flight at a time (see the module docstring).
+MAX_IN_FLIGHT = 256
+#: First delay before a request refused with "too many requests" is sent again
+#: (doubles, with jitter, up to :data:`BUSY_RETRY_MAX`).
+BUSY_RETRY_MIN = 0.01
+BUSY_RETRY_MAX = 0.25
+#: What etcd says when it refuses a proposal because applying lags behind.
+TOO_MANY_REQUESTS = "too many requests"
+
+
+class Limiter:
+    """At most ``limit`` holders at a time; the others wait in arrival order.
+
+    Taking a free place does not await (:meth:`take`), so a wire that is not busy pays
+    two comparisons; a place given back goes straight to the first waiter.
+    """
+
+    __slots__ = ("free", "waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.free = limit
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def take(self) -> bool:
+        """Take a place if one is free and nobody waits for one."""
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def wait(self) -> None:
+        """Wait for a place (:meth:`take` failed)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.give_back()  # handed a place while being cancelled: pass it on
+            else:
+                with suppress(ValueError):  # (unless a give_back popped it, cancelled)
+                    self.waiters.remove(waiter)
+            raise
+
+    def give_back(self) -> None:
+        """Give a place back: to the first waiter, else to the free ones."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
 
 
 class SessionGone(BackendError):
@@ -62,6 +140,12 @@ _UNAVAILABLE = {
     "RESOURCE_EXHAUSTED",
     "ABORTED",
 }
+
+
+def is_busy(exc: Any) -> bool:
+    """Whether the gRPC error ``exc`` is etcd refusing a proposal it never made."""
+    name = getattr(exc.code(), "name", "")
+    return name == "RESOURCE_EXHAUSTED" and TOO_MANY_REQUESTS in (exc.details() or "")
 
 
 def map_rpc_error(exc: Any, what: str) -> BackendError:
@@ -172,6 +256,7 @@ class Wire:
         self._client: Any = None
         self._token: str | None = None
         self._user: tuple[str, str] | None = None
+        self._limiter = Limiter(MAX_IN_FLIGHT)
 
     @classmethod
     def of_client(cls, client: Any, timeout: float) -> Wire:
@@ -244,56 +329,68 @@ class Wire:
         self, what: str, pick: Callable[[_Stubs], Any], request: Any, timeout: float | None = None
     ) -> Any:
         """Call the unary method ``pick(stubs)`` with ``request``; re-authenticate once
-        if the server forgot our token.
+        if the server forgot our token; send it again, with backoff, while the server
+        refuses it as "too many requests" and the ``timeout`` has not run out.
 
         :raises BackendError: mapped from the gRPC error
         """
-        for attempt in (1, 2):
+        give_up = now() + (self.timeout if timeout is None else timeout)
+        delay = BUSY_RETRY_MIN
+        reauthenticated = False
+        while True:
             stubs = await self._ready()
             try:
                 return await cancellable(
                     pick(stubs)(
                         request,
-                        timeout=self.timeout if timeout is None else timeout,
+                        timeout=max(give_up - now(), BUSY_RETRY_MIN),
                         metadata=self._metadata(),
                     )
                 )
             except rpc.AioRpcError as exc:
-                if attempt == 1 and self._stale_token(exc):
+                if not reauthenticated and self._stale_token(exc):
+                    reauthenticated = True
                     await self.authenticate()
                     continue
-                raise map_rpc_error(exc, what) from exc
+                pause = delay * (0.5 + random.random())
+                if not is_busy(exc) or now() + pause >= give_up:
+                    raise map_rpc_error(exc, what) from exc
             except (grpc.aio.UsageError, OSError) as exc:
                 raise BackendUnavailable(f"etcd {what}: {exc!r}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
+            await asyncio.sleep(pause)  # refused before it was proposed: nothing applied
+            delay = min(delay * 2, BUSY_RETRY_MAX)
+
+    async def _kv(self, what: str, pick: Callable[[_Stubs], Any], request: Any) -> Any:
+        """A KV request, once a place among :data:`MAX_IN_FLIGHT` is free."""
+        limiter = self._limiter
+        if not limiter.take():
+            await limiter.wait()
+        try:
+            stubs = self._stubs
+            if stubs is not None and self._plain:
+                try:  # the hot path: a channel of our own, no token, not refused
+                    return await await_unary(pick(stubs)(request, timeout=self.timeout))
+                except rpc.AioRpcError as exc:
+                    if not is_busy(exc):
+                        raise map_rpc_error(exc, what) from exc
+                except (grpc.aio.UsageError, OSError) as exc:
+                    raise BackendUnavailable(f"etcd {what}: {exc!r}") from exc
+                await asyncio.sleep(BUSY_RETRY_MIN * (0.5 + random.random()))
+            return await self.unary(what, pick, request)
+        finally:
+            limiter.give_back()
 
     async def txn(self, request: Any) -> Any:
         """One ``Txn`` round trip."""
-        stubs = self._stubs
-        if stubs is None or not self._plain:
-            return await self.unary("txn", _txn, request)
-        try:  # the hot path: a channel of our own, no token
-            return await await_unary(stubs.kv.Txn(request, timeout=self.timeout))
-        except rpc.AioRpcError as exc:
-            raise map_rpc_error(exc, "txn") from exc
-        except (grpc.aio.UsageError, OSError) as exc:
-            raise BackendUnavailable(f"etcd txn: {exc!r}") from exc
+        return await self._kv("txn", _txn, request)
 
     async def range(self, request: Any) -> Any:
         """One ``Range`` round trip."""
-        return await self.unary("range", _range, request)
+        return await self._kv("range", _range, request)
 
     async def delete(self, request: Any) -> Any:
         """One ``DeleteRange`` round trip."""
-        stubs = self._stubs
-        if stubs is None or not self._plain:
-            return await self.unary("delete", _delete, request)
-        try:  # the hot path, as in txn
-            return await await_unary(stubs.kv.DeleteRange(request, timeout=self.timeout))
-        except rpc.AioRpcError as exc:
-            raise map_rpc_error(exc, "delete") from exc
-        except (grpc.aio.UsageError, OSError) as exc:
-            raise BackendUnavailable(f"etcd delete: {exc!r}") from exc
+        return await self._kv("delete", _delete, request)
 
     async def lease_grant(self, ttl: int, lease_id: int, timeout: float) -> int:
         """Grant lease ``lease_id`` for ``ttl`` seconds; the TTL the server granted.

@@ -65,6 +65,16 @@ plain ``SELECT``, from every 0.2 ms near the head of the queue to every
 ``poll_interval``; the others wake for a change made here, when the holder's ttl
 runs out, or every ``poll_interval``.
 
+**Permits** (semaphores and read-write locks: ``SEMAPHORE``, ``FAIR_PERMITS``; see
+``docs/internals/semaphores.md``). Two more tables, made with the others:
+``<table>_permits`` (one row per held permit or queued request, primary key
+``(name, owner)``) and ``<table>_permit_names`` (per name the latest token and queue
+place; never deleted). An acquire is one transaction: lock the name's row, delete
+its expired permit rows, read the live ones with a locking read, then grant, queue
+or refresh as :func:`aiolease.backends.sql._permits.decide` says. A release wakes
+the name's permit waiters of this backend object; others look every
+``poll_interval``. Renewals of permits share the locks' tick.
+
 **Connections.** A backend made from a URL runs its statements on a lean pool of
 its own (:mod:`aiolease.backends.sql._pool`), whose connections keep the fixed
 statements (acquire, release, hand-off, the queue's) as server-side prepared

@@ -6,21 +6,33 @@ import asyncio
 import inspect
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from ..._checked import HeldRenewals, derived
 from ..._exceptions import (
+    AioleaseError,
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
     NotOwnerError,
 )
+from ..._permits import PermitHolders, is_permit_owner
 from ..._records import identity_of, state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from ..sql._options import pool_size
+from ..sql._permits import (
+    Action,
+    PermitRow,
+    blocker,
+    by_kind,
+    decide,
+    permit_holders,
+    permit_row,
+)
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Held, Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import row_holder
@@ -30,11 +42,13 @@ from ..sql._wakeups import Wakeups
 from ._bell import Bells
 from ._errors import answered, errno, mapped
 from ._queue import REFRESH, Queue
-from ._statements import EXPIRED, WAITERS_SUFFIX, Prepared, Sql
+from ._statements import EXPIRED, WAITERS_SUFFIX, PermitSql, Prepared, Rendered, Sql
 from ._turns import Turn, Turns
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 
 __all__ = ["MySQLBackend", "MySQLStatistics"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger("aiolease.backends.mysql")
 
@@ -91,7 +105,7 @@ _ID, _ROWS, _COUNT = "id", "rows", "count"
 
 
 async def _exchange(
-    conn: Any, sql: Prepared | str, params: Any, want: str, then: Prepared | None
+    conn: Any, sql: Prepared | Rendered | str, params: Any, want: str, then: Prepared | None
 ) -> Any:
     """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
 
@@ -102,6 +116,8 @@ async def _exchange(
     async with conn.cursor() as cur:
         if isinstance(sql, Prepared):
             count = await cur.execute(sql.sql, [params[name] for name in sql.names])
+        elif isinstance(sql, Rendered):
+            count = await cur.execute(sql.text(cur, conn))
         else:
             count = await cur.execute(cur.mogrify(sql, params))
         if want == _ID:
@@ -132,6 +148,11 @@ def _statement_cache(asyncmy: Any) -> bool:
 def _usable(conn: Any) -> bool:
     """Whether an idle asyncmy connection is still open (the server may have closed it)."""
     return bool(conn.connected) and not getattr(conn, "_stream_broken", False)
+
+
+def _permit_key(name: str) -> str:
+    """The key that wakes the permit waiters of ``name``, apart from the lock's."""
+    return "\x00permits:" + name
 
 
 def _micros(ttl: float) -> int:
@@ -190,6 +211,8 @@ class MySQLBackend(Backend):
             Capability.MULTI_PROCESS,
             Capability.FAIR_QUEUE,
             Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
         }
     )
     requires_asyncio = True
@@ -218,6 +241,7 @@ class MySQLBackend(Backend):
         #: Our own connections (a backend made from a URL), else ``None``: ``pool`` is the user's.
         self._lean: LeanPool[Any] | None = None
         self._sql = Sql(self._table)
+        self._permit_sql = PermitSql(self._table)
         self._setup_lock = asyncio.Lock()
         self._wakeups = Wakeups()
         self._batcher = RenewBatcher(self._renew_batch, window=window)
@@ -333,7 +357,7 @@ class MySQLBackend(Backend):
         async with conn.cursor() as cur:
             # A concurrent creator leaves a "table exists" note: not worth a warning.
             await cur.execute("SET @@session.sql_notes = 0")
-            for create in self._sql.create:
+            for create in (*self._sql.create, *self._permit_sql.create):
                 await cur.execute(create)
             await cur.execute(self._sql.has_queued)
             if not (await cur.fetchall())[0][0]:  # made by an older version
@@ -348,7 +372,7 @@ class MySQLBackend(Backend):
 
     async def _execute(
         self,
-        sql: Prepared | str,
+        sql: Prepared | Rendered | str,
         params: Any,
         want: str = _ID,
         then: Prepared | None = None,
@@ -382,7 +406,12 @@ class MySQLBackend(Backend):
             return await self._run(sql, params, want, then, renewal)
 
     async def _run(
-        self, sql: Prepared | str, params: Any, want: str, then: Prepared | None, renewal: bool
+        self,
+        sql: Prepared | Rendered | str,
+        params: Any,
+        want: str,
+        then: Prepared | None,
+        renewal: bool,
     ) -> Any:
         lean = self._lean
         if lean is None:
@@ -408,6 +437,177 @@ class MySQLBackend(Backend):
             raise
         lean.release(conn, renewal)
         return result
+
+    async def _transact(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``await work(cursor)`` in a transaction (the tables made first if missing;
+        asked again if the server chose it as a deadlock's victim), and return it."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        for retry in range(_DEADLOCK_RETRIES, -1, -1):
+            try:
+                return await self._in_transaction(work)
+            except Exception as exc:
+                number = errno(exc) if answered(exc) else None
+                if number == _DEADLOCK and retry:
+                    self._deadlocks += 1
+                    pause = _DEADLOCK_PAUSE * 2 ** (_DEADLOCK_RETRIES - retry)
+                    await asyncio.sleep(random.uniform(0, pause))
+                    continue
+                if number not in _SET_UP:
+                    with mapped():
+                        raise
+                break
+        with mapped():
+            await self.setup()
+            return await self._in_transaction(work)
+
+    async def _in_transaction(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        async def run(conn: Any) -> T:
+            await conn.begin()
+            try:
+                async with conn.cursor() as cur:
+                    result = await work(cur)
+            except BaseException:
+                await conn.rollback()
+                raise
+            await conn.commit()
+            return result
+
+        def reusable(exc: BaseException) -> bool:
+            # The server answered, or ``work`` raised (rolled back): in step.
+            return (answered(exc) and errno(exc) not in _SET_UP) or isinstance(exc, AioleaseError)
+
+        lean = self._lean
+        if lean is None:
+            async with self._pool.acquire() as conn:
+                try:
+                    return await run(conn)
+                except BaseException as exc:
+                    if not reusable(exc):
+                        conn.close()
+                    raise
+        conn = await lean.acquire(False)
+        try:
+            result = await run(conn)
+        except BaseException as exc:
+            (lean.release if reusable(exc) else lean.discard)(conn, False)
+            raise
+        lean.release(conn, False)
+        return result
+
+    # -- permits (docs/internals/semaphores.md) -----------------------------------------------
+
+    def _permit_rows(self, name: str, rows: Sequence[Any]) -> list[PermitRow]:
+        where = self._permit_sql.where
+        found = []
+        for owner, weight, lim, granted, seq, token, identity, meta, micros in rows:
+            left = micros / 1_000_000 if isinstance(micros, int) else micros
+            found.append(
+                permit_row(
+                    where, name, owner, weight, lim, granted, seq, token, identity, meta, left
+                )
+            )
+        return found
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One transaction: lock the name's row, drop its expired permit rows, check the
+        limit, then grant if the held weight, the weight queued ahead and ``weight``
+        fit, else queue the caller (or keep its place)."""
+        meta = encode_metadata(metadata) if metadata else "{}"
+        sql, ttl = self._permit_sql, float(ttl)
+        params: dict[str, Any] = {
+            "name": name.encode(),
+            "owner": check_owner(owner),
+            "weight": weight,
+            "lim": limit,
+            "identity": identity.encode(),
+            "metadata": meta.encode(),
+            "ttl": ttl,
+            "us": _micros(ttl),
+        }
+
+        async def acquire(cur: Any) -> Grant | HolderInfo | AioleaseError:
+            await cur.execute(cur.mogrify(sql.lock_name, params))
+            await cur.execute(cur.mogrify(sql.expire, params))
+            await cur.execute(cur.mogrify(sql.rows, params))
+            try:
+                rows = self._permit_rows(name, await cur.fetchall())
+                action, mine = decide(name, rows, owner, limit, weight)
+            except AioleaseError as exc:  # foreign rows, another limit: nothing changes
+                return exc
+            if action is Action.RENEW or action is Action.REFRESH:
+                await cur.execute(cur.mogrify(sql.refresh, params))
+                if action is Action.RENEW:
+                    assert mine is not None
+                    return Grant(mine.token, ttl)
+                return blocker(name, rows, owner)
+            granted = action is Action.GRANT
+            await cur.execute(cur.mogrify(sql.next_token if granted else sql.next_seq, params))
+            number = int(cur.lastrowid)
+            place: dict[str, int | None]
+            if granted:
+                place = {"seq": 0 if mine is None else mine.seq, "token": number}
+            else:
+                place = {"seq": number, "token": None}
+            await cur.execute(cur.mogrify(sql.grant, {**params, **place, "granted": granted}))
+            return Grant(number, ttl) if granted else blocker(name, rows, owner)
+
+        # Seen to its end even if the caller is cancelled (see ``finished``).
+        outcome: Grant | HolderInfo | AioleaseError = await finished(self._transact(acquire))
+        if isinstance(outcome, AioleaseError):
+            raise outcome
+        return outcome
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        rows = await self._execute(self._permit_sql.read, {"name": name.encode()}, _ROWS)
+        return permit_holders(name, self._permit_rows(name, rows))
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` goes through this backend
+        object, when ``seen`` expires, or after :attr:`poll_interval` (changes made
+        elsewhere), never later than a third of ``ttl``."""
+        with self._wakeups.watching(_permit_key(name)) as event:
+            await self._wait(event, seen, ttl / 3)
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        self._batcher.forget(name, owner, token)
+        params = {"name": name.encode(), "owner": check_owner(owner), "token": token}
+        freed = bool(await self._execute(self._permit_sql.free, params, _COUNT))
+        if freed or await self._execute(self._permit_sql.drop, params, _COUNT):
+            self._wakeups.wake(_permit_key(name))
+        return freed
+
+    async def _renew_permits(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
+        """Renew the permits of ``items``: one statement per ttl (one, usually)."""
+        renewed: frozenset[Key] = frozenset()
+        by_ttl: dict[float, list[Key]] = {}
+        for key, ttl in items:
+            by_ttl.setdefault(float(ttl), []).append(key)
+        for ttl, keys in by_ttl.items():
+            for start in range(0, len(keys), MAX_RENEWALS):
+                chunk = keys[start : start + MAX_RENEWALS]
+                triples = [v for n, o, t in chunk for v in (n.encode(), o.encode(), t)]
+                sql = self._permit_sql.renew(len(chunk))
+                count = await self._execute(
+                    sql, [ttl, _micros(ttl), *triples], _COUNT, renewal=True
+                )
+                if count == len(chunk):
+                    renewed |= frozenset(chunk)
+                    continue
+                rows = await self._execute(
+                    self._permit_sql.live(len(chunk)), triples, _ROWS, renewal=True
+                )
+                renewed |= frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+        return renewed
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -488,14 +688,32 @@ class MySQLBackend(Backend):
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_many_held(self._batcher, self._renew_failed, self._held, renewals)
 
     async def _renew_failed(self, renewals: Sequence[Renewal]) -> set[Key]:
-        """Renew every lease of ``renewals`` (:meth:`_renew_batch`); those it did not renew."""
+        """Renew every lease of ``renewals`` (:meth:`_renew_batch`); those it did not renew.
+
+        The core's list (a cohort's, renewed again tick after tick) is rendered into
+        the statement's text once (:class:`Rendered`, :func:`derived`). Permits go in
+        statements of their own (:meth:`_renew_permits`)."""
+        locks, permits = derived(renewals, "kinds", by_kind)
+        if permits:
+            failed = await self._renew_failed(locks) if locks else set()
+            items = [((n, o, t), ttl) for n, o, t, ttl in permits]
+            renewed = await self._renew_permits(items)
+            return failed | {key for key, _ in items if key not in renewed}
+        if type(renewals) is HeldRenewals and len(renewals) <= MAX_RENEWALS:
+            update, triples = derived(renewals, "mysql", self._rendered_renewal)
+            if await self._execute(update, None, _COUNT, renewal=True) == len(renewals):
+                return set()
+            live = self._sql.live(len(renewals))
+            rows = await self._execute(live, triples, _ROWS, renewal=True)
+            live_keys = {(n.decode(), o.decode(), int(t)) for n, o, t in rows}
+            return {(n, o, t) for n, o, t, _ in renewals if (n, o, t) not in live_keys}
         items = [((n, o, t), ttl) for n, o, t, ttl in renewals]
         renewed = await self._renew_batch(items)
         if len(renewed) == len(items):
@@ -507,13 +725,33 @@ class MySQLBackend(Backend):
 
         The statement's affected-row count tells when all were (the usual case: one
         statement); otherwise a read of which are still ours and live tells which.
-        More than :data:`MAX_RENEWALS` go in statements of that many.
+        More than :data:`MAX_RENEWALS` go in statements of that many. Permits go in a
+        statement of their own (:meth:`_renew_permits`).
         """
+        permits = [item for item in items if is_permit_owner(item[0][1])]
+        if permits:
+            renewed_permits = await self._renew_permits(permits)
+            locks = [item for item in items if not is_permit_owner(item[0][1])]
+            return renewed_permits | (await self._renew_batch(locks) if locks else frozenset())
         if len(items) > MAX_RENEWALS:
             renewed: frozenset[Key] = frozenset()
             for start in range(0, len(items), MAX_RENEWALS):
                 renewed |= await self._renew_batch(items[start : start + MAX_RENEWALS])
             return renewed
+        sql, params, triples = self._renewal(items)
+        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
+            return frozenset(key for key, _ in items)
+        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
+        return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+
+    def _rendered_renewal(self, renewals: Sequence[Renewal]) -> tuple[Rendered, list[Any]]:
+        """The renew statement of ``renewals``, to render once; the read's parameters."""
+        sql, params, triples = self._renewal([((n, o, t), ttl) for n, o, t, ttl in renewals])
+        return Rendered(sql, params), triples
+
+    def _renewal(self, items: Sequence[tuple[Key, float]]) -> tuple[str, list[Any], list[Any]]:
+        """The statement that renews ``items`` (at most :data:`MAX_RENEWALS`), its
+        parameters, and those of the read of which are live (the triples)."""
         triples = [v for (n, o, t), _ in items for v in (n.encode(), o.encode(), t)]
         ttls = {ttl for _, ttl in items}
         if len(ttls) == 1:
@@ -527,12 +765,11 @@ class MySQLBackend(Backend):
                 for v in (n.encode(), o.encode(), t, float(ttl), _micros(ttl))
             ]
             sql = self._sql.renew_mixed(len(items))
-        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
-            return frozenset(key for key, _ in items)
-        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
-        return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+        return sql, params, triples
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        if is_permit_owner(owner):
+            return await self._release_permit(name, owner, token)
         self._batcher.forget(name, owner, token)
         self._turns.done(name, owner)
         held = self._held.get(name)

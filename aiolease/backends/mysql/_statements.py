@@ -6,9 +6,12 @@ See :mod:`aiolease.backends.mysql` for what each statement guarantees.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-__all__ = ["EXPIRED", "WAITERS_SUFFIX", "Prepared", "Sql"]
+from ..sql._permits import permit_tables
+
+__all__ = ["EXPIRED", "WAITERS_SUFFIX", "PermitSql", "Prepared", "Sql"]
 
 _NOW = "UTC_TIMESTAMP(6)"
 _EXPIRY = f"{_NOW} + INTERVAL %(us)s MICROSECOND"
@@ -45,6 +48,35 @@ class Prepared(NamedTuple):
 
 
 _NAMED = re.compile(r"%\((\w+)\)s")
+
+#: asyncmy's (and MySQL's) server status flag: string literals quote ``'`` by doubling
+#: it, and a backslash is an ordinary character.
+_NO_BACKSLASH_ESCAPES = 512
+
+
+class Rendered:
+    """A plain statement whose parameters are rendered into its text once per quoting
+    mode of the connections that run it (``NO_BACKSLASH_ESCAPES`` or not), not on every
+    call: a renewal batch that the core hands again tick after tick.
+
+    :param sql: the statement, with ``%s`` parameters
+    :param params: its parameters
+    """
+
+    __slots__ = ("_texts", "params", "sql")
+
+    def __init__(self, sql: str, params: Sequence[Any]) -> None:
+        self.sql = sql
+        self.params = params
+        self._texts: dict[int, str] = {}
+
+    def text(self, cursor: Any, conn: Any) -> str:
+        """The statement as ``cursor`` (of ``conn``) would render it."""
+        mode = int(conn.server_status) & _NO_BACKSLASH_ESCAPES
+        text = self._texts.get(mode)
+        if text is None:
+            text = self._texts[mode] = cursor.mogrify(self.sql, self.params)
+        return text
 
 
 class Sql:
@@ -290,3 +322,95 @@ class Sql:
 
 def _triples(count: int) -> str:
     return ", ".join(["(%s, %s, %s)"] * count)
+
+
+class PermitSql:
+    """The statements of the permits of one lease table (see
+    :mod:`aiolease.backends.sql._permits`; identifiers validated and quoted).
+
+    An acquire is one transaction: ``lock_name`` (the name's row, made if missing,
+    locked until the commit), ``expire`` and ``rows`` (a locking read: it sees every
+    permit committed before, whatever the isolation level), then ``next_token`` and
+    ``grant``, ``next_seq`` and ``grant`` (a queue entry), or ``refresh``. Expiry is
+    judged on the server's clock (``UTC_TIMESTAMP(6)``).
+    """
+
+    def __init__(self, table: str) -> None:
+        permits, names = permit_tables(table, 64)
+        p, n = f"`{permits}`", f"`{names}`"
+        self.where = p  # as errors name the table
+        self._permits = p
+        self.create = (
+            f"CREATE TABLE IF NOT EXISTS {p} ("
+            " name VARBINARY(255) NOT NULL, owner VARBINARY(255) NOT NULL,"
+            " weight BIGINT NOT NULL, lim BIGINT NOT NULL, granted TINYINT NOT NULL,"
+            " seq BIGINT UNSIGNED NOT NULL, token BIGINT UNSIGNED NULL,"
+            " identity VARBINARY(1024) NULL, metadata BLOB NULL, ttl DOUBLE NOT NULL,"
+            " expires_at DATETIME(6) NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB",
+            f"CREATE TABLE IF NOT EXISTS {n} ("
+            " name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL,"
+            " seq BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB",
+        )
+        # An exclusive lock on the name's row, made if missing (ON DUPLICATE KEY UPDATE
+        # locks the row it meets, changed or not).
+        self.lock_name = (
+            f"INSERT INTO {n} (name, token, seq) VALUES (%(name)s, 0, 0)"
+            " ON DUPLICATE KEY UPDATE token = token"
+        )
+        self.expire = f"DELETE FROM {p} WHERE name = %(name)s AND expires_at <= {_NOW}"
+        columns = (
+            "owner, weight, lim, granted, seq, token, identity, metadata,"
+            f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at)"
+        )
+        self.rows = (
+            f"SELECT {columns} FROM {p} WHERE name = %(name)s AND expires_at > {_NOW}"
+            " ORDER BY seq FOR UPDATE"
+        )
+        self.read = (
+            f"SELECT {columns} FROM {p} WHERE name = %(name)s AND expires_at > {_NOW} ORDER BY seq"
+        )
+        # The next token, or queue place, of the name (the insert id).
+        self.next_token = f"UPDATE {n} SET token = LAST_INSERT_ID(token + 1) WHERE name = %(name)s"
+        self.next_seq = f"UPDATE {n} SET seq = LAST_INSERT_ID(seq + 1) WHERE name = %(name)s"
+        # A permit (granted 1, with its token) or a queue entry (granted 0, no token);
+        # a row of the caller's (its queue entry) becomes it.
+        self.grant = (
+            f"INSERT INTO {p} (name, owner, weight, lim, granted, seq, token, identity,"
+            " metadata, ttl, expires_at) VALUES (%(name)s, %(owner)s, %(weight)s, %(lim)s,"
+            " %(granted)s, %(seq)s, %(token)s, %(identity)s, %(metadata)s, %(ttl)s,"
+            f" {_EXPIRY}) ON DUPLICATE KEY UPDATE weight = %(weight)s, lim = %(lim)s,"
+            " granted = %(granted)s, seq = %(seq)s, token = %(token)s,"
+            " identity = %(identity)s, metadata = %(metadata)s, ttl = %(ttl)s,"
+            f" expires_at = {_EXPIRY}"
+        )
+        self.refresh = (
+            f"UPDATE {p} SET ttl = %(ttl)s, expires_at = {_EXPIRY}"
+            " WHERE name = %(name)s AND owner = %(owner)s"
+        )
+        # Release: free the caller's live permit (of that token); else drop its queue
+        # entry or expired permit. (One row per (name, owner): at most one deletes.)
+        self.free = (
+            f"DELETE FROM {p} WHERE name = %(name)s AND owner = %(owner)s AND granted = 1"
+            f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
+        )
+        self.drop = (
+            f"DELETE FROM {p} WHERE name = %(name)s AND owner = %(owner)s"
+            " AND (granted = 0 OR %(token)s IS NULL OR token = %(token)s)"
+        )
+
+    def renew(self, count: int) -> str:
+        """Renew ``count`` permits of one ttl: params ttl, microseconds, then a (name,
+        owner, token) triple per permit."""
+        return (
+            f"UPDATE {self._permits} SET ttl = %s, expires_at = {_NOW} + INTERVAL %s MICROSECOND"
+            f" WHERE (name, owner, token) IN ({_triples(count)}) AND granted = 1"
+            f" AND expires_at > {_NOW}"
+        )
+
+    def live(self, count: int) -> str:
+        """Which of ``count`` (name, owner, token) triples are live permits."""
+        return (
+            f"SELECT name, owner, token FROM {self._permits}"
+            f" WHERE (name, owner, token) IN ({_triples(count)}) AND granted = 1"
+            f" AND expires_at > {_NOW}"
+        )

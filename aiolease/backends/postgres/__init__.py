@@ -100,6 +100,17 @@ is answered without a statement while the listener proves the row unchanged (see
 ``Held``). All statements but the renewal use at most all but one of the pool's
 connections, so a burst of acquires never starves renewals.
 
+**Permits** (semaphores and read-write locks: ``SEMAPHORE``, ``FAIR_PERMITS``; see
+``docs/internals/semaphores.md``). Two more tables, made with the others:
+``<table>_permits`` (one row per held permit or queued request, keyed ``(name,
+owner)``, with its weight, limit, place ``seq``, token, identity, metadata, ttl and
+expiry) and ``<table>_permit_names`` (per name the latest token and queue place;
+never deleted). An acquire is one transaction: lock the name's row, read the live
+rows (deleting the expired ones), then grant, queue or refresh as
+:func:`aiolease.backends.sql._permits.decide` says. A release deletes the row and
+sends ``NOTIFY`` (``p:<name>``), which wakes the name's permit waiters in every
+process. Renewals of permits share the locks' tick (one statement per table).
+
 **Poolers.** Correctness needs no session state, so the lease statements work
 through PgBouncer in transaction mode: give ``pooler=transaction``, which turns
 asyncpg's named prepared statements off (``statement_cache_size=0``, unless given)

@@ -7,13 +7,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..._checked import derived
 from ..._exceptions import (
+    AioleaseError,
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
     LossReason,
     NotOwnerError,
 )
+from ..._permits import PermitHolders, is_permit_owner
 from ..._records import state_of
 from ..._urls import scrub
 from ..._validate import check_seconds
@@ -21,6 +24,7 @@ from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from .._takers import Takers
 from ..sql._options import pool_size
+from ..sql._permits import Action, blocker, by_kind, decide, permit_holders, permit_row
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import HOLDER_COLUMNS, row_holder
@@ -31,7 +35,15 @@ from ..sql._wakeups import Wakeups
 from ._errors import mapped
 from ._listener import LISTEN_CHECK, Held, Listener
 from ._queue import Queue
-from ._statements import Sql, advisory_key, default_channel, grants_channel
+from ._statements import (
+    PERMIT_COLUMNS,
+    PermitSql,
+    Sql,
+    advisory_key,
+    default_channel,
+    grants_channel,
+    permit_key,
+)
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
@@ -83,6 +95,20 @@ class PostgresStatistics:
     handoffs_taken: int = 0
 
 
+def _no_watch() -> None:
+    """Ends no watch (see ``on_taken``)."""
+
+
+class _NoGate:
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+
+_NO_GATE = _NoGate()
+
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
 _OPENING: Any = object()
 
@@ -95,8 +121,35 @@ CAPABILITIES = frozenset(
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
     }
 )
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an element of a PostgreSQL array literal: in double quotes, with
+    ``"`` and ``\\`` escaped (all else, commas and braces included, is taken as is)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _array_literals(renewals: Sequence[Renewal]) -> tuple[str, str, str, str]:
+    """The renew statement's parameters: the names, owners, tokens and ttls of
+    ``renewals`` as array literals (``{...}``), sent as four text values that the
+    server casts. Encoding them here once per list of the core's (:func:`derived`)
+    spares asyncpg encoding every element of four arrays on every tick."""
+    names = ",".join([_quoted(r[0]) for r in renewals])
+    owners = ",".join([_quoted(r[1]) for r in renewals])
+    tokens = ",".join([str(int(r[2])) for r in renewals])
+    ttls = ",".join([repr(float(r[3])) for r in renewals])
+    return f"{{{names}}}", f"{{{owners}}}", f"{{{tokens}}}", f"{{{ttls}}}"
+
+
+def _literals_of(
+    batch: Sequence[Renewal],
+) -> Callable[[Sequence[Renewal]], tuple[str, str, str, str]]:
+    """Makes :func:`_array_literals` of ``batch`` (a part of the list it is given)."""
+    return lambda _: _array_literals(batch)
 
 
 class PostgresBackend(Backend):
@@ -162,6 +215,10 @@ class PostgresBackend(Backend):
         self._gate: asyncio.Semaphore | bool | None = None
         self._listens = bool(listen)
         self._sql = Sql(self._schema, self._table)
+        self._permit_sql = PermitSql(self._schema, self._table)
+        #: Where the listener stood when each refused permit request sent its statement
+        #: (see ``wait_permit_turn``).
+        self._permit_marks: dict[tuple[str, str], tuple[int, int] | None] = {}
         self._where = f'"{self._schema}"."{self._table}"'  # as errors name the table
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
@@ -345,6 +402,8 @@ class PostgresBackend(Backend):
                 await conn.execute(self._sql.add_marks)
             await conn.execute(self._sql.create_waiters)
             await conn.execute(self._sql.create_waiters_index)
+            await conn.execute(self._permit_sql.create)
+            await conn.execute(self._permit_sql.create_names)
 
     # -- running statements ----------------------------------------------------------------
 
@@ -402,6 +461,56 @@ class PostgresBackend(Backend):
             size = 1 if self._conn_lock is not None else int(self._db.get_max_size())
             self._gate = asyncio.Semaphore(size - 1) if size >= 2 else False
         return self._gate if isinstance(self._gate, asyncio.Semaphore) else None
+
+    async def _transact(self, work: Callable[[Any], Any]) -> Any:
+        """Run ``await work(conn)`` in a transaction on a connection of the backend (the
+        tables made first if missing), and return what it returned."""
+        if self._closed:
+            raise BackendUnavailable(f"{self!r} is closed")
+        with mapped():
+            try:
+                return await self._in_transaction(work)
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) not in _UNDEFINED:
+                    raise
+            await self.setup()  # first use: create the tables, then ask again
+            return await self._in_transaction(work)
+
+    async def _in_transaction(self, work: Callable[[Any], Any]) -> Any:
+        async def run(conn: Any) -> Any:
+            async with conn.transaction():
+                return await work(conn)
+
+        def reusable(exc: BaseException) -> bool:
+            # The server answered, or ``work`` raised: the transaction was rolled back.
+            return isinstance(exc, (self._answered, AioleaseError))
+
+        if self._pool is not None:
+            pool = self._pool
+            conn = await pool.acquire(False)
+            try:
+                result = await run(conn)
+            except BaseException as exc:
+                (pool.release if reusable(exc) else pool.discard)(conn, False)
+                raise
+            pool.release(conn, False)
+            return result
+        if self._conn_lock is not None:
+            async with self._conn_lock:
+                return await run(self._db)
+        gate = self._pool_gate()
+        async with gate if gate is not None else _NO_GATE:
+            conn = await self._db.acquire()
+            try:
+                result = await run(conn)
+            except BaseException as exc:
+                if not reusable(exc):
+                    conn.terminate()  # interrupted: the connection is in doubt
+                    raise
+                await self._db.release(conn, timeout=self._connect_timeout)
+                raise
+            await self._db.release(conn, timeout=self._connect_timeout)
+            return result
 
     async def _run(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         if self._conn_lock is not None:
@@ -486,12 +595,107 @@ class PostgresBackend(Backend):
             return seen
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
+    # -- permits (docs/internals/semaphores.md) -----------------------------------------------
+
+    def _permit_rows(self, name: str, rows: Sequence[Any]) -> list[Any]:
+        where = self._permit_sql.where
+        return [permit_row(where, name, *(row[c] for c in PERMIT_COLUMNS)) for row in rows]
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One transaction: lock the name's row, drop its expired permit rows, check the
+        limit, then grant if the held weight, the weight queued ahead and ``weight``
+        fit, else queue the caller (or keep its place)."""
+        meta = encode_metadata(metadata) if metadata else "{}"
+        sql, ttl = self._permit_sql, float(ttl)
+
+        async def acquire(conn: Any) -> Grant | HolderInfo | AioleaseError:
+            await conn.fetch(sql.lock_name, name, timeout=self._timeout)
+            try:
+                rows = self._permit_rows(
+                    name, await conn.fetch(sql.rows, name, timeout=self._timeout)
+                )
+                action, mine = decide(name, rows, owner, limit, weight)
+            except AioleaseError as exc:  # foreign rows, another limit: nothing changes
+                return exc
+            if action is Action.GRANT:
+                seq = 0 if mine is None else mine.seq
+                token = await conn.fetchval(
+                    sql.grant, name, owner, weight, limit, seq, identity, meta, ttl,
+                    timeout=self._timeout,
+                )  # fmt: skip
+                return Grant(int(token), ttl)
+            if action is Action.QUEUE:
+                await conn.execute(
+                    sql.queue, name, owner, weight, limit, identity, ttl, timeout=self._timeout
+                )
+            else:
+                await conn.execute(sql.refresh, name, owner, ttl, timeout=self._timeout)
+            if action is Action.RENEW:
+                assert mine is not None
+                return Grant(mine.token, ttl)
+            return blocker(name, rows, owner)
+
+        mark = self._listener.mark()
+        # Seen to its end even if the caller is cancelled (see ``finished``).
+        outcome: Grant | HolderInfo | AioleaseError = await finished(self._transact(acquire))
+        if isinstance(outcome, AioleaseError):
+            raise outcome
+        if isinstance(outcome, Grant):
+            self._permit_marks.pop((name, owner), None)
+        else:
+            if len(self._permit_marks) >= _MAX_WATCHED:
+                self._permit_marks.clear()
+            self._permit_marks[(name, owner)] = mark
+        return outcome
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        return permit_holders(name, self._permit_rows(name, await self._fetch(
+            self._permit_sql.read, name
+        )))  # fmt: skip
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` goes (a ``NOTIFY``; or, while
+        nothing listens, after :attr:`poll_interval`), when ``seen`` expires, and never
+        later than a third of ``ttl`` (the retry keeps the caller's place)."""
+        listening = await self._listener.ensure()
+        key = permit_key(name)
+        timeout = min(LISTEN_CHECK if listening else self.poll_interval, ttl / 3)
+        if seen.remaining is not None:
+            timeout = min(timeout, max(seen.remaining, 0.001))
+        self._waiting += 1
+        try:
+            with self._wakeups.watching(key) as event:
+                # A permit that went after the refusal's statement was sent: at once.
+                mark = self._permit_marks.get((name, owner))
+                if mark is not None and not self._listener.unchanged_since(key, mark):
+                    return
+                await wait_event(event, timeout)
+        finally:
+            self._waiting -= 1
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        self._batcher.forget(name, owner, token)
+        self._permit_marks.pop((name, owner), None)
+        rows = await self._fetch(self._permit_sql.release, name, owner, token, self._channel)
+        if rows and rows[0]["deleted"]:
+            self._wakeups.wake(permit_key(name))
+        return bool(rows and rows[0]["freed"])
+
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         return await renew_held(self._batcher, self._held, name, owner, token, ttl)
 
-    async def renew_many(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one statement."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
@@ -503,21 +707,28 @@ class PostgresBackend(Backend):
         return frozenset(key for key, _ in items if key not in failed)
 
     async def _renew_failed(self, renewals: Sequence[Renewal]) -> set[Key]:
-        """Renew every lease of ``renewals`` in one statement; those it did not renew
-        (the statement answers only them)."""
-        rows = await self._fetch(
-            self._sql.renew,
-            [r[0] for r in renewals],
-            [r[1] for r in renewals],
-            [r[2] for r in renewals],
-            [r[3] for r in renewals],
-            renewal=True,
-        )
-        return {(row["name"], row["owner"], int(row["token"])) for row in rows}
+        """Renew every lease of ``renewals`` in one statement (one more for the permits
+        among them); those it did not renew (the statements answer only them). What
+        is sent is made once per list of the core's (:func:`derived`)."""
+        locks, permits = derived(renewals, "kinds", by_kind)
+        failed: set[Key] = set()
+        for kind, sql, batch in (
+            ("postgres", self._sql.renew, locks),
+            ("postgres-permits", self._permit_sql.renew, permits),
+        ):
+            if not batch:
+                continue
+            literals = derived(renewals, kind, _literals_of(batch))
+            rows = await self._fetch(sql, *literals, renewal=True)
+            failed |= {(row["name"], row["owner"], int(row["token"])) for row in rows}
+        return failed
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         """Free ``owner``'s grant of ``name`` (handing it to the oldest live waiter, if
-        any), and drop ``owner``'s waiter row (a caller that stops waiting releases)."""
+        any), and drop ``owner``'s waiter row (a caller that stops waiting releases).
+        A permit's owner: delete its permit or queue entry, and ``NOTIFY`` it."""
+        if is_permit_owner(owner):
+            return await self._release_permit(name, owner, token)
         self._batcher.forget(name, owner, token)
         # It may have a waiter row if it sent a queue-aware ask (one whose refusal it
         # never saw, too: a caller cancelled while the statement ran to its end), or
@@ -644,6 +855,10 @@ class PostgresBackend(Backend):
         missed (the listener was down) ends nothing here: the holder's next renewal
         finds the row gone, within one renew interval.
         """
+        if is_permit_owner(owner):
+            # Nobody but its holder ends a permit before its expiry, which its renewal
+            # finds: no watch (a read per change of the lock of the name would be waste).
+            return _no_watch
         if not self._listener.up or self._closed:
             return None
         return self._takers.add(name, owner, token, taken)

@@ -25,7 +25,7 @@ from .._takers import Takers
 from ..sql._renewals import Held as _Held
 from ..sql._wakeups import Wakeups
 from ._queue import Queue
-from ._statements import parse_notice
+from ._statements import parse_notice, permit_key
 
 __all__ = ["LISTEN_CHECK", "Held", "Listener"]
 
@@ -252,13 +252,15 @@ class Listener:
         A hand-off to another waiter re-times the name's other waiters here (they wait
         no longer than the handed grant lasts unless renewed)."""
         kind, name, owner, token, ask, lasts = parse_notice(payload)
+        if kind == "p":  # a permit or queue entry went: the name's permit waiters look
+            name = permit_key(name)
         self.notes += 1
         if len(self._noted) >= _MAX_NOTED:
             self._noted.clear()
             self._noted_floor = self.notes
         self._noted[name] = (self.notes, owner)
         self._wakeups.wake(name)
-        if kind == "m":
+        if kind in ("m", "p"):
             return  # new metadata of the same grant: watchers look, nobody is taken
         if kind != "g":
             self._queue.released(name)

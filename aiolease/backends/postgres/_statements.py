@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from ..sql._permits import permit_tables
 from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT
 
 __all__ = [
@@ -18,10 +19,16 @@ __all__ = [
     "default_channel",
     "grants_channel",
     "parse_notice",
+    "PermitSql",
     "parse_payload",
+    "permit_key",
+    "permit_names_table",
+    "permits_table",
     "waiters_table",
 ]
 
+#: PostgreSQL's longest identifier.
+_LONGEST = 63
 #: Greater than every ``seq`` of the waiters table (a bigserial).
 _LAST = "9223372036854775807"
 
@@ -203,7 +210,8 @@ class Sql:
         # $1 names, $2 owners, $3 tokens, $4 ttls: one row per lease. Answers the
         # leases it did not renew (usually none: nothing to decode per lease).
         self.renew = (
-            "WITH v AS (SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::float8[])"
+            "WITH v AS (SELECT * FROM unnest($1::text::text[], $2::text::text[],"
+            " $3::text::int8[], $4::text::float8[])"
             " AS v(name, owner, token, ttl)),"
             f" u AS (UPDATE {t} AS l SET ttl = v.ttl,"
             " expires_at = clock_timestamp() + make_interval(secs => v.ttl) FROM v"
@@ -340,6 +348,135 @@ def waiters_table(table: str) -> str:
     return f"aiolease_w{hashlib.sha256(table.encode()).hexdigest()[:16]}"
 
 
+def permits_table(table: str) -> str:
+    """The permits table of ``table`` (see
+    :func:`~aiolease.backends.sql._permits.permit_tables`)."""
+    return permit_tables(table, _LONGEST)[0]
+
+
+def permit_names_table(table: str) -> str:
+    """The permit names table of ``table``."""
+    return permit_tables(table, _LONGEST)[1]
+
+
+def permit_key(name: str) -> str:
+    """The key that wakes the permit waiters of ``name`` (in ``Wakeups`` and the
+    listener's notes), apart from the lock's: a name never holds NUL."""
+    return "\x00permits:" + name
+
+
+#: The columns of a permit row, in the order :func:`~aiolease.backends.sql._permits.permit_row`
+#: takes them (after the table and the name).
+PERMIT_COLUMNS = (
+    "owner", "weight", "lim", "granted", "seq", "token", "identity", "metadata", "remaining"
+)  # fmt: skip
+
+
+class PermitSql:
+    """The statements of the permits of one lease table (see
+    :mod:`aiolease.backends.sql._permits`; identifiers validated and quoted).
+
+    An acquire is one transaction: ``lock_name`` (the name's row, made if missing, locked
+    until the commit), then ``rows`` (a statement of its own, so that its snapshot,
+    taken once the lock is held, shows every permit committed before), then one of
+    ``grant``, ``queue`` or ``refresh``. Every other statement is one round trip of its
+    own. Expiry is judged on the server's clock (``clock_timestamp()``).
+    """
+
+    def __init__(self, schema: str, table: str) -> None:
+        p = f'"{schema}"."{permits_table(table)}"'
+        n = f'"{schema}"."{permit_names_table(table)}"'
+        self.where = p  # as errors name the table
+        # One row per held permit (granted, with its token) or queue entry (its place
+        # ``seq``, no token), each with the weight and limit it asked for.
+        self.create = (
+            f"CREATE TABLE IF NOT EXISTS {p} ("
+            ' name text COLLATE "C" NOT NULL, owner text NOT NULL, weight bigint NOT NULL,'
+            " lim bigint NOT NULL, granted boolean NOT NULL, seq bigint NOT NULL,"
+            " token bigint, identity text, metadata text, ttl double precision NOT NULL,"
+            " expires_at timestamptz NOT NULL, PRIMARY KEY (name, owner))"
+        )
+        # Per name: the latest token granted and the latest queue place given. Never
+        # deleted, so tokens only grow.
+        self.create_names = (
+            f"CREATE TABLE IF NOT EXISTS {n} ("
+            ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL, seq bigint NOT NULL)'
+        )
+        columns = ", ".join(f"p.{c}" for c in PERMIT_COLUMNS[:-1])
+        # $1 name: lock the name's row (made if missing) until the transaction ends.
+        self.lock_name = (
+            f"INSERT INTO {n} AS n (name, token, seq) VALUES ($1, 0, 0)"
+            " ON CONFLICT (name) DO UPDATE SET token = n.token RETURNING n.token"
+        )
+        # $1 name: delete the name's expired rows, and read the live ones in arrival order.
+        self.rows = (
+            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS t),"
+            f" d AS (DELETE FROM {p} x USING c WHERE x.name = $1 AND x.expires_at <= c.t)"
+            f" SELECT {columns}, extract(epoch FROM p.expires_at - c.t)::float8 AS remaining"
+            f" FROM {p} p, c WHERE p.name = $1 AND p.expires_at > c.t ORDER BY p.seq"
+        )
+        # $1 name: the live rows, read (``read_permits``).
+        self.read = (
+            f"SELECT {columns}, extract(epoch FROM p.expires_at - c.t)::float8 AS remaining"
+            f" FROM {p} p, (SELECT clock_timestamp() AS t) c"
+            " WHERE p.name = $1 AND p.expires_at > c.t ORDER BY p.seq"
+        )
+        upsert = (
+            f"INSERT INTO {p} AS p (name, owner, weight, lim, granted, seq, token, identity,"
+            " metadata, ttl, expires_at)"
+        )
+        replace = (
+            " ON CONFLICT (name, owner) DO UPDATE SET weight = excluded.weight,"
+            " lim = excluded.lim, granted = excluded.granted, seq = excluded.seq,"
+            " token = excluded.token, identity = excluded.identity,"
+            " metadata = excluded.metadata, ttl = excluded.ttl, expires_at = excluded.expires_at"
+        )
+        # $1 name, $2 owner, $3 weight, $4 limit, $5 seq, $6 identity, $7 metadata, $8 ttl:
+        # a permit with the next token (a queue entry of the caller's becomes it).
+        self.grant = (
+            f"WITH u AS (UPDATE {n} SET token = token + 1 WHERE name = $1 RETURNING token)"
+            f" {upsert} SELECT $1, $2, $3, $4, true, $5, u.token, $6, $7, $8::float8,"
+            f" clock_timestamp() + make_interval(secs => $8::float8) FROM u{replace}"
+            " RETURNING p.token"
+        )
+        # $1 name, $2 owner, $3 weight, $4 limit, $5 identity, $6 ttl: a queue entry in
+        # the next place.
+        self.queue = (
+            f"WITH u AS (UPDATE {n} SET seq = seq + 1 WHERE name = $1 RETURNING seq)"
+            f" {upsert} SELECT $1, $2, $3, $4, false, u.seq, NULL, $5, NULL, $6::float8,"
+            f" clock_timestamp() + make_interval(secs => $6::float8) FROM u{replace}"
+        )
+        # $1 name, $2 owner, $3 ttl: a retry of the holder, or of a queued request.
+        self.refresh = (
+            f"UPDATE {p} SET ttl = $3::float8,"
+            " expires_at = clock_timestamp() + make_interval(secs => $3::float8)"
+            " WHERE name = $1 AND owner = $2"
+        )
+        # $1 names, $2 owners, $3 tokens, $4 ttls (array literals, as the locks' renew
+        # takes them): one row per permit. Answers those it did not renew (usually none).
+        self.renew = (
+            "WITH v AS (SELECT * FROM unnest($1::text::text[], $2::text::text[],"
+            " $3::text::int8[], $4::text::float8[]) AS v(name, owner, token, ttl)),"
+            f" u AS (UPDATE {p} AS p SET ttl = v.ttl,"
+            " expires_at = clock_timestamp() + make_interval(secs => v.ttl) FROM v"
+            ' WHERE p.name = v.name COLLATE "C" AND p.owner = v.owner AND p.token = v.token'
+            " AND p.granted AND p.expires_at > clock_timestamp()"
+            " RETURNING p.name, p.owner, p.token)"
+            " SELECT name, owner, token FROM v EXCEPT ALL SELECT name, owner, token FROM u"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel: delete the caller's permit
+        # (of that token) or queue entry, and announce it ("p") if anything went. One
+        # row: whether a live permit was freed, and whether anything was deleted.
+        self.release = (
+            f"WITH d AS (DELETE FROM {p} WHERE name = $1 AND owner = $2"
+            " AND (NOT granted OR $3::int8 IS NULL OR token = $3::int8)"
+            " RETURNING granted AND expires_at > clock_timestamp() AS live)"
+            " SELECT coalesce(bool_or(d.live), false) AS freed, count(*) > 0 AS deleted,"
+            " CASE WHEN count(*) > 0 THEN pg_notify($4, 'p:' || $1) END IS NULL AS notified"
+            " FROM d"
+        )
+
+
 def default_channel(schema: str, table: str) -> str:
     """The NOTIFY channel of a table: ``aiolease_`` and 16 hex digits of its name's hash."""
     digest = hashlib.sha256(f"{schema}.{table}".encode()).hexdigest()
@@ -381,6 +518,8 @@ def parse_payload(payload: str) -> Payload:
 def parse_notice(payload: str) -> Notice:
     """:func:`parse_payload`, and the ask number and the most seconds of a hand-off."""
     kind = payload[:1]
+    if payload.startswith("p:"):  # a permit or queue entry of a name went (see PermitSql)
+        return "p", payload[2:], None, None, None, None
     token, colon, rest = payload[1:].partition(":")
     if kind in ("g", "r", "h", "m") and colon and token.isdecimal():
         if kind in ("r", "m"):

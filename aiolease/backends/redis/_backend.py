@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from ..._checked import derived
 from ..._exceptions import (
     BackendError,
     BackendTimeout,
@@ -37,6 +38,7 @@ from ...abc import (
     Grant,
     HolderInfo,
     LossReason,
+    RenewedAsAsked,
     RenewResult,
     is_permit_owner,
 )
@@ -106,6 +108,16 @@ MAX_WATCHED = 1024
 #: meanwhile (about a millisecond for 1,000), and a batch sends as many as it needs,
 #: pipelined in one round trip.
 RENEW_CHUNK = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The commands of one renewal batch: the locks' first (``sent`` of them), then
+    one per permit (``permits`` of them)."""
+
+    commands: list[tuple[Any, ...]]
+    sent: int
+    permits: int
 
 
 def _nothing() -> None:
@@ -471,23 +483,24 @@ class RedisBackend(PermitOps):
         sent_at = await self._batcher.renew(name, owner, token, ttl)
         return Grant(token, ttl, sent_at=sent_at)
 
-    async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> list[RenewResult]:
+    async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> Sequence[RenewResult]:
         """Every lease the core's scheduler finds due, in one pipelined round trip."""
         replies = await wait_for_or_none(self._send_renewals(renewals), self._timeout)
         if replies is None:
             raise BackendTimeout(f"renewal batch took over {self._timeout:g}s")
         self._batcher.counted(len(renewals))
-        results: list[RenewResult] = []
-        for (name, _, token, ttl), reply in zip(renewals, replies, strict=True):
+        failed: dict[int, BackendError | NotOwnerError] = {}
+        for index, reply in enumerate(replies):
             if reply is True:
-                results.append(Grant(token, ttl))
-            elif reply is False:
-                results.append(NotOwnerError(name))
+                continue
+            name = renewals[index][0]
+            if reply is False:
+                failed[index] = NotOwnerError(name)
             elif isinstance(reply, BackendError):
-                results.append(reply)
+                failed[index] = reply
             else:
-                results.append(BackendError(f"renewal of {name!r}: {reply!r}"))
-        return results
+                failed[index] = BackendError(f"renewal of {name!r}: {reply!r}")
+        return RenewedAsAsked(renewals, failed=failed)
 
     async def _send_renewals(self, leases: Sequence[LeaseRenewal]) -> list[bool | BaseException]:
         """Renew ``leases`` (locks and permits alike) in one pipelined round trip."""
@@ -498,12 +511,10 @@ class RedisBackend(PermitOps):
         # spreads names over slots: one RENEW script per lease. A permit: one
         # PERMIT_RENEW each, in the same pipeline.
         script = RENEW if isinstance(self._client, RedisCluster) else RENEW_MANY
-        locks = [lease for lease in leases if not is_permit_owner(lease[1])]
-        permits = [lease for lease in leases if is_permit_owner(lease[1])]
         for attempt in range(2):
-            commands = self._renewal_commands(script, locks) if locks else []
-            sent = len(commands)
-            commands += self._permit_renewal_commands(permits)
+            # The core's list (a cohort's, tick after tick): its commands made once.
+            plan = derived(leases, script.sha, self._renewal_plan_of(script))
+            commands = list(plan.commands)
             if waits.replicas:
                 commands.append(("WAIT", waits.replicas, waits.timeout_ms))
             try:
@@ -511,7 +522,7 @@ class RedisBackend(PermitOps):
             except Exception as exc:  # only the driver runs here: map all it raises
                 raise self._mapped(None, exc) from exc
             if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                for used in (script, PERMIT_RENEW) if permits else (script,):
+                for used in (script, PERMIT_RENEW) if plan.permits else (script,):
                     await self._call(None, "SCRIPT LOAD", used.source)
                 continue
             break
@@ -521,20 +532,17 @@ class RedisBackend(PermitOps):
                 raise self._mapped(None, acked) from acked
             if int(acked) < waits.replicas:
                 raise self._unreplicated(int(acked))
-        lock_replies, permit_replies = replies[:sent], replies[sent:]
+        locks = len(leases) - plan.permits
+        lock_replies, permit_replies = replies[: plan.sent], replies[plan.sent :]
         if script is RENEW_MANY:
             lock_replies = [
                 answer
-                for start, reply in zip(
-                    range(0, len(locks), RENEW_CHUNK), lock_replies, strict=True
-                )
+                for start, reply in zip(range(0, locks, RENEW_CHUNK), lock_replies, strict=True)
                 for answer in (
-                    reply
-                    if isinstance(reply, list)
-                    else [reply] * min(RENEW_CHUNK, len(locks) - start)
+                    reply if isinstance(reply, list) else [reply] * min(RENEW_CHUNK, locks - start)
                 )
             ]
-        if permits:  # back in the order asked
+        if plan.permits:  # back in the order asked
             answers = iter(lock_replies), iter(permit_replies)
             replies = [next(answers[is_permit_owner(lease[1])]) for lease in leases]
         else:
@@ -543,6 +551,21 @@ class RedisBackend(PermitOps):
             self._mapped(lease[0], r) if isinstance(r, BaseException) else int(r) == 1
             for lease, r in zip(leases, replies, strict=True)
         ]
+
+    def _renewal_plan_of(self, script: Script) -> Callable[[Sequence[LeaseRenewal]], _Plan]:
+        return lambda leases: self._renewal_plan(script, leases)
+
+    def _renewal_plan(self, script: Script, leases: Sequence[LeaseRenewal]) -> _Plan:
+        """The commands that renew ``leases``: the locks' (:meth:`_renewal_commands`),
+        then a PERMIT_RENEW per permit."""
+        locks = [lease for lease in leases if not is_permit_owner(lease[1])]
+        if len(locks) == len(leases):
+            commands = self._renewal_commands(script, leases)
+            return _Plan(commands, len(commands), 0)
+        permits = [lease for lease in leases if is_permit_owner(lease[1])]
+        commands = self._renewal_commands(script, locks) if locks else []
+        sent = len(commands)
+        return _Plan(commands + self._permit_renewal_commands(permits), sent, len(permits))
 
     def _renewal_commands(
         self, script: Script, leases: Sequence[LeaseRenewal]

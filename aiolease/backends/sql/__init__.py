@@ -16,6 +16,8 @@ A released row stays, with its owner cleared, so the token column only grows.
 * :mod:`._wakeups`: per-name events for ``wait_changed``;
 * :mod:`._sweeps`: when to delete expired entries of a waiters table;
 * :mod:`._renewals`: batched renewals, and the ``renew`` both backends answer with.
+* :mod:`._permits`: permit rows read back, and the rules an acquire of a permit
+  follows (semaphores and read-write locks).
 
 Like the drivers, this runs on asyncio only (under trio the core bridges it through
 trio-asyncio), so it uses :mod:`asyncio` primitives, never anyio's: anyio binds

@@ -13,8 +13,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ..._checked import derived
 from ..._exceptions import NotOwnerError
-from ...abc import Grant, Renewal, RenewResult
+from ...abc import Grant, Renewal, RenewedAsAsked
 from .._asyncio import now
 
 __all__ = ["Held", "Key", "RenewBatcher", "SendBatch", "SendMany", "renew_held", "renew_many_held"]
@@ -251,34 +252,43 @@ def _keep(held: dict[str, H], name: str, owner: str, token: int, renewed: bool) 
 SendMany = Callable[[Sequence[Renewal]], Awaitable[set[Key]]]
 
 
+def _all_live(renewals: Sequence[Renewal]) -> bool:
+    return all(token >= 1 for _, _, token, _ in renewals)
+
+
 async def renew_many_held(
     batcher: RenewBatcher, send: SendMany, held: dict[str, H], renewals: Sequence[Renewal]
-) -> list[RenewResult]:
+) -> RenewedAsAsked:
     """:meth:`Backend.renew_many`: every renewal in one statement (``send``, counted as
     ``batcher``'s), ``held`` kept in step as :func:`renew_held` keeps it. (A token
-    below 1 is nobody's: it is not sent.)"""
+    below 1 is nobody's: it is not sent.) ``send`` gets ``renewals`` itself when it
+    sends them all (the usual case), so that it may keep what it derives from the
+    core's list (:func:`~aiolease._checked.derived`)."""
     sent_at = now()
-    due = [r for r in renewals if r[2] >= 1]
-    failed = {(n, o, t) for n, o, t, _ in renewals if t < 1}
+    if derived(renewals, "sql-live", _all_live):
+        due: Sequence[Renewal] = renewals
+        not_renewed: set[Key] = set()
+    else:
+        due = [r for r in renewals if r[2] >= 1]
+        not_renewed = {(n, o, t) for n, o, t, _ in renewals if t < 1}
     if due:
         batcher.statements += 1
-        failed |= await send(due)
-    results: list[RenewResult] = []
-    for name, owner, token, ttl in renewals:
-        known = held.get(name)
+        not_renewed |= await send(due)
+    failed: dict[int, NotOwnerError] = {}
+    get = held.get
+    for index, (name, owner, token, ttl) in enumerate(renewals):
+        known = get(name)
         if known is not None and (known.owner != owner or known.token != token):
             known = None
-        if failed and (name, owner, token) in failed:
+        if not_renewed and (name, owner, token) in not_renewed:
             if known is not None:
                 del held[name]
-            results.append(NotOwnerError(name))
-            continue
-        if known is not None:
+            failed[index] = NotOwnerError(name)
+        elif known is not None:
             known.ttl = ttl
             if sent_at > known.sent_at:
                 known.sent_at = sent_at
-        results.append(Grant(token, ttl, sent_at=sent_at))
-    return results
+    return RenewedAsAsked(renewals, sent_at, failed)
 
 
 async def renew_held(

@@ -7,8 +7,10 @@ import json
 import random
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from aiolease import (
@@ -20,6 +22,7 @@ from aiolease import (
 )
 from aiolease._holding import Counters, Holding
 from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.backends.etcd._wire import Limiter
 from tests.backends.etcd.support import (
     LOOK_AGAIN,
     WAIT,
@@ -367,3 +370,79 @@ async def test_a_cancelled_campaign_leaves_no_key(
         assert list((await gateway.owners(prefix)).values()) == [holder.owner]
         await holder.release()
         assert await gateway.keys(prefix) == []
+
+
+# Thousands of leases: once, under asyncio (the etcd backend's own loop).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_many_bodies_ending_at_once_lose_nothing(anyio_backend: str, single_url: str) -> None:
+    """3,000 held leases whose bodies all end in the same instant: none is reported
+    lost, and every key is gone once the last ``async with`` is left.
+
+    Every exit starts its release in the same loop turn, and no keepalive can run before
+    that turn ends: the leases' deadlines must outlast it, and then the releases must
+    not starve the session's keepalive nor overload the server (they queue for a place
+    among the wire's requests in flight)."""
+    count, ttl = 3000, 3.0
+    open_ = opener(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    gateway = Gateway(single_url)
+    lost: list[LeaseLostError] = []
+    async with open_() as backend:
+        stop = anyio.Event()
+
+        async def hold(i: int, task_status: anyio.abc.TaskStatus[None]) -> None:
+            try:
+                async with AsyncLock(backend, f"n{i}", ttl=ttl):
+                    task_status.started()
+                    await stop.wait()
+            except LeaseLostError as exc:
+                lost.append(exc)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for start in range(0, count, 50):  # fifty acquires at a time
+                    async with anyio.create_task_group() as batch:
+                        for i in range(start, start + 50):
+                            batch.start_soon(_started, tg, hold, i)
+                stop.set()
+            assert lost == []
+            assert await gateway.keys(prefix) == []
+
+
+async def _started(tg: anyio.abc.TaskGroup, func: Any, i: int) -> None:
+    await tg.start(func, i)
+
+
+async def test_requests_queued_for_a_place_may_be_cancelled(
+    anyio_backend: str, single_url: str
+) -> None:
+    """With two places for requests in flight, 60 acquire-and-release rounds at once,
+    a third of them cancelled at once and another third soon (while queued, or while
+    being handed a place): a place is never lost, every name is free again, and the
+    backend still serves."""
+    open_ = opener(single_url)
+    prefix: str = open_.prefix  # type: ignore[attr-defined]
+    gateway = Gateway(single_url)
+    async with open_() as backend:
+        inner(backend)._wire._limiter = Limiter(2)
+
+        async def round_(i: int) -> None:
+            lock = AsyncLock(backend, f"n{i}", ttl=3)
+            if i % 3 == 0:
+                with anyio.CancelScope() as scope:
+                    scope.cancel()
+                    await lock.acquire()
+                return
+            with anyio.move_on_after(0.005 if i % 3 == 1 else WAIT):
+                async with lock:
+                    pass
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for i in range(60):
+                    tg.start_soon(round_, i)
+            async with AsyncLock(backend, "after", ttl=30):
+                pass
+            while await gateway.keys(prefix):  # noqa: ASYNC110 (cancelled ones lapse later)
+                await anyio.sleep(LOOK_AGAIN)
+        assert inner(backend)._wire._limiter.free == 2

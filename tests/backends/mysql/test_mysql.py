@@ -91,6 +91,8 @@ async def test_capabilities_and_schemes(my_url: str) -> None:
         Capability.MULTI_PROCESS,
         Capability.FAIR_QUEUE,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
     }
     assert MySQLBackend.requires_asyncio
     mariadb = urlunsplit(urlsplit(my_url)._replace(scheme="mariadb"))

@@ -291,6 +291,7 @@ async def test_a_holder_released_normally_is_not_taken(pg_url: str) -> None:
         ("h4:7:-1:5:ownername", ("r", "h4:7:-1:5:ownername", None, None)),
         ("r\u00b2:x", ("r", "r\u00b2:x", None, None)),  # a digit that int() refuses
         ("rname", ("r", "rname", None, None)),  # the old format: a release, token unknown
+        ("p:na:me", ("p", "na:me", None, None)),  # a permit or queue entry of "na:me" went
         ("", ("r", "", None, None)),
     ],
 )

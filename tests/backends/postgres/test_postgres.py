@@ -92,6 +92,8 @@ async def test_capabilities_and_open_backend() -> None:
         Capability.DURABLE_TOKENS,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
     }
     assert PostgresBackend(pool).capabilities == polling | {Capability.PUSH_WAKEUP}
     assert PostgresBackend(pool, listen=False).capabilities == polling

@@ -1,0 +1,194 @@
+"""Permits in SQL tables: the rows read back, and what an acquire does with them.
+
+The PostgreSQL and MySQL / MariaDB backends keep, beside the lease table, a permits
+table (one row per held permit or queue entry, keyed ``(name, owner)``) and a names
+table (per name the token counter and the queue's arrival sequence). An acquire locks
+the name's row, reads the live permit rows of the name in arrival order (``seq``), and
+does what :func:`decide` says with them, all in one transaction (see
+``docs/internals/semaphores.md`` for the rules). Nothing here imports a driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from ..._exceptions import LimitMismatchError
+from ..._permits import RW_LIMIT, PermitHolders, is_permit_owner
+from ...abc import HolderInfo, Renewal
+from ._rows import decode_metadata, foreign
+
+__all__ = [
+    "Action",
+    "PermitRow",
+    "blocker",
+    "by_kind",
+    "decide",
+    "permit_holders",
+    "permit_row",
+    "permit_tables",
+]
+
+
+def by_kind(renewals: Sequence[Renewal]) -> tuple[list[Renewal], list[Renewal]]:
+    """The renewals of locks, and those of permits (each renewed by a statement on its
+    own table), in the order given."""
+    locks: list[Renewal] = []
+    permits: list[Renewal] = []
+    for renewal in renewals:
+        (permits if is_permit_owner(renewal[1]) else locks).append(renewal)
+    return locks, permits
+
+
+def permit_tables(table: str, longest: int) -> tuple[str, str]:
+    """The permits table and the permit names table of lease table ``table``:
+    ``<table>_permits`` and ``<table>_permit_names``, or, where a name would pass the
+    server's ``longest`` identifier, ``aiolease_p`` / ``aiolease_n`` and 16 hex digits
+    of a hash of ``table``."""
+    digest = hashlib.sha256(table.encode()).hexdigest()[:16]
+    return tuple(  # type: ignore[return-value]
+        f"{table}{suffix}" if len(table) + len(suffix) <= longest else f"{short}{digest}"
+        for suffix, short in (("_permits", "aiolease_p"), ("_permit_names", "aiolease_n"))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PermitRow:
+    """A live row of a permits table: a held permit (``granted``) or a queue entry."""
+
+    owner: str
+    weight: int
+    limit: int
+    granted: bool
+    seq: int
+    token: int  # 0 for a queue entry
+    identity: str
+    metadata: dict[str, str]
+    remaining: float
+
+    def holder(self, name: str) -> HolderInfo:
+        return HolderInfo(
+            name, self.owner, self.identity, self.token, dict(self.metadata), self.remaining
+        )
+
+
+def _int(what: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"its {what} is {value!r}, not an integer from {low} to {high}")
+    return value
+
+
+def _text(what: str, value: object) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"its {what} is not UTF-8") from None
+    if not isinstance(value, str):
+        raise ValueError(f"its {what} is {value!r}")
+    return value
+
+
+def permit_row(
+    table: str,
+    name: str,
+    owner: object,
+    weight: object,
+    limit: object,
+    granted: object,
+    seq: object,
+    token: object,
+    identity: object,
+    metadata: object,
+    remaining: object,
+) -> PermitRow:
+    """The permit row of these values.
+
+    :param table: the table, as messages name it
+    :raises ForeignDataError: a value aiolease would not have written (an owner id
+        that is not a permit's, a weight outside ``[1, limit]``, a held permit without
+        a token, metadata that is not a JSON object of strings, ...)
+    """
+    try:
+        who = _text("owner", owner)
+        if not is_permit_owner(who):
+            raise ValueError(f"its owner {who[:80]!r} is not a permit's owner id")
+        lim = _int("limit", limit, 1, RW_LIMIT)
+        held = bool(granted)
+        if isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
+            raise ValueError(f"its expiry is {remaining!r}")
+        return PermitRow(
+            who,
+            _int("weight", weight, 1, lim),
+            lim,
+            held,
+            _int("sequence number", seq, 0, 2**63 - 1),
+            _int("token", token, 1, 2**63 - 1) if held else 0,
+            "" if identity is None else _text("identity", identity),
+            decode_metadata(metadata),
+            max(float(remaining), 0.0),
+        )
+    except ValueError as exc:
+        raise foreign(table, name, f"a permit row: {exc}") from None
+
+
+class Action(Enum):
+    """What an acquire writes (see :func:`decide`)."""
+
+    #: the caller holds a live permit already: its expiry is reset, its token kept
+    RENEW = "renew"
+    #: a new permit, with the next token (the caller's queue entry, if any, becomes it)
+    GRANT = "grant"
+    #: refused, the caller not queued yet: a queue entry with the next sequence number
+    QUEUE = "queue"
+    #: refused, the caller queued already: its entry's expiry is reset (its place kept)
+    REFRESH = "refresh"
+
+
+def decide(
+    name: str, rows: Sequence[PermitRow], owner: str, limit: int, weight: int
+) -> tuple[Action, PermitRow | None]:
+    """What a request of ``weight`` out of ``limit`` by ``owner`` does, given the live
+    rows of ``name`` in arrival order, and the caller's own row if it has one.
+
+    :raises LimitMismatchError: the live rows were asked with another limit
+    """
+    if rows and rows[0].limit != limit:
+        raise LimitMismatchError(name, limit, rows[0].limit)
+    mine = next((row for row in rows if row.owner == owner), None)
+    if mine is not None and mine.granted:
+        return Action.RENEW, mine
+    used = sum(row.weight for row in rows if row.granted)
+    ahead = sum(
+        row.weight
+        for row in rows
+        if not row.granted and row.owner != owner and (mine is None or row.seq < mine.seq)
+    )
+    if used + ahead + weight <= limit:
+        return Action.GRANT, mine
+    return (Action.QUEUE if mine is None else Action.REFRESH), mine
+
+
+def blocker(name: str, rows: Sequence[PermitRow], owner: str) -> HolderInfo:
+    """What a refusal reports: the live permit that expires first, or, when only the
+    queue blocks, the first entry ahead of ``owner`` (token 0)."""
+    held = [row for row in rows if row.granted]
+    if held:
+        return min(held, key=lambda row: row.remaining).holder(name)
+    return next(row for row in rows if row.owner != owner).holder(name)
+
+
+def permit_holders(name: str, rows: Sequence[PermitRow]) -> PermitHolders | None:
+    """:meth:`~aiolease.abc.Backend.read_permits`' answer for these live rows."""
+    if not rows:
+        return None
+    held = sorted((row for row in rows if row.granted), key=lambda row: row.token)
+    return PermitHolders(
+        name,
+        rows[0].limit,
+        tuple(row.holder(name) for row in held),
+        tuple(row.weight for row in held),
+        sum(1 for row in rows if not row.granted),
+    )
