@@ -58,9 +58,11 @@ from .._exceptions import (
 from .._lease import Lease, Timing
 from .._limits import check_duration
 from .._lock import AsyncLock
+from .._permits import MAX_LIMIT, PermitHolders, check_limit
 from .._registry import open_backend
+from .._semaphore import AsyncSemaphore
 from .._validate import check_identity, check_name, check_seconds
-from ..abc import Backend, HolderInfo
+from ..abc import Backend, Capability, HolderInfo
 from ._process import EXIT_ERROR, CommandError, interruptible, run_command, say
 from ._where import ENV_URL, resolve_url, state_dir
 
@@ -181,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("--timeout", type=float, help="give up after this many seconds (exit 75)")
     _add_command_options(lock)
     lock.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="hold one of N permits of a semaphore named NAME instead of the lock: at "
+        "most N commands run at once (every caller of NAME must give the same N)",
+    )
+    lock.add_argument(
         "--min-hold",
         type=float,
         metavar="SECONDS",
@@ -263,6 +272,10 @@ def validate(args: argparse.Namespace) -> None:
     for option in ("max_hold", "min_hold"):
         if getattr(args, option, None) is not None:
             check_duration(option, getattr(args, option))
+    if getattr(args, "limit", None) is not None:
+        check_limit(args.limit, at_most=MAX_LIMIT)
+        if args.max_hold is not None or args.min_hold is not None:
+            raise InvalidArgument("--limit does not go with --max-hold or --min-hold")
 
 
 @dataclass(frozen=True)
@@ -332,7 +345,7 @@ async def run_leased(command: Sequence[str], lease: Lease, grace: float) -> int:
 
 
 async def _hold_and_run(
-    args: argparse.Namespace, lock: AsyncLock, grace: float, timeout: float | None
+    args: argparse.Namespace, lock: AsyncLock | AsyncSemaphore, grace: float, timeout: float | None
 ) -> int:
     async with lock.hold(timeout=timeout) as lease:
         logger.info("holding %r, token %d; running %s", lease.name, lease.token, args.command)
@@ -345,15 +358,28 @@ async def cmd_lock(args: argparse.Namespace, backend: Backend) -> int:
     The first try does not wait: if the lock is held, say once who holds it, then wait.
     """
     timing = command_timing(args.ttl, args.grace)
-    lock = AsyncLock(
-        backend,
-        args.name,
-        ttl=args.ttl,
-        margin=timing.margin,
-        identity=args.identity,
-        max_hold=args.max_hold,
-        min_hold=args.min_hold,
-    )
+    lock: AsyncLock | AsyncSemaphore
+    what = f"lock {args.name!r}"
+    if args.limit is not None:
+        what = f"semaphore {args.name!r}"
+        lock = AsyncSemaphore(
+            backend,
+            args.name,
+            limit=args.limit,
+            ttl=args.ttl,
+            margin=timing.margin,
+            identity=args.identity,
+        )
+    else:
+        lock = AsyncLock(
+            backend,
+            args.name,
+            ttl=args.ttl,
+            margin=timing.margin,
+            identity=args.identity,
+            max_hold=args.max_hold,
+            min_hold=args.min_hold,
+        )
     started = current_time()
     try:
         try:
@@ -363,21 +389,26 @@ async def cmd_lock(args: argparse.Namespace, backend: Backend) -> int:
                 raise TimeoutError from exc
             holder = exc.holder
             who = f"{holder.identity!r} (token {holder.token})" if holder else "another owner"
-            say(f"lock {args.name!r} is held by {who}; waiting")
+            if args.limit is None:
+                say(f"{what} is held by {who}; waiting")
+            else:
+                say(f"{what} has no free permit of {args.limit} (one is held by {who}); waiting")
         left = None if args.timeout is None else args.timeout - (current_time() - started)
         if left is not None and left <= 0:
             raise TimeoutError
         return await _hold_and_run(args, lock, timing.grace, left)
     except TimeoutError:
-        holder = await adapt(backend).read(args.name)
-        who = f" (held by {holder.identity!r}, token {holder.token})" if holder else ""
-        say(f"timed out after {args.timeout:g}s waiting for lock {args.name!r}{who}")
+        who = ""
+        if args.limit is None:
+            holder = await adapt(backend).read(args.name)
+            who = f" (held by {holder.identity!r}, token {holder.token})" if holder else ""
+        say(f"timed out after {args.timeout:g}s waiting for {what}{who}")
         return EXIT_TIMEOUT
     except LeaseLostError as exc:
         if exc.reason is LossReason.MAX_HOLD:
-            say(f"error: held lock {args.name!r} for --max-hold; the command was stopped")
+            say(f"error: held {what} for --max-hold; the command was stopped")
         else:
-            say(f"error: lost lock {args.name!r} ({exc.reason.value}); the command was stopped")
+            say(f"error: lost {what} ({exc.reason.value}); the command was stopped")
         return EXIT_LOST
 
 
@@ -418,19 +449,50 @@ def _status_record(name: str, holder: HolderInfo | None) -> dict[str, Any]:
     }
 
 
+def _holder_line(holder: HolderInfo) -> str:
+    left = "" if holder.remaining is None else f", {holder.remaining:.2f}s left"
+    return f"{holder.identity} (token {holder.token}{left})"
+
+
+def _permits_record(permits: PermitHolders) -> dict[str, Any]:
+    return {
+        "limit": permits.limit,
+        "used": permits.used,
+        "waiting": permits.waiting,
+        "holders": [
+            {**_status_record(permits.name, holder), "weight": weight}
+            for holder, weight in zip(permits.holders, permits.weights, strict=True)
+        ],
+    }
+
+
 async def cmd_status(args: argparse.Namespace, backend: Backend) -> int:
-    """Print who holds the name now (exit 0 whether held or not)."""
-    holder = await adapt(backend).read(args.name)
+    """Print who holds the name now, as a lock and, where the backend serves them, as
+    a semaphore or read-write lock (exit 0 whether held or not)."""
+    bridged = adapt(backend)
+    holder = await bridged.read(args.name)
+    permits = None
+    if Capability.SEMAPHORE in bridged.capabilities:
+        permits = await bridged.read_permits(args.name)
     if args.json:
-        print(json.dumps(_status_record(args.name, holder)), flush=True)
+        record = _status_record(args.name, holder)
+        if permits is not None:
+            record["permits"] = _permits_record(permits)
+        print(json.dumps(record), flush=True)
         return 0
-    if holder is None:
+    if holder is None and permits is None:
         print(f"{args.name}: free", flush=True)
         return 0
-    left = "" if holder.remaining is None else f", {holder.remaining:.2f}s left"
-    print(f"{args.name}: held by {holder.identity} (token {holder.token}{left})", flush=True)
-    for key, value in sorted(holder.metadata.items()):
-        print(f"  {key}: {value}", flush=True)
+    if holder is not None:
+        print(f"{args.name}: held by {_holder_line(holder)}", flush=True)
+        for key, value in sorted(holder.metadata.items()):
+            print(f"  {key}: {value}", flush=True)
+    if permits is not None:
+        waiting = f", {permits.waiting} waiting" if permits.waiting else ""
+        print(f"{args.name}: {permits.used} of {permits.limit} permits held{waiting}", flush=True)
+        for permit, weight in zip(permits.holders, permits.weights, strict=True):
+            share = "" if weight == 1 else f", weight {weight}"
+            print(f"  {_holder_line(permit)}{share}", flush=True)
     return 0
 
 

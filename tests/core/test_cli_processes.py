@@ -43,10 +43,12 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 @contextmanager
-def holding(env: dict[str, str], name: str) -> Iterator[subprocess.Popen[str]]:
-    """``aiolease lock NAME`` running a child that waits for a line on stdin."""
+def holding(
+    env: dict[str, str], name: str, *options: str, identity: str = "holder-1"
+) -> Iterator[subprocess.Popen[str]]:
+    """``aiolease lock NAME [OPTIONS]`` running a child that waits for a line on stdin."""
     script = "import sys; print('holding', flush=True); sys.exit(len(sys.stdin.readline()))"
-    argv = ("lock", name, "--identity", "holder-1", "--", PY, "-c", script)
+    argv = ("lock", name, *options, "--identity", identity, "--", PY, "-c", script)
     proc = cli(*argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     with proc:
         try:
@@ -81,6 +83,43 @@ def test_process_lock_contention_and_status(env: dict[str, str]) -> None:
         proc.stdin.flush()
         assert proc.wait(timeout=30) == 4
     assert json.loads(finish("status", "shared", "--json", env=env).stdout)["held"] is False
+
+
+def test_process_lock_with_a_limit_runs_that_many_at_once(env: dict[str, str]) -> None:
+    """``lock --limit 2``: two commands hold permits of the semaphore at once, a third
+    waits (and times out), ``status`` shows both permits, and a lock of the same name
+    is apart (another keyspace)."""
+    with (
+        holding(env, "pool", "--limit", "2", identity="first") as first,
+        holding(env, "pool", "--limit", "2", identity="second") as second,
+    ):
+        shown = json.loads(finish("status", "pool", "--json", env=env).stdout)
+        assert shown["held"] is False
+        permits = shown["permits"]
+        assert (permits["limit"], permits["used"]) == (2, 2), permits
+        assert sorted(h["identity"] for h in permits["holders"]) == ["first", "second"]
+        assert sorted(h["token"] for h in permits["holders"]) == [1, 2]
+        text = finish("status", "pool", env=env).stdout
+        assert "pool: 2 of 2 permits held" in text, text
+        argv = ("lock", "pool", "--limit", "2", "--timeout", "0.2", "--", PY, "-c", "pass")
+        late = finish(*argv, env=env)
+        assert late.returncode == EXIT_TIMEOUT, late.stderr
+        assert "waiting for semaphore 'pool'" in late.stderr
+        mismatch = finish("lock", "pool", "--limit", "3", "--timeout", "0", "--", PY, env=env)
+        assert mismatch.returncode not in (0, EXIT_TIMEOUT), mismatch.stderr
+        assert "limit" in mismatch.stderr
+        for proc in (first, second):
+            assert proc.stdin is not None
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            assert proc.wait(timeout=30) == 1
+    assert "permits" not in json.loads(finish("status", "pool", "--json", env=env).stdout)
+
+
+def test_process_lock_limit_is_checked() -> None:
+    for argv in (("--limit", "0"), ("--limit", "2", "--max-hold", "5")):
+        result = finish("lock", "x", *argv, "--backend", "memory://", "--", PY, "-c", "pass")
+        assert result.returncode == EXIT_USAGE, result.stderr
 
 
 def test_process_sigterm_stops_command_and_releases(env: dict[str, str]) -> None:
