@@ -87,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--election", action="store_true", help="hold terms of an Elector, not AsyncLock blocks"
     )
+    p.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="the semaphore form: hold permits of an AsyncSemaphore; at most N bodies at once",
+    )
+    p.add_argument(
+        "--rw",
+        action="store_true",
+        help="the read-write form: read or write an AsyncReadWriteLock; a writer is alone",
+    )
     return p
 
 
@@ -121,6 +132,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "workdir": args.workdir,
         "seed": args.seed,
         "election": args.election,
+        "limit": args.limit,
+        "rw": args.rw,
     }
 
 
