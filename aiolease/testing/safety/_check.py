@@ -223,7 +223,7 @@ def _fence_problems(records: Records, log: Sequence[Accepted], rejections: int) 
         problems.append(f"{len(recorded - logged)} accepted writes are missing from the fence log")
     if logged - recorded:
         problems.append(f"{len(logged - recorded)} fence log entries no worker recorded")
-    fenced = {e.seq: e.fenced for e in log}
+    fenced: dict[int | None, bool] = {e.seq: e.fenced for e in log}
     if any(fenced.get(w.seq, w.fenced) != w.fenced for w in records.writes if w.accepted):
         problems.append("the workers and the fence log disagree on which writes were fenced")
     refused = sum(1 for w in records.writes if not w.accepted)
