@@ -7,6 +7,7 @@
         [--loop asyncio|trio] [--backend-factory MODULE:ATTR] [--hold MIN MAX]
         [--fault-every S] [--fault-length S] [--fault-aim any|fresh]
         [--server-kill CMD --server-start CMD] [--workdir DIR] [--seed N]
+        [--election | --limit N | --rw]
 
 Exit status: 0 when every line is clean (a fault that does not apply prints
 ``n/a`` and counts as clean), 1 on any violation or failed run, 2 on bad usage.
