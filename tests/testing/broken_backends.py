@@ -26,3 +26,26 @@ class IgnoresTtl(SQLiteBackend):
             f"UPDATE {self.table} SET expires_at = 0 WHERE name = ? AND owner != ?", (name, owner)
         )
         return super()._try_acquire_sync(conn, name, owner, ttl, identity, meta)
+
+
+class IgnoresLimit(SQLiteBackend):
+    """A SQLite backend that grants one permit more than the semaphore's limit.
+
+    Every client asks with the same (wrong) limit, so no :class:`LimitMismatchError`
+    gives it away: ``limit + 1`` bodies run at once.
+    """
+
+    def _try_acquire_permit_sync(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        meta: str,
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        return super()._try_acquire_permit_sync(
+            conn, name, owner, ttl, identity, meta, limit + 1, weight
+        )

@@ -56,22 +56,27 @@ def hold(pid: int, token: int, start: float, stop: float | None, **kw: Any) -> H
     return Hold(pid, token, start=start, stop=stop, **fields)
 
 
-def writes_of(*holds: Hold) -> list[Write]:
+def writes_of(*holds: Hold, fenced: bool = True) -> list[Write]:
     """Each body's registering write, accepted, in the order given."""
     return [
-        Write(h.pid, h.token, h.start - 0.005, h.start - 0.001, True, seq, register=True)
+        Write(h.pid, h.token, h.start - 0.005, h.start - 0.001, True, seq, True, fenced)
         for seq, h in enumerate(holds, 1)
     ]
 
 
 def log_of(writes: list[Write]) -> list[Accepted]:
-    return [Accepted(w.seq or 0, w.pid, w.token, w.end) for w in writes if w.accepted]
+    return [Accepted(w.seq or 0, w.pid, w.token, w.end, w.fenced) for w in writes if w.accepted]
 
 
-def checked(holds: list[Hold], writes: list[Write], pauses: list[Pause] | None = None) -> Any:
+def checked(
+    holds: list[Hold],
+    writes: list[Write],
+    pauses: list[Pause] | None = None,
+    limit: int | None = None,
+) -> Any:
     rejections = sum(1 for w in writes if not w.accepted)
     records = Records(tuple(holds), tuple(writes), 0, ())
-    return check(records, log_of(writes), rejections, pauses or [])
+    return check(records, log_of(writes), rejections, pauses or [], limit=limit)
 
 
 def test_clean_records_are_clean() -> None:
@@ -169,6 +174,82 @@ def test_a_paused_body_is_not_held_to_the_token_order() -> None:
     assert checked(holds, writes_of(*holds), [Pause(1, 0.5, 2.4)]).token_order == 0
 
 
+# -- the semaphore and read-write forms --------------------------------------------------
+
+
+def test_more_bodies_than_the_limit_at_once_are_caught() -> None:
+    """Three permits run together during [0.8, 1.0]: one too many for a limit of 2."""
+    holds = [hold(1, 1, 0.0, 1.0), hold(2, 2, 0.5, 2.0), hold(3, 3, 0.8, 1.5)]
+    writes = writes_of(*holds, fenced=False)
+    found = checked(holds, writes, limit=2)
+    assert (found.overlaps, found.paused_overlaps, found.token_order) == (1, 0, 0)
+    assert checked(holds, writes, limit=3).overlaps == 0
+    # Touching ends do not count: the third starts as the first stops.
+    touching = [hold(1, 1, 0.0, 1.0), hold(2, 2, 0.5, 2.0), hold(3, 3, 1.0, 1.5)]
+    assert checked(touching, writes_of(*touching, fenced=False), limit=2).overlaps == 0
+
+
+def test_more_bodies_than_the_limit_explained_by_a_pause_are_counted_apart() -> None:
+    holds = [hold(1, 1, 0.0, 1.0), hold(2, 2, 0.5, 2.0), hold(3, 3, 0.8, 1.5)]
+    writes = writes_of(*holds, fenced=False)
+    found = checked(holds, writes, [Pause(1, 0.2, 0.9)], limit=2)
+    assert (found.overlaps, found.paused_overlaps) == (0, 1)
+    found = checked(holds, writes, [Pause(4, 0.2, 0.9)], limit=2)  # another process
+    assert (found.overlaps, found.paused_overlaps) == (1, 0)
+
+
+def test_permits_may_start_out_of_token_order_but_never_share_or_regress() -> None:
+    """Concurrent permits record their starts in any order; a token given twice, or one
+    below that of a body stopped before its acquire began, is a violation."""
+    side_by_side = [hold(1, 2, 0.0, 1.0), hold(2, 1, 0.1, 1.0)]
+    writes = writes_of(*side_by_side, fenced=False)
+    assert checked(side_by_side, writes, limit=2).token_order == 0
+    shared = [hold(1, 2, 0.0, 1.0), hold(2, 2, 0.1, 1.0)]
+    assert checked(shared, writes_of(*shared, fenced=False), limit=2).token_order == 1
+    regress = [hold(1, 5, 0.0, 1.0), hold(2, 4, 1.5, 2.0, attempt=1.2)]
+    assert checked(regress, writes_of(*regress, fenced=False), limit=2).token_order == 1
+
+
+def test_unfenced_writes_are_never_stale() -> None:
+    """A semaphore's permits write side by side with their own tokens: a lower token
+    after a higher one is no stale write."""
+    holds = [hold(1, 1, 0.0, 1.0), hold(2, 2, 0.5, 1.5)]
+    writes = [*writes_of(*holds, fenced=False), Write(1, 1, 0.7, 0.71, True, 3, fenced=False)]
+    found = checked(holds, writes, limit=2)
+    assert (found.stale_accepted, found.problems) == (0, ())
+
+
+def test_readers_may_overlap_but_a_writer_with_a_reader_is_caught() -> None:
+    readers = [
+        hold(1, 1, 0.0, 1.0, mode="read"),
+        hold(2, 2, 0.5, 1.5, mode="read"),
+        hold(3, 3, 1.5, 2.0, mode="write"),
+    ]
+    found = checked(readers, writes_of(*readers))
+    assert (found.overlaps, found.token_order) == (0, 0)
+    with_a_reader = [hold(1, 1, 0.0, 1.0, mode="read"), hold(2, 2, 0.9, 1.5, mode="write")]
+    assert checked(with_a_reader, writes_of(*with_a_reader)).overlaps == 1
+    two_writers = [hold(1, 1, 0.0, 1.0, mode="write"), hold(2, 2, 0.9, 1.5, mode="write")]
+    assert checked(two_writers, writes_of(*two_writers)).overlaps == 1
+    paused = checked(with_a_reader, writes_of(*with_a_reader), [Pause(1, 0.2, 0.8)])
+    assert (paused.overlaps, paused.paused_overlaps) == (0, 1)
+
+
+def test_a_stale_writer_after_a_reader_is_caught() -> None:
+    """A reader registered token 3 (unfenced, it raises the fence); then the writer of
+    token 2 wrote, and a fence let it through."""
+    writer, reader = hold(1, 2, 0.0, 2.0, mode="write"), hold(2, 3, 1.0, 1.5, mode="read")
+    writes = [
+        Write(1, 2, -0.005, -0.001, True, 1, register=True),
+        Write(2, 3, 0.9, 0.95, True, 2, register=True, fenced=False),
+        Write(1, 2, 1.2, 1.21, True, 3),
+    ]
+    assert checked([writer, reader], writes).stale_accepted == 1
+    writes[-1] = Write(1, 2, 1.2, 1.21, False)  # refused, as the fence does
+    found = checked([writer, reader], writes)
+    assert (found.stale_accepted, found.stale_rejected) == (0, 1)
+
+
 @pytest.mark.parametrize(
     ("fields", "why"),
     [
@@ -225,6 +306,15 @@ def test_the_fence_rejects_lower_tokens_and_logs_in_order(tmp_path: Path) -> Non
         assert [w.seq for w in answers] == [1, 2, None, 3, None]
         assert [(e.seq, e.pid, e.token) for e in a.log()] == [(1, 1, 3), (2, 1, 3), (3, 2, 4)]
         assert b.rejections() == 2
+
+
+def test_unfenced_writes_are_accepted_and_raise_the_fence(tmp_path: Path) -> None:
+    with Fence(tmp_path / "fence.db") as fence:
+        answers = [fence.write(1, 5), fence.write(2, 3, fenced=False), fence.write(1, 4)]
+        assert [w.accepted for w in answers] == [True, True, False]
+        fence.write(2, 7, fenced=False)
+        assert fence.highest() == 7 and not fence.write(1, 6).accepted
+        assert [(e.token, e.fenced) for e in fence.log()] == [(5, True), (3, False), (7, False)]
 
 
 # -- the report ---------------------------------------------------------------------------
@@ -316,6 +406,44 @@ async def test_memory_is_safe_when_the_holder_is_cut_off(
     assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
 
 
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_semaphore_form_is_safe(tmp_path: Path, anyio_backend: str) -> None:
+    """Four workers hold permits of a semaphore of limit 2 while holders are paused:
+    never more than two bodies at once outside a pause, tokens unique and increasing."""
+    report = await short_run("memory://", Fault.SIGSTOP, anyio_backend, tmp_path, limit=2)
+    assert_safe(report)
+    assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_read_write_form_is_safe(tmp_path: Path, anyio_backend: str) -> None:
+    """Four workers read or write a read-write lock while holders (writers first) are
+    paused: a writer never runs with anyone outside a pause."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    report = await short_run(url, Fault.SIGSTOP, anyio_backend, tmp_path / "records", rw=True)
+    assert_safe(report)
+    assert report.losses >= 1, report.line()
+
+
+@pytest.mark.slow
+def test_a_backend_that_ignores_the_limit_is_caught(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    args = ["--url", url, "--backend-factory", "tests.testing.broken_backends:IgnoresLimit"]
+    args += ["--fault", "none", "--limit", "2"]
+    args += ["--duration", "1.5", "--ttl", "0.5", "--processes", "4"]
+    assert main(args) == 1
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("safety IgnoresLimit none")
+    overlaps = re.search(r" overlaps=(\d+) ", line)
+    assert overlaps is not None and int(overlaps.group(1)) > 0, line
+
+
 def check_fence_worked(report: SafetyReport) -> None:
     """The pauses froze holders in their bodies while others took over, and the fence
     rejected what they wrote on waking up.
@@ -388,6 +516,10 @@ async def test_etcd_leader_kill_needs_an_etcd_cluster(tmp_path: Path) -> None:
         {"ttl": 0},
         {"ttl": 1, "margin": 1},
         {"backend_factory": "no_such_module:Backend"},
+        {"limit": 0},
+        {"limit": 5, "processes": 5},
+        {"limit": 2, "rw": True},
+        {"rw": True, "election": True},
     ],
 )
 async def test_bad_arguments_are_refused(tmp_path: Path, kwargs: dict[str, Any]) -> None:

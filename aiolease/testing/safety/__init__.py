@@ -18,6 +18,11 @@ lease ended its body with :class:`~aiolease.LeaseLostError`::
     report = await run_safety("memory://", fault=Fault.BLACKHOLE, duration=5, ttl=0.5)
     assert report.ok, report.line()
 
+Two forms check semaphores and read-write locks (``limit=N`` / ``--limit N``:
+never more than ``N`` bodies at once outside a pause; ``rw=True`` / ``--rw``: a
+writer never together with anyone), see :mod:`._check` and :mod:`._fence` for what
+the fence means there.
+
 ``memory://`` is hosted for the run in a server process
 (:mod:`aiolease.testing.remote`); with ``blackhole`` each worker reaches it
 through its own :class:`~aiolease.testing.proxy.FaultProxy`. A fault that means

@@ -4,19 +4,26 @@ It trusts nothing it can recompute. Given the workers' records, the fence's log
 and the windows during which the controller kept a process stopped, it counts:
 
 * **overlaps**: pairs of bodies of different grants whose ``[start, stop]``
-  intervals intersect (touching ends do not count). A body whose process was
+  intervals intersect (touching ends do not count). In the read-write form, a pair
+  of two readers is no overlap: only pairs with a writer count. In the semaphore
+  form (``limit`` given), an overlap is a body whose start brings more than
+  ``limit`` bodies running at once. A body whose process was
   stopped between the start of its acquire and its stop can legitimately overlap
   (it could not stop while frozen): such pairs are counted apart, as
   ``paused_overlaps``, and there the fence must protect the resource. A process
   whose fence write was kept waiting by a stopped one (that was stopped holding the
   fence's lock) counts as stopped for that long (see :func:`frozen_windows`).
-* **stale writes accepted**: an accepted write whose token is lower than a token
+* **stale writes accepted**: an accepted fenced write whose token is lower than a token
   accepted before it in the fence's log, or lower than the token of a body that
   had finished registering (its first write came back accepted) before this write
   was sent. The second rule uses only the workers' clocks, not the fence.
 * **stale writes rejected**: writes the fence refused (the fence working).
 * **token order**: bodies, in start order, whose token is not greater than every
-  earlier body's (paused bodies excepted, as above).
+  earlier body's (paused bodies excepted, as above). In the semaphore and
+  read-write forms bodies run side by side and may record their starts out of
+  grant order, so there it is: bodies whose token is not greater than that of
+  every body that stopped before their acquire began, plus bodies that share a
+  token with another body.
 * **bad stops**: a body that stopped with another exception than
   :class:`~aiolease.LeaseLostError` after a loss, a loss that did not surface as
   ``LeaseLostError``, an unexpected error, or a body that never reported stopping.
@@ -87,20 +94,67 @@ def _paused(hold: Hold, stop: float, pauses: Sequence[Pause]) -> bool:
 def count_overlaps(
     holds: Sequence[Hold], writes: Sequence[Write], pauses: Sequence[Pause]
 ) -> tuple[int, int]:
-    """``(overlaps, paused_overlaps)``: intersecting bodies of different grants."""
+    """``(overlaps, paused_overlaps)``: intersecting bodies of different grants
+    (two readers of the read-write form may intersect)."""
     spans = sorted((h.start, _stop_of(h, writes), h) for h in holds)
     overlaps = paused = 0
     for i, (_, stop_a, a) in enumerate(spans):
         for start_b, stop_b, b in spans[i + 1 :]:
             if start_b >= stop_a:
                 break  # sorted by start: no later body can reach back into a
-            if (a.pid, a.token) == (b.pid, b.token):
+            if (a.pid, a.token) == (b.pid, b.token) or a.mode == b.mode == "read":
                 continue
             if _paused(a, stop_a, pauses) or _paused(b, stop_b, pauses):
                 paused += 1
             else:
                 overlaps += 1
     return overlaps, paused
+
+
+def count_excess(
+    holds: Sequence[Hold], writes: Sequence[Write], pauses: Sequence[Pause], limit: int
+) -> tuple[int, int]:
+    """``(overlaps, paused_overlaps)`` of the semaphore form: starts that bring more
+    than ``limit`` bodies running at once, counting only bodies whose process was
+    never stopped (overlaps), or counting them too (paused overlaps, allowed).
+    """
+    # At one instant a stop sorts before a start: touching ends do not count.
+    events = sorted(
+        [(h.start, 1, h) for h in holds] + [(_stop_of(h, writes), 0, h) for h in holds],
+        key=lambda e: (e[0], e[1]),
+    )
+    running = free = overlaps = paused = 0  # all bodies; bodies never stopped
+    for _, starts, h in events:
+        unpaused = not _paused(h, _stop_of(h, writes), pauses)
+        step = 1 if starts else -1
+        running += step
+        free += step if unpaused else 0
+        if not starts:
+            continue
+        if free > limit and unpaused:
+            overlaps += 1
+        elif running > limit:
+            paused += 1
+    return overlaps, paused
+
+
+def count_permit_order(holds: Sequence[Hold], writes: Sequence[Write]) -> int:
+    """Token-order violations among permits: a token shared by two bodies, or not
+    above that of every body that stopped before this one's acquire began."""
+    seen: dict[int, int] = {}
+    for h in holds:
+        seen[h.token] = seen.get(h.token, 0) + 1
+    violations = sum(n - 1 for n in seen.values())
+    stopped = sorted((_stop_of(h, writes), h.token) for h in holds)
+    stops = [stop for stop, _ in stopped]
+    best: list[int] = []
+    for _, token in stopped:
+        best.append(max(best[-1], token) if best else token)
+    for h in holds:
+        n = bisect.bisect_left(stops, h.attempt)  # bodies stopped before h asked
+        if n and best[n - 1] >= h.token:
+            violations += 1
+    return violations
 
 
 def count_token_order(
@@ -123,7 +177,7 @@ def stale_accepted(writes: Sequence[Write], log: Sequence[Accepted]) -> int:
     stale: set[object] = set()
     highest = 0
     for entry in sorted(log, key=lambda e: e.seq):
-        if entry.token < highest:
+        if entry.fenced and entry.token < highest:
             stale.add(entry.seq)
         highest = max(highest, entry.token)
     registered = sorted((w.end, w.token) for w in writes if w.register and w.accepted)
@@ -132,7 +186,7 @@ def stale_accepted(writes: Sequence[Write], log: Sequence[Accepted]) -> int:
     for _, token in registered:
         best.append(max(best[-1], token) if best else token)
     for w in writes:
-        if not w.accepted:
+        if not w.accepted or not w.fenced:
             continue
         n = bisect.bisect_left(ends, w.begin)  # registrations that ended before w was sent
         if n and best[n - 1] > w.token:
@@ -169,6 +223,9 @@ def _fence_problems(records: Records, log: Sequence[Accepted], rejections: int) 
         problems.append(f"{len(recorded - logged)} accepted writes are missing from the fence log")
     if logged - recorded:
         problems.append(f"{len(logged - recorded)} fence log entries no worker recorded")
+    fenced: dict[int | None, bool] = {e.seq: e.fenced for e in log}
+    if any(fenced.get(w.seq, w.fenced) != w.fenced for w in records.writes if w.accepted):
+        problems.append("the workers and the fence log disagree on which writes were fenced")
     refused = sum(1 for w in records.writes if not w.accepted)
     if refused != rejections:
         problems.append(f"workers saw {refused} rejections, the fence counted {rejections}")
@@ -180,6 +237,8 @@ def check(
     log: Sequence[Accepted],
     rejections: int,
     pauses: Sequence[Pause] = (),
+    *,
+    limit: int | None = None,
 ) -> Findings:
     """Check one run.
 
@@ -187,10 +246,20 @@ def check(
     :param log: the fence's log of accepted writes
     :param rejections: the fence's own count of rejected writes
     :param pauses: when the controller kept which process stopped
+    :param limit: the semaphore form's limit (``None``: a lock, an election, or a
+        read-write lock, told apart by the bodies' ``mode``)
     """
     holds, writes = records.holds, records.writes
     pauses = frozen_windows(pauses, writes)
-    overlaps, paused = count_overlaps(holds, writes, pauses)
+    permits = limit is not None or any(h.mode is not None for h in holds)
+    if limit is not None:
+        overlaps, paused = count_excess(holds, writes, pauses, limit)
+    else:
+        overlaps, paused = count_overlaps(holds, writes, pauses)
+    if permits:
+        token_order = count_permit_order(holds, writes)
+    else:
+        token_order = count_token_order(holds, writes, pauses)
     bad = [(h, why) for h in holds if (why := bad_stop(h)) is not None]
     latencies = [x for h in holds if (x := stop_latency(h)) is not None]
     problems = [*records.problems, *_fence_problems(records, log, rejections)]
@@ -202,7 +271,7 @@ def check(
         paused_overlaps=paused,
         stale_accepted=stale_accepted(writes, log),
         stale_rejected=sum(1 for w in writes if not w.accepted),
-        token_order=count_token_order(holds, writes, pauses),
+        token_order=token_order,
         bad_stops=len(bad),
         worst_stop_latency=max(latencies, default=None),
         problems=tuple(problems),

@@ -7,6 +7,7 @@
         [--loop asyncio|trio] [--backend-factory MODULE:ATTR] [--hold MIN MAX]
         [--fault-every S] [--fault-length S] [--fault-aim any|fresh]
         [--server-kill CMD --server-start CMD] [--workdir DIR] [--seed N]
+        [--election | --limit N | --rw]
 
 Exit status: 0 when every line is clean (a fault that does not apply prints
 ``n/a`` and counts as clean), 1 on any violation or failed run, 2 on bad usage.
@@ -87,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--election", action="store_true", help="hold terms of an Elector, not AsyncLock blocks"
     )
+    p.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help="the semaphore form: hold permits of an AsyncSemaphore; at most N bodies at once",
+    )
+    p.add_argument(
+        "--rw",
+        action="store_true",
+        help="the read-write form: read or write an AsyncReadWriteLock; a writer is alone",
+    )
     return p
 
 
@@ -121,6 +133,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "workdir": args.workdir,
         "seed": args.seed,
         "election": args.election,
+        "limit": args.limit,
+        "rw": args.rw,
     }
 
 

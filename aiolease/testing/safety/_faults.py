@@ -155,6 +155,8 @@ class Injector:
     :param proxies: each worker's proxy, for ``blackhole``
     :param server: for ``server-restart``
     :param cluster: for ``etcd-leader-kill``
+    :param permits: the name is a semaphore's or a read-write lock's: its holder is
+        the permit of most weight (a writer), the newest among equals
     """
 
     def __init__(
@@ -171,8 +173,10 @@ class Injector:
         proxies: Mapping[int, Cuttable] | None = None,
         server: ServerControl | None = None,
         cluster: EtcdCluster | None = None,
+        permits: bool = False,
     ) -> None:
         self.fault = fault
+        self._permits = permits
         self.events: list[FaultEvent] = []
         self._backend = backend
         self._name = name
@@ -209,7 +213,7 @@ class Injector:
         looked = False
         while True:
             try:
-                seen = await self._backend.read(self._name)
+                seen = await self._read()
             except BackendError:
                 await anyio.sleep(0.05)  # the server may be restarting
                 continue
@@ -222,11 +226,24 @@ class Injector:
             if pid is not None and token is not None and token != before:
                 await self._wait_started(token)
                 return pid
+            if self._permits:  # no change feed covers every permit: poll
+                await anyio.sleep(0.01)
+                continue
             with anyio.move_on_after(self._length):
                 try:
                     await self._backend.wait_changed(self._name, seen)
                 except BackendError:
                     await anyio.sleep(0.05)
+
+    async def _read(self) -> HolderInfo | None:
+        """The holder of the name (of permits: the one of most weight, newest first)."""
+        if not self._permits:
+            return await self._backend.read(self._name)
+        permits = await self._backend.read_permits(self._name)
+        if permits is None or not permits.holders:
+            return None
+        pairs = zip(permits.weights, permits.holders, strict=True)
+        return max(pairs, key=lambda p: (p[0], p[1].token))[1]
 
     async def _wait_started(self, token: int) -> None:
         """Wait (polling) until the body of grant ``token`` has registered with the fence.

@@ -1,6 +1,13 @@
 """The fenced resource: a SQLite file that rejects writes with a token lower than
 the highest it has seen.
 
+A write may also be *unfenced*: logged and accepted whatever its token, while it
+still raises the highest token seen. The semaphore form writes only so (``N``
+holders write at once, each with its own token: no single highest token can tell a
+stale one from a live one); the read-write form's readers write so, its writers
+fenced (a writer is alone, so a write with a token lower than one registered since
+is a stale writer's).
+
 One table holds the highest token accepted and a count of rejections; an
 append-only log keeps every accepted write, and its ``AUTOINCREMENT`` sequence is
 the true order in which the fence accepted them. Each write is one ``BEGIN
@@ -35,7 +42,8 @@ CREATE TABLE IF NOT EXISTS accepted (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     pid INTEGER NOT NULL,
     token INTEGER NOT NULL,
-    at REAL NOT NULL
+    at REAL NOT NULL,
+    fenced INTEGER NOT NULL DEFAULT 1
 );
 """
 
@@ -62,20 +70,21 @@ class Fence:
         self._conn.execute("PRAGMA synchronous = NORMAL")
         self._conn.executescript(_SCHEMA)
 
-    def write(self, pid: int, token: int) -> FenceWrite:
-        """Write with ``token``: accepted unless a higher token was accepted before."""
+    def write(self, pid: int, token: int, *, fenced: bool = True) -> FenceWrite:
+        """Write with ``token``: accepted unless a higher token was accepted before
+        (unless not ``fenced``: then accepted, and the highest token raised if lower)."""
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             updated = conn.execute(
                 "UPDATE fence SET max_token = :token WHERE id = 1 AND max_token <= :token",
                 {"token": token},
-            ).rowcount
+            ).rowcount or int(not fenced)
             seq: int | None = None
             if updated:
                 cursor = conn.execute(
-                    "INSERT INTO accepted (pid, token, at) VALUES (?, ?, ?)",
-                    (pid, token, time.monotonic()),
+                    "INSERT INTO accepted (pid, token, at, fenced) VALUES (?, ?, ?, ?)",
+                    (pid, token, time.monotonic(), int(fenced)),
                 )
                 seq = cursor.lastrowid
             else:
@@ -88,8 +97,8 @@ class Fence:
 
     def log(self) -> list[Accepted]:
         """Every accepted write, in the order the fence accepted them."""
-        rows = self._conn.execute("SELECT seq, pid, token, at FROM accepted ORDER BY seq")
-        return [Accepted(*row) for row in rows]
+        rows = self._conn.execute("SELECT seq, pid, token, at, fenced FROM accepted ORDER BY seq")
+        return [Accepted(seq, pid, token, at, bool(fenced)) for seq, pid, token, at, fenced in rows]
 
     def highest(self) -> int:
         """The highest token accepted so far (0 before any write)."""

@@ -4,9 +4,11 @@ Each worker appends one JSON object per line to its own file and flushes every
 line, so a worker that is paused or killed loses nothing it already did. Lines
 have a ``kind``:
 
-``start``    a body began: ``token``, ``attempt`` (when the acquire began), ``start``
+``start``    a body began: ``token``, ``attempt`` (when the acquire began), ``start``,
+             ``mode`` (``read`` or ``write`` in the read-write form, else absent)
 ``write``    a write to the fence: ``token``, ``begin``, ``end``, ``accepted``,
-             ``seq`` (the fence's log position when accepted), ``register``
+             ``seq`` (the fence's log position when accepted), ``register``,
+             ``fenced`` (``false``: a write the fence logs but never refuses)
 ``stop``     the body stopped: ``token``, ``stop``
 ``end``      the core ended the lease (``Lease._on_end``): ``token``, ``reason``, ``at``
 ``outcome``  how ``async with`` finished: ``token``, ``outcome``
@@ -40,6 +42,8 @@ class Write:
     :param accepted: whether the fence took it
     :param seq: its position in the fence's log, when accepted
     :param register: the first write of a hold (it registers the token)
+    :param fenced: whether the fence could refuse it (a semaphore's permits and a
+        read-write lock's readers write unfenced: see :mod:`._fence`)
     """
 
     pid: int
@@ -49,6 +53,7 @@ class Write:
     accepted: bool
     seq: int | None = None
     register: bool = False
+    fenced: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,7 @@ class Hold:
     :param error: the exception that ended it, for ``lost`` and ``error``
     :param reason: the :class:`~aiolease.LossReason` value the core ended the lease with
     :param ended_at: when the core ended the lease (decided it was lost, or released it)
+    :param mode: ``read`` or ``write`` in the read-write form, ``None`` otherwise
     """
 
     pid: int
@@ -75,6 +81,7 @@ class Hold:
     error: str | None = None
     reason: str | None = None
     ended_at: float | None = None
+    mode: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +101,7 @@ class Accepted:
     pid: int
     token: int
     at: float
+    fenced: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,13 @@ class Plan:
     seed: int | None = None
     pythonpath: tuple[str, ...] = field(default=())
     election: bool = False
+    limit: int | None = None
+    rw: bool = False
+
+    @property
+    def permits(self) -> bool:
+        """The semaphore or the read-write form."""
+        return self.limit is not None or self.rw
 
     @property
     def scheme(self) -> str:
@@ -88,6 +95,8 @@ class Plan:
     async def not_applicable(self) -> str | None:
         """Why :attr:`fault` means nothing for this backend, or ``None`` if it applies."""
         scheme = self.scheme
+        if self.permits and Capability.SEMAPHORE not in await self.capabilities():
+            return "it serves no semaphores or read-write locks"
         if self.fault is Fault.BLACKHOLE and scheme == "sqlite":
             return "SQLite has no network connection to cut"
         if self.fault is Fault.SERVER_RESTART:
@@ -133,6 +142,7 @@ def _validate(
     ttl: float,
     margin: float | None,
     hold: tuple[float, float],
+    forms: tuple[bool, int | None, bool],
 ) -> tuple[Fault, float | None]:
     """Check the arguments of :func:`run_safety`; return the fault and the duration.
 
@@ -155,6 +165,13 @@ def _validate(
     Timing._build(ttl, margin=margin)  # a bad ttl or margin
     if not 0 < check_seconds("hold[0]", hold[0]) <= check_seconds("hold[1]", hold[1]):
         raise InvalidArgument(f"hold must be (shortest, longest) body in ttls, got {hold!r}")
+    election, limit, rw = forms
+    if election + (limit is not None) + rw > 1:
+        raise InvalidArgument("give one form at most: election, limit or rw")
+    if limit is not None and not 1 <= check_count("limit", limit) < processes:
+        raise InvalidArgument(
+            f"limit must be at least 1 and below processes ({processes}) to contend, got {limit}"
+        )
     return fault, (10.0 if duration is None and rounds is None else duration)
 
 
@@ -182,6 +199,8 @@ async def run_safety(
     workdir: str | os.PathLike[str] | None = None,
     seed: int | None = None,
     election: bool = False,
+    limit: int | None = None,
+    rw: bool = False,
 ) -> SafetyReport:
     """Let ``processes`` OS processes contend for ``name`` under ``fault``, and check.
 
@@ -215,11 +234,20 @@ async def run_safety(
     :param election: the election form: each body is a term of
         ``Elector.leadership()`` instead of an ``async with AsyncLock`` (for a backend
         that serves election only, and to check elections anywhere)
+    :param limit: the semaphore form: each body holds one permit of an
+        ``AsyncSemaphore`` of this limit; at most ``limit`` bodies may run at once.
+        Its writes are unfenced (see :mod:`._fence`): there the checks are the count,
+        and the tokens' uniqueness and order
+    :param rw: the read-write form: each body reads or writes an
+        ``AsyncReadWriteLock`` (at random, mostly reads); a writer's body must not
+        overlap any other body, and a writer's stale write must be refused
     :raises InvalidArgument: bad arguments, or a fault that cannot be injected as asked
         (``etcd-leader-kill`` on anything but an etcd cluster; ``server-restart``
         without ``server_control`` on a backend that has a server)
     """
-    fault, duration = _validate(url, fault, processes, duration, rounds, ttl, margin, hold)
+    fault, duration = _validate(
+        url, fault, processes, duration, rounds, ttl, margin, hold, (election, limit, rw)
+    )
     pythonpath: tuple[str, ...] = ()
     if backend_factory is not None:
         load_factory(backend_factory)
@@ -253,6 +281,8 @@ async def run_safety(
         seed=seed,
         pythonpath=pythonpath,
         election=election,
+        limit=limit,
+        rw=rw,
     )
     cluster = _etcd_cluster(url) if fault is Fault.ETCD_LEADER_KILL else None
     if backend_factory is None:
@@ -313,6 +343,10 @@ def _worker_args(plan: Plan, url: str, fence: Path, out: Path, index: int) -> li
     args += ["--acquire-timeout", repr(max(5 * plan.ttl, 2.0)), "--loop", plan.loop]
     if plan.election:
         args += ["--election"]
+    if plan.limit is not None:
+        args += ["--limit", str(plan.limit)]
+    if plan.rw:
+        args += ["--rw"]
     if plan.margin is not None:
         args += ["--margin", repr(plan.margin)]
     if plan.backend_factory is not None:
@@ -423,6 +457,7 @@ async def _one_run(plan: Plan, directory: Path, cluster: EtcdCluster | None) -> 
             proxies=dict(zip(pids, proxies, strict=False)),  # none unless blackhole
             server=control,
             cluster=cluster,
+            permits=plan.permits,
         )
         errors = await _contend(plan, workers, injector)
     return _report(plan, directory, fence_path, injector.events, errors)
@@ -435,7 +470,7 @@ def _report(
     with Fence(fence_path) as fence:
         log, rejections = fence.log(), fence.rejections()
     pauses = [Pause(e.pid, e.begin, e.end) for e in events if e.fault is Fault.SIGSTOP and e.pid]
-    findings = check(records, log, rejections, pauses)
+    findings = check(records, log, rejections, pauses, limit=plan.limit)
     if findings.acquisitions == 0:
         errors.append("no body ran: nothing was tested")
     if plan.fault is not Fault.NONE and not events:

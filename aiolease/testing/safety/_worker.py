@@ -7,12 +7,17 @@ more) or ``go none`` (stop after ``--rounds`` bodies). Then, in a loop::
 
     async with AsyncLock(backend, name, ttl=..., identity=f"safety-{pid}") as lease:
     # (--election: async with Elector(...).leadership() as lease:)
+    # (--limit N: async with AsyncSemaphore(..., limit=N) as lease:)
+    # (--rw: async with AsyncReadWriteLock(...).read() or .write() as lease:)
         write to the fence with lease.token      # registers the token
         record the start
         until the body's length is up:
             await anyio.sleep(write_interval)    # a checkpoint: a loss cancels here
             write; blocking work for --work seconds; write
         record the stop                          # in a finally: also when cancelled
+
+In the semaphore form every write is unfenced, and in the read-write form a
+reader's (see :mod:`._fence`): the fence logs them and never refuses them.
 
 Everything goes to the ``--out`` file as flushed JSON lines (see :mod:`._records`).
 
@@ -49,6 +54,7 @@ from ..._elector import Elector
 from ..._exceptions import BackendError, LeaseHeldError, LeaseLostError, LossReason
 from ..._lease import Lease
 from ..._lock import AsyncLock
+from ..._semaphore import AsyncReadWriteLock, AsyncSemaphore
 from ...abc import Backend
 from ._fence import Fence
 from ._records import Recorder
@@ -76,15 +82,30 @@ class WorkerConfig:
     acquire_timeout: float
     seed: int | None
     election: bool = False
+    limit: int | None = None
+    rw: bool = False
+    read_share: float = 0.7
 
 
 class _Body:
-    """The records of one protected body."""
+    """The records of one protected body (``mode``: ``read`` or ``write`` in the
+    read-write form; ``fenced``: whether its writes may be refused)."""
 
-    def __init__(self, lease: Lease, attempt: float, fence: Fence, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        attempt: float,
+        fence: Fence,
+        recorder: Recorder,
+        mode: str | None = None,
+        *,
+        fenced: bool = True,
+    ) -> None:
         self.lease = lease
         self.token = lease.token
         self.attempt = attempt
+        self.mode = mode
+        self.fenced = fenced
         self._fence = fence
         self._recorder = recorder
         self._pid = recorder.pid
@@ -96,7 +117,7 @@ class _Body:
     def write(self, *, register: bool = False) -> None:
         """Write once to the fence with this body's token, and record the answer."""
         begin = time.monotonic()
-        answer = self._fence.write(self._pid, self.token)
+        answer = self._fence.write(self._pid, self.token, fenced=self.fenced)
         end = time.monotonic()
         self._recorder.emit(
             "write",
@@ -106,6 +127,7 @@ class _Body:
             accepted=answer.accepted,
             seq=answer.seq,
             register=register,
+            fenced=self.fenced,
         )
 
     async def run(self, length: float, interval: float, work: float) -> None:
@@ -116,7 +138,8 @@ class _Body:
         """
         self.write(register=True)
         start = time.monotonic()
-        self._recorder.emit("start", token=self.token, attempt=self.attempt, start=start)
+        mode = {} if self.mode is None else {"mode": self.mode}
+        self._recorder.emit("start", token=self.token, attempt=self.attempt, start=start, **mode)
         try:
             while time.monotonic() < start + length:
                 await anyio.sleep(interval)
@@ -144,8 +167,9 @@ def describe(error: BaseException) -> str:
     return text
 
 
-#: Opens one body's hold of the lease: acquire within ``timeout`` seconds, then hold.
-Holder = Callable[[float], AbstractAsyncContextManager[Lease]]
+#: Opens one body's hold of the lease: acquire within ``timeout`` seconds, then hold;
+#: with the body's mode (``read``/``write``, or ``None``) and whether its writes are fenced.
+Holder = Callable[[float], tuple[AbstractAsyncContextManager[Lease], str | None, bool]]
 
 
 @asynccontextmanager
@@ -165,9 +189,25 @@ async def _term(elector: Elector, timeout: float) -> AsyncIterator[Lease]:
 def _holder(backend: Backend, cfg: WorkerConfig, identity: str) -> Holder:
     if cfg.election:
         elector = Elector(backend, cfg.name, ttl=cfg.ttl, margin=cfg.margin, identity=identity)
-        return lambda timeout: _term(elector, timeout)
+        return lambda timeout: (_term(elector, timeout), None, True)
+    if cfg.limit is not None:
+        sem = AsyncSemaphore(
+            backend, cfg.name, limit=cfg.limit, ttl=cfg.ttl, margin=cfg.margin, identity=identity
+        )
+        return lambda timeout: (sem.hold(timeout=timeout), None, False)
+    if cfg.rw:
+        rw = AsyncReadWriteLock(
+            backend, cfg.name, ttl=cfg.ttl, margin=cfg.margin, identity=identity
+        )
+
+        def either(timeout: float) -> tuple[AbstractAsyncContextManager[Lease], str, bool]:
+            if random.random() < cfg.read_share:
+                return rw.read().hold(timeout=timeout), "read", False
+            return rw.write().hold(timeout=timeout), "write", True
+
+        return either
     lock = AsyncLock(backend, cfg.name, ttl=cfg.ttl, margin=cfg.margin, identity=identity)
-    return lambda timeout: lock.hold(timeout=timeout)
+    return lambda timeout: (lock.hold(timeout=timeout), None, True)
 
 
 async def _hold_once(
@@ -187,9 +227,10 @@ async def _hold_once(
     )
     body: _Body | None = None
     length = random.uniform(cfg.hold_min, cfg.hold_max) * cfg.ttl
+    holding, mode, fenced = hold(max(timeout, 0.0))
     try:
-        async with hold(max(timeout, 0.0)) as lease:
-            body = _Body(lease, attempt, fence, recorder)
+        async with holding as lease:
+            body = _Body(lease, attempt, fence, recorder, mode, fenced=fenced)
             if stop_at is not None:
                 length = max(min(length, stop_at - time.monotonic()), 0.0)
             await body.run(length, cfg.write_interval, cfg.work)
@@ -264,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--loop", choices=["asyncio", "trio"], default="asyncio")
     p.add_argument("--election", action="store_true", help="hold terms of an Elector")
+    p.add_argument("--limit", type=int, help="hold permits of an AsyncSemaphore of this limit")
+    p.add_argument("--rw", action="store_true", help="read or write an AsyncReadWriteLock")
+    p.add_argument("--read-share", type=float, default=0.7, help="--rw: the share of reads")
     return p
 
 
@@ -286,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         acquire_timeout=args.acquire_timeout,
         seed=args.seed,
         election=args.election,
+        limit=args.limit,
+        rw=args.rw,
+        read_share=args.read_share,
     )
     random.seed(cfg.seed)
     anyio.run(contend, cfg, backend=args.loop)

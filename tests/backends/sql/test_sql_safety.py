@@ -29,7 +29,7 @@ from aiolease import (
 )
 from aiolease.abc import Backend, HolderInfo
 from aiolease.testing.faults import FaultyBackend
-from aiolease.testing.safety import Fault
+from aiolease.testing.safety import Fault, assert_safe
 from tests.backends.safety import (
     CUT_OFF_FRESH,
     ServiceRestart,
@@ -98,6 +98,51 @@ async def test_sql_is_safe(
     print(report.line())
     assert report.applicable, report.reason
     assert_fault_took_effect(report, fault)
+    if control is not None:
+        assert control.kills >= 1, report.line()
+
+
+#: The semaphore and read-write forms: each form meets both databases, both faults and
+#: both loops once (four runs in all).
+_PERMIT_CASES = alternating_loops(
+    [
+        ("postgres", Fault.SIGSTOP, "semaphore"),
+        ("mariadb", Fault.SERVER_RESTART, "semaphore"),
+        ("postgres", Fault.SERVER_RESTART, "rw"),
+        ("mariadb", Fault.SIGSTOP, "rw"),
+    ]
+)
+
+
+@pytest.mark.parametrize(("database_name", "fault", "form", "anyio_backend"), _PERMIT_CASES)
+async def test_sql_permits_are_safe(
+    database_name: str,
+    aiolease_server: Callable[[str], str],
+    tmp_path: Path,
+    anyio_backend: str,
+    fault: Fault,
+    form: str,
+) -> None:
+    """Semaphore (limit 2 of 4 workers): never more than two bodies at once outside a
+    pause. Read-write: a writer never with anyone outside a pause, a stale writer
+    refused by the fence. Under SIGSTOP of a holder, or a kill of the server."""
+    database = DATABASES[database_name]
+    options: dict[str, Any] = {"limit": 2} if form == "semaphore" else {"rw": True}
+    service = database.shared
+    control = None
+    if fault is Fault.SERVER_RESTART:
+        service = database.restartable
+        control = options["server_control"] = restartable(database, aiolease_server)
+        options["fault_every"] = 1.5  # contention between restarts
+    aiolease_server(service)
+    report = await short_run(
+        database.url(service), fault, anyio_backend, tmp_path, DURATION, **options
+    )
+    print(report.line())
+    assert report.applicable, report.reason
+    assert_safe(report)
+    if fault is Fault.SIGSTOP:
+        assert report.losses >= 1 and report.faults >= 2, report.line()
     if control is not None:
         assert control.kills >= 1, report.line()
 
