@@ -167,3 +167,36 @@ async def test_restarts_leave_no_driver_error_in_any_worker(
     assert report.errors == (), report.errors
     assert_safe(report)
     assert control.kills >= 3, report.line()
+
+
+@pytest.mark.parametrize(
+    ("form", "service", "fault", "anyio_backend"),
+    alternating_loops(
+        [("semaphore", "redis", Fault.SIGSTOP), ("rw", "redis-aof", Fault.SERVER_RESTART)]
+    ),
+)
+async def test_redis_permits_are_safe(
+    aiolease_server: Callable[[str], str],
+    tmp_path: Path,
+    anyio_backend: str,
+    form: str,
+    service: str,
+    fault: Fault,
+) -> None:
+    """Semaphore (limit 2 of 4 workers): never more than two bodies at once outside a
+    pause, under SIGSTOP of a holder. Read-write: a writer never with anyone, across
+    kills of a Redis that fsyncs every write (tokens survive)."""
+    options: dict[str, Any] = {"limit": 2} if form == "semaphore" else {"rw": True}
+    control = None
+    if fault is Fault.SERVER_RESTART:
+        control = options["server_control"] = restartable(*AOF)
+    report = await short_run(
+        aiolease_server(service), fault, anyio_backend, tmp_path, DURATION, **options
+    )
+    print(report.line())
+    assert report.applicable, report.reason
+    assert_safe(report)
+    if fault is Fault.SIGSTOP:
+        assert report.losses >= 1 and report.faults >= 2, report.line()
+    if control is not None:
+        assert control.kills >= 1, report.line()
