@@ -18,9 +18,11 @@ from ..._exceptions import (
     BackendUnavailable,
     ForeignDataError,
     InvalidArgument,
+    LimitMismatchError,
     LossReason,
     NotOwnerError,
 )
+from ..._permits import PermitHolders, is_permit_owner
 from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
@@ -29,6 +31,7 @@ from ._aio import finishing, shielded
 from ._channel import open_channel, seconds
 from ._handoff import Handoffs
 from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
+from ._permit_values import PermitKey, encode_permit, parse_permits
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
 from ._url import parse_bool, parse_url
@@ -109,6 +112,8 @@ CAPABILITIES = frozenset(
         Capability.SESSION,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
     }
 )
 
@@ -171,6 +176,8 @@ class EtcdBackend(Backend):
         #: any), and the revision at which it was read (the key's token).
         self._turns: dict[tuple[str, str], tuple[Any, int]] = {}
         self._handoffs = Handoffs()
+        #: The revision at which each refused permit request last read its name's keys.
+        self._permit_seen: dict[tuple[str, str], int] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -257,7 +264,7 @@ class EtcdBackend(Backend):
         entry = self._sessions.entries.get((name, owner))
         if entry is not None:
             return entry.slot
-        if self._fair:
+        if self._fair or is_permit_owner(owner):
             return owner  # slots are owner ids only: never reused
         return self._slots.get((name, owner))
 
@@ -531,6 +538,8 @@ class EtcdBackend(Backend):
         if self._closed:
             return False  # closing revoked the sessions, and every key with them
         entry = self._sessions.entries.get((name, owner))
+        if entry is not None and entry.queued and is_permit_owner(owner):
+            token = None  # a queued permit request leaves the queue whatever token is given
         if entry is not None and entry.horizon == math.inf:
             # Held until now: should the delete fail, the key still lapses after its ttl.
             entry.horizon = now() + entry.session.ttl
@@ -564,11 +573,12 @@ class EtcdBackend(Backend):
             late = self._delete_late(name, owner, slot or None)
             self._sessions.spawn(late, f"etcd late delete {name!r}")
         else:
-            reuse = gone and not self._fair
+            reuse = gone and not self._fair and not is_permit_owner(owner)
         queued = False
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
-            if deleted and not queued and not doomed and entry.reason is None:
+            permit = is_permit_owner(owner)
+            if deleted and not queued and not doomed and entry.reason is None and not permit:
                 self._handoffs.released(entry)  # before its end wakes the successor
             self._sessions.end(entry, LossReason.RELEASED)
         if reuse and slot and (name, owner) not in self._sessions.entries:
@@ -761,6 +771,174 @@ class EtcdBackend(Backend):
         ahead = await self._wire.range(self._layout.predecessor(name, token))
         return (ahead.kvs[0], int(ahead.header.revision)) if ahead.kvs else None
 
+    # -- permits (docs/internals/semaphores.md; see :mod:`._permit_values`) -------------
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """Read the name's permit keys; grant ``owner``'s if the weights of the keys
+        before it and its own fit in ``limit``, else queue it (a key of its own).
+
+        A new key is put by a txn that fails if another key of the name was created
+        since the read (etcd's compares cannot sum weights): then it decides again."""
+        self._check_open()
+        touched = now()
+        for _ in range(8):
+            async with self._sessions.using(ttl) as session:
+                try:
+                    attempt = self._acquire_permit(
+                        name, owner, ttl, (identity, metadata, limit, weight), session, touched
+                    )
+                    result = await self._guarded(name, owner, attempt)
+                except SessionGone:
+                    self._sessions.lose(session)
+                    continue
+            if result is not None:
+                return result
+        raise BackendUnavailable(f"etcd: the permits of {name!r} kept changing; try again")
+
+    async def _acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        request: tuple[str, Mapping[str, str], int, int],
+        session: Session,
+        touched: float,
+    ) -> Grant | HolderInfo | None:
+        """One attempt; ``None``: the keys changed under it (decide again)."""
+        identity, metadata, limit, weight = request
+        start = self._layout.permit_start(name)
+        reply = await self._wire.range(self._layout.permits(name))
+        kvs, revision = reply.kvs, int(reply.header.revision)
+        for _ in range(8):
+            self._check_open()
+            keys = parse_permits(name, start, kvs)
+            for key in keys:
+                if key.limit != limit:
+                    raise LimitMismatchError(name, limit, key.limit)
+            if len(self._permit_seen) >= SEEN_LIMIT:
+                del self._permit_seen[next(iter(self._permit_seen))]
+            self._permit_seen[(name, owner)] = revision
+            ahead, mine = 0, None
+            for key in keys:
+                if key.owner == owner:
+                    mine = key
+                    break
+                ahead += key.weight
+            if mine is not None:
+                if (name, owner, mine.token) in self._sessions.doomed:
+                    return _blocker(name, keys, owner)  # expired here; being deleted
+                if not mine.queued:  # a retry by the holder
+                    return await self._grant_permit(name, owner, ttl, mine, session, touched)
+                if ahead + weight <= limit:  # its turn: held with what it asks now
+                    mine = PermitKey(
+                        owner, mine.token, mine.lease, identity, dict(metadata), limit, weight, True
+                    )
+                    return await self._grant_permit(name, owner, ttl, mine, session, touched)
+                if not await self._keep_queued(name, owner, ttl, mine, session, touched):
+                    return None
+                return _blocker(name, keys, owner)
+            fits = ahead + weight <= limit
+            # Granted: no key may have come before it since the read. Queued: keys that
+            # came since are ahead of it anyway; while the oldest key stays, each of them
+            # was checked against its limit.
+            guard = ("newer", revision) if fits or not keys else (keys[0].owner, keys[0].token)
+            value = encode_permit(identity, metadata, limit, weight, not fits)
+            put = await self._wire.txn(
+                self._layout.permit_put(name, owner, value, session.lease_id, guard)
+            )
+            self._check_open()
+            if not put.succeeded:
+                kvs = put.responses[0].response_range.kvs
+                revision = int(put.header.revision)
+                continue
+            token = int(put.header.revision)
+            if fits:
+                entry = Entry(name, owner, token, session, touched + ttl)
+                self._sessions.attach(entry)
+                self._takeovers.watch(entry)
+                return self._grant(token, ttl, session)
+            horizon = touched + QUEUE_HORIZON * ttl
+            self._sessions.attach(Entry(name, owner, token, session, horizon, queued=True))
+            return _blocker(name, keys, owner)
+        return None
+
+    async def _grant_permit(
+        self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float
+    ) -> Grant | None:
+        """``owner``'s key fits: mark it held (if queued) on ``session``; its grant."""
+        if key.queued or key.lease != session.lease_id:
+            request = self._layout.permit_grant(
+                name, owner, key.token, key.value(False), session.lease_id
+            )
+            if not (await self._wire.txn(request)).succeeded:
+                return None
+        entry = self._sessions.entries.get((name, owner))
+        if entry is None or entry.token != key.token:
+            entry = Entry(name, owner, key.token, session, touched + ttl)
+            self._sessions.attach(entry)
+        elif entry.session is not session:
+            self._sessions.move(entry, session)
+        return self._granted(entry, ttl, touched)
+
+    async def _keep_queued(
+        self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float
+    ) -> bool:
+        """``owner``'s queued key stays: push its horizon back (on ``session``, moving it
+        there if it rides on another); ``False`` if it is gone."""
+        horizon = touched + QUEUE_HORIZON * ttl
+        entry = self._sessions.entries.get((name, owner))
+        if entry is not None and entry.token == key.token and entry.session is session:
+            entry.horizon = max(entry.horizon, horizon)
+            return True
+        if key.lease != session.lease_id:
+            moved = await self._wire.txn(
+                self._layout.move(name, owner, key.token, session.lease_id)
+            )
+            if not moved.succeeded:
+                return False
+        if entry is None or entry.token != key.token:
+            self._sessions.attach(Entry(name, owner, key.token, session, horizon, queued=True))
+        else:
+            self._sessions.move(entry, session)
+            entry.horizon = max(entry.horizon, horizon)
+        return True
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        self._check_open()
+        reply = await self._wire.range(self._layout.permits(name))
+        keys = parse_permits(name, self._layout.permit_start(name), reply.kvs)
+        if not keys:
+            return None
+        held = [key for key in keys if not key.queued]
+        holders = tuple(key.holder(name) for key in held)
+        weights = tuple(key.weight for key in held)
+        return PermitHolders(name, keys[0].limit, holders, weights, len(keys) - len(held))
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Watch the name's permit keys for a deletion after the refused request's read
+        (a permit released or lost, a waiter gone), for at most a third of ``ttl``."""
+        self._check_open()
+        revision = self._permit_seen.pop((name, owner), None)
+        if revision is None:
+            return
+        entry = self._sessions.entries.get((name, owner))
+        if entry is not None and entry.queued:
+            entry.horizon = max(entry.horizon, now() + QUEUE_HORIZON * ttl)
+        watch = self._wire.watch(self._layout.watch_permits(name, revision), _any_event)
+        try:
+            await asyncio.wait_for(watch, ttl / 3)
+        except TimeoutError:
+            pass
+
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         """Return when ``owner``'s grant of ``name`` ended here: its session was lost,
         it expired unrenewed, or the backend closed (``SHUTDOWN``)."""
@@ -779,3 +957,15 @@ class EtcdBackend(Backend):
             await self._sessions.aclose()
         finally:
             await shielded(self._wire.aclose())
+
+
+def _blocker(name: str, keys: list[PermitKey], owner: str) -> HolderInfo:
+    """Who blocks ``owner``'s permit request: the oldest held permit, else the first
+    queued request (token 0)."""
+    for key in keys:
+        if not key.queued and key.owner != owner:
+            return key.holder(name)
+    for key in keys:
+        if key.owner != owner:
+            return key.holder(name, 0)
+    return HolderInfo(name, owner, "", 0, {}, None)

@@ -28,12 +28,16 @@ from typing import Any, TypeGuard
 from aetcd import rpc
 
 from ..._exceptions import ForeignDataError
+from ..._permits import PERMIT_PREFIX
 from ...abc import HolderInfo
 
 __all__ = ["DEFAULT_PREFIX", "Layout", "decode_value", "encode_value", "with_owner"]
 
 #: The key prefix used when none is given.
 DEFAULT_PREFIX = "aiolease/"
+#: What the permits' keys start with after the prefix: ``%`` never begins an escaped
+#: name (it is escaped itself), so no lock's key range holds a permit's key.
+PERMITS = b"%permits/"
 #: How many names' request templates a :class:`Layout` keeps.
 CACHED_NAMES = 1024
 
@@ -179,8 +183,64 @@ class Layout:
         return self._name(name).start
 
     def key(self, name: str, slot: str) -> bytes:
-        """The key of the attempt at ``name`` in ``slot`` (an owner id)."""
+        """The key of the attempt at ``name`` in ``slot`` (an owner id): a permit's
+        (:func:`permit_start`) when ``slot`` is a permit's owner id."""
+        if slot.startswith(PERMIT_PREFIX):
+            return self.permit_start(name) + slot.encode()
         return self.start(name) + slot.encode()
+
+    def permit_start(self, name: str) -> bytes:
+        """``<prefix>%permits/<escaped name>/``: every permit key of ``name`` starts with it."""
+        return self.prefix + PERMITS + _escape(name).encode() + b"/"
+
+    def permits(self, name: str) -> Any:
+        """Range: every permit key of ``name``, oldest first."""
+        start = self.permit_start(name)
+        return _range(start, prefix_end(start))
+
+    def permit_put(
+        self, name: str, owner: str, value: bytes, lease_id: int, guard: tuple[str, int]
+    ) -> Any:
+        """Txn: put ``owner``'s permit key unless it exists, and unless the ``guard``
+        fails: ``("newer", read)``: no permit key of ``name`` was created after revision
+        ``read``; ``(first_owner, token)``: that key still exists. On failure, read
+        every permit key of ``name``."""
+        start, key = self.permit_start(name), self.key(name, owner)
+        end = prefix_end(start)
+        kind, revision = guard
+        if kind == "newer":
+            compare = rpc.Compare(
+                key=start,
+                range_end=end,
+                target=rpc.Compare.CREATE,
+                result=rpc.Compare.LESS,
+                create_revision=revision + 1,
+            )
+        else:
+            compare = _compare_create(self.key(name, kind), revision)
+        return rpc.TxnRequest(
+            compare=[_compare_create(key, 0), compare],
+            success=[_put(key, value, lease_id)],
+            failure=[rpc.RequestOp(request_range=_range(start, end))],
+        )
+
+    def permit_grant(self, name: str, owner: str, token: int, value: bytes, lease_id: int) -> Any:
+        """Txn: write ``value`` (granted) to ``owner``'s permit key if it is ``token``,
+        on ``lease_id``."""
+        key = self.key(name, owner)
+        return rpc.TxnRequest(
+            compare=[_compare_create(key, token)], success=[_put(key, value, lease_id)]
+        )
+
+    def watch_permits(self, name: str, after: int) -> Any:
+        """Watch for the deletion of a permit key of ``name`` after revision ``after``."""
+        start = self.permit_start(name)
+        return rpc.WatchCreateRequest(
+            key=start,
+            range_end=prefix_end(start),
+            start_revision=after + 1,
+            filters=[rpc.WatchCreateRequest.NOPUT],
+        )
 
     def slot(self, name: str, kv: Any) -> str:
         """The slot of the key-value ``kv`` of ``name`` (the end of its key)."""

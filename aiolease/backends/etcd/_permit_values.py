@@ -1,0 +1,122 @@
+"""The values of permit keys, and the grant rule over a name's keys.
+
+Every permit request of a name has a key ``<prefix>%permits/<escaped name>/<owner>``
+(see :meth:`._keys.Layout.permit_start`) on the session lease of the backend that
+wrote it, whose value is compact JSON::
+
+    {"identity": ..., "metadata": {...}, "limit": L, "weight": W, "queued": true|false}
+
+The keys of a name, ordered by create revision, are its one FIFO queue of holders and
+waiters: a key is grantable when the weights of every key created before it plus its
+own fit in the limit, and held once its owner's request saw that and wrote
+``"queued": false``. The token is the key's create revision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..._exceptions import ForeignDataError
+from ..._permits import is_permit_owner
+from ...abc import HolderInfo
+
+__all__ = ["PermitKey", "encode_permit", "parse_permits"]
+
+
+def encode_permit(
+    identity: str, metadata: Mapping[str, str], limit: int, weight: int, queued: bool
+) -> bytes:
+    """The value of a permit key."""
+    document = {
+        "identity": identity,
+        "metadata": dict(metadata),
+        "limit": limit,
+        "weight": weight,
+        "queued": queued,
+    }
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True, slots=True)
+class PermitKey:
+    """One permit key as read: its owner, token (create revision), lease and value."""
+
+    owner: str
+    token: int
+    lease: int
+    identity: str
+    metadata: dict[str, str]
+    limit: int
+    weight: int
+    queued: bool
+
+    def holder(self, name: str, token: int | None = None) -> HolderInfo:
+        """The :class:`HolderInfo` this key stands for (with ``token`` if given)."""
+        return HolderInfo(
+            name,
+            self.owner,
+            self.identity,
+            self.token if token is None else token,
+            dict(self.metadata),
+            None,
+        )
+
+    def value(self, queued: bool) -> bytes:
+        """This key's value, ``queued`` or held."""
+        return encode_permit(self.identity, self.metadata, self.limit, self.weight, queued)
+
+
+def _parse(name: str, start: bytes, kv: Any) -> PermitKey:
+    key = bytes(kv.key)
+    owner = key[len(start) :].decode(errors="replace")
+    try:
+        document = json.loads(kv.value)
+    except ValueError:
+        document = None
+    ok = isinstance(document, dict) and is_permit_owner(owner)
+    if ok:
+        identity, metadata = document.get("identity"), document.get("metadata")
+        limit, weight = document.get("limit"), document.get("weight")
+        queued = document.get("queued")
+        ok = (
+            isinstance(identity, str)
+            and isinstance(metadata, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+            and _int(limit)
+            and _int(weight)
+            and isinstance(queued, bool)
+        )
+    if not ok:
+        raise ForeignDataError(
+            f"etcd permit key {key!r} of {name!r} holds a value aiolease did not write"
+            f" ({bytes(kv.value)[:80]!r}); it was left unchanged, and nothing is granted"
+            " over it: another program seems to write under the key prefix",
+            name=name,
+        )
+    return PermitKey(
+        owner,
+        int(kv.create_revision),
+        int(kv.lease),
+        identity,
+        dict(metadata),
+        limit,
+        weight,
+        queued,
+    )
+
+
+def parse_permits(name: str, start: bytes, kvs: Sequence[Any]) -> list[PermitKey]:
+    """The permit keys ``kvs`` of ``name`` (under ``start``), oldest first.
+
+    :raises ForeignDataError: a value aiolease does not write
+    """
+    keys = [_parse(name, start, kv) for kv in kvs]
+    keys.sort(key=lambda k: k.token)
+    return keys

@@ -1,0 +1,95 @@
+"""Permits (semaphores, read-write locks) on real etcd: what the conformance suite
+cannot see from outside one backend object. Two backend objects stand for two
+processes; the server is inspected through its HTTP/JSON gateway."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from aiolease import AsyncSemaphore, LeaseLostError, LossReason
+from aiolease.abc import Grant, HolderInfo, permit_owner
+from tests.backends.etcd.support import WAIT, Gateway, inner, opener
+
+pytestmark = pytest.mark.anyio
+LONG = 30.0
+
+
+async def test_two_backends_never_hold_more_than_the_limit(
+    anyio_backend: str, etcd_url: str
+) -> None:
+    """Tasks on two backend objects share a limit of 2: never more inside at once, a
+    waiter on one is woken by a release on the other, and every grant takes a new,
+    larger token (a create revision)."""
+    inside, peak, tokens = 0, 0, []
+    full = anyio.Event()
+    open_ = opener(etcd_url)
+    async with open_() as first, open_() as second:
+
+        async def body(backend: object) -> None:
+            nonlocal inside, peak
+            async with AsyncSemaphore(backend, "n", limit=2, ttl=LONG) as permit:  # type: ignore[arg-type]
+                tokens.append(permit.token)
+                inside += 1
+                peak = max(peak, inside)
+                if inside == 2:
+                    full.set()
+                await full.wait()
+                await anyio.lowlevel.checkpoint()
+                inside -= 1
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for backend in (first, second, first, second):
+                    tg.start_soon(body, backend)
+        assert peak == 2
+        assert len(set(tokens)) == 4
+        assert await second.read_permits("n") is None
+
+
+async def test_a_permit_is_a_key_whose_create_revision_is_its_token(
+    anyio_backend: str, single_url: str
+) -> None:
+    open_ = opener(single_url)
+    gateway = Gateway(single_url)
+    async with open_() as backend:
+        owners = [permit_owner() for _ in range(3)]
+        tokens = []
+        for owner in owners[:2]:
+            grant = await backend.try_acquire_permit("a/b", owner, LONG, "host", {}, 2, 1)
+            assert isinstance(grant, Grant)
+            tokens.append(grant.token)
+        refused = await backend.try_acquire_permit("a/b", owners[2], LONG, "host", {}, 2, 1)
+        assert isinstance(refused, HolderInfo) and refused.owner == owners[0]
+        assert tokens[0] < tokens[1]
+        keys = await gateway.keys(open_.prefix)  # type: ignore[attr-defined]
+        by_owner = {kv["key"].rsplit("/", 1)[1]: kv for kv in keys}
+        assert set(by_owner) == set(owners)
+        for owner, token in zip(owners, tokens, strict=False):
+            kv = by_owner[owner]
+            assert kv["key"] == f"{open_.prefix}%permits/a%2Fb/{owner}"  # type: ignore[attr-defined]
+            assert kv["create_revision"] == token
+            assert kv["lease"] in inner(backend).statistics().lease_ids
+        values = [json.loads(by_owner[owner]["value"]) for owner in owners]
+        assert [v["queued"] for v in values] == [False, False, True]
+        assert {(v["limit"], v["weight"]) for v in values} == {(2, 1)}
+        # A lock of the same name lives apart.
+        assert isinstance(await backend.try_acquire("a/b", "lock-owner", LONG, "h", {}), Grant)
+
+
+async def test_a_lost_session_ends_its_permits(anyio_backend: str, single_url: str) -> None:
+    gateway = Gateway(single_url)
+    async with opener(single_url)() as backend:
+        sem = AsyncSemaphore(backend, "n", limit=3, ttl=LONG)
+        with anyio.fail_after(WAIT), pytest.raises(LeaseLostError) as info:
+            async with sem as permit:
+                (session,) = inner(backend).statistics().lease_ids
+                await gateway.revoke(session)
+                await anyio.sleep_forever()  # cancelled at once, long before the ttl
+        assert info.value.reason is LossReason.STOLEN
+        assert await backend.read_permits("n") is None
+        again = await sem.acquire()
+        assert again.token > permit.token
+        await again.release()
