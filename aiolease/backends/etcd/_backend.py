@@ -30,7 +30,7 @@ from .._asyncio import now
 from ._aio import finishing, shielded
 from ._channel import open_channel, seconds
 from ._handoff import Handoffs
-from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
+from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, queue_slot, with_owner
 from ._permit_values import PermitKey, encode_permit, parse_permits
 from ._session import Entry, Session, Sessions
 from ._takeover import Takeovers
@@ -827,33 +827,35 @@ class EtcdBackend(Backend):
             if len(self._permit_seen) >= SEEN_LIMIT:
                 del self._permit_seen[next(iter(self._permit_seen))]
             self._permit_seen[(name, owner)] = revision
+            used = sum(key.weight for key in keys if not key.queued)
             ahead, mine = 0, None
             for key in keys:
                 if key.owner == owner:
                     mine = key
-                    break
-                ahead += key.weight
+                    if not key.queued:
+                        break
+                elif key.queued and (mine is None or not mine.queued):
+                    ahead += key.weight
+            if mine is not None and not mine.queued:  # a retry by the holder
+                return await self._regrant_permit(name, owner, ttl, mine, session, touched)
+            fits = used + ahead + weight <= limit
             if mine is not None:
                 if (name, owner, mine.token) in self._sessions.doomed:
                     return _blocker(name, keys, owner)  # expired here; being deleted
-                if not mine.queued:  # a retry by the holder
-                    return await self._grant_permit(name, owner, ttl, mine, session, touched)
-                if ahead + weight <= limit:  # its turn: held with what it asks now
-                    mine = PermitKey(
-                        owner, mine.token, mine.lease, identity, dict(metadata), limit, weight, True
-                    )
-                    return await self._grant_permit(name, owner, ttl, mine, session, touched)
+                if fits:  # its turn: held with what it asks now
+                    value = encode_permit(identity, metadata, limit, weight, False)
+                    return await self._grant_queued(name, owner, ttl, mine, value, session, touched)
                 if not await self._keep_queued(name, owner, ttl, mine, session, touched):
                     return None
                 return _blocker(name, keys, owner)
-            fits = ahead + weight <= limit
-            # Granted: no key may have come before it since the read. Queued: keys that
-            # came since are ahead of it anyway; while the oldest key stays, each of them
-            # was checked against its limit.
-            guard = ("newer", revision) if fits or not keys else (keys[0].owner, keys[0].token)
+            # Granted: no key may have come since the read (a new permit, or a queue key
+            # that its weight would have to count). Queued: keys that came since are behind
+            # it; while the oldest key stays, each of them was checked against its limit.
+            guard = ("newer", revision) if fits or not keys else (keys[0].slot, keys[0].token)
+            slot = owner if fits else queue_slot(owner)
             value = encode_permit(identity, metadata, limit, weight, not fits)
             put = await self._wire.txn(
-                self._layout.permit_put(name, owner, value, session.lease_id, guard)
+                self._layout.permit_put(name, slot, value, session.lease_id, guard)
             )
             self._check_open()
             if not put.succeeded:
@@ -867,19 +869,20 @@ class EtcdBackend(Backend):
                 self._takeovers.watch(entry)
                 return self._grant(token, ttl, session)
             horizon = touched + QUEUE_HORIZON * ttl
-            self._sessions.attach(Entry(name, owner, token, session, horizon, queued=True))
+            queued = Entry(name, owner, token, session, horizon, queued=True, slot=slot)
+            self._sessions.attach(queued)
             return _blocker(name, keys, owner)
         return None
 
-    async def _grant_permit(
+    async def _regrant_permit(
         self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float
     ) -> Grant | None:
-        """``owner``'s key fits: mark it held (if queued) on ``session``; its grant."""
-        if key.queued or key.lease != session.lease_id:
-            request = self._layout.permit_grant(
-                name, owner, key.token, key.value(False), session.lease_id
+        """``owner`` holds ``key``: its grant again, its key on ``session``."""
+        if key.lease != session.lease_id:
+            moved = await self._wire.txn(
+                self._layout.move(name, owner, key.token, session.lease_id)
             )
-            if not (await self._wire.txn(request)).succeeded:
+            if not moved.succeeded:
                 return None
         entry = self._sessions.entries.get((name, owner))
         if entry is None or entry.token != key.token:
@@ -889,24 +892,45 @@ class EtcdBackend(Backend):
             self._sessions.move(entry, session)
         return self._granted(entry, ttl, touched)
 
+    async def _grant_queued(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        key: PermitKey,
+        value: bytes,
+        session: Session,
+        touched: float,
+    ) -> Grant | None:
+        """``owner``'s queued ``key`` fits: replace it by a permit key (a new token)."""
+        request = self._layout.permit_grant(name, owner, key.token, value, session.lease_id)
+        reply = await self._wire.txn(request)
+        if not reply.succeeded:
+            return None
+        old = self._sessions.entries.get((name, owner))
+        if old is not None:
+            self._sessions.end(old, LossReason.RELEASED)  # its queue key is deleted
+        entry = Entry(name, owner, int(reply.header.revision), session, touched + ttl)
+        self._sessions.attach(entry)
+        return self._granted(entry, ttl, touched)
+
     async def _keep_queued(
         self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float
     ) -> bool:
-        """``owner``'s queued key stays: push its horizon back (on ``session``, moving it
-        there if it rides on another); ``False`` if it is gone."""
+        """``owner``'s queued ``key`` stays: push its horizon back (on ``session``, moving
+        it there if it rides on another); ``False`` if it is gone."""
         horizon = touched + QUEUE_HORIZON * ttl
         entry = self._sessions.entries.get((name, owner))
         if entry is not None and entry.token == key.token and entry.session is session:
             entry.horizon = max(entry.horizon, horizon)
             return True
         if key.lease != session.lease_id:
-            moved = await self._wire.txn(
-                self._layout.move(name, owner, key.token, session.lease_id)
-            )
-            if not moved.succeeded:
+            request = self._layout.move(name, key.slot, key.token, session.lease_id)
+            if not (await self._wire.txn(request)).succeeded:
                 return False
         if entry is None or entry.token != key.token:
-            self._sessions.attach(Entry(name, owner, key.token, session, horizon, queued=True))
+            queued = Entry(name, owner, key.token, session, horizon, queued=True, slot=key.slot)
+            self._sessions.attach(queued)
         else:
             self._sessions.move(entry, session)
             entry.horizon = max(entry.horizon, horizon)

@@ -31,15 +31,31 @@ from ..._exceptions import ForeignDataError
 from ..._permits import PERMIT_PREFIX
 from ...abc import HolderInfo
 
-__all__ = ["DEFAULT_PREFIX", "Layout", "decode_value", "encode_value", "with_owner"]
+__all__ = [
+    "DEFAULT_PREFIX",
+    "QUEUE_SLOT",
+    "Layout",
+    "decode_value",
+    "encode_value",
+    "queue_slot",
+    "with_owner",
+]
 
 #: The key prefix used when none is given.
 DEFAULT_PREFIX = "aiolease/"
 #: What the permits' keys start with after the prefix: ``%`` never begins an escaped
 #: name (it is escaped itself), so no lock's key range holds a permit's key.
 PERMITS = b"%permits/"
+#: A queued permit request's slot is this and its owner id (``q`` is not a hex digit,
+#: so no owner id starts so).
+QUEUE_SLOT = PERMIT_PREFIX + "q"
 #: How many names' request templates a :class:`Layout` keeps.
 CACHED_NAMES = 1024
+
+
+def queue_slot(owner: str) -> str:
+    """The slot of the queue key of the permit request ``owner``."""
+    return QUEUE_SLOT + owner
 
 
 def _escape(name: str) -> str:
@@ -224,12 +240,15 @@ class Layout:
             failure=[rpc.RequestOp(request_range=_range(start, end))],
         )
 
-    def permit_grant(self, name: str, owner: str, token: int, value: bytes, lease_id: int) -> Any:
-        """Txn: write ``value`` (granted) to ``owner``'s permit key if it is ``token``,
-        on ``lease_id``."""
-        key = self.key(name, owner)
+    def permit_grant(self, name: str, owner: str, queued: int, value: bytes, lease_id: int) -> Any:
+        """Txn: if ``owner``'s queue key is ``queued`` and it has no permit key yet, delete
+        the queue key and put the permit key (``value``, on ``lease_id``): its create
+        revision, the token, is larger than every earlier grant's."""
+        key, waiting = self.key(name, owner), self.key(name, queue_slot(owner))
+        delete = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=waiting))
         return rpc.TxnRequest(
-            compare=[_compare_create(key, token)], success=[_put(key, value, lease_id)]
+            compare=[_compare_create(waiting, queued), _compare_create(key, 0)],
+            success=[delete, _put(key, value, lease_id)],
         )
 
     def watch_permits(self, name: str, after: int) -> Any:

@@ -1,15 +1,16 @@
 """The values of permit keys, and the grant rule over a name's keys.
 
-Every permit request of a name has a key ``<prefix>%permits/<escaped name>/<owner>``
-(see :meth:`._keys.Layout.permit_start`) on the session lease of the backend that
+Every permit of a name has a key ``<prefix>%permits/<escaped name>/<owner>``, and
+every queued request one ``<prefix>%permits/<escaped name>/permit:q<owner>`` (see
+:meth:`._keys.Layout.permit_start`), on the session lease of the backend that
 wrote it, whose value is compact JSON::
 
     {"identity": ..., "metadata": {...}, "limit": L, "weight": W, "queued": true|false}
 
-The keys of a name, ordered by create revision, are its one FIFO queue of holders and
-waiters: a key is grantable when the weights of every key created before it plus its
-own fit in the limit, and held once its owner's request saw that and wrote
-``"queued": false``. The token is the key's create revision.
+A request is granted when the weight of the permit keys, of the queue keys created
+before its own and its own fit in the limit: then its queue key (if any) is deleted
+and its permit key put in one txn, so the token, the permit key's create revision,
+is larger than every earlier grant's of the name (etcd's revision never goes back).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from ..._exceptions import ForeignDataError
 from ..._permits import is_permit_owner
 from ...abc import HolderInfo
+from ._keys import QUEUE_SLOT, queue_slot
 
 __all__ = ["PermitKey", "encode_permit", "parse_permits"]
 
@@ -57,6 +59,11 @@ class PermitKey:
     weight: int
     queued: bool
 
+    @property
+    def slot(self) -> str:
+        """The end of its key: the owner id, or (queued) :func:`._keys.queue_slot` of it."""
+        return queue_slot(self.owner) if self.queued else self.owner
+
     def holder(self, name: str, token: int | None = None) -> HolderInfo:
         """The :class:`HolderInfo` this key stands for (with ``token`` if given)."""
         return HolderInfo(
@@ -76,6 +83,9 @@ class PermitKey:
 def _parse(name: str, start: bytes, kv: Any) -> PermitKey:
     key = bytes(kv.key)
     owner = key[len(start) :].decode(errors="replace")
+    queued_key = owner.startswith(QUEUE_SLOT)
+    if queued_key:
+        owner = owner[len(QUEUE_SLOT) :]
     try:
         document = json.loads(kv.value)
     except ValueError:
@@ -108,7 +118,7 @@ def _parse(name: str, start: bytes, kv: Any) -> PermitKey:
         dict(metadata),
         limit,
         weight,
-        queued,
+        queued_key,
     )
 
 

@@ -65,16 +65,23 @@ async def test_a_permit_is_a_key_whose_create_revision_is_its_token(
         assert isinstance(refused, HolderInfo) and refused.owner == owners[0]
         assert tokens[0] < tokens[1]
         keys = await gateway.keys(open_.prefix)  # type: ignore[attr-defined]
-        by_owner = {kv["key"].rsplit("/", 1)[1]: kv for kv in keys}
-        assert set(by_owner) == set(owners)
+        by_slot = {kv["key"].rsplit("/", 1)[1]: kv for kv in keys}
+        queued = "permit:q" + owners[2]  # a queued request's key
+        assert set(by_slot) == {owners[0], owners[1], queued}
         for owner, token in zip(owners, tokens, strict=False):
-            kv = by_owner[owner]
+            kv = by_slot[owner]
             assert kv["key"] == f"{open_.prefix}%permits/a%2Fb/{owner}"  # type: ignore[attr-defined]
             assert kv["create_revision"] == token
             assert kv["lease"] in inner(backend).statistics().lease_ids
-        values = [json.loads(by_owner[owner]["value"]) for owner in owners]
+        values = [json.loads(by_slot[slot]["value"]) for slot in (*owners[:2], queued)]
         assert [v["queued"] for v in values] == [False, False, True]
         assert {(v["limit"], v["weight"]) for v in values} == {(2, 1)}
+        # Its turn: the queue key gives way to a permit key, a new (larger) token.
+        assert await backend.release("a/b", owners[0], tokens[0])
+        grant = await backend.try_acquire_permit("a/b", owners[2], LONG, "host", {}, 2, 1)
+        assert isinstance(grant, Grant) and grant.token > by_slot[queued]["create_revision"]
+        slots = {kv["key"].rsplit("/", 1)[1] for kv in await gateway.keys(open_.prefix)}  # type: ignore[attr-defined]
+        assert slots == {owners[1], owners[2]}
         # A lock of the same name lives apart.
         assert isinstance(await backend.try_acquire("a/b", "lock-owner", LONG, "h", {}), Grant)
 
