@@ -124,6 +124,8 @@ async def test_capabilities(anyio_backend: str, single_url: str) -> None:
         Capability.SESSION,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,  # permits queue in both modes
     }
     async with opener(single_url)() as plain, opener(single_url, fair=True)() as fair:
         assert plain.capabilities == common
