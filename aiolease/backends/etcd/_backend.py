@@ -599,7 +599,7 @@ class EtcdBackend(Backend):
         """
         try:
             return await finishing(attempt, CANCEL_GRACE)
-        except (SessionGone, ForeignDataError):
+        except (SessionGone, ForeignDataError, LimitMismatchError):
             raise  # the lease is gone (nothing written), or the reply came: nothing in doubt
         except BaseException:
             self._note_unsure(name, owner)
