@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import itertools
+import random
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -76,8 +78,10 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 _STREAMING = ("replica set", "sharded cluster")
 
 
-#: How many times a permit acquire whose conditional write lost a race asks again.
-_PERMIT_RETRIES = 32
+#: Seconds a permit acquire whose conditional writes keep losing races asks again.
+_PERMIT_RACING = 5.0
+#: Seconds of the jittered pause after each lost race of a permit acquire, per attempt.
+_PERMIT_BACKOFF = 0.002
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
@@ -226,6 +230,7 @@ class MongoBackend(Backend):
             read_concern=ReadConcern("majority"),
             read_preference=ReadPreference.PRIMARY,
         )
+        self._pcoll_latest = self._pcoll.with_options(read_concern=ReadConcern("local"))
 
     def __repr__(self) -> str:
         where = redact(self._url) if self._url is not None else f"<{self._kind} client>"
@@ -595,14 +600,18 @@ class MongoBackend(Backend):
         the next state on the condition that nobody wrote in between (else again)."""
         self._check_open()
         ttl = float(ttl)
-        for _ in range(_PERMIT_RETRIES):
+        started = now()
+        for attempt in itertools.count(1):
+            if now() - started > _PERMIT_RACING:
+                break
             sent_at = now()
             self._acquire_commands += 1
             result = await finished(
                 self._permit_round(name, owner, ttl, identity, metadata, limit, weight)
             )
-            if result is None:
-                continue  # another write came in between: read again
+            if result is None:  # another write came in between: read again, after a while
+                await asyncio.sleep(random.uniform(0, min(_PERMIT_BACKOFF * attempt, 0.05)))
+                continue
             if isinstance(result, tuple):
                 token, changed = result
                 if changed:
@@ -626,11 +635,19 @@ class MongoBackend(Backend):
         from pymongo.errors import DuplicateKeyError
 
         with mapped(self._url):
-            doc = await self._pcoll.find_one({"_id": name}, permits.READ)
+            # The latest state (local read concern): the write is conditional on its
+            # version, which no other state ever has, so a state rolled back later
+            # fails the condition instead of being built on.
+            doc = await self._pcoll_latest.find_one({"_id": name}, permits.READ)
         rows, kept, counter, seq, version, server_now = permits.parse(
             self._permits_where, name, doc
         )
         action, mine = decide(name, rows, owner, limit, weight)
+        if action is Action.REFRESH and mine is not None and mine.remaining > ttl * _FRESH_SHARE:
+            # Still queued for over half its ttl, and the next ask comes within a third
+            # of it (``wait_permit_turn``): its place is kept without a write, which
+            # would only make the writes that matter (grants, releases) race again.
+            return blocker(name, rows, owner)
         if action is Action.RENEW and mine is not None:
             token = mine.token
         elif action is Action.GRANT:
@@ -655,12 +672,12 @@ class MongoBackend(Backend):
                         name, owner, ttl, identity, metadata, limit, weight
                     )
                 try:  # pragma: no cover - a document always has a version
-                    await self._pcoll.insert_one({"_id": name, "v": 1, **state})
+                    await self._pcoll.insert_one({"_id": name, "v": permits.version(), **state})
                 except DuplicateKeyError:
                     return None
             else:
                 result = await self._pcoll.update_one(
-                    {"_id": name, "v": version}, {"$set": {"v": version + 1, **state}}
+                    {"_id": name, "v": version}, {"$set": {"v": permits.version(), **state}}
                 )
                 if not result.matched_count:
                     return None
@@ -688,7 +705,7 @@ class MongoBackend(Backend):
         try:
             result = await self._pcoll.update_one(
                 {"_id": name, "v": {"$in": []}},  # never matches: an insert, or a duplicate
-                [{"$set": {"v": 1, "token": 1, "seq": 1, "entries": [literal]}}],
+                [{"$set": {"v": permits.version(), "token": 1, "seq": 1, "entries": [literal]}}],
                 upsert=True,
             )
         except DuplicateKeyError:

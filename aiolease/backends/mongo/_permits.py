@@ -3,7 +3,7 @@
 The permits of lease collection ``C`` live in collection ``C_permits``, one document
 per name (never deleted, no TTL index: its token counter never restarts)::
 
-    {_id: name, token: <last token>, seq: <last arrival>, v: <version>,
+    {_id: name, token: <last token>, seq: <last arrival>, v: <version: new random hex>,
      entries: [{owner, weight, limit, granted, seq, token, identity, metadata,
                 expires}]}
 
@@ -18,6 +18,7 @@ No driver is imported here.
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,15 +68,22 @@ READ: Doc = {
 }
 
 
+def version() -> str:
+    """A new version of a permits document (every write sets one)."""
+    return uuid.uuid4().hex
+
+
 def _int(value: object, low: int, high: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
 
 
 def parse(
     where: str, name: str, doc: Mapping[str, Any] | None
-) -> tuple[list[PermitRow], list[Doc], int, int, int | None, datetime.datetime | None]:
+) -> tuple[list[PermitRow], list[Doc], int, int, str | None, datetime.datetime | None]:
     """The live rows of ``doc`` in arrival order, its live entries as stored, its token
-    counter, its arrival counter, its version (``None``: no document) and the server's
+    counter, its arrival counter, its version (``None``: no document; else a random
+    string that each write replaces, so that no state, even one rolled back in a
+    failover, is ever mistaken for another) and the server's
     now.
 
     :raises ForeignDataError: ``doc`` is not one aiolease wrote
@@ -113,9 +121,11 @@ def _problem(doc: Mapping[str, Any]) -> str | None:
     extra = set(doc) - _FIELDS
     if extra:
         return f"it has fields {sorted(extra)!r}"[:200]
-    for field in ("token", "seq", "v"):
+    for field in ("token", "seq"):
         if not _int(doc.get(field), 0, 2**63 - 1):
             return f"its {field} is {doc.get(field)!r}, not an integer >= 0"[:200]
+    if not isinstance(doc.get("v"), str):
+        return f"its version is {doc.get('v')!r}"[:200]
     entries = doc.get("entries")
     if not isinstance(entries, list) or not isinstance(doc.get("_lefts"), list):
         return f"its entries are not an array: {entries!r}"[:200]
@@ -241,7 +251,7 @@ def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
     return [
         {
             "$set": {
-                "v": {"$add": ["$v", 1]},
+                "v": {"$literal": version()},
                 "entries": {
                     "$map": {
                         "input": "$entries",
@@ -264,7 +274,7 @@ def release_update(owner: str) -> list[Doc]:
     return [
         {
             "$set": {
-                "v": {"$add": ["$v", 1]},
+                "v": {"$literal": version()},
                 "entries": {
                     "$filter": {
                         "input": "$entries",
