@@ -224,6 +224,9 @@ class MongoBackend(Backend):
         self._waiting = 0
         self._closed = False
         self._permits_where = f"{self._where}_permits"
+        #: Permits are implemented but not declared yet (docs/internals/mongo.md says
+        #: why): off unless a test turns them on.
+        self._permits = False
         self._pcoll = client.get_database(self._database).get_collection(
             f"{self._collection}_permits",
             write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
@@ -243,7 +246,8 @@ class MongoBackend(Backend):
         the fair queue when ``fair``; push wake-ups once a probe found change streams;
         metadata updates in place always."""
         caps = {Capability.SERVER_TIME, Capability.MULTI_PROCESS, Capability.PROCLAIM}
-        caps |= {Capability.SEMAPHORE, Capability.FAIR_PERMITS}
+        if self._permits:
+            caps |= {Capability.SEMAPHORE, Capability.FAIR_PERMITS}
         if self._w == "majority":
             caps.add(Capability.DURABLE_TOKENS)
         if self._fair:
@@ -598,6 +602,10 @@ class MongoBackend(Backend):
     ) -> Grant | HolderInfo:
         """Read the name's permits document (with the server's now), decide, and write
         the next state on the condition that nobody wrote in between (else again)."""
+        if not self._permits:
+            return await super().try_acquire_permit(
+                name, owner, ttl, identity, metadata, limit, weight
+            )
         self._check_open()
         ttl = float(ttl)
         started = now()
@@ -610,7 +618,8 @@ class MongoBackend(Backend):
                 self._permit_round(name, owner, ttl, identity, metadata, limit, weight)
             )
             if result is None:  # another write came in between: read again, after a while
-                await asyncio.sleep(random.uniform(0, min(_PERMIT_BACKOFF * attempt, 0.05)))
+                if attempt > 2:  # the first races are asked again at once
+                    await asyncio.sleep(random.uniform(0, min(_PERMIT_BACKOFF * attempt, 0.05)))
                 continue
             if isinstance(result, tuple):
                 token, changed = result
@@ -713,6 +722,8 @@ class MongoBackend(Backend):
         return (1, False) if result.upserted_id is not None else None
 
     async def read_permits(self, name: str) -> PermitHolders | None:
+        if not self._permits:
+            return await super().read_permits(name)
         self._check_open()
         with mapped(self._url):
             doc = await _whole(self._pcoll.find_one({"_id": name}, permits.READ))

@@ -48,8 +48,6 @@ async def test_a_standalone_server_has_no_push_wakeups(anyio_backend: str, stand
             Capability.PROCLAIM,
             Capability.DURABLE_TOKENS,
             Capability.FAIR_QUEUE,
-            Capability.SEMAPHORE,
-            Capability.FAIR_PERMITS,
         }
         stats = inner(backend).statistics()
         assert (stats.topology, stats.streaming, stats.stream_opens) == ("standalone", False, 0)
