@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import itertools
+import random
 import uuid
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -17,15 +20,18 @@ from ..._exceptions import (
     LossReason,
     NotOwnerError,
 )
+from ..._permits import PermitHolders, is_permit_owner
 from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, run_to_end, wait_event
 from .._takers import Takers
+from ..sql._permits import Action, blocker, by_kind, decide, permit_holders
 from ..sql._running import finished
 from ..sql._values import check_owner
 from ..sql._wakeups import Wakeups
+from . import _permits as permits
 from . import _pipelines as pipelines
 from ._docs import LEFT, check, holder_of
 from ._errors import mapped
@@ -70,6 +76,18 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 }
 #: Server topologies with change streams.
 _STREAMING = ("replica set", "sharded cluster")
+
+
+#: Seconds a permit acquire whose conditional writes keep losing races asks again.
+_PERMIT_RACING = 5.0
+#: Seconds of the jittered pause after each lost race of a permit acquire, per attempt.
+_PERMIT_BACKOFF = 0.002
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def _permit_key(name: str) -> str:
+    """The key that wakes the permit waiters of ``name``, apart from the lock's."""
+    return "\x00permits:" + name
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +223,17 @@ class MongoBackend(Backend):
         self._renew_commands = 0
         self._waiting = 0
         self._closed = False
+        self._permits_where = f"{self._where}_permits"
+        #: Permits are implemented but not declared yet (docs/internals/mongo.md says
+        #: why): off unless a test turns them on.
+        self._permits = False
+        self._pcoll = client.get_database(self._database).get_collection(
+            f"{self._collection}_permits",
+            write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
+            read_concern=ReadConcern("majority"),
+            read_preference=ReadPreference.PRIMARY,
+        )
+        self._pcoll_latest = self._pcoll.with_options(read_concern=ReadConcern("local"))
 
     def __repr__(self) -> str:
         where = redact(self._url) if self._url is not None else f"<{self._kind} client>"
@@ -217,6 +246,8 @@ class MongoBackend(Backend):
         the fair queue when ``fair``; push wake-ups once a probe found change streams;
         metadata updates in place always."""
         caps = {Capability.SERVER_TIME, Capability.MULTI_PROCESS, Capability.PROCLAIM}
+        if self._permits:
+            caps |= {Capability.SEMAPHORE, Capability.FAIR_PERMITS}
         if self._w == "majority":
             caps.add(Capability.DURABLE_TOKENS)
         if self._fair:
@@ -441,6 +472,11 @@ class MongoBackend(Backend):
         self._check_open()
         if not renewals:
             return []
+        locks, held_permits = by_kind(renewals)
+        if held_permits:
+            renewed = dict(zip(held_permits, await self._renew_permits(held_permits), strict=True))
+            done = dict(zip(locks, await self.renew_many(locks), strict=True)) if locks else {}
+            return [renewed[r] if r in renewed else done[r] for r in renewals]
         ops = [
             UpdateOne(pipelines.live_filter(name, owner, token), pipelines.renew(ttl))
             for name, owner, token, ttl in renewals
@@ -472,6 +508,8 @@ class MongoBackend(Backend):
         """Free ``owner``'s grant of ``name``, keeping the document and its token (when
         fair, hand it to the oldest live waiter), and drop ``owner``'s queue entry."""
         self._check_open()
+        if is_permit_owner(owner):
+            return await self._release_permit(name, owner, token)
         self._refused.pop((name, owner), None)
         self._turns.forget(name, owner)
         if await self._release_alone(name, owner, token):
@@ -550,6 +588,218 @@ class MongoBackend(Backend):
             doc = await _whole(self._coll.find_one({"_id": name}, pipelines.REPLY))
         return holder_of(self._where, name, doc)
 
+    # -- permits (docs/internals/semaphores.md, docs/internals/mongo.md) -------------------
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """Read the name's permits document (with the server's now), decide, and write
+        the next state on the condition that nobody wrote in between (else again)."""
+        if not self._permits:
+            return await super().try_acquire_permit(
+                name, owner, ttl, identity, metadata, limit, weight
+            )
+        self._check_open()
+        ttl = float(ttl)
+        started = now()
+        for attempt in itertools.count(1):
+            if now() - started > _PERMIT_RACING:
+                break
+            sent_at = now()
+            self._acquire_commands += 1
+            result = await finished(
+                self._permit_round(name, owner, ttl, identity, metadata, limit, weight)
+            )
+            if result is None:  # another write came in between: read again, after a while
+                if attempt > 2:  # the first races are asked again at once
+                    await asyncio.sleep(random.uniform(0, min(_PERMIT_BACKOFF * attempt, 0.05)))
+                continue
+            if isinstance(result, tuple):
+                token, changed = result
+                if changed:
+                    self._wakeups.wake(_permit_key(name))
+                return Grant(token, ttl, sent_at=sent_at)
+            return result
+        raise BackendTimeout(f"permits of {name!r} kept changing under try_acquire; try again")
+
+    async def _permit_round(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> tuple[int, bool] | HolderInfo | None:
+        """One read and one conditional write: ``(token, whether the queue changed)``, the
+        refusal, or ``None`` when the write lost a race."""
+        from pymongo.errors import DuplicateKeyError
+
+        with mapped(self._url):
+            # The latest state (local read concern): the write is conditional on its
+            # version, which no other state ever has, so a state rolled back later
+            # fails the condition instead of being built on.
+            doc = await self._pcoll_latest.find_one({"_id": name}, permits.READ)
+        rows, kept, counter, seq, version, server_now = permits.parse(
+            self._permits_where, name, doc
+        )
+        action, mine = decide(name, rows, owner, limit, weight)
+        if action is Action.REFRESH and mine is not None and mine.remaining > ttl * _FRESH_SHARE:
+            # Still queued for over half its ttl, and the next ask comes within a third
+            # of it (``wait_permit_turn``): its place is kept without a write, which
+            # would only make the writes that matter (grants, releases) race again.
+            return blocker(name, rows, owner)
+        if action is Action.RENEW and mine is not None:
+            token = mine.token
+        elif action is Action.GRANT:
+            token = counter + 1
+        else:
+            token = counter
+        at = server_now or datetime.datetime.now(datetime.timezone.utc)
+        expires = at + datetime.timedelta(milliseconds=pipelines.millis(ttl))
+        arrival = (
+            seq + 1 if action is Action.QUEUE or (action is Action.GRANT and mine is None) else seq
+        )
+        own_seq = mine.seq if mine is not None else arrival
+        entries = permits.next_entries(
+            kept, action, owner, weight, limit, identity, metadata, expires, token, own_seq
+        )
+        state = {"token": token, "seq": arrival, "entries": entries}
+        with mapped(self._url):
+            if version is None:
+                if server_now is None:
+                    # No document: judge nothing on time, write with the server's now.
+                    return await self._first_permit(
+                        name, owner, ttl, identity, metadata, limit, weight
+                    )
+                try:  # pragma: no cover - a document always has a version
+                    await self._pcoll.insert_one({"_id": name, "v": permits.version(), **state})
+                except DuplicateKeyError:
+                    return None
+            else:
+                result = await self._pcoll.update_one(
+                    {"_id": name, "v": version}, {"$set": {"v": permits.version(), **state}}
+                )
+                if not result.matched_count:
+                    return None
+        if action in (Action.RENEW, Action.GRANT):
+            return token, action is Action.GRANT and mine is not None
+        return blocker(name, rows, owner)
+
+    async def _first_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> tuple[int, bool] | None:
+        """The first permit of a name that has no document: an upsert that only inserts
+        (its expiry on the server's ``$$NOW``); ``None`` if another one came first."""
+        from pymongo.errors import DuplicateKeyError
+
+        entry = permits.entry_of(owner, weight, limit, True, 1, 1, identity, metadata, _EPOCH)
+        entry["expires"] = {"$add": ["$$NOW", pipelines.millis(ttl)]}
+        literal = {k: ({"$literal": v} if k != "expires" else v) for k, v in entry.items()}
+        try:
+            result = await self._pcoll.update_one(
+                {"_id": name, "v": {"$in": []}},  # never matches: an insert, or a duplicate
+                [{"$set": {"v": permits.version(), "token": 1, "seq": 1, "entries": [literal]}}],
+                upsert=True,
+            )
+        except DuplicateKeyError:
+            return None
+        return (1, False) if result.upserted_id is not None else None
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        if not self._permits:
+            return await super().read_permits(name)
+        self._check_open()
+        with mapped(self._url):
+            doc = await _whole(self._pcoll.find_one({"_id": name}, permits.READ))
+        rows = permits.parse(self._permits_where, name, doc)[0]
+        return permit_holders(name, rows)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` goes through this backend
+        object, when ``seen`` runs out, or after :attr:`poll_interval` (others' releases
+        are seen by looking again), at most a third of ``ttl``."""
+        timeout = min(self.poll_interval, ttl * _REFRESH_SHARE)
+        if seen.remaining is not None:
+            timeout = min(timeout, seen.remaining)
+        self._waiting += 1
+        try:
+            with self._wakeups.watching(_permit_key(name)) as event:
+                await wait_event(event, max(0.0, timeout))
+        finally:
+            self._waiting -= 1
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        """Drop ``owner``'s permit (of ``token``, if given) and queue entry of ``name``:
+        one update; whether a live permit was freed."""
+        with mapped(self._url):
+            before = await _whole(
+                self._pcoll.find_one_and_update(
+                    {"_id": name, "$expr": permits.live_expr(owner, token, live=False)},
+                    permits.release_update(owner),
+                    projection=permits.READ,
+                )
+            )
+        if before is None:
+            return False
+        rows = permits.parse(self._permits_where, name, before)[0]
+        freed = any(
+            row.owner == owner and row.granted and (token is None or row.token == token)
+            for row in rows
+        )
+        self._wakeups.wake(_permit_key(name))
+        return freed
+
+    async def _renew_permits(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """The permits of ``renewals`` in one unordered ``bulk_write``; only when some
+        did not match, one ``find`` tells which are still held."""
+        from pymongo import UpdateOne
+
+        ops = [
+            UpdateOne(
+                {"_id": name, "$expr": permits.live_expr(owner, token)},
+                permits.renew_update(owner, token, pipelines.millis(ttl)),
+            )
+            for name, owner, token, ttl in renewals
+        ]
+        sent_at = now()
+        with mapped(self._url):
+            result = await _whole(self._pcoll.bulk_write(ops, ordered=False))
+        if result.matched_count == len(ops):
+            return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
+        with mapped(self._url):
+            docs = await _whole(
+                self._pcoll.find(
+                    {"_id": {"$in": list({r[0] for r in renewals})}}, permits.READ
+                ).to_list(None)
+            )
+        live: set[tuple[str, str, int]] = set()
+        for doc in docs:
+            for row in permits.parse(self._permits_where, doc["_id"], doc)[0]:
+                if row.granted:
+                    live.add((doc["_id"], row.owner, row.token))
+        return [
+            Grant(token, float(ttl), sent_at=sent_at)
+            if (name, owner, token) in live
+            else NotOwnerError(name)
+            for name, owner, token, ttl in renewals
+        ]
+
     # -- wake-ups ----------------------------------------------------------------------------
 
     def _notice(self, notice: Notice) -> None:
@@ -584,8 +834,8 @@ class MongoBackend(Backend):
     ) -> Callable[[], None] | None:
         """Call ``taken(STOLEN)`` when the change stream shows ``name``'s ``token``
         released by somebody else, or a newer token granted; only while it is open."""
-        if not self._stream.up or self._closed:
-            return None
+        if not self._stream.up or self._closed or is_permit_owner(owner):
+            return None  # permits: no stream of their own (their loss shows at renewal)
         return self._takers.add(name, owner, token, taken)
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:

@@ -34,6 +34,7 @@ def raw(url: str) -> Iterator[MongoClient[dict[str, Any]]]:
 def drop(url: str, database: str, collection: str) -> None:
     with raw(url) as client:
         client[database].drop_collection(collection)
+        client[database].drop_collection(f"{collection}_permits")
 
 
 def opener(url: str, **options: Any) -> Opener:
