@@ -99,3 +99,16 @@ async def test_etcd_cluster_is_safe_when_its_leader_is_killed(
     report = await short_run(url, Fault.ETCD_LEADER_KILL, anyio_backend, tmp_path)
     await cluster.wait_healthy(WAIT)
     assert_safe(report, min_acquisitions=1)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_etcd_read_write_lock_is_safe_when_a_holder_is_paused(
+    tmp_path: Path, anyio_backend: str, single_url: str
+) -> None:
+    """The read-write form: a writer's body never runs with any other outside a pause,
+    readers share, and a stale writer's writes are refused by the fence."""
+    report = await short_run(single_url, Fault.SIGSTOP, anyio_backend, tmp_path, rw=True)
+    print(report.line())
+    assert report.applicable, report.reason
+    assert_safe(report, min_acquisitions=2)
+    assert report.faults >= 1, report.line()
