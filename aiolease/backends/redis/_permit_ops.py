@@ -15,7 +15,7 @@ import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._exceptions import BackendUnavailable, LimitMismatchError
 from ...abc import Backend, Grant, HolderInfo, PermitHolders
@@ -49,24 +49,23 @@ class PermitOps(Backend):
     #: attempt (``None``: not subscribed then), for :meth:`wait_permit_turn`.
     _permit_marks: dict[tuple[str, str], Mark | None]
 
-    async def _eval(self, name: str, script: Script, keys: Sequence[bytes], *args: Any) -> Any:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # defined by RedisBackend
 
-    async def _eval_waited(
-        self, name: str, script: Script, keys: Sequence[bytes], *args: Any
-    ) -> tuple[Any, int]:
-        raise NotImplementedError
+        async def _eval(
+            self, name: str, script: Script, keys: Sequence[bytes], *args: Any
+        ) -> Any: ...
 
-    def _watching(
-        self, name: str, channel: bytes | None = None
-    ) -> AbstractAsyncContextManager[asyncio.Event]:
-        raise NotImplementedError
+        async def _eval_waited(
+            self, name: str, script: Script, keys: Sequence[bytes], *args: Any
+        ) -> tuple[Any, int]: ...
 
-    def _unreplicated(self, acked: int) -> BackendUnavailable:
-        raise NotImplementedError
+        def _watching(
+            self, name: str, channel: bytes | None = None
+        ) -> AbstractAsyncContextManager[asyncio.Event]: ...
 
-    def _turn_timeout(self, ttl: float, seen: HolderInfo) -> float:
-        raise NotImplementedError
+        def _unreplicated(self, acked: int) -> BackendUnavailable: ...
+
+        def _turn_timeout(self, ttl: float, seen: HolderInfo) -> float: ...
 
     def _permit_keys(self, name: str) -> PermitKeys:
         return permit_keys_of(self._prefix, name)
