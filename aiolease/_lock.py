@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from types import MappingProxyType, TracebackType
-from typing import Protocol, final
+from typing import TYPE_CHECKING, Protocol, final
 
 import anyio
 
@@ -109,8 +109,41 @@ class _Acquisition(AbstractAsyncContextManager[Lease]):
             self._lock._held -= 1
 
 
+class _Blocks:
+    """``async with x:`` for a lock or a permit kind: each enter paired with its exit
+    per task (a context variable is per task, and cheaper to read than the task's
+    id), so one object serves many tasks."""
+
+    _counters: Counters
+    _held: int
+
+    if TYPE_CHECKING:  # defined by each subclass, with its own documentation
+
+        async def acquire(self, *, timeout: float | None = None) -> Lease: ...
+
+    async def __aenter__(self) -> Lease:
+        context = _Acquisition(self, None)
+        lease = await context.__aenter__()
+        _open.set((*_open.get(), context))
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        stack = _open.get()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i]._lock is self:
+                context = stack[i]
+                _open.set(stack[:i] + stack[i + 1 :])
+                return await context.__aexit__(exc_type, exc, tb)
+        raise RuntimeError(f"{self!r}: __aexit__ without __aenter__ in this task")
+
+
 @final
-class AsyncLock:
+class AsyncLock(_Blocks):
     """A distributed lock with auto-renewal, fencing tokens and cancel-on-loss.
 
     ``async with lock as lease:`` acquires (waiting as long as it takes), renews
@@ -253,28 +286,6 @@ class AsyncLock:
         if timeout is not None:
             check_seconds("timeout", timeout, allow_zero=True)
         return _Acquisition(self, timeout)
-
-    async def __aenter__(self) -> Lease:
-        context = _Acquisition(self, None)
-        lease = await context.__aenter__()
-        # Pair this enter with its exit per task (a context variable is per task, and
-        # cheaper to read than the task's id), so one lock serves many tasks.
-        _open.set((*_open.get(), context))
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        stack = _open.get()
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i]._lock is self:
-                context = stack[i]
-                _open.set(stack[:i] + stack[i + 1 :])
-                return await context.__aexit__(exc_type, exc, tb)
-        raise RuntimeError(f"{self!r}: __aexit__ without __aenter__ in this task")
 
     def statistics(self) -> LockStatistics:
         """A frozen snapshot of this lock's counters."""

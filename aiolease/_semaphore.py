@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import final
 
 import anyio
 
 from ._acquire import acquire_lease, checked_default_identity, validate_backend
-from ._exceptions import LeaseHeldError, LossReason, UnsupportedCapability
+from ._exceptions import LossReason, UnsupportedCapability
 from ._holding import Counters
 from ._lease import Lease, Timing
-from ._lock import _Acquisition, _open, _timing
+from ._lock import _Acquisition, _Blocks, _timing
 from ._permits import MAX_LIMIT, RW_LIMIT, PermitRequest, check_limit
 from ._validate import check_identity, check_metadata, check_name, check_seconds
 from .abc import Backend, Capability
@@ -116,7 +116,7 @@ class _Settings:
         self.counters = Counters()
 
 
-class _Permits:
+class _Permits(_Blocks):
     """The acquire variants of one kind of permit (a semaphore's, a reader's, a writer's):
     the same as :class:`~aiolease.AsyncLock`'s."""
 
@@ -144,19 +144,18 @@ class _Permits:
         that, or call :meth:`Lease.renew` yourself before :attr:`Lease.deadline`, and
         :meth:`Lease.release` when done.
 
-        :param timeout: give up after this many seconds; ``0`` tries once and does not wait
-        :raises TimeoutError: ``timeout`` ran out; nothing is held or queued
+        :param timeout: give up after this many seconds; ``0`` is :meth:`acquire_nowait`:
+            one try, no wait, and :class:`LeaseHeldError` if no permit is free
+        :raises TimeoutError: ``timeout`` (not ``0``) ran out; nothing is held or queued
+        :raises LeaseHeldError: ``timeout`` is ``0`` and no permit is free
         :raises LimitMismatchError: the name's permits are held with another limit
         :raises BackendError: the backend failed; nothing is held
         """
         if timeout is None:
             return await self._acquire(blocking=True)
         seconds = check_seconds("timeout", timeout, allow_zero=True)
-        if seconds == 0:
-            try:
-                return await self._acquire(blocking=False)
-            except LeaseHeldError as exc:
-                raise TimeoutError(f"timeout=0 and {exc}") from exc
+        if seconds == 0:  # one try, as acquire_nowait() (and as AsyncLock.acquire)
+            return await self._acquire(blocking=False)
         with anyio.fail_after(seconds):
             return await self._acquire(blocking=True)
 
@@ -187,26 +186,6 @@ class _Permits:
         if timeout is not None:
             check_seconds("timeout", timeout, allow_zero=True)
         return _Acquisition(self, timeout)
-
-    async def __aenter__(self) -> Lease:
-        context = _Acquisition(self, None)
-        lease = await context.__aenter__()
-        _open.set((*_open.get(), context))
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        stack = _open.get()
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i]._lock is self:
-                context = stack[i]
-                _open.set(stack[:i] + stack[i + 1 :])
-                return await context.__aexit__(exc_type, exc, tb)
-        raise RuntimeError(f"{self!r}: __aexit__ without __aenter__ in this task")
 
 
 @final

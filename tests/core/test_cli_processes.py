@@ -105,6 +105,9 @@ def test_process_lock_with_a_limit_runs_that_many_at_once(env: dict[str, str]) -
         late = finish(*argv, env=env)
         assert late.returncode == EXIT_TIMEOUT, late.stderr
         assert "waiting for semaphore 'pool'" in late.stderr
+        # It tried once, said so, and then waited (regression: timeout=0 of a
+        # semaphore raised TimeoutError, so the command gave up at its first try).
+        assert "has no free permit of 2" in late.stderr, late.stderr
         mismatch = finish("lock", "pool", "--limit", "3", "--timeout", "0", "--", PY, env=env)
         assert mismatch.returncode not in (0, EXIT_TIMEOUT), mismatch.stderr
         assert "limit" in mismatch.stderr
