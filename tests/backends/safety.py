@@ -77,6 +77,17 @@ async def short_run(
     return await run_safety(url, fault=fault, loop=asyncio_or_trio, workdir=workdir, **options)
 
 
+def assert_pause_took_effect(report: SafetyReport) -> None:
+    """A ``sigstop`` run did what it is there for: a frozen holder lost its lease (or
+    permit) and another body ran while it was frozen. How many pauses fit in a short
+    run depends on the machine's load (a trio worker behind the bridge starts later),
+    so the count of pauses is not asserted.
+
+    :raises AssertionError: no loss, or nobody ran during a pause
+    """
+    assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
+
+
 def assert_fault_took_effect(report: SafetyReport, fault: Fault) -> None:
     """The run was safe, and its fault did what it is there for.
 
@@ -88,7 +99,7 @@ def assert_fault_took_effect(report: SafetyReport, fault: Fault) -> None:
     if fault is Fault.SIGSTOP:
         # Frozen holders lost their leases, others took over, the fence refused
         # what the frozen ones wrote on waking up.
-        assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
+        assert_pause_took_effect(report)
         assert report.stale_rejected >= 1, report.line()
     if fault is Fault.BLACKHOLE:
         assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
