@@ -11,8 +11,9 @@ from typing import Any
 import anyio
 
 from .._exceptions import InvalidArgument, LossReason
+from .._permits import RW_LIMIT, permit_owner
 from .._validate import MAX_TTL
-from ..abc import HolderInfo
+from ..abc import Capability, Grant, HolderInfo
 from ._support import (
     LONG_TTL,
     PROMPT,
@@ -135,3 +136,77 @@ async def check_bad_arguments_rejected(factory: BackendFactory) -> None:
             )
         await backend.renew(name, owner, granted.token, LONG_TTL)
         require(await backend.release(name, owner, granted.token), "the held lease was lost")
+
+
+#: Limits no permit request may name, and weights no request of limit 2 may name.
+BAD_LIMITS: tuple[object, ...] = (0, -1, RW_LIMIT + 1, True, 2.0, "2", None)
+BAD_WEIGHTS: tuple[object, ...] = (0, -1, 3, True, 1.0, None)
+
+
+def _permit_calls(backend: Any, name: str, owner: str) -> list[tuple[str, Call]]:
+    """Every permit operation with a bad name, ttl, limit or weight, as ``(description,
+    call)``; ``name`` has a permit of ``owner`` granted (limit 2). ``backend`` is typed
+    ``Any``: these calls are what a careless caller may send."""
+
+    def ask(n: object, o: str, ttl: object, limit: object, weight: object) -> Call:
+        return lambda: backend.try_acquire_permit(n, o, ttl, "x", {}, limit, weight)
+
+    def turn(n: object, ttl: object) -> Call:
+        return lambda: backend.wait_permit_turn(n, permit_owner(), ttl, None)
+
+    def read(n: object) -> Call:
+        return lambda: backend.read_permits(n)
+
+    calls: list[tuple[str, Call]] = []
+    for b in BAD_NAMES:
+        calls.append(
+            (f"try_acquire_permit({b!r:.20}, ...)", ask(b, permit_owner(), LONG_TTL, 2, 1))
+        )
+        calls.append((f"read_permits({b!r:.20})", read(b)))
+        calls.append((f"wait_permit_turn({b!r:.20}, ...)", turn(b, LONG_TTL)))
+    for t in BAD_TTLS:
+        calls.append((f"try_acquire_permit by the holder, ttl={t!r}", ask(name, owner, t, 2, 1)))
+        calls.append((f"try_acquire_permit with ttl={t!r}", ask(name, permit_owner(), t, 2, 1)))
+        calls.append((f"wait_permit_turn with ttl={t!r}", turn(name, t)))
+    for limit in BAD_LIMITS:
+        calls.append(
+            (f"try_acquire_permit, limit={limit!r}", ask(name, permit_owner(), LONG_TTL, limit, 1))
+        )
+    for weight in BAD_WEIGHTS:
+        calls.append(
+            (
+                f"try_acquire_permit, weight={weight!r}",
+                ask(name, permit_owner(), LONG_TTL, 2, weight),
+            )
+        )
+    return calls
+
+
+async def check_permit_bad_arguments_rejected(factory: BackendFactory) -> None:
+    """Every permit operation raises :class:`InvalidArgument` for a bad name or ttl (as
+    for locks), a limit that is not an int in [1, 2**31 - 1], or a weight that is not an
+    int in [1, limit]; a permit held meanwhile keeps its owner, token and expiry, and
+    nothing is queued. A backend without :attr:`Capability.SEMAPHORE` passes by
+    refusing permits."""
+    async with factory() as backend:
+        if Capability.SEMAPHORE not in backend.capabilities:
+            return  # check_permits_within_limit requires the refusal
+        name, owner = unique_name(), permit_owner()
+        granted = await backend.try_acquire_permit(name, owner, LONG_TTL, "holder", {}, 2, 1)
+        require(isinstance(granted, Grant), f"a first permit of {name!r} was refused: {granted!r}")
+        assert isinstance(granted, Grant)
+        for what, call in _permit_calls(backend, name, owner):
+            await _refused(what, call)
+        permits = await backend.read_permits(name)
+        require(permits is not None, "a refused call freed a held permit")
+        assert permits is not None
+        held = [(h.owner, h.token) for h in permits.holders]
+        require(
+            (permits.limit, held, permits.waiting) == (2, [(owner, granted.token)], 0),
+            f"refused calls changed the permits of {name!r}: {permits!r}",
+        )
+        remaining = permits.holders[0].remaining
+        if remaining is not None:
+            require(remaining > LONG_TTL / 2, f"a refused call cut the permit's ttl to {remaining}")
+        await backend.renew(name, owner, granted.token, LONG_TTL)
+        require(await backend.release(name, owner, granted.token), "the held permit was lost")

@@ -36,7 +36,7 @@ from ._api_checks import (
     check_lock_release_after_takeover,
     check_lock_wakes_on_release,
 )
-from ._argument_checks import check_bad_arguments_rejected
+from ._argument_checks import check_bad_arguments_rejected, check_permit_bad_arguments_rejected
 from ._backend_checks import (
     check_expiry_allows_takeover,
     check_grant_when_free,
@@ -95,6 +95,7 @@ __all__ = [
     "check_metadata_round_trip",
     "check_names_accepted",
     "check_names_independent",
+    "check_permit_bad_arguments_rejected",
     "check_permit_expiry_frees",
     "check_permit_limit_checked",
     "check_permit_release_frees",
@@ -166,6 +167,7 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_rw_readers_share,
     check_rw_fifo,
     check_semaphore_api,
+    check_permit_bad_arguments_rejected,
 )
 
 

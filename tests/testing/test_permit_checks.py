@@ -18,6 +18,7 @@ from aiolease.abc import Backend, Capability, Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend, _Record
 from aiolease.testing.conformance import (
     Check,
+    check_permit_bad_arguments_rejected,
     check_permit_expiry_frees,
     check_permit_limit_checked,
     check_permit_release_frees,
@@ -163,6 +164,14 @@ class _NoQueue(MemoryBackend):
         return result
 
 
+class _UncheckedPermits(MemoryBackend):
+    """Asks the store for permits without the contract's argument checks."""
+
+
+# Backend wraps every method a subclass defines with the argument checks: undo it.
+_UncheckedPermits.try_acquire_permit = MemoryBackend.try_acquire_permit.__wrapped__  # type: ignore[attr-defined,method-assign]
+
+
 class _ClaimsNoSemaphore(MemoryBackend):
     """Serves permits while it declares that it does not."""
 
@@ -181,6 +190,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_ReadersAlone, check_rw_readers_share),
     (_NoQueue, check_rw_fifo),
     (_ClaimsNoSemaphore, check_permits_within_limit),
+    (_UncheckedPermits, check_permit_bad_arguments_rejected),
 ]
 
 
