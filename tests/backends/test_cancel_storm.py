@@ -8,6 +8,10 @@ Afterwards nobody may hold the name (a fresh backend reads it free and takes it 
 once), and no live queue entry may be left: every contender has stopped, so any
 entry left would be a cancelled owner's, which a later release could hand the name
 to. The queues are read behind the backends' back.
+
+The same storm runs on a read-write lock on every backend that serves permits:
+readers and writers cancelled at random points leave no live permit and no live
+queue entry (``read_permits`` answers ``None``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pytest
 import redis
 
 import aiolease
-from aiolease import AsyncLock
+from aiolease import AsyncLock, AsyncReadWriteLock
 from aiolease.abc import Backend
 from aiolease.backends.redis._keys import Keys
 from tests.backends.etcd.support import Gateway, unique_prefix
@@ -197,7 +201,16 @@ def target(
     aiolease_server: Callable[[str], str],
     tmp_path: Path,
 ) -> Target:
-    kind: str = request.param
+    return make_target(str(request.param), request, aiolease_server, tmp_path)
+
+
+def make_target(
+    kind: str,
+    request: pytest.FixtureRequest,
+    aiolease_server: Callable[[str], str],
+    tmp_path: Path,
+) -> Target:
+    """The target of ``kind`` (one of :data:`KINDS`), on its test server."""
     if kind == "memory":
         return Target("memory://", shared=False)
     if kind == "sqlite":
@@ -271,4 +284,81 @@ async def test_a_storm_of_cancelled_acquires_leaves_nothing_held(target: Target)
             assert await fresh.read(name) is None
             assert await target.entries(name) == []
             lease = await AsyncLock(fresh, name, ttl=TTL).acquire_nowait()
+            assert await lease.release()
+
+
+# -- permits: a read-write lock under the same storm ----------------------------------------
+
+#: The backends that serve permits (Capability.SEMAPHORE); their targets as above.
+PERMIT_KINDS = ["memory", "sqlite", "postgres", "mysql", "redis", "etcd"]
+
+
+@pytest.fixture
+def permit_target(
+    request: pytest.FixtureRequest, aiolease_server: Callable[[str], str], tmp_path: Path
+) -> Target:
+    return make_target(str(request.param), request, aiolease_server, tmp_path)
+
+
+async def rw_storm(rw: AsyncReadWriteLock) -> None:
+    """A holder alternating writes and reads against ``CONTENDERS`` impatient readers and
+    writers: a writer is never inside with anyone, and every permit any of them took or
+    was queued for is gone once they have stopped (checked by the caller)."""
+    readers = writers = 0
+    done = anyio.Event()
+    at_once = anyio.Semaphore(AT_ONCE)
+
+    async def inside(write: bool, seconds: float) -> None:
+        nonlocal readers, writers
+        if write:
+            writers += 1
+        else:
+            readers += 1
+        try:
+            assert writers <= 1 and not (writers and readers), (
+                f"{writers} writers, {readers} readers"
+            )
+            await anyio.sleep(seconds)
+        finally:
+            if write:
+                writers -= 1
+            else:
+                readers -= 1
+
+    async def holder() -> None:
+        write = False
+        while not done.is_set():
+            write = not write
+            async with rw.write() if write else rw.read():
+                await inside(write, random.uniform(0, 0.02))
+
+    async def contender() -> None:
+        write = random.random() < 0.3
+        async with at_once:
+            with anyio.move_on_after(random.uniform(0, PATIENCE)):
+                async with rw.write() if write else rw.read():
+                    await inside(write, 0)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        async with anyio.create_task_group() as contenders:
+            for _ in range(CONTENDERS):
+                contenders.start_soon(contender)
+        done.set()
+
+
+@pytest.mark.parametrize("permit_target", PERMIT_KINDS, indirect=True)
+async def test_a_storm_of_cancelled_permit_acquires_leaves_nothing_held(
+    permit_target: Target,
+) -> None:
+    """The read-write lock's readers and writers, cancelled while refused, queued or being
+    granted: afterwards the name has no live permit and no live queue entry (a writer,
+    which needs the whole limit, is granted at once)."""
+    name = unique("storm")
+    async with aiolease.open_backend(permit_target.url) as backend:
+        with anyio.fail_after(90):  # a hang guard: the storm takes a few seconds
+            await rw_storm(AsyncReadWriteLock(backend, name, ttl=TTL))
+        async with checker(permit_target, backend) as fresh:
+            assert await fresh.read_permits(name) is None
+            lease = await AsyncReadWriteLock(fresh, name, ttl=TTL).write().acquire_nowait()
             assert await lease.release()
