@@ -4,14 +4,15 @@ processes; the server is inspected through its HTTP/JSON gateway."""
 
 from __future__ import annotations
 
+import base64
 import json
 
 import anyio
 import pytest
 
-from aiolease import AsyncSemaphore, LeaseLostError, LossReason
+from aiolease import AsyncSemaphore, ForeignDataError, LeaseLostError, LossReason
 from aiolease.abc import Grant, HolderInfo, permit_owner
-from tests.backends.etcd.support import WAIT, Gateway, inner, opener
+from tests.backends.etcd.support import WAIT, Gateway, inner, opener, raises
 
 pytestmark = pytest.mark.anyio
 LONG = 30.0
@@ -100,3 +101,33 @@ async def test_a_lost_session_ends_its_permits(anyio_backend: str, single_url: s
         again = await sem.acquire()
         assert again.token > permit.token
         await again.release()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"not json",
+        b'{"identity": "them"}',
+        b'{"identity": "t", "metadata": {}, "limit": "2", "weight": 1, "queued": false}',
+    ],
+    ids=["not-json", "fields-missing", "limit-a-string"],
+)
+async def test_a_foreign_permit_key_is_refused_and_left_alone(
+    anyio_backend: str, single_url: str, value: bytes
+) -> None:
+    """A key under the permits' prefix that aiolease did not write: reading and asking
+    raise ForeignDataError naming the name, and the key is left as it was."""
+    open_ = opener(single_url)
+    gateway = Gateway(single_url)
+    async with open_() as backend:
+        await backend.read_permits("x")  # connected: the prefix is the test's own
+        key = f"{open_.prefix}%permits/x/{permit_owner()}"  # type: ignore[attr-defined]
+        body = {"key": base64.b64encode(key.encode()).decode()}
+        await gateway.post("/v3/kv/put", {**body, "value": base64.b64encode(value).decode()})
+        for attempt in (
+            lambda: backend.read_permits("x"),
+            lambda: backend.try_acquire_permit("x", permit_owner(), LONG, "p", {}, 2, 1),
+        ):
+            with raises(ForeignDataError, "did not write"):
+                await attempt()
+        assert [kv["value"] for kv in await gateway.keys(key)] == [value]
