@@ -59,6 +59,18 @@ class _Permits:
     queue: dict[str, _Queued]
 
 
+def _fits(state: _Permits, owner: str, weight: int) -> bool:
+    """Rule 3: the held weight, the weight queued ahead of ``owner`` and ``weight`` fit
+    in the limit."""
+    used = sum(w for _, w in state.held.values())
+    ahead = 0
+    for other, entry in state.queue.items():
+        if other == owner:
+            break
+        ahead += entry.weight
+    return used + ahead + weight <= state.limit
+
+
 #: What the wake-ups of a name's permits are keyed by, before the name (apart from
 #: the lock's: a name never holds NUL).
 PERMITS_KEY = "\x00permits:"
@@ -347,13 +359,7 @@ class MemoryBackend(Backend):
         if mine is not None:  # a retry by the holder
             mine[0].expires_at = now + ttl
             return Grant(mine[0].token, ttl)
-        used = sum(w for _, w in state.held.values())
-        ahead = 0
-        for other, entry in state.queue.items():
-            if other == owner:
-                break
-            ahead += entry.weight
-        if used + ahead + weight <= limit:
+        if _fits(state, owner, weight):
             state.queue.pop(owner, None)
             token = self._permit_tokens[name] = self._permit_tokens.get(name, 0) + 1
             record = _Record(owner, identity, token, dict(metadata), now + ttl)
@@ -405,9 +411,12 @@ class MemoryBackend(Backend):
     def _permit_wait(self, name: str, owner: str, ttl: float) -> float | None:
         """How long a refused ``owner`` may wait for a change before it retries (the
         first expiry among the name's permits and queue entries, at most a third of
-        ``ttl``), or ``None`` if it should retry at once."""
+        ``ttl``), or ``None`` if it should retry at once: it is not queued, or its
+        request fits now (what blocked it went between the refusal and this wait)."""
         state = self._live_permits(name)
         if state is None or owner not in state.queue:
+            return None
+        if _fits(state, owner, state.queue[owner].weight):
             return None
         now = self._clock()
         until = now + ttl / 3

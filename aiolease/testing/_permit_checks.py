@@ -34,6 +34,7 @@ __all__ = [
     "check_permit_release_frees",
     "check_permit_renew_after_loss",
     "check_permit_tokens_increase",
+    "check_permit_turn_after_release",
     "check_permits_within_limit",
     "check_rw_fifo",
     "check_rw_readers_share",
@@ -212,6 +213,26 @@ async def check_permit_expiry_frees(factory: BackendFactory) -> None:
         )
 
 
+async def check_permit_turn_after_release(factory: BackendFactory) -> None:
+    """A release between a refusal and the refused owner's ``wait_permit_turn`` is not
+    missed: the wait returns promptly (``seen`` is gone), not after a third of the ttl,
+    and the retry is granted. The same for a release by a semaphore's other holder,
+    and while another request stays queued behind."""
+    async with factory() as backend:
+        if not await _serves(backend):
+            return
+        name, holders = unique_name(), [permit_owner(), permit_owner()]
+        grants = [await _granted(backend, name, owner, (2, 1)) for owner in holders]
+        waiters = [permit_owner(), permit_owner()]
+        seen = [await _refused(backend, name, waiter, (2, 1)) for waiter in waiters]
+        for owner, granted in zip(holders, grants, strict=True):
+            require(await backend.release(name, owner, granted.token), "a release failed")
+        for waiter, before in zip(waiters, seen, strict=True):
+            with within(PROMPT, f"wait_permit_turn of {name!r} after the holders released"):
+                await backend.wait_permit_turn(name, waiter, LONG_TTL, before)
+            await _granted(backend, name, waiter, (2, 1))
+
+
 async def check_permit_release_frees(factory: BackendFactory) -> None:
     """``release`` frees a permit for the next request, once, and only its owner's."""
     async with factory() as backend:
@@ -329,7 +350,7 @@ async def check_semaphore_api(factory: BackendFactory) -> None:
             return
         sem = AsyncSemaphore(backend, unique_name(), limit=2, ttl=LONG_TTL)
         inside, peak, tokens = 0, 0, []
-        full = anyio.Event()
+        full, checked = anyio.Event(), anyio.Event()
 
         async def body() -> None:
             nonlocal inside, peak
@@ -339,8 +360,10 @@ async def check_semaphore_api(factory: BackendFactory) -> None:
                 peak = max(peak, inside)
                 if inside == 2:
                     full.set()
-                await full.wait()
-                await anyio.sleep(0.01)
+                # The first two stay in until acquire_nowait was refused; later ones
+                # pass through (after a checkpoint, where another could come in).
+                await checked.wait()
+                await anyio.lowlevel.checkpoint()
                 inside -= 1
 
         with within(2 * PROMPT + 4 * backend.poll_interval, "four permits of limit 2"):
@@ -354,6 +377,8 @@ async def check_semaphore_api(factory: BackendFactory) -> None:
                     pass
                 else:
                     raise AssertionError("acquire_nowait of a full semaphore was granted")
+                finally:
+                    checked.set()
         require(peak == 2, f"a semaphore of limit 2 admitted {peak} at once")
         require(len(set(tokens)) == 4, f"4 permits should have 4 tokens, got {tokens}")
         require(await backend.read_permits(sem.name) is None, "the permits were not released")

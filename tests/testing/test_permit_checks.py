@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import anyio
 import pytest
 
 import aiolease
@@ -24,6 +25,7 @@ from aiolease.testing.conformance import (
     check_permit_release_frees,
     check_permit_renew_after_loss,
     check_permit_tokens_increase,
+    check_permit_turn_after_release,
     check_permits_within_limit,
     check_rw_fifo,
     check_rw_readers_share,
@@ -164,6 +166,14 @@ class _NoQueue(MemoryBackend):
         return result
 
 
+class _MissesEarlyRelease(MemoryBackend):
+    """Waits out a third of the ttl, whatever went between the refusal and the wait
+    (the memory backend's own lost wake-up, before it was fixed)."""
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await anyio.sleep(ttl / 3)
+
+
 class _UncheckedPermits(MemoryBackend):
     """Asks the store for permits without the contract's argument checks."""
 
@@ -191,6 +201,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_NoQueue, check_rw_fifo),
     (_ClaimsNoSemaphore, check_permits_within_limit),
     (_UncheckedPermits, check_permit_bad_arguments_rejected),
+    (_MissesEarlyRelease, check_permit_turn_after_release),
 ]
 
 
