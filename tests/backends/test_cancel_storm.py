@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -228,32 +228,46 @@ def make_target(
     return etcd_target(aiolease_server("etcd"), fair=kind.endswith("fair"))
 
 
-async def storm(lock: AsyncLock) -> None:
-    """The holder's loop against ``CONTENDERS`` impatient ``async with lock:``; never
-    two holders at once."""
-    inside = 0
+async def storm(
+    enter: Callable[[bool], AbstractAsyncContextManager[object]], writes: float
+) -> None:
+    """The holder's loop against ``CONTENDERS`` impatient ``async with enter(write):``,
+    a ``writes`` share of them writers (the holder alternates, unless all write): a
+    writer is never inside with anyone, so with ``writes=1`` never two at once."""
+    readers = writers = 0
     done = anyio.Event()
     at_once = anyio.Semaphore(AT_ONCE)
 
-    async def hold(seconds: float) -> None:
-        nonlocal inside
-        inside += 1
+    async def inside(write: bool, seconds: float) -> None:
+        nonlocal readers, writers
+        if write:
+            writers += 1
+        else:
+            readers += 1
         try:
-            assert inside == 1, "two holders at once"
+            assert writers <= 1 and not (writers and readers), (
+                f"{writers} writers, {readers} readers"
+            )
             await anyio.sleep(seconds)
         finally:
-            inside -= 1
+            if write:
+                writers -= 1
+            else:
+                readers -= 1
 
     async def holder() -> None:
+        write = True
         while not done.is_set():
-            async with lock:
-                await hold(random.uniform(0, 0.02))
+            async with enter(write):
+                await inside(write, random.uniform(0, 0.02))
+            write = writes >= 1 or not write
 
     async def contender() -> None:
+        write = random.random() < writes
         async with at_once:
             with anyio.move_on_after(random.uniform(0, PATIENCE)):
-                async with lock:
-                    await hold(0)
+                async with enter(write):
+                    await inside(write, 0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(holder)
@@ -277,7 +291,8 @@ async def test_a_storm_of_cancelled_acquires_leaves_nothing_held(target: Target)
     name = unique("storm")
     async with aiolease.open_backend(target.url) as backend:
         with anyio.fail_after(90):  # a hang guard: the storm takes a few seconds
-            await storm(AsyncLock(backend, name, ttl=TTL))
+            lock = AsyncLock(backend, name, ttl=TTL)
+            await storm(lambda _write: lock, writes=1.0)
         # Looked at while the storm's backend is still open: closing it could clear
         # what a leak left (an etcd session's keys).
         async with checker(target, backend) as fresh:
@@ -300,53 +315,6 @@ def permit_target(
     return make_target(str(request.param), request, aiolease_server, tmp_path)
 
 
-async def rw_storm(rw: AsyncReadWriteLock) -> None:
-    """A holder alternating writes and reads against ``CONTENDERS`` impatient readers and
-    writers: a writer is never inside with anyone, and every permit any of them took or
-    was queued for is gone once they have stopped (checked by the caller)."""
-    readers = writers = 0
-    done = anyio.Event()
-    at_once = anyio.Semaphore(AT_ONCE)
-
-    async def inside(write: bool, seconds: float) -> None:
-        nonlocal readers, writers
-        if write:
-            writers += 1
-        else:
-            readers += 1
-        try:
-            assert writers <= 1 and not (writers and readers), (
-                f"{writers} writers, {readers} readers"
-            )
-            await anyio.sleep(seconds)
-        finally:
-            if write:
-                writers -= 1
-            else:
-                readers -= 1
-
-    async def holder() -> None:
-        write = False
-        while not done.is_set():
-            write = not write
-            async with rw.write() if write else rw.read():
-                await inside(write, random.uniform(0, 0.02))
-
-    async def contender() -> None:
-        write = random.random() < 0.3
-        async with at_once:
-            with anyio.move_on_after(random.uniform(0, PATIENCE)):
-                async with rw.write() if write else rw.read():
-                    await inside(write, 0)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(holder)
-        async with anyio.create_task_group() as contenders:
-            for _ in range(CONTENDERS):
-                contenders.start_soon(contender)
-        done.set()
-
-
 @pytest.mark.parametrize("permit_target", PERMIT_KINDS, indirect=True)
 async def test_a_storm_of_cancelled_permit_acquires_leaves_nothing_held(
     permit_target: Target,
@@ -357,7 +325,8 @@ async def test_a_storm_of_cancelled_permit_acquires_leaves_nothing_held(
     name = unique("storm")
     async with aiolease.open_backend(permit_target.url) as backend:
         with anyio.fail_after(90):  # a hang guard: the storm takes a few seconds
-            await rw_storm(AsyncReadWriteLock(backend, name, ttl=TTL))
+            rw = AsyncReadWriteLock(backend, name, ttl=TTL)
+            await storm(lambda write: rw.write() if write else rw.read(), writes=0.3)
         async with checker(permit_target, backend) as fresh:
             assert await fresh.read_permits(name) is None
             lease = await AsyncReadWriteLock(fresh, name, ttl=TTL).write().acquire_nowait()
