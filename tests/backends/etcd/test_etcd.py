@@ -8,6 +8,7 @@ server is inspected from outside through etcd's HTTP/JSON gateway
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -51,9 +52,13 @@ async def test_conformance(
     await check(opener(etcd_url, fair=fair) if fair else opener(etcd_url))
 
 
-@pytest.mark.parametrize("loop", ["asyncio", "trio"])
-def test_agrees_with_the_model(etcd_url: str, loop: str) -> None:
-    machine = make_model_machine(opener(etcd_url), anyio_backend=loop, exact_tokens=False)
+@pytest.mark.parametrize(("server", "loop"), [("etcd", "asyncio"), ("etcd-cluster", "trio")])
+def test_agrees_with_the_model(
+    aiolease_server: Callable[[str], str], server: str, loop: str
+) -> None:
+    """Once per loop, the single node under asyncio and the cluster under trio."""
+    url = aiolease_server(server)
+    machine = make_model_machine(opener(url), anyio_backend=loop, exact_tokens=False)
     run_state_machine_as_test(
         machine,
         settings=settings(
