@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,7 @@ from ..sql._values import check_identifier, check_owner, encode_metadata
 from ..sql._wakeups import Wakeups
 from ._bell import Bells
 from ._errors import answered, errno, mapped
+from ._exchange import STATEMENT_CACHE, exchange, statement_cache, usable
 from ._permits import Permits
 from ._queue import REFRESH, Queue
 from ._statements import (
@@ -107,55 +107,6 @@ class _Held(Held):
 def _granted_to(turn: Turn) -> bool:
     """Whether a hand-off here granted ``turn`` the name (not just claimed it)."""
     return turn.grant is not None and bool(turn.grant[0])
-
-
-_ID, _ROWS, _COUNT = ID, ROWS, COUNT
-
-
-async def _exchange(
-    conn: Any, sql: Prepared | Rendered | str, params: Any, want: str, then: Prepared | None
-) -> Any:
-    """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
-
-    A :class:`~aiolease.backends.mysql._statements.Prepared` statement takes its parameters from
-    the mapping ``params``; a plain one (a batch, whose text differs with its size, so
-    preparing it would cost a round trip per new size) goes as text.
-    """
-    async with conn.cursor() as cur:
-        if isinstance(sql, Prepared):
-            count = await cur.execute(sql.sql, [params[name] for name in sql.names])
-        elif isinstance(sql, Rendered):
-            count = await cur.execute(sql.text(cur, conn))
-        else:
-            count = await cur.execute(cur.mogrify(sql, params))
-        if want == _ID:
-            result: Any = cur.lastrowid
-        else:
-            result = await cur.fetchall() if want == _ROWS else count
-        if then is not None and not result:
-            await cur.execute(then.sql, [params[name] for name in then.names])
-            result = await cur.fetchall()
-    if not conn.get_autocommit():
-        await conn.commit()
-    return result
-
-
-#: Prepared statements kept per connection (of a backend made from a URL): acquire,
-#: take-over, holder, reserved, peek, the two releases, hand-off, mark, wait, leave.
-_STATEMENT_CACHE = 12
-
-
-def _statement_cache(asyncmy: Any) -> bool:
-    """Whether this asyncmy prepares positional statements (``stmt_cache_size``)."""
-    try:
-        return "stmt_cache_size" in inspect.signature(asyncmy.connect).parameters
-    except (TypeError, ValueError):  # a signature it does not expose: do without
-        return False
-
-
-def _usable(conn: Any) -> bool:
-    """Whether an idle asyncmy connection is still open (the server may have closed it)."""
-    return bool(conn.connected) and not getattr(conn, "_stream_broken", False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,8 +251,8 @@ class MySQLBackend(Backend):
             if (key not in URL_OPTIONS and key not in KEYWORD_ONLY) or key in ours:
                 raise InvalidArgument(f"MySQL option {key!r} is unknown or given twice")
         ours.update(options)
-        if _statement_cache(asyncmy):
-            connect["stmt_cache_size"] = _STATEMENT_CACHE
+        if statement_cache(asyncmy):
+            connect["stmt_cache_size"] = STATEMENT_CACHE
         connect.update(ours.pop("connect_options", None) or {})
         connect["connect_timeout"] = check_seconds(
             "connect_timeout", ours.pop("connect_timeout", 10.0)
@@ -316,7 +267,7 @@ class MySQLBackend(Backend):
             open_connection,
             close=lambda conn: conn.ensure_closed(),
             terminate=lambda conn: conn.close(),
-            usable=_usable,
+            usable=usable,
             max_size=max_size,
             min_size=min_size,
             close_timeout=connect["connect_timeout"],
@@ -380,7 +331,7 @@ class MySQLBackend(Backend):
         self,
         sql: Prepared | Rendered | str,
         params: Any,
-        want: str = _ID,
+        want: str = ID,
         then: Prepared | None = None,
         renewal: bool = False,
     ) -> Any:
@@ -423,7 +374,7 @@ class MySQLBackend(Backend):
         if lean is None:
             async with self._pool.acquire() as conn:
                 try:
-                    return await _exchange(conn, sql, params, want, then)
+                    return await exchange(conn, sql, params, want, then)
                 except BaseException as exc:
                     if not answered(exc):
                         # An interrupted exchange leaves the connection out of step with
@@ -432,7 +383,7 @@ class MySQLBackend(Backend):
                     raise
         conn = await lean.acquire(renewal)
         try:
-            result = await _exchange(conn, sql, params, want, then)
+            result = await exchange(conn, sql, params, want, then)
         except BaseException as exc:
             if answered(exc) and errno(exc) not in _SET_UP:
                 lean.release(conn, renewal)
@@ -501,7 +452,7 @@ class MySQLBackend(Backend):
                 self._granted(name, _Held(owner, result, identity, meta, float(ttl), asked_at))
                 return Grant(result, ttl)
             if not result:  # free, but kept for the oldest waiter (or let go meanwhile)
-                result = await self._execute(self._sql.reserved, params, _ROWS)
+                result = await self._execute(self._sql.reserved, params, ROWS)
             if result and result[0][0] != raw_owner:
                 self._turns.refused(name, owner, float(ttl), identity, meta, now(), (0, changes))
                 return self._holder(name, result[0])
@@ -564,10 +515,10 @@ class MySQLBackend(Backend):
             return failed | {key for key, _ in items if key not in renewed}
         if type(renewals) is HeldRenewals and len(renewals) <= MAX_RENEWALS:
             update, triples = derived(renewals, "mysql", self._rendered_renewal)
-            if await self._execute(update, None, _COUNT, renewal=True) == len(renewals):
+            if await self._execute(update, None, COUNT, renewal=True) == len(renewals):
                 return set()
             live = self._sql.live(len(renewals))
-            rows = await self._execute(live, triples, _ROWS, renewal=True)
+            rows = await self._execute(live, triples, ROWS, renewal=True)
             live_keys = {(n.decode(), o.decode(), int(t)) for n, o, t in rows}
             return {(n, o, t) for n, o, t, _ in renewals if (n, o, t) not in live_keys}
         items = [((n, o, t), ttl) for n, o, t, ttl in renewals]
@@ -595,9 +546,9 @@ class MySQLBackend(Backend):
                 renewed |= await self._renew_batch(items[start : start + MAX_RENEWALS])
             return renewed
         sql, params, triples = self._renewal(items)
-        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
+        if await self._execute(sql, params, COUNT, renewal=True) == len(items):
             return frozenset(key for key, _ in items)
-        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
+        rows = await self._execute(self._sql.live(len(items)), triples, ROWS, renewal=True)
         return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
 
     def _rendered_renewal(self, renewals: Sequence[Renewal]) -> tuple[Rendered, list[Any]]:
@@ -720,7 +671,7 @@ class MySQLBackend(Backend):
             "token": token,
             "metadata": meta.encode(),
         }
-        if await self._execute(self._sql.update_metadata, params, _ID) != token:
+        if await self._execute(self._sql.update_metadata, params, ID) != token:
             raise NotOwnerError(name)
         held = self._held.get(name)
         if held is not None and (held.owner, held.token) == (owner, token):
@@ -728,7 +679,7 @@ class MySQLBackend(Backend):
         self._changed(name)
 
     async def read(self, name: str) -> HolderInfo | None:
-        rows = await self._execute(self._sql.holder, {"name": name.encode()}, _ROWS)
+        rows = await self._execute(self._sql.holder, {"name": name.encode()}, ROWS)
         return None if not rows else self._holder(name, rows[0])
 
     def _holder(self, name: str, row: Any) -> HolderInfo:

@@ -41,6 +41,7 @@ from ._statements import (
     advisory_key,
     default_channel,
     grants_channel,
+    literals_of,
 )
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
@@ -114,31 +115,6 @@ CAPABILITIES = frozenset(
         Capability.FAIR_PERMITS,
     }
 )
-
-
-def _quoted(text: str) -> str:
-    """``text`` as an element of a PostgreSQL array literal: in double quotes, with
-    ``"`` and ``\\`` escaped (all else, commas and braces included, is taken as is)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _array_literals(renewals: Sequence[Renewal]) -> tuple[str, str, str, str]:
-    """The renew statement's parameters: the names, owners, tokens and ttls of
-    ``renewals`` as array literals (``{...}``), sent as four text values that the
-    server casts. Encoding them here once per list of the core's (:func:`derived`)
-    spares asyncpg encoding every element of four arrays on every tick."""
-    names = ",".join([_quoted(r[0]) for r in renewals])
-    owners = ",".join([_quoted(r[1]) for r in renewals])
-    tokens = ",".join([str(int(r[2])) for r in renewals])
-    ttls = ",".join([repr(float(r[3])) for r in renewals])
-    return f"{{{names}}}", f"{{{owners}}}", f"{{{tokens}}}", f"{{{ttls}}}"
-
-
-def _literals_of(
-    batch: Sequence[Renewal],
-) -> Callable[[Sequence[Renewal]], tuple[str, str, str, str]]:
-    """Makes :func:`_array_literals` of ``batch`` (a part of the list it is given)."""
-    return lambda _: _array_literals(batch)
 
 
 class PostgresBackend(Backend):
@@ -591,7 +567,7 @@ class PostgresBackend(Backend):
         ):
             if not batch:
                 continue
-            literals = derived(renewals, kind, _literals_of(batch))
+            literals = derived(renewals, kind, literals_of(batch))
             rows = await self._fetch(sql, *literals, renewal=True)
             failed |= {(row["name"], row["owner"], int(row["token"])) for row in rows}
         return failed

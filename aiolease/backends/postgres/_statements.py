@@ -7,12 +7,16 @@ See :mod:`aiolease.backends.postgres` for what each statement guarantees, and
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 
 from ..._permits import PERMIT_PREFIX, RW_LIMIT
+from ...abc import Renewal
 from ..sql._permits import permit_routine, permit_tables
 from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT
 
 __all__ = [
+    "array_literals",
+    "literals_of",
     "Notice",
     "Payload",
     "Sql",
@@ -593,3 +597,28 @@ BEGIN
  END IF;
 END
 $aiolease$"""
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an element of a PostgreSQL array literal: in double quotes, with
+    ``"`` and ``\\`` escaped (all else, commas and braces included, is taken as is)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def array_literals(renewals: Sequence[Renewal]) -> tuple[str, str, str, str]:
+    """The renew statement's parameters: the names, owners, tokens and ttls of
+    ``renewals`` as array literals (``{...}``), sent as four text values that the
+    server casts. Encoding them here once per list of the core's (``derived``)
+    spares asyncpg encoding every element of four arrays on every tick."""
+    names = ",".join([_quoted(r[0]) for r in renewals])
+    owners = ",".join([_quoted(r[1]) for r in renewals])
+    tokens = ",".join([str(int(r[2])) for r in renewals])
+    ttls = ",".join([repr(float(r[3])) for r in renewals])
+    return f"{{{names}}}", f"{{{owners}}}", f"{{{tokens}}}", f"{{{ttls}}}"
+
+
+def literals_of(
+    batch: Sequence[Renewal],
+) -> Callable[[Sequence[Renewal]], tuple[str, str, str, str]]:
+    """Makes :func:`array_literals` of ``batch`` (a part of the list it is given)."""
+    return lambda _: array_literals(batch)
