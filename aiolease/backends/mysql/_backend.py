@@ -281,6 +281,7 @@ class MySQLBackend(Backend):
         backend._pool = None
         backend._lean = lean
         backend._queue.bells = Bells(open_connection, f"{connect['database']}.{backend.table}")
+        backend._permits.bells = backend._queue.bells  # one keeper, one cap on waits
         return backend
 
     async def setup(self) -> None:

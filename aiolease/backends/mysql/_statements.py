@@ -386,6 +386,11 @@ class PermitSql:
             f"CALL {f}(%(name)s, %(owner)s, %(weight)s, %(lim)s, %(identity)s,"
             " %(metadata)s, %(ttl)s, %(us)s)"
         )
+        # A wait on the bell of the permit or queue entry that blocks a waiter (see
+        # ``_bell``): 1 when it was let go (or was free), else 0; nothing else to look at.
+        self.ring = Prepared.of(
+            "SELECT IF(GET_LOCK(%(bell)s, %(seconds)s), RELEASE_LOCK(%(bell)s), 0)"
+        )
         columns = (
             "owner, weight, lim, granted, seq, token, identity, metadata,"
             f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at)"
