@@ -450,6 +450,7 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
     ``docs/internals/semaphores.md`` in one transaction (rolled back, and the error
     raised again, if a statement fails: a deadlock's victim is asked again whole)."""
     live = "name = a_name AND expires_at > t"
+    alive = "expires_at > t"
     expiry = "UTC_TIMESTAMP(6) + INTERVAL a_us MICROSECOND"
     columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
     upsert = (
@@ -473,55 +474,55 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
 MODIFIES SQL DATA SQL SECURITY INVOKER
 BEGIN
  DECLARE t DATETIME(6);
- DECLARE first_lim BIGINT DEFAULT NULL;
  DECLARE all_sane, my_granted INT DEFAULT NULL;
- DECLARE used, ahead BIGINT DEFAULT 0;
+ DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
+ DECLARE used, ahead, expired BIGINT DEFAULT 0;
  DECLARE my_seq, my_token, got BIGINT UNSIGNED DEFAULT NULL;
  DECLARE decision VARCHAR(8) CHARACTER SET ascii DEFAULT NULL;
  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
- DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
  START TRANSACTION;
  INSERT INTO {n} (name, token, seq) VALUES (a_name, 0, 0) ON DUPLICATE KEY UPDATE token = token;
  SET t = UTC_TIMESTAMP(6);
- DELETE FROM {p} WHERE name = a_name AND expires_at <= t;
- SELECT MIN({sane}), IFNULL(SUM(IF(granted = 1, weight, 0)), 0) INTO all_sane, used
-  FROM {p} WHERE {live} FOR UPDATE;
- SELECT lim INTO first_lim FROM {p} WHERE {live} ORDER BY seq LIMIT 1 FOR UPDATE;
- IF first_lim IS NOT NULL AND NOT all_sane THEN
+ SELECT MIN(IF({alive}, {sane}, NULL)), MIN(IF({alive}, lim, NULL)), MAX(IF({alive}, lim, NULL)),
+  IFNULL(SUM(IF({alive} AND granted = 1, weight, 0)), 0),
+  MAX(IF({alive} AND owner = a_owner, granted, NULL)),
+  MAX(IF({alive} AND owner = a_owner, seq, NULL)),
+  MAX(IF({alive} AND owner = a_owner, token, NULL)), IFNULL(SUM(expires_at <= t), 0)
+  INTO all_sane, low_lim, high_lim, used, my_granted, my_seq, my_token, expired
+  FROM {p} WHERE name = a_name FOR UPDATE;
+ IF expired > 0 THEN
+  DELETE FROM {p} WHERE name = a_name AND expires_at <= t;
+ END IF;
+ IF low_lim IS NOT NULL AND (NOT all_sane OR low_lim <> high_lim) THEN
   SET decision = 'foreign';
- ELSEIF first_lim IS NOT NULL AND first_lim <> a_lim THEN
+ ELSEIF low_lim IS NOT NULL AND low_lim <> a_lim THEN
   SET decision = 'mismatch';
+ ELSEIF my_granted = 1 THEN
+  {refresh};
+  SET decision = 'renew', got = my_token;
  ELSE
-  SELECT granted, seq, token INTO my_granted, my_seq, my_token FROM {p}
-   WHERE {live} AND owner = a_owner FOR UPDATE;
-  IF my_granted = 1 THEN
-   {refresh};
-   SET decision = 'renew', got = my_token;
-  ELSE
+  IF low_lim IS NOT NULL THEN
    SELECT IFNULL(SUM(weight), 0) INTO ahead FROM {p} WHERE {live} AND granted = 0
-    AND owner <> a_owner AND (my_seq IS NULL OR seq < my_seq) FOR UPDATE;
-   IF used + ahead + a_weight <= a_lim THEN
-    UPDATE {n} SET token = token + 1 WHERE name = a_name;
-    SELECT token INTO got FROM {n} WHERE name = a_name FOR UPDATE;
-    {upsert.format(granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata")};
-    SET decision = 'grant';
-   ELSEIF my_seq IS NULL THEN
-    UPDATE {n} SET seq = seq + 1 WHERE name = a_name;
-    SELECT seq INTO got FROM {n} WHERE name = a_name FOR UPDATE;
-    {upsert.format(granted="0", seq="got", token="NULL", meta="NULL")};
-    SET decision = 'queue', got = NULL;
-   ELSE
-    {refresh};
-    SET decision = 'refresh';
-   END IF;
+    AND owner <> a_owner AND (my_seq IS NULL OR seq < my_seq);
+  END IF;
+  IF used + ahead + a_weight <= a_lim THEN
+   UPDATE {n} SET token = LAST_INSERT_ID(token + 1) WHERE name = a_name;
+   SET got = LAST_INSERT_ID(), decision = 'grant';
+   {upsert.format(granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata")};
+  ELSEIF my_seq IS NULL THEN
+   UPDATE {n} SET seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
+   SET got = LAST_INSERT_ID(), decision = 'queue';
+   {upsert.format(granted="0", seq="got", token="NULL", meta="NULL")};
+  ELSE
+   {refresh};
+   SET decision = 'refresh';
   END IF;
  END IF;
  IF decision IN ('grant', 'renew') THEN
   SELECT decision AS act, got AS tok, {nothing};
  ELSE
   SELECT decision AS act, NULL AS tok, owner, weight, lim, granted, seq, token, identity,
-   metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq
-   FOR UPDATE;
+   metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq;
  END IF;
  COMMIT;
 END"""
