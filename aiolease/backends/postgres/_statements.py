@@ -555,29 +555,40 @@ DECLARE
  my_seq int8;
  my_token int8;
  got int8;
+ expired int8;
  decision text;
 BEGIN
  INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 0, 0)
   ON CONFLICT (name) DO UPDATE SET token = x.token;
  t := clock_timestamp();
- DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
- SELECT (array_agg(x.lim ORDER BY x.seq))[1], coalesce(bool_and({sane}), true),
-  coalesce(sum(x.weight) FILTER (WHERE x.granted), 0)::int8
-  INTO first_lim, all_sane, used FROM {p} x WHERE {live};
+ -- One read of the name's rows (each statement here sees every commit before it).
+ SELECT (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
+  coalesce(bool_and({sane}) FILTER (WHERE x.expires_at > t), true),
+  coalesce(sum(x.weight) FILTER (WHERE x.granted AND x.expires_at > t), 0)::int8,
+  bool_or(x.granted) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  max(x.seq) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  count(*) FILTER (WHERE x.expires_at <= t)
+  INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired
+  FROM {p} x WHERE x.name = a_name;
+ IF expired > 0 THEN
+  DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
+ END IF;
  IF first_lim IS NOT NULL AND NOT all_sane THEN
   decision := 'foreign';
  ELSIF first_lim IS NOT NULL AND first_lim <> a_lim THEN
   decision := 'mismatch';
  ELSE
-  SELECT x.granted, x.seq, x.token INTO my_granted, my_seq, my_token
-   FROM {p} x WHERE {live} AND x.owner = a_owner;
   IF my_granted THEN
    UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
    RETURN QUERY SELECT 'renew'::text, my_token, {nothing}, NULL::text, NULL::text, NULL::float8;
    RETURN;
   END IF;
-  SELECT coalesce(sum(x.weight), 0)::int8 INTO ahead FROM {p} x WHERE {live}
-   AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
+  ahead := 0;
+  IF first_lim IS NOT NULL THEN
+   SELECT coalesce(sum(x.weight), 0)::int8 INTO ahead FROM {p} x WHERE {live}
+    AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
+  END IF;
   IF used + ahead + a_weight <= a_lim THEN
    UPDATE {n} x SET token = x.token + 1 WHERE x.name = a_name RETURNING x.token INTO got;
    {upsert.format(granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata")};
