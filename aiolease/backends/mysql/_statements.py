@@ -468,11 +468,14 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
         f"UPDATE {p} SET ttl = a_ttl, expires_at = {expiry} WHERE name = a_name AND owner = a_owner"
     )
     nothing = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    # The name's next token is taken by the statement that locks its row, and given back
+    # (the row still locked) unless the request is granted: the uncontended grant is
+    # then one write of the name's row, one read of its permits and one write of them.
     return f"""CREATE PROCEDURE {f}(a_name VARBINARY(255), a_owner VARBINARY(255),
  a_weight BIGINT, a_lim BIGINT, a_identity VARBINARY(1024), a_metadata BLOB, a_ttl DOUBLE,
  a_us BIGINT UNSIGNED)
 MODIFIES SQL DATA SQL SECURITY INVOKER
-BEGIN
+body: BEGIN
  DECLARE t DATETIME(6);
  DECLARE all_sane, my_granted INT DEFAULT NULL;
  DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
@@ -481,8 +484,9 @@ BEGIN
  DECLARE decision VARCHAR(8) CHARACTER SET ascii DEFAULT NULL;
  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
  START TRANSACTION;
- INSERT INTO {n} (name, token, seq) VALUES (a_name, 0, 0) ON DUPLICATE KEY UPDATE token = token;
- SET t = UTC_TIMESTAMP(6);
+ INSERT INTO {n} (name, token, seq) VALUES (a_name, LAST_INSERT_ID(1), 0)
+  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
+ SET t = UTC_TIMESTAMP(6), got = LAST_INSERT_ID();
  SELECT MIN(IF({alive}, {sane}, NULL)), MIN(IF({alive}, lim, NULL)), MAX(IF({alive}, lim, NULL)),
   IFNULL(SUM(IF({alive} AND granted = 1, weight, 0)), 0),
   MAX(IF({alive} AND owner = a_owner, granted, NULL)),
@@ -499,18 +503,19 @@ BEGIN
   SET decision = 'mismatch';
  ELSEIF my_granted = 1 THEN
   {refresh};
-  SET decision = 'renew', got = my_token;
+  SET decision = 'renew';
  ELSE
   IF low_lim IS NOT NULL THEN
    SELECT IFNULL(SUM(weight), 0) INTO ahead FROM {p} WHERE {live} AND granted = 0
     AND owner <> a_owner AND (my_seq IS NULL OR seq < my_seq);
   END IF;
   IF used + ahead + a_weight <= a_lim THEN
-   UPDATE {n} SET token = LAST_INSERT_ID(token + 1) WHERE name = a_name;
-   SET got = LAST_INSERT_ID(), decision = 'grant';
    {upsert.format(granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata")};
+   SELECT 'grant' AS act, got AS tok, {nothing};
+   COMMIT;
+   LEAVE body;
   ELSEIF my_seq IS NULL THEN
-   UPDATE {n} SET seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
+   UPDATE {n} SET token = token - 1, seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
    SET got = LAST_INSERT_ID(), decision = 'queue';
    {upsert.format(granted="0", seq="got", token="NULL", meta="NULL")};
   ELSE
@@ -518,8 +523,11 @@ BEGIN
    SET decision = 'refresh';
   END IF;
  END IF;
- IF decision IN ('grant', 'renew') THEN
-  SELECT decision AS act, got AS tok, {nothing};
+ IF decision <> 'queue' THEN
+  UPDATE {n} SET token = token - 1 WHERE name = a_name;
+ END IF;
+ IF decision = 'renew' THEN
+  SELECT decision AS act, my_token AS tok, {nothing};
  ELSE
   SELECT decision AS act, NULL AS tok, owner, weight, lim, granted, seq, token, identity,
    metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq;
