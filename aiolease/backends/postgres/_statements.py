@@ -558,8 +558,9 @@ DECLARE
  expired int8;
  decision text;
 BEGIN
- INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 0, 0)
-  ON CONFLICT (name) DO UPDATE SET token = x.token;
+ -- Locks the name's row, and takes its next token (given back unless granted).
+ INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 1, 0)
+  ON CONFLICT (name) DO UPDATE SET token = x.token + 1 RETURNING x.token INTO got;
  t := clock_timestamp();
  -- One read of the name's rows (each statement here sees every commit before it).
  SELECT (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
@@ -581,6 +582,7 @@ BEGIN
  ELSE
   IF my_granted THEN
    UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+   UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
    RETURN QUERY SELECT 'renew'::text, my_token, {nothing}, NULL::text, NULL::text, NULL::float8;
    RETURN;
   END IF;
@@ -590,7 +592,6 @@ BEGIN
     AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
   END IF;
   IF used + ahead + a_weight <= a_lim THEN
-   UPDATE {n} x SET token = x.token + 1 WHERE x.name = a_name RETURNING x.token INTO got;
    {upsert.format(granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata")};
    RETURN QUERY SELECT 'grant'::text, got, {nothing}, NULL::text, NULL::text, NULL::float8;
    RETURN;
@@ -601,10 +602,14 @@ BEGIN
   x.identity, x.metadata, extract(epoch FROM x.expires_at - t)::float8
   FROM {p} x WHERE {live} ORDER BY x.seq;
  IF decision = 'queue' THEN
-  UPDATE {n} x SET seq = x.seq + 1 WHERE x.name = a_name RETURNING x.seq INTO got;
+  UPDATE {n} x SET token = x.token - 1, seq = x.seq + 1 WHERE x.name = a_name
+   RETURNING x.seq INTO got;
   {upsert.format(granted="false", seq="got", token="NULL", meta="NULL")};
- ELSIF decision = 'refresh' THEN
-  UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+ ELSE
+  UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
+  IF decision = 'refresh' THEN
+   UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+  END IF;
  END IF;
 END
 $aiolease$"""
