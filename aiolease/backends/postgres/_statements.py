@@ -562,7 +562,9 @@ BEGIN
  INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 1, 0)
   ON CONFLICT (name) DO UPDATE SET token = x.token + 1 RETURNING x.token INTO got;
  t := clock_timestamp();
- -- One read of the name's rows (each statement here sees every commit before it).
+ -- One read of the name's rows (each statement here sees every commit before it),
+ -- which keeps them from being deleted (a release) until the commit, so that the rows
+ -- a refusal answers are those it was decided on; renewals are not held up.
  SELECT (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
   coalesce(bool_and({sane}) FILTER (WHERE x.expires_at > t), true),
   coalesce(sum(x.weight) FILTER (WHERE x.granted AND x.expires_at > t), 0)::int8,
@@ -571,7 +573,7 @@ BEGIN
   max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
   count(*) FILTER (WHERE x.expires_at <= t)
   INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired
-  FROM {p} x WHERE x.name = a_name;
+  FROM (SELECT * FROM {p} r WHERE r.name = a_name FOR KEY SHARE) x;
  IF expired > 0 THEN
   DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
  END IF;
