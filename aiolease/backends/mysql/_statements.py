@@ -462,7 +462,7 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
     # What aiolease writes (permit_row checks the same, and the text, in Python).
     sane = (
         f"LEFT(owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}' AND lim BETWEEN 1 AND {RW_LIMIT}"
-        " AND weight BETWEEN 1 AND lim AND (granted = 0 OR token >= 1)"
+        " AND weight BETWEEN 1 AND lim AND (granted = 0 OR IFNULL(token >= 1, FALSE))"
     )
     refresh = (
         f"UPDATE {p} SET ttl = a_ttl, expires_at = {expiry} WHERE name = a_name AND owner = a_owner"

@@ -536,7 +536,7 @@ def _acquire_function(f: str, p: str, n: str) -> str:
     sane = (
         f"left(x.owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}'"
         f" AND x.lim BETWEEN 1 AND {RW_LIMIT} AND x.weight BETWEEN 1 AND x.lim"
-        " AND x.seq >= 0 AND (NOT x.granted OR x.token >= 1)"
+        " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
     )
     nothing = "NULL::text, NULL::int8, NULL::int8, NULL::bool, NULL::int8, NULL::int8"
     return f"""CREATE OR REPLACE FUNCTION {f}(a_name text, a_owner text, a_weight int8,
