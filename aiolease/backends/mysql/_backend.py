@@ -67,6 +67,9 @@ _NO_SUCH_TABLE = 1146
 _SET_UP = frozenset({_NO_SUCH_TABLE, 1054, 1305})
 #: The procedure exists already (another process made it first).
 _PROCEDURE_EXISTS = 1304
+#: The user may not create the procedure (no ``CREATE ROUTINE``): setup goes on
+#: without it, so that locks work; a permit acquire then fails (1305).
+_DENIED = frozenset({1044, 1142, 1227, 1370})
 _DUPLICATE_COLUMN = 1060
 #: A statement chosen as a deadlock's victim (rolled back: asked again, at most
 #: ``_DEADLOCK_RETRIES`` times). The waiters table is read by the statements that
@@ -322,7 +325,14 @@ class MySQLBackend(Backend):
             try:
                 await cur.execute(self._permit_sql.create_acquire)
             except Exception as exc:
-                if errno(exc) != _PROCEDURE_EXISTS:
+                if errno(exc) in _DENIED:
+                    logger.warning(
+                        "%r may not create its permits' procedure (CREATE ROUTINE): locks"
+                        " work, semaphores and read-write locks fail until a user who may"
+                        " runs setup()",
+                        self,
+                    )
+                elif errno(exc) != _PROCEDURE_EXISTS:
                     raise
             await cur.execute("SET @@session.sql_notes = DEFAULT")
 
