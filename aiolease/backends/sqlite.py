@@ -65,7 +65,6 @@ from .._exceptions import (
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
-    LimitMismatchError,
     NotOwnerError,
 )
 from .._records import state_of
@@ -82,6 +81,7 @@ from ..abc import (
     RenewResult,
     is_permit_owner,
 )
+from ._sqlite_permits import PERMIT_LIVE, PermitTables, wakeup_key
 from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
@@ -107,11 +107,6 @@ _LIVE = (
     " AND expires_at - :now <= ttl + 0.001"
 )
 
-#: A permit's row (held or queued) is live when written in this boot, not expired, and
-#: no further ahead than its ttl.
-_PERMIT_LIVE = "boot_id = :boot AND expires_at > :now AND expires_at - :now <= ttl + 0.001"
-#: The columns of a permit's row, as :meth:`SQLiteBackend._permit_rows_sync` selects them.
-_PERMIT_COLUMNS = "owner, weight, lim, granted, seq, token, identity, metadata, expires_at"
 
 #: A renewal batch (JSON ``[[name, owner, token, ttl], ...]`` in ``:batch``) as rows.
 _BATCH = (
@@ -335,6 +330,7 @@ class SQLiteBackend(Backend):
         # Host time; tests replace these to move time or simulate a reboot.
         self._clock: Callable[[], float] = time.monotonic
         self._boot_id = host_boot_id()
+        self._permits = PermitTables(self._table, lambda: self._boot_id, lambda: self._clock())
 
     def __repr__(self) -> str:
         return f"<SQLiteBackend {self._path!r} table={self._table!r}>"
@@ -404,19 +400,8 @@ class SQLiteBackend(Backend):
                 " owner TEXT, identity TEXT, metadata TEXT,"
                 " ttl REAL, expires_at REAL, boot_id TEXT)"
             )
-            # Permits (docs/internals/semaphores.md): a row per held or queued request,
-            # and per name the token counter and the arrival sequence of the queue.
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._table}_permits ("
-                " name TEXT NOT NULL, owner TEXT NOT NULL, weight INTEGER NOT NULL,"
-                " lim INTEGER NOT NULL, granted INTEGER NOT NULL, seq INTEGER NOT NULL,"
-                " token INTEGER, identity TEXT, metadata TEXT, ttl REAL NOT NULL,"
-                " expires_at REAL NOT NULL, boot_id TEXT NOT NULL, PRIMARY KEY (name, owner))"
-            )
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {self._table}_permit_names ("
-                " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL, seq INTEGER NOT NULL)"
-            )
+            for create in self._permits.create:  # see _sqlite_permits
+                conn.execute(create)
         except BaseException:
             conn.close()
             raise
@@ -521,7 +506,7 @@ class SQLiteBackend(Backend):
         }
         table, live = self._table, _LIVE
         if permits:
-            table, live = f"{self._table}_permits", f"granted = 1 AND {_PERMIT_LIVE}"
+            table, live = self._permits.permits, f"granted = 1 AND {PERMIT_LIVE}"
         conn.execute("BEGIN IMMEDIATE")
         try:
             changed = conn.execute(
@@ -575,139 +560,7 @@ class SQLiteBackend(Backend):
         ).fetchall()
         return self._holder(name, rows[0], now) if rows else None
 
-    # -- permits (docs/internals/semaphores.md) ---------------------------------------
-
-    def _permit_rows_sync(
-        self, conn: sqlite3.Connection, name: str, now: float
-    ) -> list[tuple[Any, ...]]:
-        """The live rows of ``name``'s permits, held and queued, in arrival order."""
-        return conn.execute(
-            f"SELECT {_PERMIT_COLUMNS} FROM {self._table}_permits"
-            f" WHERE name = :name AND {_PERMIT_LIVE} ORDER BY seq",
-            {"name": name, "now": now, "boot": self._boot_id},
-        ).fetchall()
-
-    def _next_sync(self, conn: sqlite3.Connection, name: str, column: str) -> int:
-        """The next value of ``name``'s token counter or queue sequence (``column``)."""
-        row = conn.execute(
-            f"INSERT INTO {self._table}_permit_names (name, token, seq) VALUES (:name, 1, 1)"
-            f" ON CONFLICT (name) DO UPDATE SET {column} = {column} + 1 RETURNING {column}",
-            {"name": name},
-        ).fetchone()
-        return int(row[0])
-
-    def _permit_holder(self, name: str, row: tuple[Any, ...], now: float) -> HolderInfo:
-        owner, _, _, _, _, token, identity, metadata, expires_at = row
-        return HolderInfo(
-            name,
-            owner,
-            identity,
-            0 if token is None else token,
-            json.loads(metadata) if metadata else {},
-            max(expires_at - now, 0.0),
-        )
-
-    def _try_acquire_permit_sync(
-        self,
-        conn: sqlite3.Connection,
-        name: str,
-        owner: str,
-        ttl: float,
-        identity: str,
-        meta: str,
-        limit: int,
-        weight: int,
-    ) -> Grant | HolderInfo:
-        t = f"{self._table}_permits"
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            now = self._clock()  # read only now that the write lock is ours
-            p = self._params(name, now, owner=owner, ttl=ttl)
-            conn.execute(f"DELETE FROM {t} WHERE name = :name AND NOT ({_PERMIT_LIVE})", p)
-            rows = self._permit_rows_sync(conn, name, now)
-            if rows and rows[0][2] != limit:
-                conn.execute("COMMIT")
-                raise LimitMismatchError(name, limit, rows[0][2])
-            mine = next((row for row in rows if row[0] == owner), None)
-            if mine is not None and mine[3]:  # a retry by the holder
-                conn.execute(
-                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
-                    " WHERE name = :name AND owner = :owner",
-                    p,
-                )
-                conn.execute("COMMIT")
-                return Grant(mine[5], ttl)
-            used = sum(row[1] for row in rows if row[3])
-            ahead = sum(row[1] for row in rows if not row[3] and (mine is None or row[4] < mine[4]))
-            if used + ahead + weight <= limit:
-                token = self._next_sync(conn, name, "token")
-                conn.execute(
-                    f"INSERT OR REPLACE INTO {t} (name, owner, weight, lim, granted, seq, token,"
-                    " identity, metadata, ttl, expires_at, boot_id) VALUES (:name, :owner,"
-                    " :weight, :lim, 1, :seq, :token, :identity, :metadata, :ttl, :now + :ttl,"
-                    " :boot)",
-                    {
-                        **p,
-                        "weight": weight,
-                        "lim": limit,
-                        "seq": 0 if mine is None else mine[4],
-                        "token": token,
-                        "identity": identity,
-                        "metadata": meta,
-                    },
-                )
-                conn.execute("COMMIT")
-                return Grant(token, ttl)
-            if mine is None:
-                seq = self._next_sync(conn, name, "seq")
-                conn.execute(
-                    f"INSERT INTO {t} (name, owner, weight, lim, granted, seq, identity, ttl,"
-                    " expires_at, boot_id) VALUES (:name, :owner, :weight, :lim, 0, :seq,"
-                    " :identity, :ttl, :now + :ttl, :boot)",
-                    {**p, "weight": weight, "lim": limit, "seq": seq, "identity": identity},
-                )
-            else:
-                conn.execute(
-                    f"UPDATE {t} SET expires_at = :now + :ttl, ttl = :ttl"
-                    " WHERE name = :name AND owner = :owner",
-                    p,
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
-        held = [row for row in rows if row[3]]
-        if held:
-            return self._permit_holder(name, min(held, key=lambda row: row[8]), now)
-        return self._permit_holder(name, rows[0], now)  # only the queue blocks
-
-    def _renew_permit_sync(
-        self, conn: sqlite3.Connection, name: str, owner: str, token: int, ttl: float
-    ) -> bool:
-        rows = conn.execute(
-            f"UPDATE {self._table}_permits SET expires_at = :now + :ttl, ttl = :ttl"
-            " WHERE name = :name AND owner = :owner AND token = :token AND granted = 1"
-            f" AND {_PERMIT_LIVE} RETURNING token",
-            self._params(name, self._clock(), owner=owner, token=token, ttl=ttl),
-        ).fetchall()
-        return bool(rows)
-
-    def _release_permit_sync(
-        self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
-    ) -> tuple[bool, bool]:
-        """Delete ``owner``'s permit (if ``token`` matches) or queue entry: (whether a
-        live permit was freed, whether anything was deleted)."""
-        rows = conn.execute(
-            f"DELETE FROM {self._table}_permits WHERE name = :name AND owner = :owner"
-            " AND (granted = 0 OR :token IS NULL OR token = :token)"
-            f" RETURNING granted, {_PERMIT_LIVE}",
-            self._params(name, self._clock(), owner=owner, token=token),
-        ).fetchall()
-        return any(granted and live for granted, live in rows), bool(rows)
-
-    def _wakeup_key(self, name: str) -> str:
-        return "\x00permits:" + name  # apart from the lock's: a name never holds NUL
+    # -- permits (docs/internals/semaphores.md: see ``_sqlite_permits``) ----------------
 
     async def try_acquire_permit(
         self,
@@ -719,39 +572,24 @@ class SQLiteBackend(Backend):
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        """One ``BEGIN IMMEDIATE`` transaction: drop the expired rows, check the limit,
-        grant if the held weight, the weight queued ahead and ``weight`` fit, else queue."""
+        """One ``BEGIN IMMEDIATE`` transaction (see :meth:`PermitTables.acquire`)."""
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
         return await self._run(
-            lambda conn: self._try_acquire_permit_sync(
+            lambda conn: self._permits.acquire(
                 conn, name, owner, ttl, identity, meta, limit, weight
             )
         )
 
     async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
         freed, deleted = await self._run(
-            lambda conn: self._release_permit_sync(conn, name, owner, token)
+            lambda conn: self._permits.release(conn, name, owner, token)
         )
         if deleted:
-            _notify(self._path, self._wakeup_key(name))
+            _notify(self._path, wakeup_key(name))
         return freed
 
     async def read_permits(self, name: str) -> PermitHolders | None:
-        def read(conn: sqlite3.Connection) -> PermitHolders | None:
-            now = self._clock()
-            rows = self._permit_rows_sync(conn, name, now)
-            if not rows:
-                return None
-            held = sorted((row for row in rows if row[3]), key=lambda row: row[5])
-            return PermitHolders(
-                name,
-                rows[0][2],
-                tuple(self._permit_holder(name, row, now) for row in held),
-                tuple(row[1] for row in held),
-                sum(1 for row in rows if not row[3]),
-            )
-
-        return await self._run(read)
+        return await self._run(lambda conn: self._permits.read(conn, name))
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Return when a permit or queue entry of ``name`` is deleted in this process, or
@@ -760,7 +598,7 @@ class SQLiteBackend(Backend):
         timeout = min(self.poll_interval, ttl / 3)
         if seen.remaining is not None:
             timeout = min(timeout, max(seen.remaining, 0.001))
-        with _watching(self._path, self._wakeup_key(name)) as event:
+        with _watching(self._path, wakeup_key(name)) as event:
             with anyio.move_on_after(timeout):
                 await event.wait()
 
@@ -779,7 +617,7 @@ class SQLiteBackend(Backend):
         return result
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        renew = self._renew_permit_sync if is_permit_owner(owner) else self._renew_sync
+        renew = self._permits.renew if is_permit_owner(owner) else self._renew_sync
         if not await self._run(lambda conn: renew(conn, name, owner, token, ttl)):
             raise NotOwnerError(name)
         return Grant(token, ttl)

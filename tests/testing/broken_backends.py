@@ -7,8 +7,10 @@ puts this directory on their ``PYTHONPATH``.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from aiolease.abc import Grant, HolderInfo
+from aiolease.backends._sqlite_permits import PermitTables
 from aiolease.backends.sqlite import SQLiteBackend
 
 
@@ -28,14 +30,10 @@ class IgnoresTtl(SQLiteBackend):
         return super()._try_acquire_sync(conn, name, owner, ttl, identity, meta)
 
 
-class IgnoresLimit(SQLiteBackend):
-    """A SQLite backend that grants one permit more than the semaphore's limit.
+class _OneMore(PermitTables):
+    """Permit statements that grant within one more than the limit asked."""
 
-    Every client asks with the same (wrong) limit, so no :class:`LimitMismatchError`
-    gives it away: ``limit + 1`` bodies run at once.
-    """
-
-    def _try_acquire_permit_sync(
+    def acquire(
         self,
         conn: sqlite3.Connection,
         name: str,
@@ -46,6 +44,16 @@ class IgnoresLimit(SQLiteBackend):
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        return super()._try_acquire_permit_sync(
-            conn, name, owner, ttl, identity, meta, limit + 1, weight
-        )
+        return super().acquire(conn, name, owner, ttl, identity, meta, limit + 1, weight)
+
+
+class IgnoresLimit(SQLiteBackend):
+    """A SQLite backend that grants one permit more than the semaphore's limit.
+
+    Every client asks with the same (wrong) limit, so no :class:`LimitMismatchError`
+    gives it away: ``limit + 1`` bodies run at once.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._permits = _OneMore(self.table, lambda: self._boot_id, lambda: self._clock())

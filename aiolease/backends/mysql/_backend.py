@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..._checked import HeldRenewals, derived
 from ..._exceptions import (
-    AioleaseError,
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
@@ -25,13 +23,7 @@ from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from ..sql._options import pool_size
 from ..sql._permits import (
-    Action,
-    PermitRow,
-    blocker,
     by_kind,
-    decide,
-    permit_holders,
-    permit_row,
 )
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Held, Key, RenewBatcher, renew_held, renew_many_held
@@ -41,8 +33,22 @@ from ..sql._values import check_identifier, check_owner, encode_metadata
 from ..sql._wakeups import Wakeups
 from ._bell import Bells
 from ._errors import answered, errno, mapped
+from ._exchange import STATEMENT_CACHE, exchange, statement_cache, usable
+from ._permits import Permits
 from ._queue import REFRESH, Queue
-from ._statements import EXPIRED, WAITERS_SUFFIX, PermitSql, Prepared, Rendered, Sql
+from ._statements import (
+    COUNT,
+    EXPIRED,
+    ID,
+    MAX_RENEWALS,
+    ROWS,
+    WAITERS_SUFFIX,
+    PermitSql,
+    Prepared,
+    Rendered,
+    Sql,
+    micros,
+)
 from ._turns import Turn, Turns
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 
@@ -56,8 +62,14 @@ logger = logging.getLogger("aiolease.backends.mysql")
 _RACE_RETRIES = 8
 _NO_SUCH_TABLE = 1146
 #: Errors that :meth:`MySQLBackend.setup` cures: no such table, no such column (a
-#: table made by an older version, without ``queued``).
-_SET_UP = frozenset({_NO_SUCH_TABLE, 1054})
+#: table made by an older version, without ``queued``), no such procedure (the
+#: permits' acquire, of tables made by an older version).
+_SET_UP = frozenset({_NO_SUCH_TABLE, 1054, 1305})
+#: The procedure exists already (another process made it first).
+_PROCEDURE_EXISTS = 1304
+#: The user may not create the procedure (no ``CREATE ROUTINE``): setup goes on
+#: without it, so that locks work; a permit acquire then fails (1305).
+_DENIED = frozenset({1044, 1142, 1227, 1370})
 _DUPLICATE_COLUMN = 1060
 #: A statement chosen as a deadlock's victim (rolled back: asked again, at most
 #: ``_DEADLOCK_RETRIES`` times). The waiters table is read by the statements that
@@ -100,65 +112,6 @@ def _granted_to(turn: Turn) -> bool:
     return turn.grant is not None and bool(turn.grant[0])
 
 
-#: What :meth:`MySQLBackend._execute` returns.
-_ID, _ROWS, _COUNT = "id", "rows", "count"
-
-
-async def _exchange(
-    conn: Any, sql: Prepared | Rendered | str, params: Any, want: str, then: Prepared | None
-) -> Any:
-    """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (see ``_execute``).
-
-    A :class:`~aiolease.backends.mysql._statements.Prepared` statement takes its parameters from
-    the mapping ``params``; a plain one (a batch, whose text differs with its size, so
-    preparing it would cost a round trip per new size) goes as text.
-    """
-    async with conn.cursor() as cur:
-        if isinstance(sql, Prepared):
-            count = await cur.execute(sql.sql, [params[name] for name in sql.names])
-        elif isinstance(sql, Rendered):
-            count = await cur.execute(sql.text(cur, conn))
-        else:
-            count = await cur.execute(cur.mogrify(sql, params))
-        if want == _ID:
-            result: Any = cur.lastrowid
-        else:
-            result = await cur.fetchall() if want == _ROWS else count
-        if then is not None and not result:
-            await cur.execute(then.sql, [params[name] for name in then.names])
-            result = await cur.fetchall()
-    if not conn.get_autocommit():
-        await conn.commit()
-    return result
-
-
-#: Prepared statements kept per connection (of a backend made from a URL): acquire,
-#: take-over, holder, reserved, peek, the two releases, hand-off, mark, wait, leave.
-_STATEMENT_CACHE = 12
-
-
-def _statement_cache(asyncmy: Any) -> bool:
-    """Whether this asyncmy prepares positional statements (``stmt_cache_size``)."""
-    try:
-        return "stmt_cache_size" in inspect.signature(asyncmy.connect).parameters
-    except (TypeError, ValueError):  # a signature it does not expose: do without
-        return False
-
-
-def _usable(conn: Any) -> bool:
-    """Whether an idle asyncmy connection is still open (the server may have closed it)."""
-    return bool(conn.connected) and not getattr(conn, "_stream_broken", False)
-
-
-def _permit_key(name: str) -> str:
-    """The key that wakes the permit waiters of ``name``, apart from the lock's."""
-    return "\x00permits:" + name
-
-
-def _micros(ttl: float) -> int:
-    return max(round(ttl * 1_000_000), 1)
-
-
 @dataclass(frozen=True, slots=True)
 class MySQLStatistics:
     """What one :class:`MySQLBackend` did so far.
@@ -186,11 +139,6 @@ class MySQLStatistics:
     bell_waits: int = 0
     rings: int = 0
     deadlocks: int = 0
-
-
-#: The most leases one renew statement renews: 5 parameters each (of leases with
-#: different ttls) stay under the 65,535 placeholders a MySQL statement may have.
-MAX_RENEWALS = 10_000
 
 
 class MySQLBackend(Backend):
@@ -248,6 +196,13 @@ class MySQLBackend(Backend):
         self._turns = Turns()
         self._queue = Queue(self._sql, self._execute, self._ask, self._turns)
         self._held: dict[str, _Held] = {}
+        self._permits = Permits(
+            self._permit_sql,
+            self._execute,
+            self._wakeups,
+            self._batcher,
+            lambda: self.poll_interval,
+        )
         #: Grants and releases made through this backend so far (any name): a refusal
         #: followed by none needs no read before its wait.
         self._changes = 0
@@ -270,7 +225,7 @@ class MySQLBackend(Backend):
             renew_statements=self._batcher.statements,
             renewals_shared=self._batcher.shared,
             hand_offs=self._hand_offs,
-            waiting=self._waiting,
+            waiting=self._waiting + self._permits.waiting,
             pool=None if self._lean is None else self._lean.statistics(),
             polls=self._queue.polls,
             queue_writes=self._queue.writes,
@@ -299,8 +254,8 @@ class MySQLBackend(Backend):
             if (key not in URL_OPTIONS and key not in KEYWORD_ONLY) or key in ours:
                 raise InvalidArgument(f"MySQL option {key!r} is unknown or given twice")
         ours.update(options)
-        if _statement_cache(asyncmy):
-            connect["stmt_cache_size"] = _STATEMENT_CACHE
+        if statement_cache(asyncmy):
+            connect["stmt_cache_size"] = STATEMENT_CACHE
         connect.update(ours.pop("connect_options", None) or {})
         connect["connect_timeout"] = check_seconds(
             "connect_timeout", ours.pop("connect_timeout", 10.0)
@@ -315,7 +270,7 @@ class MySQLBackend(Backend):
             open_connection,
             close=lambda conn: conn.ensure_closed(),
             terminate=lambda conn: conn.close(),
-            usable=_usable,
+            usable=usable,
             max_size=max_size,
             min_size=min_size,
             close_timeout=connect["connect_timeout"],
@@ -329,6 +284,7 @@ class MySQLBackend(Backend):
         backend._pool = None
         backend._lean = lean
         backend._queue.bells = Bells(open_connection, f"{connect['database']}.{backend.table}")
+        backend._permits.bells = backend._queue.bells  # one keeper, one cap on waits
         return backend
 
     async def setup(self) -> None:
@@ -366,6 +322,18 @@ class MySQLBackend(Backend):
                 except Exception as exc:
                     if errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
                         raise
+            try:
+                await cur.execute(self._permit_sql.create_acquire)
+            except Exception as exc:
+                if errno(exc) in _DENIED:
+                    logger.warning(
+                        "%r may not create its permits' procedure (CREATE ROUTINE): locks"
+                        " work, semaphores and read-write locks fail until a user who may"
+                        " runs setup()",
+                        self,
+                    )
+                elif errno(exc) != _PROCEDURE_EXISTS:
+                    raise
             await cur.execute("SET @@session.sql_notes = DEFAULT")
 
     # -- running statements ----------------------------------------------------------------
@@ -374,7 +342,7 @@ class MySQLBackend(Backend):
         self,
         sql: Prepared | Rendered | str,
         params: Any,
-        want: str = _ID,
+        want: str = ID,
         then: Prepared | None = None,
         renewal: bool = False,
     ) -> Any:
@@ -417,7 +385,7 @@ class MySQLBackend(Backend):
         if lean is None:
             async with self._pool.acquire() as conn:
                 try:
-                    return await _exchange(conn, sql, params, want, then)
+                    return await exchange(conn, sql, params, want, then)
                 except BaseException as exc:
                     if not answered(exc):
                         # An interrupted exchange leaves the connection out of step with
@@ -426,7 +394,7 @@ class MySQLBackend(Backend):
                     raise
         conn = await lean.acquire(renewal)
         try:
-            result = await _exchange(conn, sql, params, want, then)
+            result = await exchange(conn, sql, params, want, then)
         except BaseException as exc:
             if answered(exc) and errno(exc) not in _SET_UP:
                 lean.release(conn, renewal)
@@ -438,76 +406,7 @@ class MySQLBackend(Backend):
         lean.release(conn, renewal)
         return result
 
-    async def _transact(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        """Run ``await work(cursor)`` in a transaction (the tables made first if missing;
-        asked again if the server chose it as a deadlock's victim), and return it."""
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        for retry in range(_DEADLOCK_RETRIES, -1, -1):
-            try:
-                return await self._in_transaction(work)
-            except Exception as exc:
-                number = errno(exc) if answered(exc) else None
-                if number == _DEADLOCK and retry:
-                    self._deadlocks += 1
-                    pause = _DEADLOCK_PAUSE * 2 ** (_DEADLOCK_RETRIES - retry)
-                    await asyncio.sleep(random.uniform(0, pause))
-                    continue
-                if number not in _SET_UP:
-                    with mapped():
-                        raise
-                break
-        with mapped():
-            await self.setup()
-            return await self._in_transaction(work)
-
-    async def _in_transaction(self, work: Callable[[Any], Awaitable[T]]) -> T:
-        async def run(conn: Any) -> T:
-            await conn.begin()
-            try:
-                async with conn.cursor() as cur:
-                    result = await work(cur)
-            except BaseException:
-                await conn.rollback()
-                raise
-            await conn.commit()
-            return result
-
-        def reusable(exc: BaseException) -> bool:
-            # The server answered, or ``work`` raised (rolled back): in step.
-            return (answered(exc) and errno(exc) not in _SET_UP) or isinstance(exc, AioleaseError)
-
-        lean = self._lean
-        if lean is None:
-            async with self._pool.acquire() as conn:
-                try:
-                    return await run(conn)
-                except BaseException as exc:
-                    if not reusable(exc):
-                        conn.close()
-                    raise
-        conn = await lean.acquire(False)
-        try:
-            result = await run(conn)
-        except BaseException as exc:
-            (lean.release if reusable(exc) else lean.discard)(conn, False)
-            raise
-        lean.release(conn, False)
-        return result
-
-    # -- permits (docs/internals/semaphores.md) -----------------------------------------------
-
-    def _permit_rows(self, name: str, rows: Sequence[Any]) -> list[PermitRow]:
-        where = self._permit_sql.where
-        found = []
-        for owner, weight, lim, granted, seq, token, identity, meta, micros in rows:
-            left = micros / 1_000_000 if isinstance(micros, int) else micros
-            found.append(
-                permit_row(
-                    where, name, owner, weight, lim, granted, seq, token, identity, meta, left
-                )
-            )
-        return found
+    # -- permits (docs/internals/semaphores.md: see ``_permits``) -------------------------
 
     async def try_acquire_permit(
         self,
@@ -519,95 +418,14 @@ class MySQLBackend(Backend):
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        """One transaction: lock the name's row, drop its expired permit rows, check the
-        limit, then grant if the held weight, the weight queued ahead and ``weight``
-        fit, else queue the caller (or keep its place)."""
-        meta = encode_metadata(metadata) if metadata else "{}"
-        sql, ttl = self._permit_sql, float(ttl)
-        params: dict[str, Any] = {
-            "name": name.encode(),
-            "owner": check_owner(owner),
-            "weight": weight,
-            "lim": limit,
-            "identity": identity.encode(),
-            "metadata": meta.encode(),
-            "ttl": ttl,
-            "us": _micros(ttl),
-        }
-
-        async def acquire(cur: Any) -> Grant | HolderInfo | AioleaseError:
-            await cur.execute(cur.mogrify(sql.lock_name, params))
-            await cur.execute(cur.mogrify(sql.expire, params))
-            await cur.execute(cur.mogrify(sql.rows, params))
-            try:
-                rows = self._permit_rows(name, await cur.fetchall())
-                action, mine = decide(name, rows, owner, limit, weight)
-            except AioleaseError as exc:  # foreign rows, another limit: nothing changes
-                return exc
-            if action is Action.RENEW or action is Action.REFRESH:
-                await cur.execute(cur.mogrify(sql.refresh, params))
-                if action is Action.RENEW:
-                    assert mine is not None
-                    return Grant(mine.token, ttl)
-                return blocker(name, rows, owner)
-            granted = action is Action.GRANT
-            await cur.execute(cur.mogrify(sql.next_token if granted else sql.next_seq, params))
-            number = int(cur.lastrowid)
-            place: dict[str, int | None]
-            if granted:
-                place = {"seq": 0 if mine is None else mine.seq, "token": number}
-            else:
-                place = {"seq": number, "token": None}
-            await cur.execute(cur.mogrify(sql.grant, {**params, **place, "granted": granted}))
-            return Grant(number, ttl) if granted else blocker(name, rows, owner)
-
-        # Seen to its end even if the caller is cancelled (see ``finished``).
-        outcome: Grant | HolderInfo | AioleaseError = await finished(self._transact(acquire))
-        if isinstance(outcome, AioleaseError):
-            raise outcome
-        return outcome
+        """One round trip: the acquire procedure (see :class:`PermitSql`)."""
+        return await self._permits.try_acquire(name, owner, ttl, identity, metadata, limit, weight)
 
     async def read_permits(self, name: str) -> PermitHolders | None:
-        rows = await self._execute(self._permit_sql.read, {"name": name.encode()}, _ROWS)
-        return permit_holders(name, self._permit_rows(name, rows))
+        return await self._permits.read(name)
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes through this backend
-        object, when ``seen`` expires, or after :attr:`poll_interval` (changes made
-        elsewhere), never later than a third of ``ttl``."""
-        with self._wakeups.watching(_permit_key(name)) as event:
-            await self._wait(event, seen, ttl / 3)
-
-    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
-        self._batcher.forget(name, owner, token)
-        params = {"name": name.encode(), "owner": check_owner(owner), "token": token}
-        freed = bool(await self._execute(self._permit_sql.free, params, _COUNT))
-        if freed or await self._execute(self._permit_sql.drop, params, _COUNT):
-            self._wakeups.wake(_permit_key(name))
-        return freed
-
-    async def _renew_permits(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
-        """Renew the permits of ``items``: one statement per ttl (one, usually)."""
-        renewed: frozenset[Key] = frozenset()
-        by_ttl: dict[float, list[Key]] = {}
-        for key, ttl in items:
-            by_ttl.setdefault(float(ttl), []).append(key)
-        for ttl, keys in by_ttl.items():
-            for start in range(0, len(keys), MAX_RENEWALS):
-                chunk = keys[start : start + MAX_RENEWALS]
-                triples = [v for n, o, t in chunk for v in (n.encode(), o.encode(), t)]
-                sql = self._permit_sql.renew(len(chunk))
-                count = await self._execute(
-                    sql, [ttl, _micros(ttl), *triples], _COUNT, renewal=True
-                )
-                if count == len(chunk):
-                    renewed |= frozenset(chunk)
-                    continue
-                rows = await self._execute(
-                    self._permit_sql.live(len(chunk)), triples, _ROWS, renewal=True
-                )
-                renewed |= frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
-        return renewed
+        await self._permits.wait_turn(name, owner, ttl, seen)
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -633,7 +451,7 @@ class MySQLBackend(Backend):
             "identity": identity.encode(),
             "metadata": meta.encode(),
             "ttl": float(ttl),
-            "us": _micros(ttl),
+            "us": micros(ttl),
         }
         for _ in range(_RACE_RETRIES):
             changes, asked_at = self._changes, now()
@@ -645,7 +463,7 @@ class MySQLBackend(Backend):
                 self._granted(name, _Held(owner, result, identity, meta, float(ttl), asked_at))
                 return Grant(result, ttl)
             if not result:  # free, but kept for the oldest waiter (or let go meanwhile)
-                result = await self._execute(self._sql.reserved, params, _ROWS)
+                result = await self._execute(self._sql.reserved, params, ROWS)
             if result and result[0][0] != raw_owner:
                 self._turns.refused(name, owner, float(ttl), identity, meta, now(), (0, changes))
                 return self._holder(name, result[0])
@@ -699,19 +517,19 @@ class MySQLBackend(Backend):
 
         The core's list (a cohort's, renewed again tick after tick) is rendered into
         the statement's text once (:class:`Rendered`, :func:`derived`). Permits go in
-        statements of their own (:meth:`_renew_permits`)."""
+        statements of their own (:meth:`Permits.renew`)."""
         locks, permits = derived(renewals, "kinds", by_kind)
         if permits:
             failed = await self._renew_failed(locks) if locks else set()
             items = [((n, o, t), ttl) for n, o, t, ttl in permits]
-            renewed = await self._renew_permits(items)
+            renewed = await self._permits.renew(items)
             return failed | {key for key, _ in items if key not in renewed}
         if type(renewals) is HeldRenewals and len(renewals) <= MAX_RENEWALS:
             update, triples = derived(renewals, "mysql", self._rendered_renewal)
-            if await self._execute(update, None, _COUNT, renewal=True) == len(renewals):
+            if await self._execute(update, None, COUNT, renewal=True) == len(renewals):
                 return set()
             live = self._sql.live(len(renewals))
-            rows = await self._execute(live, triples, _ROWS, renewal=True)
+            rows = await self._execute(live, triples, ROWS, renewal=True)
             live_keys = {(n.decode(), o.decode(), int(t)) for n, o, t in rows}
             return {(n, o, t) for n, o, t, _ in renewals if (n, o, t) not in live_keys}
         items = [((n, o, t), ttl) for n, o, t, ttl in renewals]
@@ -726,11 +544,11 @@ class MySQLBackend(Backend):
         The statement's affected-row count tells when all were (the usual case: one
         statement); otherwise a read of which are still ours and live tells which.
         More than :data:`MAX_RENEWALS` go in statements of that many. Permits go in a
-        statement of their own (:meth:`_renew_permits`).
+        statement of their own (:meth:`Permits.renew`).
         """
         permits = [item for item in items if is_permit_owner(item[0][1])]
         if permits:
-            renewed_permits = await self._renew_permits(permits)
+            renewed_permits = await self._permits.renew(permits)
             locks = [item for item in items if not is_permit_owner(item[0][1])]
             return renewed_permits | (await self._renew_batch(locks) if locks else frozenset())
         if len(items) > MAX_RENEWALS:
@@ -739,9 +557,9 @@ class MySQLBackend(Backend):
                 renewed |= await self._renew_batch(items[start : start + MAX_RENEWALS])
             return renewed
         sql, params, triples = self._renewal(items)
-        if await self._execute(sql, params, _COUNT, renewal=True) == len(items):
+        if await self._execute(sql, params, COUNT, renewal=True) == len(items):
             return frozenset(key for key, _ in items)
-        rows = await self._execute(self._sql.live(len(items)), triples, _ROWS, renewal=True)
+        rows = await self._execute(self._sql.live(len(items)), triples, ROWS, renewal=True)
         return frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
 
     def _rendered_renewal(self, renewals: Sequence[Renewal]) -> tuple[Rendered, list[Any]]:
@@ -756,20 +574,20 @@ class MySQLBackend(Backend):
         ttls = {ttl for _, ttl in items}
         if len(ttls) == 1:
             ttl = float(items[0][1])
-            params: list[Any] = [ttl, _micros(ttl), *triples]
+            params: list[Any] = [ttl, micros(ttl), *triples]
             sql = self._sql.renew_many(len(items))
         else:
             params = [
                 v
                 for ((n, o, t), ttl) in items
-                for v in (n.encode(), o.encode(), t, float(ttl), _micros(ttl))
+                for v in (n.encode(), o.encode(), t, float(ttl), micros(ttl))
             ]
             sql = self._sql.renew_mixed(len(items))
         return sql, params, triples
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         if is_permit_owner(owner):
-            return await self._release_permit(name, owner, token)
+            return await self._permits.release(name, owner, token)
         self._batcher.forget(name, owner, token)
         self._turns.done(name, owner)
         held = self._held.get(name)
@@ -821,7 +639,7 @@ class MySQLBackend(Backend):
             "identity": turn.identity.encode(),
             "metadata": turn.metadata.encode(),
             "ttl": turn.ttl,
-            "us": _micros(turn.ttl),
+            "us": micros(turn.ttl),
         }
         sent_at = now()
         claim = (0, sent_at)
@@ -864,7 +682,7 @@ class MySQLBackend(Backend):
             "token": token,
             "metadata": meta.encode(),
         }
-        if await self._execute(self._sql.update_metadata, params, _ID) != token:
+        if await self._execute(self._sql.update_metadata, params, ID) != token:
             raise NotOwnerError(name)
         held = self._held.get(name)
         if held is not None and (held.owner, held.token) == (owner, token):
@@ -872,7 +690,7 @@ class MySQLBackend(Backend):
         self._changed(name)
 
     async def read(self, name: str) -> HolderInfo | None:
-        rows = await self._execute(self._sql.holder, {"name": name.encode()}, _ROWS)
+        rows = await self._execute(self._sql.holder, {"name": name.encode()}, ROWS)
         return None if not rows else self._holder(name, rows[0])
 
     def _holder(self, name: str, row: Any) -> HolderInfo:

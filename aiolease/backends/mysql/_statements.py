@@ -9,9 +9,33 @@ import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ..sql._permits import permit_tables
+from ..._permits import PERMIT_PREFIX, RW_LIMIT
+from ..sql._permits import permit_routine, permit_tables
 
-__all__ = ["EXPIRED", "WAITERS_SUFFIX", "PermitSql", "Prepared", "Sql"]
+__all__ = [
+    "COUNT",
+    "EXPIRED",
+    "ID",
+    "MAX_RENEWALS",
+    "ROWS",
+    "WAITERS_SUFFIX",
+    "PermitSql",
+    "Prepared",
+    "Sql",
+    "micros",
+]
+
+#: What the backend's ``_execute`` returns: the insert id, the rows, the row count.
+ID, ROWS, COUNT = "id", "rows", "count"
+#: The most leases one renew statement renews: 5 parameters each (of leases with
+#: different ttls) stay under the 65,535 placeholders a MySQL statement may have.
+MAX_RENEWALS = 10_000
+
+
+def micros(ttl: float) -> int:
+    """``ttl`` in whole microseconds (at least one), as the statements take it."""
+    return max(round(ttl * 1_000_000), 1)
+
 
 _NOW = "UTC_TIMESTAMP(6)"
 _EXPIRY = f"{_NOW} + INTERVAL %(us)s MICROSECOND"
@@ -328,16 +352,18 @@ class PermitSql:
     """The statements of the permits of one lease table (see
     :mod:`aiolease.backends.sql._permits`; identifiers validated and quoted).
 
-    An acquire is one transaction: ``lock_name`` (the name's row, made if missing,
-    locked until the commit), ``expire`` and ``rows`` (a locking read: it sees every
-    permit committed before, whatever the isolation level), then ``next_token`` and
-    ``grant``, ``next_seq`` and ``grant`` (a queue entry), or ``refresh``. Expiry is
-    judged on the server's clock (``UTC_TIMESTAMP(6)``).
+    An acquire is one round trip: ``acquire`` calls the procedure that
+    ``create_acquire`` installs, which runs one transaction: it locks the name's row
+    (made if missing), then reads the name's rows with locking reads (which see every
+    permit committed before, whatever the isolation level), and grants, queues or
+    refuses (see :func:`~aiolease.backends.sql._permits.acquired`). Expiry is judged on
+    the server's clock (``UTC_TIMESTAMP(6)``).
     """
 
     def __init__(self, table: str) -> None:
         permits, names = permit_tables(table, 64)
         p, n = f"`{permits}`", f"`{names}`"
+        f = f"`{permit_routine(table, 64)}`"
         self.where = p  # as errors name the table
         self._permits = p
         self.create = (
@@ -351,20 +377,23 @@ class PermitSql:
             " name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL,"
             " seq BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB",
         )
-        # An exclusive lock on the name's row, made if missing (ON DUPLICATE KEY UPDATE
-        # locks the row it meets, changed or not).
-        self.lock_name = (
-            f"INSERT INTO {n} (name, token, seq) VALUES (%(name)s, 0, 0)"
-            " ON DUPLICATE KEY UPDATE token = token"
+        # Made once (error 1304, "already exists", from a second maker is no error).
+        self.create_acquire = _acquire_procedure(f, p, n)
+        # One result set: "act" (see ``acquired``), "tok" (a grant's token), then the
+        # columns of a permit row (NULL for a grant); for a refusal, the live rows of
+        # the name in arrival order, one per row.
+        self.acquire = (
+            f"CALL {f}(%(name)s, %(owner)s, %(weight)s, %(lim)s, %(identity)s,"
+            " %(metadata)s, %(ttl)s, %(us)s)"
         )
-        self.expire = f"DELETE FROM {p} WHERE name = %(name)s AND expires_at <= {_NOW}"
+        # A wait on the bell of the permit or queue entry that blocks a waiter (see
+        # ``_bell``): 1 when it was let go (or was free), else 0; nothing else to look at.
+        self.ring = Prepared.of(
+            "SELECT IF(GET_LOCK(%(bell)s, %(seconds)s), RELEASE_LOCK(%(bell)s), 0)"
+        )
         columns = (
             "owner, weight, lim, granted, seq, token, identity, metadata,"
             f" TIMESTAMPDIFF(MICROSECOND, {_NOW}, expires_at)"
-        )
-        self.rows = (
-            f"SELECT {columns} FROM {p} WHERE name = %(name)s AND expires_at > {_NOW}"
-            " ORDER BY seq FOR UPDATE"
         )
         self.read = (
             f"SELECT {columns} FROM {p} WHERE name = %(name)s AND expires_at > {_NOW} ORDER BY seq"
@@ -414,3 +443,94 @@ class PermitSql:
             f" WHERE (name, owner, token) IN ({_triples(count)}) AND granted = 1"
             f" AND expires_at > {_NOW}"
         )
+
+
+def _acquire_procedure(f: str, p: str, n: str) -> str:
+    """``CREATE PROCEDURE`` of the acquire (see :class:`PermitSql`): the rules of
+    ``docs/internals/semaphores.md`` in one transaction (rolled back, and the error
+    raised again, if a statement fails: a deadlock's victim is asked again whole)."""
+    live = "name = a_name AND expires_at > t"
+    alive = "expires_at > t"
+    expiry = "UTC_TIMESTAMP(6) + INTERVAL a_us MICROSECOND"
+    columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
+    upsert = (
+        f"INSERT INTO {p} ({columns}) VALUES (a_name, a_owner, a_weight, a_lim, {{granted}},"
+        f" {{seq}}, {{token}}, a_identity, {{meta}}, a_ttl, {expiry}) ON DUPLICATE KEY UPDATE"
+        " weight = a_weight, lim = a_lim, granted = {granted}, seq = {seq}, token = {token},"
+        f" identity = a_identity, metadata = {{meta}}, ttl = a_ttl, expires_at = {expiry}"
+    )
+    # What aiolease writes (permit_row checks the same, and the text, in Python).
+    sane = (
+        f"LEFT(owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}' AND lim BETWEEN 1 AND {RW_LIMIT}"
+        " AND weight BETWEEN 1 AND lim AND (granted = 0 OR IFNULL(token >= 1, FALSE))"
+    )
+    refresh = (
+        f"UPDATE {p} SET ttl = a_ttl, expires_at = {expiry} WHERE name = a_name AND owner = a_owner"
+    )
+    nothing = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    # The name's next token is taken by the statement that locks its row, and given back
+    # (the row still locked) unless the request is granted: the uncontended grant is
+    # then one write of the name's row, one read of its permits and one write of them.
+    return f"""CREATE PROCEDURE {f}(a_name VARBINARY(255), a_owner VARBINARY(255),
+ a_weight BIGINT, a_lim BIGINT, a_identity VARBINARY(1024), a_metadata BLOB, a_ttl DOUBLE,
+ a_us BIGINT UNSIGNED)
+MODIFIES SQL DATA SQL SECURITY INVOKER
+body: BEGIN
+ DECLARE t DATETIME(6);
+ DECLARE all_sane, my_granted INT DEFAULT NULL;
+ DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
+ DECLARE used, ahead, expired BIGINT DEFAULT 0;
+ DECLARE my_seq, my_token, got BIGINT UNSIGNED DEFAULT NULL;
+ DECLARE decision VARCHAR(8) CHARACTER SET ascii DEFAULT NULL;
+ DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+ START TRANSACTION;
+ INSERT INTO {n} (name, token, seq) VALUES (a_name, LAST_INSERT_ID(1), 0)
+  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
+ SET t = UTC_TIMESTAMP(6), got = LAST_INSERT_ID();
+ SELECT MIN(IF({alive}, {sane}, NULL)), MIN(IF({alive}, lim, NULL)), MAX(IF({alive}, lim, NULL)),
+  IFNULL(SUM(IF({alive} AND granted = 1, weight, 0)), 0),
+  MAX(IF({alive} AND owner = a_owner, granted, NULL)),
+  MAX(IF({alive} AND owner = a_owner, seq, NULL)),
+  MAX(IF({alive} AND owner = a_owner, token, NULL)), IFNULL(SUM(expires_at <= t), 0)
+  INTO all_sane, low_lim, high_lim, used, my_granted, my_seq, my_token, expired
+  FROM {p} WHERE name = a_name FOR UPDATE;
+ IF expired > 0 THEN
+  DELETE FROM {p} WHERE name = a_name AND expires_at <= t;
+ END IF;
+ IF low_lim IS NOT NULL AND (NOT all_sane OR low_lim <> high_lim) THEN
+  SET decision = 'foreign';
+ ELSEIF low_lim IS NOT NULL AND low_lim <> a_lim THEN
+  SET decision = 'mismatch';
+ ELSEIF my_granted = 1 THEN
+  {refresh};
+  SET decision = 'renew';
+ ELSE
+  IF low_lim IS NOT NULL THEN
+   SELECT IFNULL(SUM(weight), 0) INTO ahead FROM {p} WHERE {live} AND granted = 0
+    AND owner <> a_owner AND (my_seq IS NULL OR seq < my_seq);
+  END IF;
+  IF used + ahead + a_weight <= a_lim THEN
+   {upsert.format(granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata")};
+   SELECT 'grant' AS act, got AS tok, {nothing};
+   COMMIT;
+   LEAVE body;
+  ELSEIF my_seq IS NULL THEN
+   UPDATE {n} SET token = token - 1, seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
+   SET got = LAST_INSERT_ID(), decision = 'queue';
+   {upsert.format(granted="0", seq="got", token="NULL", meta="NULL")};
+  ELSE
+   {refresh};
+   SET decision = 'refresh';
+  END IF;
+ END IF;
+ IF decision <> 'queue' THEN
+  UPDATE {n} SET token = token - 1 WHERE name = a_name;
+ END IF;
+ IF decision = 'renew' THEN
+  SELECT decision AS act, my_token AS tok, {nothing};
+ ELSE
+  SELECT decision AS act, NULL AS tok, owner, weight, lim, granted, seq, token, identity,
+   metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq;
+ END IF;
+ COMMIT;
+END"""

@@ -9,7 +9,6 @@ from typing import Any
 
 from ..._checked import derived
 from ..._exceptions import (
-    AioleaseError,
     BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
@@ -24,7 +23,7 @@ from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from .._takers import Takers
 from ..sql._options import pool_size
-from ..sql._permits import Action, blocker, by_kind, decide, permit_holders, permit_row
+from ..sql._permits import by_kind
 from ..sql._pool import LeanPool, PoolStatistics
 from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import HOLDER_COLUMNS, row_holder
@@ -34,15 +33,15 @@ from ..sql._values import check_identifier, check_owner, encode_metadata
 from ..sql._wakeups import Wakeups
 from ._errors import mapped
 from ._listener import LISTEN_CHECK, Held, Listener
+from ._permits import Permits
 from ._queue import Queue
 from ._statements import (
-    PERMIT_COLUMNS,
     PermitSql,
     Sql,
     advisory_key,
     default_channel,
     grants_channel,
-    permit_key,
+    literals_of,
 )
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
@@ -50,9 +49,10 @@ __all__ = ["PostgresBackend", "PostgresStatistics"]
 
 #: How many times a refusal whose holder the statement could not see is asked again.
 _RACE_RETRIES = 8
-#: The SQLSTATEs of a statement on a table, or a column (the mark of a table made
-#: before the queue), that does not exist (yet).
-_UNDEFINED = ("42P01", "42703")
+#: The SQLSTATEs of a statement on a table, a column (the mark of a table made before
+#: the queue) or a function (the permits' acquire, of a table made before it) that
+#: does not exist (yet).
+_UNDEFINED = ("42P01", "42703", "42883")
 #: A waiter asks again (refreshing its row, which lasts its ttl) this share of its ttl
 #: after its latest refused ask, so that it keeps its place.
 _REFRESH_SHARE = 1 / 3
@@ -99,16 +99,6 @@ def _no_watch() -> None:
     """Ends no watch (see ``on_taken``)."""
 
 
-class _NoGate:
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, *_: object) -> None:
-        return None
-
-
-_NO_GATE = _NoGate()
-
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
 _OPENING: Any = object()
 
@@ -125,31 +115,6 @@ CAPABILITIES = frozenset(
         Capability.FAIR_PERMITS,
     }
 )
-
-
-def _quoted(text: str) -> str:
-    """``text`` as an element of a PostgreSQL array literal: in double quotes, with
-    ``"`` and ``\\`` escaped (all else, commas and braces included, is taken as is)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _array_literals(renewals: Sequence[Renewal]) -> tuple[str, str, str, str]:
-    """The renew statement's parameters: the names, owners, tokens and ttls of
-    ``renewals`` as array literals (``{...}``), sent as four text values that the
-    server casts. Encoding them here once per list of the core's (:func:`derived`)
-    spares asyncpg encoding every element of four arrays on every tick."""
-    names = ",".join([_quoted(r[0]) for r in renewals])
-    owners = ",".join([_quoted(r[1]) for r in renewals])
-    tokens = ",".join([str(int(r[2])) for r in renewals])
-    ttls = ",".join([repr(float(r[3])) for r in renewals])
-    return f"{{{names}}}", f"{{{owners}}}", f"{{{tokens}}}", f"{{{ttls}}}"
-
-
-def _literals_of(
-    batch: Sequence[Renewal],
-) -> Callable[[Sequence[Renewal]], tuple[str, str, str, str]]:
-    """Makes :func:`_array_literals` of ``batch`` (a part of the list it is given)."""
-    return lambda _: _array_literals(batch)
 
 
 class PostgresBackend(Backend):
@@ -216,9 +181,6 @@ class PostgresBackend(Backend):
         self._listens = bool(listen)
         self._sql = Sql(self._schema, self._table)
         self._permit_sql = PermitSql(self._schema, self._table)
-        #: Where the listener stood when each refused permit request sent its statement
-        #: (see ``wait_permit_turn``).
-        self._permit_marks: dict[tuple[str, str], tuple[int, int] | None] = {}
         self._where = f'"{self._schema}"."{self._table}"'  # as errors name the table
         self._batcher = RenewBatcher(self._renew_batch, window=window)
         self._wakeups = Wakeups()
@@ -252,6 +214,15 @@ class PostgresBackend(Backend):
             takers=self._takers,
             what=repr(self),
         )
+        self._permits = Permits(
+            self._permit_sql,
+            self._fetch,
+            self._listener,
+            self._wakeups,
+            self._batcher,
+            self._channel,
+            lambda: self.poll_interval,
+        )
 
     def __repr__(self) -> str:
         return f"<PostgresBackend {self._schema}.{self._table}>"
@@ -278,9 +249,9 @@ class PostgresBackend(Backend):
             renewals_shared=self._batcher.shared,
             listening=self._listener.up,
             listener_connects=self._listener.connects,
-            waiting=self._waiting,
+            waiting=self._waiting + self._permits.waiting,
             pool=None if self._pool is None else self._pool.statistics(),
-            acquire_statements=self._acquire_statements,
+            acquire_statements=self._acquire_statements + self._permits.statements,
             handoffs_taken=self._handoffs_taken,
         )
 
@@ -404,6 +375,8 @@ class PostgresBackend(Backend):
             await conn.execute(self._sql.create_waiters_index)
             await conn.execute(self._permit_sql.create)
             await conn.execute(self._permit_sql.create_names)
+            if not await conn.fetchval(self._permit_sql.has_acquire, self._permit_sql.routine):
+                await conn.execute(self._permit_sql.create_acquire)
 
     # -- running statements ----------------------------------------------------------------
 
@@ -461,56 +434,6 @@ class PostgresBackend(Backend):
             size = 1 if self._conn_lock is not None else int(self._db.get_max_size())
             self._gate = asyncio.Semaphore(size - 1) if size >= 2 else False
         return self._gate if isinstance(self._gate, asyncio.Semaphore) else None
-
-    async def _transact(self, work: Callable[[Any], Any]) -> Any:
-        """Run ``await work(conn)`` in a transaction on a connection of the backend (the
-        tables made first if missing), and return what it returned."""
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        with mapped():
-            try:
-                return await self._in_transaction(work)
-            except Exception as exc:
-                if getattr(exc, "sqlstate", None) not in _UNDEFINED:
-                    raise
-            await self.setup()  # first use: create the tables, then ask again
-            return await self._in_transaction(work)
-
-    async def _in_transaction(self, work: Callable[[Any], Any]) -> Any:
-        async def run(conn: Any) -> Any:
-            async with conn.transaction():
-                return await work(conn)
-
-        def reusable(exc: BaseException) -> bool:
-            # The server answered, or ``work`` raised: the transaction was rolled back.
-            return isinstance(exc, (self._answered, AioleaseError))
-
-        if self._pool is not None:
-            pool = self._pool
-            conn = await pool.acquire(False)
-            try:
-                result = await run(conn)
-            except BaseException as exc:
-                (pool.release if reusable(exc) else pool.discard)(conn, False)
-                raise
-            pool.release(conn, False)
-            return result
-        if self._conn_lock is not None:
-            async with self._conn_lock:
-                return await run(self._db)
-        gate = self._pool_gate()
-        async with gate if gate is not None else _NO_GATE:
-            conn = await self._db.acquire()
-            try:
-                result = await run(conn)
-            except BaseException as exc:
-                if not reusable(exc):
-                    conn.terminate()  # interrupted: the connection is in doubt
-                    raise
-                await self._db.release(conn, timeout=self._connect_timeout)
-                raise
-            await self._db.release(conn, timeout=self._connect_timeout)
-            return result
 
     async def _run(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
         if self._conn_lock is not None:
@@ -595,11 +518,7 @@ class PostgresBackend(Backend):
             return seen
         raise BackendTimeout(f"lease {name!r} kept changing under try_acquire; try again")
 
-    # -- permits (docs/internals/semaphores.md) -----------------------------------------------
-
-    def _permit_rows(self, name: str, rows: Sequence[Any]) -> list[Any]:
-        where = self._permit_sql.where
-        return [permit_row(where, name, *(row[c] for c in PERMIT_COLUMNS)) for row in rows]
+    # -- permits (docs/internals/semaphores.md: see ``_permits``) -------------------------
 
     async def try_acquire_permit(
         self,
@@ -611,84 +530,14 @@ class PostgresBackend(Backend):
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        """One transaction: lock the name's row, drop its expired permit rows, check the
-        limit, then grant if the held weight, the weight queued ahead and ``weight``
-        fit, else queue the caller (or keep its place)."""
-        meta = encode_metadata(metadata) if metadata else "{}"
-        sql, ttl = self._permit_sql, float(ttl)
-
-        async def acquire(conn: Any) -> Grant | HolderInfo | AioleaseError:
-            await conn.fetch(sql.lock_name, name, timeout=self._timeout)
-            try:
-                rows = self._permit_rows(
-                    name, await conn.fetch(sql.rows, name, timeout=self._timeout)
-                )
-                action, mine = decide(name, rows, owner, limit, weight)
-            except AioleaseError as exc:  # foreign rows, another limit: nothing changes
-                return exc
-            if action is Action.GRANT:
-                seq = 0 if mine is None else mine.seq
-                token = await conn.fetchval(
-                    sql.grant, name, owner, weight, limit, seq, identity, meta, ttl,
-                    timeout=self._timeout,
-                )  # fmt: skip
-                return Grant(int(token), ttl)
-            if action is Action.QUEUE:
-                await conn.execute(
-                    sql.queue, name, owner, weight, limit, identity, ttl, timeout=self._timeout
-                )
-            else:
-                await conn.execute(sql.refresh, name, owner, ttl, timeout=self._timeout)
-            if action is Action.RENEW:
-                assert mine is not None
-                return Grant(mine.token, ttl)
-            return blocker(name, rows, owner)
-
-        mark = self._listener.mark()
-        # Seen to its end even if the caller is cancelled (see ``finished``).
-        outcome: Grant | HolderInfo | AioleaseError = await finished(self._transact(acquire))
-        if isinstance(outcome, AioleaseError):
-            raise outcome
-        if isinstance(outcome, Grant):
-            self._permit_marks.pop((name, owner), None)
-        else:
-            if len(self._permit_marks) >= _MAX_WATCHED:
-                self._permit_marks.clear()
-            self._permit_marks[(name, owner)] = mark
-        return outcome
+        """One statement: the acquire function (see :class:`PermitSql`)."""
+        return await self._permits.try_acquire(name, owner, ttl, identity, metadata, limit, weight)
 
     async def read_permits(self, name: str) -> PermitHolders | None:
-        return permit_holders(name, self._permit_rows(name, await self._fetch(
-            self._permit_sql.read, name
-        )))  # fmt: skip
+        return await self._permits.read(name)
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes (a ``NOTIFY``; or, while
-        nothing listens, after :attr:`poll_interval`), when ``seen`` expires, and never
-        later than a third of ``ttl`` (the retry keeps the caller's place)."""
-        listening = await self._listener.ensure()
-        key = permit_key(name)
-        timeout = min(LISTEN_CHECK if listening else self.poll_interval, ttl / 3)
-        if seen.remaining is not None:
-            timeout = min(timeout, max(seen.remaining, 0.001))
-        self._waiting += 1
-        try:
-            with self._wakeups.watching(key) as event:
-                # A permit that went after the refusal's statement was sent: at once.
-                mark = self._permit_marks.get((name, owner))
-                if mark is not None and not self._listener.unchanged_since(key, mark):
-                    return
-                await wait_event(event, timeout)
-        finally:
-            self._waiting -= 1
-
-    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
-        self._batcher.forget(name, owner, token)
-        self._permit_marks.pop((name, owner), None)
-        rows = await self._fetch(self._permit_sql.release, name, owner, token, self._channel)
-        if rows and rows[0]["deleted"]:
-            self._wakeups.wake(permit_key(name))
-        return bool(rows and rows[0]["freed"])
+        await self._permits.wait_turn(name, owner, ttl, seen)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         if self._closed:
@@ -718,7 +567,7 @@ class PostgresBackend(Backend):
         ):
             if not batch:
                 continue
-            literals = derived(renewals, kind, _literals_of(batch))
+            literals = derived(renewals, kind, literals_of(batch))
             rows = await self._fetch(sql, *literals, renewal=True)
             failed |= {(row["name"], row["owner"], int(row["token"])) for row in rows}
         return failed
@@ -728,7 +577,7 @@ class PostgresBackend(Backend):
         any), and drop ``owner``'s waiter row (a caller that stops waiting releases).
         A permit's owner: delete its permit or queue entry, and ``NOTIFY`` it."""
         if is_permit_owner(owner):
-            return await self._release_permit(name, owner, token)
+            return await self._permits.release(name, owner, token)
         self._batcher.forget(name, owner, token)
         # It may have a waiter row if it sent a queue-aware ask (one whose refusal it
         # never saw, too: a caller cancelled while the statement ran to its end), or

@@ -7,11 +7,16 @@ See :mod:`aiolease.backends.postgres` for what each statement guarantees, and
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 
-from ..sql._permits import permit_tables
+from ..._permits import PERMIT_PREFIX, RW_LIMIT
+from ...abc import Renewal
+from ..sql._permits import permit_routine, permit_tables
 from ..sql._sweeps import SWEEP_AFTER, SWEEP_LIMIT
 
 __all__ = [
+    "array_literals",
+    "literals_of",
     "Notice",
     "Payload",
     "Sql",
@@ -376,17 +381,20 @@ class PermitSql:
     """The statements of the permits of one lease table (see
     :mod:`aiolease.backends.sql._permits`; identifiers validated and quoted).
 
-    An acquire is one transaction: ``lock_name`` (the name's row, made if missing, locked
-    until the commit), then ``rows`` (a statement of its own, so that its snapshot,
-    taken once the lock is held, shows every permit committed before), then one of
-    ``grant``, ``queue`` or ``refresh``. Every other statement is one round trip of its
-    own. Expiry is judged on the server's clock (``clock_timestamp()``).
+    An acquire is one statement, one round trip: ``acquire`` calls the function that
+    ``create_acquire`` installs (a PL/pgSQL function: each of its statements takes a
+    snapshot of its own, so the read after the name's row is locked shows every permit
+    committed before, which one statement's single snapshot could not). Every other
+    statement is one round trip of its own. Expiry is judged on the server's clock
+    (``clock_timestamp()``).
     """
 
     def __init__(self, schema: str, table: str) -> None:
         p = f'"{schema}"."{permits_table(table)}"'
         n = f'"{schema}"."{permit_names_table(table)}"'
+        f = f'"{schema}"."{permit_routine(table, _LONGEST)}"'
         self.where = p  # as errors name the table
+        self.routine = f
         # One row per held permit (granted, with its token) or queue entry (its place
         # ``seq``, no token), each with the weight and limit it asked for.
         self.create = (
@@ -402,55 +410,26 @@ class PermitSql:
             f"CREATE TABLE IF NOT EXISTS {n} ("
             ' name text COLLATE "C" PRIMARY KEY, token bigint NOT NULL, seq bigint NOT NULL)'
         )
+        # Whether the acquire function exists ($1: its qualified name): setup creates it
+        # only if not, so that it never rewrites the catalog for nothing.
+        self.has_acquire = "SELECT to_regproc($1) IS NOT NULL AS present"
+        self.create_acquire = _acquire_function(f, p, n)
+        # $1 name, $2 owner, $3 weight, $4 limit, $5 identity, $6 metadata, $7 ttl. One
+        # row "grant" or "renew" (the token in "tok"); else the live rows of the name
+        # in arrival order, as they were before the caller's queue entry was written,
+        # each with "act": "queue" or "refresh" (refused), "mismatch" (another limit:
+        # nothing written), "foreign" (a row aiolease would not have written: nothing
+        # written; the rows are read and reported).
+        self.acquire = (
+            f"SELECT act, tok, {', '.join(PERMIT_COLUMNS)} FROM {f}($1, $2, $3::int8,"
+            " $4::int8, $5, $6, $7::float8)"
+        )
         columns = ", ".join(f"p.{c}" for c in PERMIT_COLUMNS[:-1])
-        # $1 name: lock the name's row (made if missing) until the transaction ends.
-        self.lock_name = (
-            f"INSERT INTO {n} AS n (name, token, seq) VALUES ($1, 0, 0)"
-            " ON CONFLICT (name) DO UPDATE SET token = n.token RETURNING n.token"
-        )
-        # $1 name: delete the name's expired rows, and read the live ones in arrival order.
-        self.rows = (
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS t),"
-            f" d AS (DELETE FROM {p} x USING c WHERE x.name = $1 AND x.expires_at <= c.t)"
-            f" SELECT {columns}, extract(epoch FROM p.expires_at - c.t)::float8 AS remaining"
-            f" FROM {p} p, c WHERE p.name = $1 AND p.expires_at > c.t ORDER BY p.seq"
-        )
         # $1 name: the live rows, read (``read_permits``).
         self.read = (
             f"SELECT {columns}, extract(epoch FROM p.expires_at - c.t)::float8 AS remaining"
             f" FROM {p} p, (SELECT clock_timestamp() AS t) c"
             " WHERE p.name = $1 AND p.expires_at > c.t ORDER BY p.seq"
-        )
-        upsert = (
-            f"INSERT INTO {p} AS p (name, owner, weight, lim, granted, seq, token, identity,"
-            " metadata, ttl, expires_at)"
-        )
-        replace = (
-            " ON CONFLICT (name, owner) DO UPDATE SET weight = excluded.weight,"
-            " lim = excluded.lim, granted = excluded.granted, seq = excluded.seq,"
-            " token = excluded.token, identity = excluded.identity,"
-            " metadata = excluded.metadata, ttl = excluded.ttl, expires_at = excluded.expires_at"
-        )
-        # $1 name, $2 owner, $3 weight, $4 limit, $5 seq, $6 identity, $7 metadata, $8 ttl:
-        # a permit with the next token (a queue entry of the caller's becomes it).
-        self.grant = (
-            f"WITH u AS (UPDATE {n} SET token = token + 1 WHERE name = $1 RETURNING token)"
-            f" {upsert} SELECT $1, $2, $3, $4, true, $5, u.token, $6, $7, $8::float8,"
-            f" clock_timestamp() + make_interval(secs => $8::float8) FROM u{replace}"
-            " RETURNING p.token"
-        )
-        # $1 name, $2 owner, $3 weight, $4 limit, $5 identity, $6 ttl: a queue entry in
-        # the next place.
-        self.queue = (
-            f"WITH u AS (UPDATE {n} SET seq = seq + 1 WHERE name = $1 RETURNING seq)"
-            f" {upsert} SELECT $1, $2, $3, $4, false, u.seq, NULL, $5, NULL, $6::float8,"
-            f" clock_timestamp() + make_interval(secs => $6::float8) FROM u{replace}"
-        )
-        # $1 name, $2 owner, $3 ttl: a retry of the holder, or of a queued request.
-        self.refresh = (
-            f"UPDATE {p} SET ttl = $3::float8,"
-            " expires_at = clock_timestamp() + make_interval(secs => $3::float8)"
-            " WHERE name = $1 AND owner = $2"
         )
         # $1 names, $2 owners, $3 tokens, $4 ttls (array literals, as the locks' renew
         # takes them): one row per permit. Answers those it did not renew (usually none).
@@ -535,3 +514,129 @@ def parse_notice(payload: str) -> Notice:
         if colon and size.isdecimal() and int(size) <= len(rest):
             return "g", rest[int(size) :], rest[: int(size)], int(token), ask, lasts
     return "r", payload, None, None, None, None
+
+
+def _acquire_function(f: str, p: str, n: str) -> str:
+    """``CREATE FUNCTION`` of the acquire (see :class:`PermitSql`): the rules of
+    ``docs/internals/semaphores.md``, as :mod:`aiolease.backends.sql._permits` states them,
+    in one transaction that locks the name's row first (made if missing: every acquire
+    of the name waits for the one before to commit)."""
+    columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
+    expiry = "clock_timestamp() + make_interval(secs => a_ttl)"
+    live = "x.name = a_name AND x.expires_at > t"
+    upsert = (
+        f"INSERT INTO {p} AS x ({columns}) VALUES"
+        " (a_name, a_owner, a_weight, a_lim, {granted}, {seq}, {token}, a_identity, {meta},"
+        f" a_ttl, {expiry}) ON CONFLICT (name, owner) DO UPDATE SET weight = excluded.weight,"
+        " lim = excluded.lim, granted = excluded.granted, seq = excluded.seq,"
+        " token = excluded.token, identity = excluded.identity,"
+        " metadata = excluded.metadata, ttl = excluded.ttl, expires_at = excluded.expires_at"
+    )
+    # What aiolease writes (permit_row checks the same, and the metadata, in Python).
+    sane = (
+        f"left(x.owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}'"
+        f" AND x.lim BETWEEN 1 AND {RW_LIMIT} AND x.weight BETWEEN 1 AND x.lim"
+        " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
+    )
+    nothing = "NULL::text, NULL::int8, NULL::int8, NULL::bool, NULL::int8, NULL::int8"
+    return f"""CREATE OR REPLACE FUNCTION {f}(a_name text, a_owner text, a_weight int8,
+ a_lim int8, a_identity text, a_metadata text, a_ttl float8)
+RETURNS TABLE (act text, tok int8, owner text, weight int8, lim int8, granted bool, seq int8,
+ token int8, identity text, metadata text, remaining float8)
+LANGUAGE plpgsql VOLATILE AS $aiolease$
+#variable_conflict use_column
+DECLARE
+ t timestamptz;
+ first_lim int8;
+ all_sane bool;
+ used int8;
+ ahead int8;
+ my_granted bool;
+ my_seq int8;
+ my_token int8;
+ got int8;
+ expired int8;
+ decision text;
+BEGIN
+ -- Locks the name's row, and takes its next token (given back unless granted).
+ INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 1, 0)
+  ON CONFLICT (name) DO UPDATE SET token = x.token + 1 RETURNING x.token INTO got;
+ t := clock_timestamp();
+ -- One read of the name's rows (each statement here sees every commit before it),
+ -- which keeps them from being deleted (a release) until the commit, so that the rows
+ -- a refusal answers are those it was decided on; renewals are not held up.
+ SELECT (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
+  coalesce(bool_and({sane}) FILTER (WHERE x.expires_at > t), true),
+  coalesce(sum(x.weight) FILTER (WHERE x.granted AND x.expires_at > t), 0)::int8,
+  bool_or(x.granted) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  max(x.seq) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  count(*) FILTER (WHERE x.expires_at <= t)
+  INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired
+  FROM (SELECT * FROM {p} r WHERE r.name = a_name FOR KEY SHARE) x;
+ IF expired > 0 THEN
+  DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
+ END IF;
+ IF first_lim IS NOT NULL AND NOT all_sane THEN
+  decision := 'foreign';
+ ELSIF first_lim IS NOT NULL AND first_lim <> a_lim THEN
+  decision := 'mismatch';
+ ELSE
+  IF my_granted THEN
+   UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+   UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
+   RETURN QUERY SELECT 'renew'::text, my_token, {nothing}, NULL::text, NULL::text, NULL::float8;
+   RETURN;
+  END IF;
+  ahead := 0;
+  IF first_lim IS NOT NULL THEN
+   SELECT coalesce(sum(x.weight), 0)::int8 INTO ahead FROM {p} x WHERE {live}
+    AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
+  END IF;
+  IF used + ahead + a_weight <= a_lim THEN
+   {upsert.format(granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata")};
+   RETURN QUERY SELECT 'grant'::text, got, {nothing}, NULL::text, NULL::text, NULL::float8;
+   RETURN;
+  END IF;
+  decision := CASE WHEN my_seq IS NULL THEN 'queue' ELSE 'refresh' END;
+ END IF;
+ RETURN QUERY SELECT decision, NULL::int8, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
+  x.identity, x.metadata, extract(epoch FROM x.expires_at - t)::float8
+  FROM {p} x WHERE {live} ORDER BY x.seq;
+ IF decision = 'queue' THEN
+  UPDATE {n} x SET token = x.token - 1, seq = x.seq + 1 WHERE x.name = a_name
+   RETURNING x.seq INTO got;
+  {upsert.format(granted="false", seq="got", token="NULL", meta="NULL")};
+ ELSE
+  UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
+  IF decision = 'refresh' THEN
+   UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+  END IF;
+ END IF;
+END
+$aiolease$"""
+
+
+def _quoted(text: str) -> str:
+    """``text`` as an element of a PostgreSQL array literal: in double quotes, with
+    ``"`` and ``\\`` escaped (all else, commas and braces included, is taken as is)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def array_literals(renewals: Sequence[Renewal]) -> tuple[str, str, str, str]:
+    """The renew statement's parameters: the names, owners, tokens and ttls of
+    ``renewals`` as array literals (``{...}``), sent as four text values that the
+    server casts. Encoding them here once per list of the core's (``derived``)
+    spares asyncpg encoding every element of four arrays on every tick."""
+    names = ",".join([_quoted(r[0]) for r in renewals])
+    owners = ",".join([_quoted(r[1]) for r in renewals])
+    tokens = ",".join([str(int(r[2])) for r in renewals])
+    ttls = ",".join([repr(float(r[3])) for r in renewals])
+    return f"{{{names}}}", f"{{{owners}}}", f"{{{tokens}}}", f"{{{ttls}}}"
+
+
+def literals_of(
+    batch: Sequence[Renewal],
+) -> Callable[[Sequence[Renewal]], tuple[str, str, str, str]]:
+    """Makes :func:`array_literals` of ``batch`` (a part of the list it is given)."""
+    return lambda _: array_literals(batch)

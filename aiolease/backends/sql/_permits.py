@@ -4,8 +4,9 @@ The PostgreSQL and MySQL / MariaDB backends keep, beside the lease table, a perm
 table (one row per held permit or queue entry, keyed ``(name, owner)``) and a names
 table (per name the token counter and the queue's arrival sequence). An acquire locks
 the name's row, reads the live permit rows of the name in arrival order (``seq``), and
-does what :func:`decide` says with them, all in one transaction (see
-``docs/internals/semaphores.md`` for the rules). Nothing here imports a driver.
+grants, queues or refuses, all in one transaction run by a routine installed with the
+tables (one round trip: see :func:`acquired` and ``docs/internals/semaphores.md`` for
+the rules). Nothing here imports a driver.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ from enum import Enum
 
 from ..._exceptions import LimitMismatchError
 from ..._permits import RW_LIMIT, PermitHolders, is_permit_owner
-from ...abc import HolderInfo, Renewal
+from ...abc import Grant, HolderInfo, Renewal
 from ._rows import decode_metadata, foreign
 
 __all__ = [
     "Action",
     "PermitRow",
+    "acquired",
     "blocker",
     "by_kind",
     "decide",
     "permit_holders",
+    "permit_routine",
     "permit_row",
     "permit_tables",
 ]
@@ -52,6 +55,22 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
         f"{table}{suffix}" if len(table) + len(suffix) <= longest else f"{short}{digest}"
         for suffix, short in (("_permits", "aiolease_p"), ("_permit_names", "aiolease_n"))
     )
+
+
+#: The version of the acquire routine's body and signature, in its name: a changed
+#: routine gets a new name, so that processes of two versions never call each other's.
+ROUTINE_VERSION = 1
+
+
+def permit_routine(table: str, longest: int) -> str:
+    """The server-side routine that acquires the permits of lease table ``table``
+    (installed by the backend's setup): ``<table>_permit_acquire_v<N>``, or, where that
+    would pass the server's ``longest`` identifier, ``aiolease_a<N>_`` and 16 hex digits
+    of a hash of ``table``."""
+    full = f"{table}_permit_acquire_v{ROUTINE_VERSION}"
+    if len(full) <= longest:
+        return full
+    return f"aiolease_a{ROUTINE_VERSION}_{hashlib.sha256(table.encode()).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +153,42 @@ def permit_row(
         raise foreign(table, name, f"a permit row: {exc}") from None
 
 
+def acquired(
+    where: str,
+    name: str,
+    owner: str,
+    ttl: float,
+    limit: int,
+    act: object,
+    token: object,
+    rows: Sequence[PermitRow],
+) -> Grant | HolderInfo:
+    """What the acquire routine's answer means (its ``act``, the ``token`` of a grant, the
+    live ``rows`` it reported, already checked by :func:`permit_row`).
+
+    The routine, in one transaction that locks the name's row first: drops the name's
+    expired rows; reports the live ones, writing nothing, when one of them is not
+    aiolease's (``"foreign"``) or was asked with another limit (``"mismatch"``);
+    renews the caller's live permit (``"renew"``: same token); grants if the held
+    weight, the weight queued ahead of the caller and its weight fit the limit
+    (``"grant"``: the name's next token, the caller's queue entry becoming the
+    permit); else writes the caller's queue entry (``"queue"``: the next place) or
+    refreshes it (``"refresh"``: its place kept), and reports the live rows as they
+    were before.
+
+    :param where: the permits table, as messages name it
+    :raises LimitMismatchError: ``"mismatch"``
+    :raises ForeignDataError: ``"foreign"``, or an answer aiolease's routine never gives
+    """
+    if act in ("grant", "renew") and isinstance(token, int) and token > 0:
+        return Grant(token, ttl)
+    if act == "mismatch" and rows:
+        raise LimitMismatchError(name, limit, rows[0].limit)
+    if act in ("queue", "refresh") and any(row.owner != owner for row in rows):
+        return blocker(name, rows, owner)
+    raise foreign(where, name, f"the acquire routine answered {act!r} over its rows")
+
+
 class Action(Enum):
     """What an acquire writes (see :func:`decide`)."""
 
@@ -151,7 +206,9 @@ def decide(
     name: str, rows: Sequence[PermitRow], owner: str, limit: int, weight: int
 ) -> tuple[Action, PermitRow | None]:
     """What a request of ``weight`` out of ``limit`` by ``owner`` does, given the live
-    rows of ``name`` in arrival order, and the caller's own row if it has one.
+    rows of ``name`` in arrival order, and the caller's own row if it has one (the
+    rules that the SQL backends' acquire routines run on the server, for a backend
+    that decides in Python: MongoDB's).
 
     :raises LimitMismatchError: the live rows were asked with another limit
     """

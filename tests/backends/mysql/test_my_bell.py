@@ -1,8 +1,8 @@
 """The MySQL/MariaDB bells on the real server: a waiter in another backend object (a
 stand-in for another process) is woken by its predecessor's release, not by its
-poll; a bell whose session is killed still lets the waiter through; a cancelled
-wait leaves no session blocked and no bell held; the uncontended path sends no bell
-statement.
+poll, for a lock as for a permit; a bell whose session is killed still lets the
+waiter through; a cancelled wait leaves no session blocked and no bell held; the
+uncontended path sends no bell statement.
 
 Every run works in a database of its own (dropped at the end).
 """
@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 import aiolease
-from aiolease import AsyncLock, Lease
+from aiolease import AsyncLock, AsyncSemaphore, Lease
 from aiolease.abc import Backend
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.backends.mysql._bell import Bells
@@ -174,5 +174,92 @@ async def test_the_uncontended_path_sends_no_bell_statement(table_url: str) -> N
         lock = AsyncLock(b, unique("alone"), ttl=30)
         for _ in range(3):
             async with lock:
+                pass
+        assert (bells(b).kept, bells(b).waits, bells(b).keeper) == (0, 0, None)
+
+
+# -- permits ----------------------------------------------------------------------------------
+
+
+async def test_a_permit_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(
+    table_url: str,
+) -> None:
+    # ``first`` holds the one permit (it never queued: no bell); ``holder``'s request
+    # queues behind it, gets it, and holds its entry's bell; the waiter, in a backend of
+    # its own that polls at most every 30 s (and asks again a third of its 120 s ttl
+    # after its refusal), waits on that bell. Only the bell brings its turn this soon.
+    slow = with_query(table_url, poll_interval=30)
+    async with backends(table_url, table_url, slow) as (first, holder, waiter):
+        name = unique("sem")
+        lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
+        held: list[Lease] = []
+        got: list[Lease] = []
+
+        async def hold() -> None:
+            held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
+
+        async def wait() -> None:
+            got.append(await AsyncSemaphore(waiter, name, limit=1, ttl=120).acquire())
+
+        with anyio.fail_after(15):  # the waiter's poll would take 30 s, its retry 40 s
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await eventually(lambda: bells(holder).held == 1, "the holder's bell")
+                assert await lease.release()  # to ``holder``, which polls for it
+                await eventually(lambda: bool(held), "the holder's turn")
+                assert bells(holder).held == 1  # kept while it holds the permit
+                tg.start_soon(wait)
+                await eventually(lambda: bells(waiter).in_flight == 1, "the waiter on the bell")
+                await eventually(
+                    lambda: has_blocked(table_url, bells(waiter).sessions), "its session blocked"
+                )
+                rung = bells(waiter).rings
+                assert await held[0].release()  # lets go of the bell: rings the waiter
+        assert got and got[0].token == held[0].token + 1
+        assert bells(waiter).rings == rung + 1
+        assert bells(holder).held == 0
+        assert await got[0].release()
+        assert await waiter.read_permits(name) is None
+
+
+async def test_a_cancelled_permit_wait_leaves_no_session_blocked_and_no_bell_held(
+    table_url: str,
+) -> None:
+    async with backends(table_url, table_url, table_url) as (first, holder, waiter):
+        name = unique("sem-cancel")
+        lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
+        held: list[Lease] = []
+
+        async def hold() -> None:
+            held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
+
+        with anyio.fail_after(60):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await eventually(lambda: bells(holder).held == 1, "the holder's bell")
+                assert await lease.release()
+                await eventually(lambda: bool(held), "the holder's turn")
+                async with anyio.create_task_group() as inner_tg:
+                    inner_tg.start_soon(AsyncSemaphore(waiter, name, limit=1, ttl=120).acquire)
+                    await eventually(lambda: bells(waiter).in_flight == 1, "the waiter's wait")
+                    sessions = bells(waiter).sessions
+                    await eventually(
+                        lambda: has_blocked(table_url, sessions), "the waiter's session blocked"
+                    )
+                    inner_tg.cancel_scope.cancel()
+                assert bells(waiter).in_flight == 0
+                assert await blocked(table_url, sessions) == 0
+                assert bells(waiter).held == 0  # it left the queue: its bell let go
+                assert bells(holder).held == 1  # the holder's stays held
+        assert await held[0].release()
+        assert bells(holder).held == 0
+        assert await first.read_permits(name) is None
+
+
+async def test_an_uncontended_permit_sends_no_bell_statement(table_url: str) -> None:
+    async with backends(table_url) as (b,):
+        semaphore = AsyncSemaphore(b, unique("alone"), limit=2, ttl=30)
+        for _ in range(3):
+            async with semaphore:
                 pass
         assert (bells(b).kept, bells(b).waits, bells(b).keeper) == (0, 0, None)

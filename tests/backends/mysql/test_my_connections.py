@@ -18,7 +18,7 @@ from aiolease import (
     BackendUnavailable,
     NotOwnerError,
 )
-from aiolease.abc import Backend, Grant
+from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.testing.faults import FaultyBackend
 from aiolease.testing.proxy import FaultProxy
@@ -173,6 +173,53 @@ async def test_renewals_slower_than_a_third_of_the_ttl_still_confirm(my_url: str
                 assert lock.statistics().renewals >= 2
                 assert lease.lost is None
                 await proxy.pass_through()
+
+
+# -- round trips of a permit -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pool of this loop
+async def test_an_uncontended_permit_is_one_round_trip_to_acquire_and_one_to_release(
+    my_url: str, anyio_backend: str
+) -> None:
+    parts = urlsplit(my_url)
+    pool = await asyncmy.create_pool(
+        minsize=1, maxsize=1, db=parts.path[1:], **connect_args(my_url)
+    )
+    b = MySQLBackend(pool, table=unique("trips"))
+
+    async def questions() -> int:
+        """The pool's one connection's count of statements sent by the client (a
+        procedure's own statements not counted; the read itself counts one)."""
+        async with pool.acquire() as conn, conn.cursor() as cur:
+            await cur.execute("SHOW SESSION STATUS LIKE 'Questions'")
+            return int((await cur.fetchall())[0][1])
+
+    async def sent(call: Callable[[], Any]) -> tuple[Any, int]:
+        before = await questions()
+        result = await call()
+        return result, await questions() - before - 1  # less the second read
+
+    try:
+        await b.read_permits(unique("warm"))  # the tables and the procedure exist from here
+        name, owner, other = unique("sem"), permit_owner(), permit_owner()
+        got, acquire = await sent(lambda: b.try_acquire_permit(name, owner, 30.0, "a", {}, 1, 1))
+        assert isinstance(got, Grant) and acquire == 1
+        retried, again = await sent(lambda: b.try_acquire_permit(name, owner, 30.0, "a", {}, 1, 1))
+        assert isinstance(retried, Grant) and retried.token == got.token and again == 1
+        refused_by, refusal = await sent(
+            lambda: b.try_acquire_permit(name, other, 30.0, "b", {}, 1, 1)
+        )
+        assert isinstance(refused_by, HolderInfo) and refused_by.owner == owner
+        assert refusal == 1
+        freed, release = await sent(lambda: b.release(name, owner, got.token))
+        assert freed and release == 1
+        turn, taken = await sent(lambda: b.try_acquire_permit(name, other, 30.0, "b", {}, 1, 1))
+        assert isinstance(turn, Grant) and turn.token == got.token + 1 and taken == 1
+    finally:
+        await b.aclose()
+        pool.close()
+        await pool.wait_closed()
 
 
 # -- the connections of a backend made from a URL ----------------------------------------------

@@ -21,6 +21,7 @@ from hypothesis.stateful import run_state_machine_as_test
 import aiolease
 from aiolease import (
     AsyncLock,
+    BackendError,
     BackendTimeout,
     BackendUnavailable,
     Capability,
@@ -28,7 +29,7 @@ from aiolease import (
     LeaseLostError,
     NotOwnerError,
 )
-from aiolease.abc import Backend, Grant
+from aiolease.abc import Backend, Grant, permit_owner
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.faults import FaultyBackend
@@ -137,6 +138,30 @@ async def test_setup_is_explicit_and_idempotent(my_url: str, database: str) -> N
         table,
     )
     assert rows == [(1,)]
+
+
+async def test_a_user_without_create_routine_still_gets_locks(
+    my: str, my_url: str, database: str
+) -> None:
+    # Setup goes on without the permits' procedure (logged): locks work, and a permit
+    # acquire fails as a BackendError (MariaDB: "execute command denied" for a
+    # procedure the user may not see), never a raw driver error.
+    user = unique("noroutine")
+    await raw(my, f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'")
+    try:
+        await raw(
+            my,
+            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX"
+            f" ON `{database}`.* TO '{user}'@'%'",
+        )
+        parts = urlsplit(with_query(my_url, table=unique("leases")))
+        url = urlunsplit(parts._replace(netloc=f"{user}:pw@{parts.hostname}:{parts.port}"))
+        async with backend(url) as b:
+            assert isinstance(await b.try_acquire("name", "owner-1", 30.0, "", {}), Grant)
+            with raises(BackendError, match="denied|does not exist"):
+                await b.try_acquire_permit("name", permit_owner(), 30.0, "", {}, 2, 1)
+    finally:
+        await raw(my, f"DROP USER '{user}'@'%'")
 
 
 @pytest.mark.slow

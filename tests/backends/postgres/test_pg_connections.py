@@ -19,7 +19,7 @@ from aiolease import (
     BackendUnavailable,
     NotOwnerError,
 )
-from aiolease.abc import Backend
+from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.backends.sql._pool import LeanPool
 from aiolease.testing.faults import FaultyBackend
@@ -113,6 +113,61 @@ async def test_concurrent_renewals_share_a_statement(pg_url: str) -> None:
             for name, token in zip(names, tokens, strict=True):
                 tg.start_soon(b.renew, name, "owner-1", token, 30.0)
         assert inner(b, PostgresBackend).statistics().renew_statements <= 2
+
+
+# -- round trips of a permit -------------------------------------------------------------------
+
+
+class RoundTrips(asyncpg.Connection):  # type: ignore[misc]  # asyncpg has no type hints
+    """Counts what every connection of a pool sends (each call: one round trip; a
+    transaction's BEGIN and COMMIT go through ``execute``)."""
+
+    sent: ClassVar[int] = 0
+
+    async def execute(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        RoundTrips.sent += 1
+        return await super().execute(query, *args, **kwargs)
+
+    async def fetch(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        RoundTrips.sent += 1
+        return await super().fetch(query, *args, **kwargs)
+
+    async def fetchval(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        RoundTrips.sent += 1
+        return await super().fetchval(query, *args, **kwargs)
+
+    async def fetchrow(self, query: str, *args: Any, **kwargs: Any) -> Any:
+        RoundTrips.sent += 1
+        return await super().fetchrow(query, *args, **kwargs)
+
+
+async def test_an_uncontended_permit_is_one_round_trip_to_acquire_and_one_to_release(
+    pg_url: str,
+) -> None:
+    options = {"connect_options": {"connection_class": RoundTrips}, "listen": False}
+    async with backend(pg_url, **options) as b:
+        await b.read_permits(unique("warm"))  # the tables and the function exist from here
+
+        async def sent(call: Callable[[], Any]) -> tuple[Any, int]:
+            before = RoundTrips.sent
+            result = await call()
+            return result, RoundTrips.sent - before
+
+        name, owner, other = unique("sem"), permit_owner(), permit_owner()
+        got, acquire = await sent(lambda: b.try_acquire_permit(name, owner, 30.0, "a", {}, 1, 1))
+        assert isinstance(got, Grant) and acquire == 1
+        retried, again = await sent(lambda: b.try_acquire_permit(name, owner, 30.0, "a", {}, 1, 1))
+        assert isinstance(retried, Grant) and retried.token == got.token and again == 1
+        refused_by, refusal = await sent(
+            lambda: b.try_acquire_permit(name, other, 30.0, "b", {}, 1, 1)
+        )
+        assert isinstance(refused_by, HolderInfo) and refused_by.owner == owner
+        assert refusal == 1
+        freed, release = await sent(lambda: b.release(name, owner, got.token))
+        assert freed and release == 1
+        # The waiter's turn: granted the next token, its queue entry becoming the permit.
+        turn, taken = await sent(lambda: b.try_acquire_permit(name, other, 30.0, "b", {}, 1, 1))
+        assert isinstance(turn, Grant) and turn.token == got.token + 1 and taken == 1
 
 
 # -- the connections of a backend made from a URL ----------------------------------------------

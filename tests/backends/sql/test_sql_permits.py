@@ -248,6 +248,32 @@ async def test_a_foreign_row_is_refused(place: Place) -> None:
         assert [tuple(r) for r in rows] in ([("intruder", 5)], [(b"intruder", 5)])
 
 
+async def test_a_held_row_without_a_token_is_refused(place: Place) -> None:
+    # A row that a permit's owner id, weight and limit make look like aiolease's, but
+    # held without a token: the acquire (whose grant the limit would allow) refuses
+    # to grant over it, and writes nothing.
+    async with aiolease.open_backend(place.url) as backend:
+        name = unique("sem")
+        await backend.read_permits(name)  # the tables exist from here
+        at, intruder = place.placeholder, permit_owner()
+        key = name if at(1) == "$1" else name.encode()
+        await place.raw(
+            f"INSERT INTO {place.permits} (name, owner, weight, lim, granted, seq, token,"
+            f" ttl, expires_at) VALUES ({at(1)}, {at(2)}, 1, 2, 1 = 1, 0, NULL, 60,"
+            f" {place.hour})",
+            key,
+            intruder if at(1) == "$1" else intruder.encode(),
+        )
+        with pytest.RaisesGroup(
+            pytest.RaisesExc(ForeignDataError, check=lambda e: e.name == name),
+            allow_unwrapped=True,
+            flatten_subgroups=True,
+        ):
+            await backend.try_acquire_permit(name, permit_owner(), 30.0, "p", {}, 2, 1)
+        rows = await place.raw(f"SELECT token FROM {place.permits} WHERE name = {at(1)}", key)
+        assert [tuple(r) for r in rows] == [(None,)]
+
+
 FIRST_USE = """
 import json, sys, time
 import anyio

@@ -1,0 +1,209 @@
+"""The SQLite backend's permits (semaphores and read-write locks,
+``docs/internals/semaphores.md``): :class:`PermitTables`, the statements that
+:class:`~aiolease.backends.sqlite.SQLiteBackend` runs on its connection (in a worker
+thread, one call at a time) for them.
+
+Two tables beside the lease table: ``<table>_permits`` (a row per held or queued
+request, keyed ``(name, owner)``) and ``<table>_permit_names`` (per name the token
+counter and the arrival sequence of the queue). An acquire is one ``BEGIN
+IMMEDIATE`` transaction, which holds the database's write lock from its start: the
+rows it reads are the latest, and its clock is read once the lock is held.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from .._exceptions import LimitMismatchError
+from .._permits import PermitHolders
+from ..abc import Grant, HolderInfo
+
+__all__ = ["PERMIT_LIVE", "PermitTables", "wakeup_key"]
+
+#: A permit's row (held or queued) is live when written in this boot, not expired, and
+#: no further ahead than its ttl.
+PERMIT_LIVE = "boot_id = :boot AND expires_at > :now AND expires_at - :now <= ttl + 0.001"
+#: The columns of a permit's row, as :meth:`PermitTables.rows` selects them.
+_COLUMNS = "owner, weight, lim, granted, seq, token, identity, metadata, expires_at"
+
+
+class PermitTables:
+    """The permit statements of one lease table of one SQLite database.
+
+    :param table: the lease table (validated)
+    :param boot_id: the backend's boot id of the host, read at each use (rows of another
+        boot are dead)
+    :param clock: the backend's clock (seconds), read at each use
+    """
+
+    def __init__(self, table: str, boot_id: Callable[[], str], clock: Callable[[], float]) -> None:
+        self.permits = f"{table}_permits"
+        self._names = f"{table}_permit_names"
+        self._boot_id = boot_id
+        self._clock = clock
+        self.create = (
+            f"CREATE TABLE IF NOT EXISTS {self.permits} ("
+            " name TEXT NOT NULL, owner TEXT NOT NULL, weight INTEGER NOT NULL,"
+            " lim INTEGER NOT NULL, granted INTEGER NOT NULL, seq INTEGER NOT NULL,"
+            " token INTEGER, identity TEXT, metadata TEXT, ttl REAL NOT NULL,"
+            " expires_at REAL NOT NULL, boot_id TEXT NOT NULL, PRIMARY KEY (name, owner))",
+            f"CREATE TABLE IF NOT EXISTS {self._names} ("
+            " name TEXT PRIMARY KEY NOT NULL, token INTEGER NOT NULL, seq INTEGER NOT NULL)",
+        )
+
+    def _params(self, name: str, now: float, **extra: object) -> dict[str, object]:
+        return {"name": name, "now": now, "boot": self._boot_id(), **extra}
+
+    def rows(self, conn: sqlite3.Connection, name: str, now: float) -> list[tuple[Any, ...]]:
+        """The live rows of ``name``'s permits, held and queued, in arrival order."""
+        return conn.execute(
+            f"SELECT {_COLUMNS} FROM {self.permits}"
+            f" WHERE name = :name AND {PERMIT_LIVE} ORDER BY seq",
+            self._params(name, now),
+        ).fetchall()
+
+    def _next(self, conn: sqlite3.Connection, name: str, column: str) -> int:
+        """The next value of ``name``'s token counter or queue sequence (``column``)."""
+        row = conn.execute(
+            f"INSERT INTO {self._names} (name, token, seq) VALUES (:name, 1, 1)"
+            f" ON CONFLICT (name) DO UPDATE SET {column} = {column} + 1 RETURNING {column}",
+            {"name": name},
+        ).fetchone()
+        return int(row[0])
+
+    @staticmethod
+    def _holder(name: str, row: tuple[Any, ...], now: float) -> HolderInfo:
+        owner, _, _, _, _, token, identity, metadata, expires_at = row
+        return HolderInfo(
+            name,
+            owner,
+            identity,
+            0 if token is None else token,
+            json.loads(metadata) if metadata else {},
+            max(expires_at - now, 0.0),
+        )
+
+    def acquire(
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        meta: str,
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One ``BEGIN IMMEDIATE`` transaction: drop the expired rows, check the limit,
+        grant if the held weight, the weight queued ahead and ``weight`` fit, else queue."""
+        t = self.permits
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = self._clock()  # read only now that the write lock is ours
+            p = self._params(name, now, owner=owner, ttl=ttl)
+            conn.execute(f"DELETE FROM {t} WHERE name = :name AND NOT ({PERMIT_LIVE})", p)
+            rows = self.rows(conn, name, now)
+            if rows and rows[0][2] != limit:
+                conn.execute("COMMIT")
+                raise LimitMismatchError(name, limit, rows[0][2])
+            mine = next((row for row in rows if row[0] == owner), None)
+            if mine is not None and mine[3]:  # a retry by the holder
+                self._refresh(conn, p)
+                conn.execute("COMMIT")
+                return Grant(mine[5], ttl)
+            used = sum(row[1] for row in rows if row[3])
+            ahead = sum(row[1] for row in rows if not row[3] and (mine is None or row[4] < mine[4]))
+            if used + ahead + weight <= limit:
+                token = self._next(conn, name, "token")
+                conn.execute(
+                    f"INSERT OR REPLACE INTO {t} (name, owner, weight, lim, granted, seq, token,"
+                    " identity, metadata, ttl, expires_at, boot_id) VALUES (:name, :owner,"
+                    " :weight, :lim, 1, :seq, :token, :identity, :metadata, :ttl, :now + :ttl,"
+                    " :boot)",
+                    {
+                        **p,
+                        "weight": weight,
+                        "lim": limit,
+                        "seq": 0 if mine is None else mine[4],
+                        "token": token,
+                        "identity": identity,
+                        "metadata": meta,
+                    },
+                )
+                conn.execute("COMMIT")
+                return Grant(token, ttl)
+            if mine is None:
+                seq = self._next(conn, name, "seq")
+                conn.execute(
+                    f"INSERT INTO {t} (name, owner, weight, lim, granted, seq, identity, ttl,"
+                    " expires_at, boot_id) VALUES (:name, :owner, :weight, :lim, 0, :seq,"
+                    " :identity, :ttl, :now + :ttl, :boot)",
+                    {**p, "weight": weight, "lim": limit, "seq": seq, "identity": identity},
+                )
+            else:
+                self._refresh(conn, p)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+        held = [row for row in rows if row[3]]
+        if held:
+            return self._holder(name, min(held, key=lambda row: row[8]), now)
+        return self._holder(name, rows[0], now)  # only the queue blocks
+
+    def _refresh(self, conn: sqlite3.Connection, params: dict[str, object]) -> None:
+        conn.execute(
+            f"UPDATE {self.permits} SET expires_at = :now + :ttl, ttl = :ttl"
+            " WHERE name = :name AND owner = :owner",
+            params,
+        )
+
+    def renew(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int, ttl: float
+    ) -> bool:
+        """Reset the expiry of ``owner``'s live permit of ``token``; whether it was."""
+        rows = conn.execute(
+            f"UPDATE {self.permits} SET expires_at = :now + :ttl, ttl = :ttl"
+            " WHERE name = :name AND owner = :owner AND token = :token AND granted = 1"
+            f" AND {PERMIT_LIVE} RETURNING token",
+            self._params(name, self._clock(), owner=owner, token=token, ttl=ttl),
+        ).fetchall()
+        return bool(rows)
+
+    def release(
+        self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
+    ) -> tuple[bool, bool]:
+        """Delete ``owner``'s permit (if ``token`` matches) or queue entry: (whether a
+        live permit was freed, whether anything was deleted)."""
+        rows = conn.execute(
+            f"DELETE FROM {self.permits} WHERE name = :name AND owner = :owner"
+            " AND (granted = 0 OR :token IS NULL OR token = :token)"
+            f" RETURNING granted, {PERMIT_LIVE}",
+            self._params(name, self._clock(), owner=owner, token=token),
+        ).fetchall()
+        return any(granted and live for granted, live in rows), bool(rows)
+
+    def read(self, conn: sqlite3.Connection, name: str) -> PermitHolders | None:
+        """:meth:`~aiolease.abc.Backend.read_permits`' answer."""
+        now = self._clock()
+        rows = self.rows(conn, name, now)
+        if not rows:
+            return None
+        held = sorted((row for row in rows if row[3]), key=lambda row: row[5])
+        return PermitHolders(
+            name,
+            rows[0][2],
+            tuple(self._holder(name, row, now) for row in held),
+            tuple(row[1] for row in held),
+            sum(1 for row in rows if not row[3]),
+        )
+
+
+def wakeup_key(name: str) -> str:
+    """The key that wakes the permit waiters of ``name``, apart from the lock's (a name
+    never holds NUL)."""
+    return "\x00permits:" + name

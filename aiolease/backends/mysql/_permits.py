@@ -1,0 +1,226 @@
+"""The MySQL / MariaDB backend's permits (semaphores and read-write locks,
+``docs/internals/semaphores.md``): :class:`Permits`, which
+:class:`~aiolease.backends.mysql.MySQLBackend` owns and hands a permit's operations to.
+
+An acquire is one round trip (the procedure that the backend's setup installs, see
+:class:`~aiolease.backends.mysql._statements.PermitSql`), a release another. A
+release wakes the waiters of the name in this process at once. Waiters of other
+processes wake by bells, as lock waiters do (see :mod:`aiolease.backends.mysql._bell`):
+a request that waits holds the bell of its queue entry (named after its place,
+``seq``) from its first wait until it leaves the queue or releases the permit it
+became; a waiter waits on the bell of the row that blocks it (the one its refusal
+reported), and the release of that row rings it. A row without a bell (a permit
+granted without queueing, or a backend without bells: one on a pool of the user's)
+is found free at once, and its waiters poll (every poll interval) as before.
+Renewals go in the backend's renewal ticks, one statement per ttl beside the locks'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from ...abc import Grant, HolderInfo, PermitHolders
+from .._asyncio import wait_event
+from ..sql._permits import PermitRow, acquired, permit_holders, permit_row
+from ..sql._renewals import Key, RenewBatcher
+from ..sql._running import finished
+from ..sql._values import check_owner, encode_metadata
+from ..sql._wakeups import Wakeups
+from ._bell import Bells
+from ._statements import COUNT, MAX_RENEWALS, ROWS, PermitSql, micros
+
+__all__ = ["Permits"]
+
+#: The most requests whose places and blockers a backend remembers (one that neither
+#: waits nor releases, as a crashed task's, leaves some): then all are forgotten.
+_MAX_REMEMBERED = 4096
+
+#: Runs one statement as the backend runs its own: ``(sql, params, want, renewal=)``.
+Execute = Callable[..., Awaitable[Any]]
+
+
+def _text(value: object) -> object:
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else value
+
+
+def permit_key(name: str) -> str:
+    """The key that wakes the permit waiters of ``name``, apart from the lock's."""
+    return "\x00permits:" + name
+
+
+class Permits:
+    """The permit operations of one MySQL / MariaDB backend.
+
+    :param sql: the permit statements of the backend's table
+    :param execute: runs a statement as the backend runs its own
+    :param wakeups: the backend's in-process wake-ups
+    :param batcher: the backend's renewal batches (a release leaves them)
+    :param poll_interval: how long a wait lasts at most
+    """
+
+    def __init__(
+        self,
+        sql: PermitSql,
+        execute: Execute,
+        wakeups: Wakeups,
+        batcher: RenewBatcher,
+        poll_interval: Callable[[], float],
+    ) -> None:
+        self._sql = sql
+        self._execute = execute
+        self._wakeups = wakeups
+        self._batcher = batcher
+        self._poll_interval = poll_interval
+        #: Tasks in :meth:`wait_turn` now.
+        self.waiting = 0
+        #: The backend's bells (a backend made from a URL), else ``None``: waiters poll.
+        self.bells: Bells | None = None
+        #: The place (``seq``) of each refused request's queue entry, and of the row that
+        #: blocked it (0: a permit that never queued, without a bell).
+        self._places: dict[tuple[str, str], tuple[int, int]] = {}
+        #: The requests whose bell the keeper holds, with their place.
+        self._held: dict[tuple[str, str], int] = {}
+        #: The place of the row whose bell a request's latest wait found let go: if the
+        #: same row blocks it again, the bell was free (nobody rings it): it polls.
+        self._rung: dict[tuple[str, str], int] = {}
+
+    def _rows(self, name: str, rows: Sequence[Sequence[Any]]) -> list[PermitRow]:
+        where = self._sql.where
+        found = []
+        for owner, weight, lim, granted, seq, token, identity, meta, left in rows:
+            remaining = left / 1_000_000 if isinstance(left, int) else left
+            found.append(
+                permit_row(
+                    where, name, owner, weight, lim, granted, seq, token, identity, meta, remaining
+                )
+            )
+        return found
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """:meth:`~aiolease.abc.Backend.try_acquire_permit`: one round trip."""
+        meta = encode_metadata(metadata) if metadata else "{}"
+        ttl = float(ttl)
+        params: dict[str, Any] = {
+            "name": name.encode(),
+            "owner": check_owner(owner),
+            "weight": weight,
+            "lim": limit,
+            "identity": identity.encode(),
+            "metadata": meta.encode(),
+            "ttl": ttl,
+            "us": micros(ttl),
+        }
+        # Seen to its end even if the caller is cancelled (see ``finished``).
+        answer = await finished(self._execute(self._sql.acquire, params, ROWS))
+        act, token = (_text(answer[0][0]), answer[0][1]) if answer else (None, None)
+        rows = [] if token is not None else self._rows(name, [row[2:] for row in answer])
+        outcome = acquired(self._sql.where, name, owner, ttl, limit, act, token, rows)
+        if isinstance(outcome, Grant):
+            self._places.pop((name, owner), None)
+            self._rung.pop((name, owner), None)
+            return outcome
+        # The rows are read after the caller's entry was written: its place is among them.
+        mine = next((row.seq for row in rows if row.owner == owner), 0)
+        ahead = next((row.seq for row in rows if row.owner == outcome.owner), 0)
+        if len(self._places) >= _MAX_REMEMBERED:
+            self._places.clear()
+            self._rung.clear()
+        self._places[(name, owner)] = (mine, ahead)
+        return outcome
+
+    async def read(self, name: str) -> PermitHolders | None:
+        """:meth:`~aiolease.abc.Backend.read_permits`."""
+        rows = await self._execute(self._sql.read, {"name": name.encode()}, ROWS)
+        return permit_holders(name, self._rows(name, rows))
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit or queue entry of ``name`` goes through this backend
+        object, when the row that blocks the caller goes (its bell rings), when
+        ``seen`` expires, or after the poll interval, never later than a third of
+        ``ttl``."""
+        timeout = min(self._poll_interval(), ttl / 3)
+        if seen.remaining is not None:
+            timeout = min(timeout, seen.remaining)
+        request = (name, owner)
+        mine, ahead = self._places.get(request, (0, 0))
+        bells = self.bells
+        if bells is not None and mine and request not in self._held:
+            # The bell that the caller's successors wait on, held until it leaves the
+            # queue or releases its permit.
+            if await bells.hold(permit_key(name), mine):
+                self._held[request] = mine
+        self.waiting += 1
+        try:
+            with self._wakeups.watching(permit_key(name)) as event:
+                if (
+                    bells is None
+                    or not ahead
+                    or self._rung.get(request) == ahead
+                    or self._ours(name, ahead)  # a release here sets ``event``
+                ):
+                    await wait_event(event, timeout)
+                    return
+                rang = await bells.wait(
+                    permit_key(name), ahead, timeout, event, self._sql.ring, {}, owner
+                )
+                if rang is None:  # no wait could be sent: poll
+                    await wait_event(event, timeout)
+                elif rang[0] == 1:
+                    self._rung[request] = ahead
+        except BaseException:
+            if bells is not None:
+                await bells.abandon(owner)  # no session left blocked
+            raise
+        finally:
+            self.waiting -= 1
+
+    def _ours(self, name: str, place: int) -> bool:
+        """Whether the row at ``place`` of ``name`` is a request of this backend's."""
+        return any(n == name and seq == place for (n, _), seq in self._held.items())
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Free ``owner``'s live permit (of ``token``), else drop its queue entry or
+        expired permit: one statement, two for a waiter that leaves the queue; then let
+        go of its bell, if it held one (which rings the waiters behind it)."""
+        self._batcher.forget(name, owner, token)
+        self._places.pop((name, owner), None)
+        self._rung.pop((name, owner), None)
+        params = {"name": name.encode(), "owner": check_owner(owner), "token": token}
+        freed = bool(await self._execute(self._sql.free, params, COUNT))
+        if freed or await self._execute(self._sql.drop, params, COUNT):
+            self._wakeups.wake(permit_key(name))
+        place = self._held.pop((name, owner), None)
+        if place is not None and self.bells is not None:
+            await self.bells.drop(permit_key(name), place)
+        return freed
+
+    async def renew(self, items: Sequence[tuple[Key, float]]) -> frozenset[Key]:
+        """Renew the permits of ``items``: one statement per ttl (one, usually); which
+        were renewed."""
+        renewed: frozenset[Key] = frozenset()
+        by_ttl: dict[float, list[Key]] = {}
+        for key, ttl in items:
+            by_ttl.setdefault(float(ttl), []).append(key)
+        for ttl, keys in by_ttl.items():
+            for start in range(0, len(keys), MAX_RENEWALS):
+                chunk = keys[start : start + MAX_RENEWALS]
+                triples = [v for n, o, t in chunk for v in (n.encode(), o.encode(), t)]
+                sql = self._sql.renew(len(chunk))
+                count = await self._execute(sql, [ttl, micros(ttl), *triples], COUNT, renewal=True)
+                if count == len(chunk):
+                    renewed |= frozenset(chunk)
+                    continue
+                live = self._sql.live(len(chunk))
+                rows = await self._execute(live, triples, ROWS, renewal=True)
+                renewed |= frozenset((n.decode(), o.decode(), int(t)) for n, o, t in rows)
+        return renewed
