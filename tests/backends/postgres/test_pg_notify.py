@@ -214,9 +214,12 @@ async def test_a_cached_read_of_a_held_lease_sees_a_takeover(
     # A read of a lease held through the backend needs no statement while the listener
     # shows no change; a takeover's NOTIFY must end that at once.
     async with backend(pg_url, poll_interval=60) as mine, backend(pg_url) as other:
-        with anyio.move_on_after(0.2):  # connects the listener
-            await mine.wait_changed(unique("listen"), None)
-        assert inner(mine, PostgresBackend).statistics().listening
+        async with anyio.create_task_group() as tg:  # a wait connects the listener
+            tg.start_soon(mine.wait_changed, unique("listen"), None)
+            await eventually(
+                lambda: inner(mine, PostgresBackend).statistics().listening, "the listener"
+            )
+            tg.cancel_scope.cancel()
         name = unique("cached")
         await grant(mine, name, "owner-1", ttl=60)
         seen = await mine.read(name)
