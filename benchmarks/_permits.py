@@ -12,18 +12,27 @@ one backend object, so a permit is always compared with the same backend's lock.
   <= 1.2x the lock. A peer's lock (none of the peers has a semaphore) is shown as
   a ratio to our lock, for reference.
 * **16 tasks, semaphore of limit 4, hold 1 ms**: 16 tasks loop ``async with sem:
-  sleep(1 ms)`` for ``seconds``; acquisitions per second (those whose acquire
-  returned in the window), max/min acquisitions per task, and the most holders seen
-  inside at once (never above 4). The same 16 tasks on an :class:`AsyncLock` give
-  the lock's hand-off rate, in the same run. Target: the semaphore's rate >= 3.5x
-  the lock's, max/min <= 1.5. A peer's lock is shown with its hand-off rate.
+  sleep(1 ms)`` for ``seconds`` (a checkpoint between turns, as in
+  ``bench_embedded.py``); acquisitions per second (those whose acquire returned in
+  the window), max/min acquisitions per task, the most holders seen inside at once
+  (never above 4), this process's CPU seconds per second (near 1: the client's
+  CPU is the bottleneck, not the waits), and acquires that failed with a
+  ``BackendError`` (counted, and the task goes on; the first is printed). The
+  same 16 tasks on an :class:`AsyncLock` give the lock's hand-off rate, in the same
+  run. Target: the semaphore's rate >= 3.5x the lock's, max/min <= 1.5, no failed
+  acquire. The same loops on an in-process ``anyio.Lock`` and ``anyio.Semaphore(4)``
+  (no backend at all) show the ratio this machine allows (four 1 ms sleeps at once
+  are not four times as many on a loaded 2-core machine; their "x lock" is to
+  ``anyio.Lock``'s rate). A peer's lock is shown with its hand-off rate (x our
+  lock's).
 * **read-heavy mix, 8 tasks**: 8 tasks loop for ``seconds``, each turn a write
   with probability 0.1 (else a read), every block held 1 ms: operations per
   second, the most readers seen inside at once, how often a writer was inside
   with anyone (must be 0), and the wait from calling ``async with`` to entering the
-  block, p50/p99 for writers and p99 for readers. Target: reads proceed in
-  parallel (peak readers > 1) and no overlap; the writer wait p99 is printed
-  without a target.
+  block, p50/p99 for writers and p99 for readers, and acquires that failed with a
+  ``BackendError`` (counted, and the task goes on). Target: reads proceed in
+  parallel (peak readers > 1), no overlap, no failed acquire; the writer wait p99
+  is printed without a target.
 * **N permits held** (N = ``--held``, ttl 3 s, renewed every 1 s tick): N tasks each
   hold one permit of a semaphore of limit N, as an application would (granted one
   after the other, as ``bench_scale.py`` grants its locks: on SQLite, 1,000
@@ -55,9 +64,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from _common import hold_blocks, record, take_turns, verdict
 
-from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, Lease
+from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, BackendError, Lease
 from aiolease.abc import Backend
 
 __all__ = [
@@ -220,20 +230,37 @@ async def _loop_tasks(
     """Acquisitions per task of ``tasks`` tasks that call ``once(i)`` in a loop; those
     whose ``once`` returned within ``seconds`` count. Each loop ends after its first
     call that returns past the window (a waiter is not cancelled: redis-py's client
-    can swallow a cancel); any left after 15 s more are cancelled."""
+    can swallow a cancel); any left after 15 s more are cancelled. An acquire that
+    fails with :class:`~aiolease.BackendError` is counted in :data:`LAST_ERRORS` and
+    the loop goes on. The process's CPU seconds per second over the run are left in
+    :data:`LAST_CPU`."""
     counts = [0] * tasks
     end = time.monotonic() + seconds
+    cpu, wall = time.process_time(), time.monotonic()
+    LAST_ERRORS.clear()
 
     async def loop(i: int) -> None:
         while time.monotonic() < end:
-            await once(i)
+            try:
+                await once(i)
+            except BackendError as exc:
+                LAST_ERRORS.append(exc)
+                continue
             counts[i] += time.monotonic() <= end
+            await anyio.lowlevel.checkpoint()  # others may run before this one asks again
 
     with anyio.move_on_after(seconds + 15):
         async with anyio.create_task_group() as tg:
             for i in range(tasks):
                 tg.start_soon(loop, i)
+    LAST_CPU[0] = (time.process_time() - cpu) / (time.monotonic() - wall)
     return counts
+
+
+#: The CPU seconds per second of this process during the last :func:`_loop_tasks`.
+LAST_CPU = [0.0]
+#: The acquires that failed during the last :func:`_loop_tasks`.
+LAST_ERRORS: list[BackendError] = []
 
 
 def _fairness(counts: Sequence[int]) -> float:
@@ -265,9 +292,24 @@ async def _contended(
             finally:
                 inside[0] -= 1
 
-    found = {
-        "aiolease lock (hand-off rate)": await _loop_tasks(TASKS, seconds, lock_once),
-        f"aiolease semaphore, limit {LIMIT}": await _loop_tasks(TASKS, seconds, sem_once),
+    found: dict[str, list[int]] = {}
+    cpus: dict[str, float] = {}
+    errors: dict[str, list[BackendError]] = {}
+    bare_lock, bare_sem = anyio.Lock(), anyio.Semaphore(LIMIT)
+
+    async def bare_lock_once(i: int) -> None:
+        async with bare_lock:
+            await anyio.sleep(HOLD)
+
+    async def bare_sem_once(i: int) -> None:
+        async with bare_sem:
+            await anyio.sleep(HOLD)
+
+    runs: dict[str, Callable[[int], Awaitable[object]]] = {
+        "aiolease lock (hand-off rate)": lock_once,
+        f"aiolease semaphore, limit {LIMIT}": sem_once,
+        "floor: anyio.Lock, in-process": bare_lock_once,
+        f"floor: anyio.Semaphore({LIMIT}), in-process": bare_sem_once,
     }
     for label, peer in peers.items():
         name = f"permit-handoff-{label}-{RUN}"
@@ -275,25 +317,34 @@ async def _contended(
         async def peer_once(i: int, peer: PeerLock = peer, name: str = name) -> None:
             await peer.once(name)
 
-        found[f"{label} lock (no semaphore)"] = await _loop_tasks(TASKS, seconds, peer_once)
+        runs[f"{label} lock (no semaphore)"] = peer_once
+    for label, run in runs.items():
+        found[label] = await _loop_tasks(TASKS, seconds, run)
+        cpus[label] = LAST_CPU[0]
+        errors[label] = list(LAST_ERRORS)
     figure = f"{TASKS} tasks, semaphore of limit {LIMIT}, hold 1 ms"
     print(
-        f"\n{figure:<44} {'per s':>7} {'x lock':>7} {'max/min':>8} {'peak':>5}"
-        f"  target >= {TARGET_THROUGHPUT} x lock, max/min <= {TARGET_FAIRNESS}"
+        f"\n{figure:<44} {'per s':>7} {'x lock':>7} {'max/min':>8} {'peak':>5} {'CPU s/s':>8}"
+        f" {'errors':>6}  target >= {TARGET_THROUGHPUT} x lock, max/min <= {TARGET_FAIRNESS},"
+        " no error"
     )
-    base = sum(found["aiolease lock (hand-off rate)"]) / seconds
+    ours = sum(found["aiolease lock (hand-off rate)"]) / seconds
+    floor = sum(found["floor: anyio.Lock, in-process"]) / seconds
     for label, counts in found.items():
         rate, fair = sum(counts) / seconds, _fairness(counts)
+        base = floor if label.startswith("floor") else ours  # x its own kind's lock
         is_sem = label.startswith("aiolease semaphore")
         ok = (
-            rate >= TARGET_THROUGHPUT * base and fair <= TARGET_FAIRNESS and inside[1] <= LIMIT
+            rate >= TARGET_THROUGHPUT * base
+            and fair <= TARGET_FAIRNESS
+            and inside[1] <= LIMIT
+            and not errors[label]
             if is_sem
             else None
         )
         peak = f"{inside[1]:>5}" if is_sem else f"{'':>5}"
         ratio = rate / base if base else float("nan")
         record(where, figure, label, rate, "/s")
-        record(where, figure + ": x the lock's hand-off rate", label, ratio, "x")
         record(
             where,
             figure + ": fairness",
@@ -303,23 +354,29 @@ async def _contended(
             target=f"<= {TARGET_FAIRNESS}" if is_sem else "",
             ok=None if ok is None else fair <= TARGET_FAIRNESS,
         )
+        record(
+            where,
+            figure + ": throughput vs our lock's",
+            label,
+            ratio,
+            "x",
+            target=f">= {TARGET_THROUGHPUT}" if is_sem else "",
+            ok=ok,
+        )
         if is_sem:
-            record(
-                where,
-                figure + ": throughput vs lock",
-                label,
-                ratio,
-                "x lock",
-                target=f">= {TARGET_THROUGHPUT}",
-                ok=ok,
-            )
             summary.add(
                 figure,
                 f">= {TARGET_THROUGHPUT} x lock, max/min <= {TARGET_FAIRNESS}",
                 f"{rate:.0f}/s = {ratio:.2f}x lock, {fair:.2f}, peak {inside[1]}",
                 bool(ok),
             )
-        print(f"  {label:<42} {rate:>7.0f} {ratio:>7.2f} {fair:>8.2f} {peak}  {verdict(ok)}")
+        print(
+            f"  {label:<42} {rate:>7.0f} {ratio:>7.2f} {fair:>8.2f} {peak} {cpus[label]:>8.2f}"
+            f" {len(errors[label]):>6}  {verdict(ok)}"
+        )
+        if errors[label]:
+            print(f"    first error: {errors[label][0]!r}")
+            record(where, figure + ": failed acquires", label, len(errors[label]), "", target="0")
 
 
 # -- read-heavy mix ----------------------------------------------------------------------
@@ -356,24 +413,36 @@ async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary:
 
     onces = [once_for(i) for i in range(RW_TASKS)]
     counts = await _loop_tasks(RW_TASKS, sizes.seconds, lambda i: onces[i](i))
+    failed = list(LAST_ERRORS)
     rate = sum(counts) / sizes.seconds
     w50, w99 = _percentile(waits["write"], 0.5), _percentile(waits["write"], 0.99)
     r99 = _percentile(waits["read"], 0.99)
-    ok = peak[0] > 1 and overlaps[0] == 0
+    ok = peak[0] > 1 and overlaps[0] == 0 and not failed
     figure = f"read-heavy mix ({1 - WRITES:.0%} reads), {RW_TASKS} tasks, hold 1 ms"
     print(
         f"\n{figure:<44} {'ops/s':>7} {'peak rd':>8} {'overlap':>8} {'w p50':>8} {'w p99':>8}"
-        f" {'r p99':>8}  target peak readers > 1, 0 overlaps"
+        f" {'r p99':>8} {'errors':>6}  target peak readers > 1, 0 overlaps, no error"
     )
     print(
         f"  {'aiolease read-write lock':<42} {rate:>7.0f} {peak[0]:>8} {overlaps[0]:>8}"
-        f" {w50 * 1e3:>5.1f} ms {w99 * 1e3:>5.1f} ms {r99 * 1e3:>5.1f} ms  {verdict(ok)}"
-        f"  ({len(waits['write'])} writes, {len(waits['read'])} reads)"
+        f" {w50 * 1e3:>5.1f} ms {w99 * 1e3:>5.1f} ms {r99 * 1e3:>5.1f} ms {len(failed):>6}"
+        f"  {verdict(ok)}  ({len(waits['write'])} writes, {len(waits['read'])} reads)"
     )
     contender = "aiolease read-write lock"
+    if failed:
+        print(f"    first error: {failed[0]!r}")
+        record(where, figure + ": failed acquires", contender, len(failed), "", target="0")
     record(where, figure, contender, rate, "ops/s")
     record(where, figure + ": peak readers", contender, peak[0], "", target="> 1", ok=ok)
-    record(where, figure + ": writer with anyone", contender, overlaps[0], "", target="0")
+    record(
+        where,
+        figure + ": writer with anyone",
+        contender,
+        overlaps[0],
+        "",
+        target="0",
+        ok=overlaps[0] == 0,
+    )
     record(where, figure + ": writer wait p99", contender, w99 * 1e3, "ms")
     record(where, figure + ": reader wait p99", contender, r99 * 1e3, "ms")
     summary.add(
