@@ -618,7 +618,7 @@ async def permit_section(args: argparse.Namespace) -> None:
         await permit_figures(
             "etcd",
             backend,
-            PermitSizes.of(args, settle=3.0),
+            PermitSizes.of(args, settle=3.0),  # as the held figure: every keepalive running
             peers={"aetcd": PeerLock(aetcd_cycle, aetcd_once, "Lock: watches the key's delete")},
             counters={"server requests": requests},
             notes=[
