@@ -77,7 +77,10 @@ async def hold_blocks(
                 await stop.wait()
         except BaseException as exc:
             if not entered.done():
-                entered.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    entered.cancel()
+                else:
+                    entered.set_exception(exc)
             raise
 
     holders, entries = [], []
