@@ -150,7 +150,7 @@ if __name__ == "__main__":
     parser.add_argument("--cycles", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--held", type=int, default=1000, help="permits held at once")
-    parser.add_argument("--held-seconds", type=float, default=2.0)
+    parser.add_argument("--held-seconds", type=float, default=5.0)
     parser.add_argument("--only", choices=("locks", "permits"), help="these figures alone")
     parser.add_argument("--quick", action="store_true", help="short permit figures")
     args = parser.parse_args()
