@@ -7,9 +7,12 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import statistics
 import threading
-from collections.abc import Callable, Sequence
-from contextlib import AsyncExitStack
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
@@ -17,9 +20,11 @@ from aiolease.abc import Backend
 __all__ = [
     "RESULTS_ENV",
     "add_figure_arguments",
+    "hold_blocks",
     "hold_in_tasks",
     "record",
     "run_threads",
+    "take_turns",
     "verdict",
 ]
 
@@ -38,22 +43,59 @@ async def hold_in_tasks(
     :param return_exceptions: at the close, ignore a holder's failure (a lost lease)
         instead of raising it, as :func:`asyncio.gather` does
     """
+    locks = [AsyncLock(backend, name, ttl=ttl) for name in names]
+    return await hold_blocks(locks, stack, return_exceptions=return_exceptions)
+
+
+async def hold_blocks(
+    blocks: Sequence[AbstractAsyncContextManager[Lease]],
+    stack: AsyncExitStack,
+    *,
+    return_exceptions: bool = False,
+    one_at_a_time: bool = False,
+) -> list[Lease]:
+    """Enter each of ``blocks`` (an :class:`~aiolease.AsyncLock`, an
+    :class:`~aiolease.AsyncSemaphore` ..., the same object several times for several
+    permits) in a task of its own (its keepalive running) until ``stack`` closes;
+    return once all are held. ``return_exceptions`` as for :func:`hold_in_tasks`.
+
+    :param one_at_a_time: start each task once the one before holds its block (as
+        ``bench_scale.py`` does), instead of all at once: on a backend with one
+        connection (SQLite) 1,000 acquires started at once queue ahead of the first
+        leases' renewals
+    """
     stop, leases = asyncio.Event(), list[Lease]()
+    loop = asyncio.get_running_loop()
 
-    async def hold(name: str) -> None:
-        async with AsyncLock(backend, name, ttl=ttl) as lease:
-            leases.append(lease)
-            await stop.wait()
+    async def hold(
+        block: AbstractAsyncContextManager[Lease], entered: asyncio.Future[None]
+    ) -> None:
+        try:
+            async with block as lease:
+                leases.append(lease)
+                entered.set_result(None)
+                await stop.wait()
+        except BaseException as exc:
+            if not entered.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    entered.cancel()
+                else:
+                    entered.set_exception(exc)
+            raise
 
-    holders = [asyncio.ensure_future(hold(name)) for name in names]
+    holders, entries = [], []
+    for block in blocks:
+        entries.append(loop.create_future())
+        holders.append(asyncio.ensure_future(hold(block, entries[-1])))
+        if one_at_a_time:
+            await entries[-1]
 
     async def release_all() -> None:
         stop.set()
         await asyncio.gather(*holders, return_exceptions=return_exceptions)
 
     stack.push_async_callback(release_all)
-    while len(leases) < len(names):  # noqa: ASYNC110 - a benchmark's set-up
-        await asyncio.sleep(0.05)
+    await asyncio.gather(*entries)
     return leases
 
 
@@ -108,6 +150,24 @@ async def run_threads(
         stop.set()
     for thread in workers:
         await asyncio.to_thread(thread.join)
+
+
+async def take_turns(
+    cycle: Mapping[str, Callable[[], Awaitable[object]]], cycles: int
+) -> dict[str, float]:
+    """Median seconds of each contender of ``cycle``, taking turns in a random order."""
+    found: dict[str, list[float]] = {label: [] for label in cycle}
+    for _ in range(min(cycles // 10, 50)):
+        for one in cycle.values():
+            await one()
+    order = list(cycle.items())
+    for _ in range(cycles):
+        random.shuffle(order)  # no contender always follows the same one
+        for label, one in order:
+            start = time.perf_counter()
+            await one()
+            found[label].append(time.perf_counter() - start)
+    return {label: statistics.median(samples) for label, samples in found.items()}
 
 
 def add_figure_arguments(parser: argparse.ArgumentParser) -> None:

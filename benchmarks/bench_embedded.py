@@ -7,9 +7,15 @@ Prints, for the SQLite backend:
   through ``anyio.to_thread``, with no lease logic;
 * in-process hand-offs per second: 8 tasks on one name, each holding 1 ms
   (the peers' pollers manage 1-13/s on Redis, python-redis-lock ~780/s);
-* the same two figures for the memory backend, as the cost of the core alone.
+* the same two figures for the memory backend, as the cost of the core alone;
+* issue 23's semaphore and read-write lock figures on both (``_permits.py`` says
+  what each measures): permit against lock uncontended, 16 tasks on a semaphore of
+  limit 4, a read-heavy mix, ``--held`` permits held (renew ticks counted as the
+  core's ``renew_many`` calls: no server to count round trips on).
 
-Usage: ``python benchmarks/bench_embedded.py [--cycles N] [--seconds S]``.
+Usage: ``python benchmarks/bench_embedded.py [--cycles N] [--seconds S] [--held N]
+[--held-seconds S] [--only locks|permits] [--quick]`` (``--quick``: shorter permit
+figures; the lock figures follow ``--cycles`` and ``--seconds``).
 Quote ratios from one run; absolute times depend on the machine.
 """
 
@@ -26,6 +32,7 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 from _common import record
+from _permits import PermitSizes, permit_figures
 
 from aiolease import AsyncLock, open_backend
 from aiolease.abc import Backend
@@ -106,7 +113,7 @@ async def handoffs_per_second(backend: Backend, seconds: float) -> tuple[float, 
     return sum(counts) / seconds, max(counts) / max(min(counts), 1)
 
 
-async def main(cycles: int, seconds: float) -> None:
+async def lock_figures(cycles: int, seconds: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         floor = await timed(await floor_cycle_factory(Path(tmp) / "floor.db"), cycles)
         async with open_backend(f"sqlite:///{tmp}/leases.db") as sqlite_backend:
@@ -126,9 +133,25 @@ async def main(cycles: int, seconds: float) -> None:
         record("sqlite", "hand-offs, one process", label, rate, "/s")
 
 
+async def main(args: argparse.Namespace) -> None:
+    if args.only in (None, "locks"):
+        await lock_figures(args.cycles, args.seconds)
+    if args.only in (None, "permits"):
+        sizes = PermitSizes.of(args, 1.0)
+        with tempfile.TemporaryDirectory() as tmp:
+            async with open_backend(f"sqlite:///{tmp}/permits.db") as sqlite_backend:
+                await permit_figures("sqlite", sqlite_backend, sizes, tick_target=None)
+        async with open_backend("memory://") as memory_backend:
+            await permit_figures("memory", memory_backend, sizes)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--held", type=int, default=1000, help="permits held at once")
+    parser.add_argument("--held-seconds", type=float, default=5.0)
+    parser.add_argument("--only", choices=("locks", "permits"), help="these figures alone")
+    parser.add_argument("--quick", action="store_true", help="short permit figures")
     args = parser.parse_args()
-    anyio.run(main, args.cycles, args.seconds)
+    anyio.run(main, args)

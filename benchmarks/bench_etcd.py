@@ -15,12 +15,18 @@ by create revision, watch the predecessor). Prints, as in the issue's table:
   from the kill to the acquire;
 * **N leases held** (default 1,000, ttl 3 s): requests per second the server
   received (from its ``/metrics``: run on a quiet server), this process's CPU
-  seconds per second, and leases lost.
+  seconds per second, and leases lost;
+* **semaphores and read-write locks** (issue 23; ``_permits.py`` says what each
+  figure measures): a permit against the lock uncontended, 16 tasks on a semaphore
+  of limit 4 against the lock's hand-off rate, a read-heavy mix, N permits held
+  (server requests per renew tick, from ``/metrics`` as above: each permit is a key
+  in the backend's one session lease, so the tick is that lease's keepalive).
+  aetcd and tooz have no semaphore and no read-write lock: aetcd's Lock is shown.
 
-Usage: ``python benchmarks/bench_etcd.py [--url etcd://127.0.0.1:2379] [--quick]``
-(``--help`` for the knobs). Quote ratios from one run; absolute times depend on
-the machine. Needs ``pip install aiolease[etcd] tooz etcd3gw`` (``--skip tooz``
-without them).
+Usage: ``python benchmarks/bench_etcd.py [--url etcd://127.0.0.1:2379] [--quick]
+[--only uncontended|permits]`` (``--help`` for the knobs). Quote ratios from one
+run; absolute times depend on the machine. Needs ``pip install aiolease[etcd] tooz
+etcd3gw`` (``--skip tooz`` without them).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from _common import add_figure_arguments, record, run_threads
+from _permits import PeerLock, PermitSizes, permit_figures
 from aetcd import Client, rpc
 
 from aiolease import AsyncLock, open_backend
@@ -584,9 +591,49 @@ def fairness(counts: Sequence[int]) -> float:
     return max(counts) / max(min(counts), 1)
 
 
+async def permit_section(args: argparse.Namespace) -> None:
+    """Issue 23's figures (``_permits.py``) on one aiolease backend, aetcd's Lock
+    beside ours."""
+    url = args.url
+    host, port = endpoint(url)
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(open_backend(url, prefix=PREFIX))
+        client = Client(host, port)
+        stack.push_async_callback(client.close)
+        uncontended_lock = client.lock(f"/bench-aetcd/permit-uncontended-{RUN}".encode(), ttl=10)
+
+        async def aetcd_cycle() -> None:
+            assert await uncontended_lock.acquire()
+            await uncontended_lock.release()
+
+        async def aetcd_once(name: str) -> None:
+            lock = client.lock(f"/bench-aetcd/{name}".encode(), ttl=10)
+            await lock.acquire(timeout=None)
+            await asyncio.sleep(HOLD)
+            await lock.release()
+
+        async def requests() -> float:
+            return server_requests(url)
+
+        await permit_figures(
+            "etcd",
+            backend,
+            PermitSizes.of(args, settle=3.0),  # as the held figure: every keepalive running
+            peers={"aetcd": PeerLock(aetcd_cycle, aetcd_once, "Lock: watches the key's delete")},
+            counters={"server requests": requests},
+            notes=[
+                "aetcd and tooz have no semaphore and no read-write lock",
+                "server requests: every client of the server (run on a quiet one)",
+            ],
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
     url, skip = args.url, args.skip
     print(f"etcd benchmarks against {url} (ratios from this run only)\n")
+    if args.only == "permits":
+        await permit_section(args)
+        return
     times = await uncontended(url, args.cycles, skip)
     floor = times["raw floor (txn + delete)"]
     print(f"{'uncontended acquire+release':<36} {'x floor':>8}")
@@ -636,6 +683,8 @@ async def main(args: argparse.Namespace) -> None:
         record("etcd", figure + ": CPU", kind, cpu, "CPU s/s")
         record("etcd", figure + ": lost", kind, lost, "")
 
+    await permit_section(args)
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -645,9 +694,7 @@ if __name__ == "__main__":
     add_figure_arguments(parser)
     parser.add_argument("--skip", action="append", default=[], choices=["tooz"])
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
-    parser.add_argument(
-        "--only", choices=["uncontended"], help="print this figure only (a quick check)"
-    )
+    parser.add_argument("--only", choices=["uncontended", "permits"], help="print this figure only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)

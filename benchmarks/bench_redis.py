@@ -27,16 +27,24 @@ contender from the same run, with a target and PASS/MISS for aiolease:
   library offers: round trips per second (socket writes, counted in the client; for
   aiolease also those of its renewals alone), requests per second the server read
   (``total_reads_processed``: a request over 16 KiB takes several reads), this
-  process's CPU seconds per second, and leases lost.
+  process's CPU seconds per second, and leases lost;
+* **semaphores and read-write locks** (issue 23; ``_permits.py`` says what each
+  figure measures): a permit against the lock uncontended, 16 tasks on a semaphore
+  of limit 4 against the lock's hand-off rate, a read-heavy mix, N permits held
+  (renewal round trips per tick: the backend's own count of its renewal pipelines,
+  as in the held figure). The peers have no semaphore and no read-write lock
+  (pottery 3.0.1: locks, counters, collections; grelmicro 0.20.0, the newest that
+  installs here: Lock, TaskLock, LeaderElection): their locks are shown beside ours.
 
 Usage: ``python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379] [--quick]
 [--skip peer,...] [--only handoffs] [--kinds aiolease-fair,python-redis-lock]
 [--spawn-server]``: ``--only`` runs one figure (``uncontended``, ``transports``,
-``handoffs``, ``failover``, ``held``), ``--kinds`` only the contenders named (the uncontended figure
-always runs the floor and aiolease). Server-side counts are only right on a quiet
-server: ``--spawn-server`` runs a private ``redis-server`` on a free port for the
-run. Quote ratios from one run; absolute times depend on the machine. Needs
-``pip install aiolease[bench]`` (or ``--skip`` the peers that are missing).
+``handoffs``, ``failover``, ``held``, ``permits``), ``--kinds`` only the contenders
+named (the uncontended figure always runs the floor and aiolease). Server-side
+counts are only right on a quiet server: ``--spawn-server`` runs a private
+``redis-server`` on a free port for the run. Quote ratios from one run; absolute
+times depend on the machine. Needs ``pip install aiolease[bench]`` (or ``--skip``
+the peers that are missing).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ import redis.asyncio
 import redis.asyncio.connection
 import redis.connection
 from _common import add_figure_arguments, hold_in_tasks, record, run_threads, verdict
+from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
 from _redis_contenders import (
     HOLD,
     HOW,
@@ -481,6 +490,8 @@ async def main(args: argparse.Namespace) -> None:
         await failover_figure(args, peers, report)
     if args.only in (None, "held"):
         await held_figure(args, peers, report)
+    if args.only in (None, "permits"):
+        await permit_figure(args, report)
     report.print_summary()
 
 
@@ -625,6 +636,64 @@ async def held_figure(args: argparse.Namespace, peers: Sequence[str], report: Re
     )
 
 
+async def permit_figure(args: argparse.Namespace, report: Report) -> None:
+    """Issue 23's figures (``_permits.py``) on one aiolease backend, with pottery's and
+    grelmicro's locks beside ours where they install."""
+    url = args.url
+    sizes = PermitSizes.of(args, args.settle)
+    async with AsyncExitStack() as stack:
+        ours = Contender("aiolease", url, stack)
+        await ours.start()
+        backend = ours.backend
+        assert isinstance(backend, RedisBackend)
+        peers: dict[str, PeerLock] = {}
+        notes = ["pottery has no semaphore and no read-write lock: its AIORedlock is shown"]
+        if "pottery" not in args.skip:
+            pottery = Contender("pottery", url, stack)
+            await pottery.start()
+            peers["pottery"] = PeerLock(make_cycle(pottery), pottery.once, HOW["pottery"])
+        if "grelmicro" not in args.skip:
+            try:
+                from grelmicro.sync.redis import RedisSyncBackend
+            except ImportError:
+                notes.append("grelmicro: not installed (pip install 'grelmicro[redis]')")
+            else:
+                grelmicro = RedisSyncBackend(url, prefix="aiolease-bench-grelmicro:")
+                peers["grelmicro"] = await grelmicro_lock(grelmicro, stack)
+
+        async def batches() -> float:
+            return backend.statistics().batches
+
+        # The INFO that reads the server's count is a write of this process and a read
+        # of the server's: neither is counted.
+        own = [0]
+        server_reads(url)  # connected before the window
+
+        async def writes() -> float:
+            return Sends.count - own[0]
+
+        async def reads() -> float:
+            count = server_reads(url)
+            own[0] += 1
+            return count - own[0]
+
+        summary = await permit_figures(
+            "redis",
+            backend,
+            sizes,
+            peers=peers,
+            counters={
+                "renewal round trips": batches,
+                "socket writes": writes,
+                "server reads": reads,
+            },
+            tick_target="renewal round trips",
+            notes=notes,
+        )
+    for row in summary.rows:
+        report.rows.append(row)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -635,11 +704,14 @@ if __name__ == "__main__":
     parser.add_argument("--start-delay", type=float, default=0.3, help=argparse.SUPPRESS)
     parser.add_argument("--settle", type=float, default=3.0, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--skip", type=lambda s: s.split(","), default=[], help=f"peers: {','.join(PEERS)}"
+        "--skip",
+        type=lambda s: s.split(","),
+        default=[],
+        help=f"peers: {','.join(PEERS)},grelmicro",
     )
     parser.add_argument(
         "--only",
-        choices=("uncontended", "transports", "handoffs", "failover", "held"),
+        choices=("uncontended", "transports", "handoffs", "failover", "held", "permits"),
         help="run this figure alone",
     )
     parser.add_argument(
@@ -659,7 +731,7 @@ if __name__ == "__main__":
     elif args.worker is not None:
         asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
     else:
-        unknown = set(args.skip) - set(PEERS)
+        unknown = set(args.skip) - {*PEERS, "grelmicro"}
         if unknown:
             parser.error(f"--skip: unknown peers {sorted(unknown)}; known: {', '.join(PEERS)}")
         unknown = set(args.kinds or ()) - set(HOW)

@@ -32,12 +32,22 @@ in threads. Prints, as in issue 5's table, with ratios and a PASS/MISS column:
 * **N leases held** (default 1,000, ttl 3 s, renewed every second): statements per
   renew tick counted server-side (PostgreSQL: ``pg_stat_database`` transactions of
   the benchmark's own database, which lag by up to a second; MySQL: global ``Com_*``
-  counters, server-wide: run on a quiet server), CPU seconds per second, leases lost.
+  counters, server-wide: run on a quiet server), CPU seconds per second, leases lost;
+* **semaphores and read-write locks** (issue 23; ``_permits.py`` says what each
+  figure measures): a permit against the lock uncontended, 16 tasks on a semaphore
+  of limit 4 against the lock's hand-off rate, a read-heavy mix, N permits held
+  (server statements per renew tick counted as in the held figure, and the
+  backend's own renewal statements: the target is on the first on PostgreSQL
+  without ``--quick``, else on the second: MySQL's counters are the whole server's,
+  and PostgreSQL's lag more than ``--quick`` waits). tooz has no
+  semaphore and no read-write lock; grelmicro (PostgreSQL only; 0.20.0, the newest
+  that installs here, has Lock, TaskLock and LeaderElection, no read-write lock):
+  its Lock is shown beside ours.
 
 Usage: ``python benchmarks/bench_sql.py [--db postgres|mysql|both] [--url URL]
-[--quick] [--skip tooz] [--rounds N]``; the floors live in ``_sql_floors.py``.
-PostgreSQL runs in a database of its own (``aiolease_bench``, created if missing) so
-that its counters are the benchmark's.
+[--quick] [--skip tooz|grelmicro|FIGURE] [--only FIGURE] [--rounds N]``; the
+floors live in ``_sql_floors.py``. PostgreSQL runs in a database of its own
+(``aiolease_bench``, created if missing) so that its counters are the benchmark's.
 Quote ratios from one run; absolute times depend on the machine. Needs
 ``pip install aiolease[bench]``.
 """
@@ -48,7 +58,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import signal
 import statistics
 import subprocess
@@ -56,11 +65,19 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, hold_in_tasks, record, run_threads, verdict
+from _common import (
+    add_figure_arguments,
+    hold_in_tasks,
+    record,
+    run_threads,
+    take_turns,
+    verdict,
+)
+from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
 from _sql_floors import (
     FLOOR_TABLE,
     TABLE,
@@ -90,7 +107,7 @@ TARGET_FAIRNESS = 1.5
 TARGET_FAILOVER = 0.020
 #: Server-side statements per renew tick allowed (1, plus the counters' lag).
 TARGET_PER_TICK = 1.2
-FIGURES = ("uncontended", "handoffs", "failover", "held")
+FIGURES = ("uncontended", "handoffs", "failover", "held", "permits")
 DEFAULT_URLS = {
     "postgres": os.environ.get(
         "AIOLEASE_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -184,24 +201,6 @@ async def uncontended(db: Db, cycles: int, skip: Sequence[str]) -> dict[str, tup
             )
             times[label] = (own[label], own["raw lease-row floor"])
     return times
-
-
-async def take_turns(
-    cycle: Mapping[str, Callable[[], Awaitable[object]]], cycles: int
-) -> dict[str, float]:
-    """Median seconds of each contender of ``cycle``, taking turns in a random order."""
-    found: dict[str, list[float]] = {label: [] for label in cycle}
-    for _ in range(min(cycles // 10, 50)):
-        for one in cycle.values():
-            await one()
-    order = list(cycle.items())
-    for _ in range(cycles):
-        random.shuffle(order)  # no contender always follows the same one
-        for label, one in order:
-            start = time.perf_counter()
-            await one()
-            found[label].append(time.perf_counter() - start)
-    return {label: statistics.median(samples) for label, samples in found.items()}
 
 
 # -- hand-offs -------------------------------------------------------------------------------
@@ -654,6 +653,59 @@ async def print_held(db: Db, args: argparse.Namespace) -> None:
         print("  (--quick: PostgreSQL's counts of the acquisitions may still arrive in the window)")
 
 
+async def print_permits(db: Db, args: argparse.Namespace) -> None:
+    """Issue 23's figures (``_permits.py``) on one aiolease backend, with grelmicro's
+    lock beside ours on PostgreSQL where it installs."""
+    sizes = PermitSizes.of(args, SETTLE[0])
+    counter = make_db(_kind(db), db.url)
+    await counter.open()
+    try:
+        async with AsyncExitStack() as stack:
+            backend = await opened_backend(stack, db)
+            peers: dict[str, PeerLock] = {}
+            notes = ["tooz has no semaphore and no read-write lock"]
+            if isinstance(db, Postgres) and "grelmicro" not in args.skip:
+                try:
+                    from grelmicro.sync.postgres import PostgresSyncBackend
+                except ImportError:
+                    notes.append("grelmicro: not installed (pip install 'grelmicro[postgres]')")
+                else:
+                    grelmicro = PostgresSyncBackend(db.url, table_name="grelmicro_bench_locks")
+                    peers["grelmicro"] = await grelmicro_lock(grelmicro, stack)
+            own = [0]  # PostgreSQL: each reading is a transaction of its own
+
+            async def statements() -> float:
+                count = await counter.statements()
+                if isinstance(db, Postgres):
+                    own[0] += 1
+                return count - own[0]
+
+            async def renew_statements() -> float:
+                return float(statistics_of(backend).renew_statements)
+
+            await permit_figures(
+                db.name,
+                backend,
+                sizes,
+                peers=peers,
+                counters={
+                    "server statements": statements,
+                    "renew statements": renew_statements,
+                },
+                # MySQL's counters are the whole server's (other clients' included),
+                # and PostgreSQL's lag by up to 10 s (--quick settles 1 s): there the
+                # target is the backend's own count of renewal statements.
+                tick_target=(
+                    "server statements"
+                    if isinstance(db, Postgres) and not args.quick
+                    else "renew statements"
+                ),
+                notes=notes,
+            )
+    finally:
+        await counter.close()
+
+
 async def main_for(kind: str, url: str, args: argparse.Namespace) -> None:
     if kind == "postgres":
         url = await bench_database(url)
@@ -669,6 +721,8 @@ async def main_for(kind: str, url: str, args: argparse.Namespace) -> None:
         await print_failover(db, args, kinds)
     if "held" not in skip:
         await print_held(db, args)
+    if "permits" not in skip:
+        await print_permits(db, args)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -685,8 +739,13 @@ if __name__ == "__main__":
     parser.add_argument("--url", help="the database (default: the test servers')")
     add_figure_arguments(parser)
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["tooz", *FIGURES], help="repeatable"
+        "--skip",
+        action="append",
+        default=[],
+        choices=["tooz", "grelmicro", *FIGURES],
+        help="repeatable",
     )
+    parser.add_argument("--only", choices=FIGURES, help="this figure alone")
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
@@ -702,6 +761,8 @@ if __name__ == "__main__":
         else:
             asyncio.run(worker(args.worker, worker_db, args.name, args.start_at, args.seconds))
     else:
+        if args.only is not None:
+            args.skip += [figure for figure in FIGURES if figure != args.only]
         if args.quick:
             args.cycles, args.seconds, args.failovers, args.rounds = 100, 0.5, 1, 1
             args.held, args.held_seconds = 200, 2.0

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 #: here runs too, with ``--quick``.
 QUICK: dict[str, list[str]] = {
     "bench_core.py": ["--cycles", "1000", "--seconds", "1"],
-    "bench_embedded.py": ["--cycles", "200", "--seconds", "1"],
+    "bench_embedded.py": ["--cycles", "200", "--seconds", "1", "--quick"],
     "bench_scale.py": ["--quick"],
     "bench_redis.py": ["--quick"],
     "bench_sql.py": ["--quick"],

@@ -1,0 +1,593 @@
+"""Issue 23's figures for :class:`~aiolease.AsyncSemaphore` and
+:class:`~aiolease.AsyncReadWriteLock`, one set of code for every backend: each
+per-backend script (``bench_redis.py``, ``bench_sql.py``, ``bench_etcd.py``,
+``bench_embedded.py``) calls :func:`permit_figures` with a backend it opened, the
+peers' locks it can drive and its own round-trip counters. Every figure runs on that
+one backend object, so a permit is always compared with the same backend's lock.
+
+* **uncontended permit acquire+release**: ``async with`` on a semaphore of limit 4,
+  on a reader and on a writer of a read-write lock, and on an :class:`AsyncLock`, one
+  cycle each in a random order (:func:`_common.take_turns`), nobody else on the
+  names; the median per cycle as a ratio to the lock's. Target: every permit
+  <= 1.2x the lock. A peer's lock (none of the peers has a semaphore) is shown as
+  a ratio to our lock, for reference.
+* **16 tasks, semaphore of limit 4, hold 1 ms**: 16 tasks loop ``async with sem:
+  sleep(1 ms)`` for ``seconds`` (a checkpoint between turns, as in
+  ``bench_embedded.py``); acquisitions per second (those whose acquire returned in
+  the window), max/min acquisitions per task, the most holders seen inside at once
+  (never above 4), this process's CPU seconds per second (near 1: the client's
+  CPU is the bottleneck, not the waits), and acquires that failed with a
+  ``BackendError`` (counted, and the task goes on; the first is printed). The
+  same 16 tasks on an :class:`AsyncLock` give the lock's hand-off rate, in the same
+  run. Target: the semaphore's rate >= 3.5x the lock's, max/min <= 1.5, no failed
+  acquire. The same loops on an in-process ``anyio.Lock`` and ``anyio.Semaphore(4)``
+  (no backend at all) show the ratio this machine allows (four 1 ms sleeps at once
+  are not four times as many on a loaded 2-core machine; their "x lock" is to
+  ``anyio.Lock``'s rate). A peer's lock is shown with its hand-off rate (x our
+  lock's).
+* **read-heavy mix, 8 tasks**: 8 tasks loop for ``seconds``, each turn a write
+  with probability 0.1 (else a read), every block held 1 ms: operations per
+  second, the most readers seen inside at once, how often a writer was inside
+  with anyone (must be 0), and the wait from calling ``async with`` to entering the
+  block, p50/p99 for writers and p99 for readers, and acquires that failed with a
+  ``BackendError`` (counted, and the task goes on). Target: reads proceed in
+  parallel (peak readers > 1), no overlap, no failed acquire; the writer wait p99
+  is printed without a target.
+* **N permits held** (N = ``--held``, ttl 3 s, renewed every 1 s tick): N tasks each
+  hold one permit of a semaphore of limit N, as an application would (granted one
+  after the other, as ``bench_scale.py`` grants its locks: on SQLite, 1,000
+  acquires started at once queue on its one connection ahead of the first leases'
+  renewals, and most are lost, locks as permits); after
+  ``settle`` seconds, for ``held_seconds``: per renew tick, the core's
+  ``renew_many`` calls on the backend, and each counter the script gives (the same
+  ones its locks' held figure reads), this process's CPU seconds per second, and
+  permits lost. The window starts and ends just after a ``renew_many`` call
+  returned, so that it spans whole ticks (a 1.5 s window would count one or
+  two; on etcd, whose permits ride on the session's lease, the core renews none
+  and the window is just timed). Target where the script names one counter (Redis: renewal round
+  trips; SQL: server statements): <= 1.2 per tick (one, plus the counters' lag),
+  0 lost, as for locks.
+
+Figures are printed with PASS/MISS where they have a target and recorded for
+``run_all.py`` (:func:`_common.record`). Taken on a loaded 2-core machine, they move
+from run to run: quote ratios from one run.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from _common import hold_blocks, record, take_turns, verdict
+
+from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, BackendError, Lease
+from aiolease.abc import Backend
+
+__all__ = [
+    "PeerLock",
+    "PermitSizes",
+    "grelmicro_lock",
+    "permit_figures",
+]
+
+RUN = uuid.uuid4().hex[:8]
+#: Hold time of each block in the contended figures.
+HOLD = 0.001
+TARGET_UNCONTENDED = 1.2
+TARGET_THROUGHPUT = 3.5
+TARGET_FAIRNESS = 1.5
+TARGET_PER_TICK = 1.2
+TASKS, LIMIT = 16, 4
+RW_TASKS, WRITES = 8, 0.1
+HELD_TTL = 3.0
+
+Cycle = Callable[[], Awaitable[object]]
+#: A counter read before and after the held window (a sync or an async read).
+Counter = Callable[[], Awaitable[float]]
+
+
+@dataclass(frozen=True)
+class PeerLock:
+    """A peer library's lock, driven as its users would (no peer has a semaphore or a
+    read-write lock that installs here: see the section's notes)."""
+
+    #: Uncontended acquire and release, on a name of its own.
+    cycle: Cycle
+    #: ``once(name)``: a blocking acquire of ``name``, a 1 ms hold, a release.
+    once: Callable[[str], Awaitable[object]]
+    #: How it waits, printed with the figures.
+    how: str
+
+
+@dataclass(frozen=True)
+class PermitSizes:
+    """How long each figure runs (the script's ``--cycles``, ``--seconds`` ...)."""
+
+    cycles: int
+    seconds: float
+    held: int
+    held_seconds: float
+    #: Seconds between the last permit granted and the held window.
+    settle: float = 2.0
+    #: ``--quick``: the 16-task figure leaves the peers out (their pollers' tails are
+    #: long); the uncontended one still shows them.
+    quick: bool = False
+
+    @classmethod
+    def of(cls, args: Any, settle: float) -> PermitSizes:
+        """From a script's ``--cycles``, ``--seconds``, ``--held``, ``--held-seconds``;
+        with ``--quick``, at most 50 cycles, 0.5 s per contended figure, 50 permits
+        held for 1 s after 2 s (the first renewals of permits granted over some
+        time go in two batches until the renewer merges them; the whole
+        ``run_all.py --quick`` must stay short: a smoke test of the figures)."""
+        if not getattr(args, "quick", False):
+            return cls(args.cycles, args.seconds, args.held, args.held_seconds, settle)
+        return cls(
+            min(args.cycles, 50),
+            min(args.seconds, 0.5),
+            min(args.held, 50),
+            min(args.held_seconds, 1.0),
+            2.0,
+            quick=True,
+        )
+
+
+@dataclass
+class Summary:
+    """What :func:`permit_figures` found against its targets, for a script's summary:
+    ``(figure, target, got, verdict)`` rows."""
+
+    rows: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def add(self, figure: str, want: str, got: str, ok: bool) -> None:
+        self.rows.append((figure, want, got, verdict(ok)))
+
+
+async def permit_figures(
+    where: str,
+    backend: Backend,
+    sizes: PermitSizes,
+    *,
+    peers: Mapping[str, PeerLock] | None = None,
+    counters: Mapping[str, Counter] | None = None,
+    tick_target: str | None = None,
+    notes: Sequence[str] = (),
+) -> Summary:
+    """Print and record the four figures for ``backend`` (``where`` names it in the
+    table); ``tick_target`` names the counter of ``counters`` that must stay at
+    <= 1.2 per renew tick."""
+    peers = peers or {}
+    summary = Summary()
+    print(f"\n-- semaphores and read-write locks ({where}; ratios from this run only)")
+    for note in notes:
+        print(f"  ({note})")
+    for label, peer in peers.items():
+        print(f"  {label}: {peer.how}")
+    if sizes.quick and peers:
+        print("  (--quick: the peers' locks in the uncontended figure only)")
+    await _uncontended(where, backend, sizes, peers, summary)
+    await _contended(where, backend, sizes, peers, summary)
+    await _read_heavy(where, backend, sizes, summary)
+    await _held(where, backend, sizes, counters or {}, tick_target, summary)
+    return summary
+
+
+# -- uncontended -------------------------------------------------------------------------
+
+
+async def _uncontended(
+    where: str,
+    backend: Backend,
+    sizes: PermitSizes,
+    peers: Mapping[str, PeerLock],
+    summary: Summary,
+) -> None:
+    lock = AsyncLock(backend, f"permit-lock-{RUN}", ttl=10)
+    sem = AsyncSemaphore(backend, f"permit-sem-{RUN}", limit=LIMIT, ttl=10)
+    rw = AsyncReadWriteLock(backend, f"permit-rw-{RUN}", ttl=10)
+
+    def block(cm: AbstractAsyncContextManager[Lease]) -> Cycle:
+        async def cycle() -> None:
+            async with cm:
+                pass
+
+        return cycle
+
+    ours = {
+        "aiolease lock (async with)": block(lock),
+        f"aiolease semaphore permit, limit {LIMIT}": block(sem),
+        "aiolease read permit": block(rw.read()),
+        "aiolease write permit": block(rw.write()),
+    }
+    theirs = {f"{label} lock (no semaphore)": peer.cycle for label, peer in peers.items()}
+    times = await take_turns({**ours, **theirs}, sizes.cycles)
+    base = times["aiolease lock (async with)"]
+    figure = "uncontended permit acquire+release"
+    print(f"\n{figure:<44} {'median':>9} {'x lock':>7}  target <= {TARGET_UNCONTENDED} x lock")
+    worst = 0.0
+    for label, seconds in times.items():
+        ratio = seconds / base
+        permit = label.startswith("aiolease") and "permit" in label
+        ok = ratio <= TARGET_UNCONTENDED if permit else None
+        if permit:
+            worst = max(worst, ratio)
+        target = f"<= {TARGET_UNCONTENDED}" if ok is not None else ""
+        record(where, figure, label, ratio, "x our lock", target=target, ok=ok)
+        print(f"  {label:<42} {seconds * 1e6:>6.0f} us {ratio:>7.2f}  {verdict(ok)}")
+    summary.add(
+        figure,
+        f"<= {TARGET_UNCONTENDED} x the lock",
+        f"worst permit {worst:.2f}x",
+        worst <= TARGET_UNCONTENDED,
+    )
+
+
+# -- 16 tasks on a semaphore of limit 4 --------------------------------------------------
+
+
+async def _loop_tasks(
+    tasks: int, seconds: float, once: Callable[[int], Awaitable[object]]
+) -> list[int]:
+    """Acquisitions per task of ``tasks`` tasks that call ``once(i)`` in a loop; those
+    whose ``once`` returned within ``seconds`` count. Each loop ends after its first
+    call that returns past the window (a waiter is not cancelled: redis-py's client
+    can swallow a cancel); any left after 15 s more are cancelled. An acquire that
+    fails with :class:`~aiolease.BackendError` is counted in :data:`LAST_ERRORS` and
+    the loop goes on. The process's CPU seconds per second over the run are left in
+    :data:`LAST_CPU`."""
+    counts = [0] * tasks
+    end = time.monotonic() + seconds
+    cpu, wall = time.process_time(), time.monotonic()
+    LAST_ERRORS.clear()
+
+    async def loop(i: int) -> None:
+        while time.monotonic() < end:
+            try:
+                await once(i)
+            except BackendError as exc:
+                LAST_ERRORS.append(exc)
+                continue
+            counts[i] += time.monotonic() <= end
+            await anyio.lowlevel.checkpoint()  # others may run before this one asks again
+
+    with anyio.move_on_after(seconds + 15):
+        async with anyio.create_task_group() as tg:
+            for i in range(tasks):
+                tg.start_soon(loop, i)
+    LAST_CPU[0] = (time.process_time() - cpu) / (time.monotonic() - wall)
+    return counts
+
+
+#: The CPU seconds per second of this process during the last :func:`_loop_tasks`.
+LAST_CPU = [0.0]
+#: The acquires that failed during the last :func:`_loop_tasks`.
+LAST_ERRORS: list[BackendError] = []
+
+
+def _fairness(counts: Sequence[int]) -> float:
+    return max(counts) / max(min(counts), 1)
+
+
+async def _contended(
+    where: str,
+    backend: Backend,
+    sizes: PermitSizes,
+    peers: Mapping[str, PeerLock],
+    summary: Summary,
+) -> None:
+    seconds = sizes.seconds
+    lock = AsyncLock(backend, f"permit-handoff-lock-{RUN}", ttl=10)
+    sem = AsyncSemaphore(backend, f"permit-handoff-sem-{RUN}", limit=LIMIT, ttl=10)
+    inside = [0, 0]  # now, most
+
+    async def lock_once(i: int) -> None:
+        async with lock:
+            await anyio.sleep(HOLD)
+
+    async def sem_once(i: int) -> None:
+        async with sem:
+            inside[0] += 1
+            inside[1] = max(inside[1], inside[0])
+            try:
+                await anyio.sleep(HOLD)
+            finally:
+                inside[0] -= 1
+
+    found: dict[str, list[int]] = {}
+    cpus: dict[str, float] = {}
+    errors: dict[str, list[BackendError]] = {}
+    bare_lock, bare_sem = anyio.Lock(), anyio.Semaphore(LIMIT)
+
+    async def bare_lock_once(i: int) -> None:
+        async with bare_lock:
+            await anyio.sleep(HOLD)
+
+    async def bare_sem_once(i: int) -> None:
+        async with bare_sem:
+            await anyio.sleep(HOLD)
+
+    runs: dict[str, Callable[[int], Awaitable[object]]] = {
+        "aiolease lock (hand-off rate)": lock_once,
+        f"aiolease semaphore, limit {LIMIT}": sem_once,
+        "floor: anyio.Lock, in-process": bare_lock_once,
+        f"floor: anyio.Semaphore({LIMIT}), in-process": bare_sem_once,
+    }
+    for label, peer in {} if sizes.quick else peers.items():
+        name = f"permit-handoff-{label}-{RUN}"
+
+        async def peer_once(i: int, peer: PeerLock = peer, name: str = name) -> None:
+            await peer.once(name)
+
+        runs[f"{label} lock (no semaphore)"] = peer_once
+    for label, run in runs.items():
+        found[label] = await _loop_tasks(TASKS, seconds, run)
+        cpus[label] = LAST_CPU[0]
+        errors[label] = list(LAST_ERRORS)
+    figure = f"{TASKS} tasks, semaphore of limit {LIMIT}, hold 1 ms"
+    print(
+        f"\n{figure:<44} {'per s':>7} {'x lock':>7} {'max/min':>8} {'peak':>5} {'CPU s/s':>8}"
+        f" {'errors':>6}  target >= {TARGET_THROUGHPUT} x lock, max/min <= {TARGET_FAIRNESS},"
+        " no error"
+    )
+    ours = sum(found["aiolease lock (hand-off rate)"]) / seconds
+    floor = sum(found["floor: anyio.Lock, in-process"]) / seconds
+    floor_ratio = sum(found[f"floor: anyio.Semaphore({LIMIT}), in-process"]) / seconds / floor
+    for label, counts in found.items():
+        rate, fair = sum(counts) / seconds, _fairness(counts)
+        base = floor if label.startswith("floor") else ours  # x its own kind's lock
+        is_sem = label.startswith("aiolease semaphore")
+        ok = (
+            rate >= TARGET_THROUGHPUT * base
+            and fair <= TARGET_FAIRNESS
+            and inside[1] <= LIMIT
+            and not errors[label]
+            if is_sem and base > 0  # no hand-off of the lock in the window: no verdict
+            else None
+        )
+        peak = f"{inside[1]:>5}" if is_sem else f"{'':>5}"
+        ratio = rate / base if base else float("nan")
+        record(where, figure, label, rate, "/s")
+        record(
+            where,
+            figure + ": fairness",
+            label,
+            fair,
+            "max/min",
+            target=f"<= {TARGET_FAIRNESS}" if is_sem else "",
+            ok=None if ok is None else fair <= TARGET_FAIRNESS,
+        )
+        record(
+            where,
+            figure + ": x its kind's lock (ours; floors: anyio.Lock)",
+            label,
+            ratio,
+            "x",
+            target=f">= {TARGET_THROUGHPUT}" if is_sem else "",
+            ok=ok,
+        )
+        if is_sem and ok is not None:
+            summary.add(
+                figure,
+                f">= {TARGET_THROUGHPUT} x lock, max/min <= {TARGET_FAIRNESS}",
+                f"{rate:.0f}/s = {ratio:.2f}x lock (floor {floor_ratio:.2f}x), {fair:.2f}",
+                bool(ok),
+            )
+        print(
+            f"  {label:<42} {rate:>7.0f} {ratio:>7.2f} {fair:>8.2f} {peak} {cpus[label]:>8.2f}"
+            f" {len(errors[label]):>6}  {verdict(ok)}"
+        )
+        if errors[label]:
+            print(f"    first error: {errors[label][0]!r}")
+            record(where, figure + ": failed acquires", label, len(errors[label]), "", target="0")
+
+
+# -- read-heavy mix ----------------------------------------------------------------------
+
+
+def _percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary: Summary) -> None:
+    rw = AsyncReadWriteLock(backend, f"permit-mix-{RUN}", ttl=10)
+    readers, writers, peak, overlaps = [0], [0], [0], [0]
+    waits: dict[str, list[float]] = {"read": [], "write": []}
+
+    def once_for(i: int) -> Callable[[int], Awaitable[None]]:
+        rng = random.Random(i)  # the same mix in every run
+
+        async def once(_: int) -> None:
+            write = rng.random() < WRITES
+            called = time.monotonic()
+            async with rw.write() if write else rw.read():
+                waits["write" if write else "read"].append(time.monotonic() - called)
+                if writers[0] or (write and readers[0]):
+                    overlaps[0] += 1
+                (writers if write else readers)[0] += 1
+                peak[0] = max(peak[0], readers[0])
+                try:
+                    await anyio.sleep(HOLD)
+                finally:
+                    (writers if write else readers)[0] -= 1
+
+        return once
+
+    onces = [once_for(i) for i in range(RW_TASKS)]
+    counts = await _loop_tasks(RW_TASKS, sizes.seconds, lambda i: onces[i](i))
+    failed = list(LAST_ERRORS)
+    rate = sum(counts) / sizes.seconds
+    w50, w99 = _percentile(waits["write"], 0.5), _percentile(waits["write"], 0.99)
+    r99 = _percentile(waits["read"], 0.99)
+    ok = peak[0] > 1 and overlaps[0] == 0 and not failed
+    figure = f"read-heavy mix ({1 - WRITES:.0%} reads), {RW_TASKS} tasks, hold 1 ms"
+    print(
+        f"\n{figure:<44} {'ops/s':>7} {'peak rd':>8} {'overlap':>8} {'w p50':>8} {'w p99':>8}"
+        f" {'r p99':>8} {'errors':>6}  target peak readers > 1, 0 overlaps, no error"
+    )
+    print(
+        f"  {'aiolease read-write lock':<42} {rate:>7.0f} {peak[0]:>8} {overlaps[0]:>8}"
+        f" {w50 * 1e3:>5.1f} ms {w99 * 1e3:>5.1f} ms {r99 * 1e3:>5.1f} ms {len(failed):>6}"
+        f"  {verdict(ok)}  ({len(waits['write'])} writes, {len(waits['read'])} reads)"
+    )
+    contender = "aiolease read-write lock"
+    if failed:
+        print(f"    first error: {failed[0]!r}")
+        record(where, figure + ": failed acquires", contender, len(failed), "", target="0")
+    record(where, figure, contender, rate, "ops/s")
+    record(where, figure + ": peak readers", contender, peak[0], "", target="> 1", ok=ok)
+    record(
+        where,
+        figure + ": writer with anyone",
+        contender,
+        overlaps[0],
+        "",
+        target="0",
+        ok=overlaps[0] == 0,
+    )
+    record(where, figure + ": writer wait p99", contender, w99 * 1e3, "ms")
+    record(where, figure + ": reader wait p99", contender, r99 * 1e3, "ms")
+    summary.add(
+        figure,
+        "peak readers > 1, 0 overlaps; writer p99",
+        f"peak {peak[0]}, {overlaps[0]} overlaps, writer p99 {w99 * 1e3:.1f} ms",
+        ok,
+    )
+
+
+# -- N permits held ----------------------------------------------------------------------
+
+
+async def _read(counter: Counter) -> float:
+    return float(await counter())
+
+
+async def _held(
+    where: str,
+    backend: Backend,
+    sizes: PermitSizes,
+    counters: Mapping[str, Counter],
+    tick_target: str | None,
+    summary: Summary,
+) -> None:
+    tick = HELD_TTL / 3
+    calls, renewed = [0], anyio.Event()
+    renew_many = backend.renew_many
+
+    async def counted(renewals: Any) -> Any:
+        nonlocal renewed
+        try:
+            return await renew_many(renewals)
+        finally:
+            calls[0] += 1
+            renewed.set()
+            renewed = anyio.Event()
+
+    async def after_a_call() -> float:
+        """Wait for a ``renew_many`` call to return: the window starts and ends just
+        after one, so it spans whole ticks and every counter counts each tick once.
+        A session backend (etcd) renews none of them (its session lease is kept
+        alive): at most two ticks."""
+        if calls[0]:  # none yet after the settle: none will come
+            with anyio.move_on_after(2 * tick):
+                await renewed.wait()
+        return time.monotonic()
+
+    async def core_calls() -> float:
+        return calls[0]
+
+    every: dict[str, Counter] = {"renew_many calls": core_calls, **counters}
+    sem = AsyncSemaphore(backend, f"permit-held-{RUN}", limit=sizes.held, ttl=HELD_TTL)
+    backend.renew_many = counted  # type: ignore[method-assign]
+    try:
+        async with AsyncExitStack() as stack:
+            started = time.monotonic()
+            leases = await hold_blocks(
+                [sem] * sizes.held, stack, return_exceptions=True, one_at_a_time=True
+            )
+            took = time.monotonic() - started
+            await anyio.sleep(sizes.settle)
+            wall = await after_a_call()
+            before = {label: await _read(c) for label, c in every.items()}
+            cpu = time.process_time()
+            await anyio.sleep(max(sizes.held_seconds - tick / 2, 0))
+            wall = await after_a_call() - wall
+            after = {label: await _read(c) for label, c in every.items()}
+            cpu = time.process_time() - cpu
+            lost = sum(lease.lost is not None for lease in leases)
+    finally:
+        del backend.renew_many
+    ticks = wall / tick
+    per_tick = {label: (after[label] - before[label]) / ticks for label in every}
+    figure = f"{sizes.held} permits held, ttl 3 s, tick 1 s"
+    heads = " ".join(f"{label:>{max(len(label), 8)}}" for label in every)
+    want = f"  target {tick_target} <= {TARGET_PER_TICK}/tick, 0 lost" if tick_target else ""
+    print(f"\n{figure:<44} {heads} {'CPU s/s':>8} {'lost':>5}{want}")
+    ok = None
+    if tick_target is not None:
+        ok = per_tick[tick_target] <= TARGET_PER_TICK and lost == 0
+    cells = " ".join(f"{per_tick[label]:>{max(len(label), 8)}.2f}" for label in every)
+    print(
+        f"  {'aiolease semaphore permits':<42} {cells} {cpu / wall:>8.3f} {lost:>5}  {verdict(ok)}"
+        f"  (granted in {took:.1f} s)"
+    )
+    contender = "aiolease semaphore permits"
+    for label in every:
+        is_target = label == tick_target
+        record(
+            where,
+            f"{figure}: {label} per tick",
+            contender,
+            per_tick[label],
+            "/tick",
+            target=f"<= {TARGET_PER_TICK}" if is_target else "",
+            ok=ok if is_target else None,
+        )
+    record(where, figure + ": CPU", contender, cpu / wall, "CPU s/s")
+    record(where, figure + ": lost", contender, lost, "")
+    if tick_target is not None:
+        summary.add(
+            figure,
+            f"<= {TARGET_PER_TICK} {tick_target}/tick, 0 lost",
+            f"{per_tick[tick_target]:.2f}/tick, {lost} lost",
+            bool(ok),
+        )
+
+
+# -- peers -------------------------------------------------------------------------------
+
+
+async def grelmicro_lock(
+    backend: Any, stack: AsyncExitStack, *, lease_duration: float = 10.0
+) -> PeerLock:
+    """grelmicro's ``Lock`` on ``backend`` (a grelmicro sync backend, entered here and
+    closed by ``stack``), with its defaults: it polls every 0.1 s while it waits and
+    renews nothing by itself (one ``Lock`` object per name, reused, as documented)."""
+    from grelmicro.sync import Lock
+
+    await stack.enter_async_context(backend)
+    locks: dict[str, Any] = {}
+
+    def lock_of(name: str) -> Any:
+        if name not in locks:
+            locks[name] = Lock(name, backend=backend, lease_duration=lease_duration)
+        return locks[name]
+
+    uncontended = lock_of(f"grelmicro-uncontended-{RUN}")
+
+    async def cycle() -> None:
+        await uncontended.acquire_nowait()
+        await uncontended.release()
+
+    async def once(name: str) -> None:
+        async with lock_of(name):
+            await anyio.sleep(HOLD)
+
+    return PeerLock(cycle, once, "Lock (0.20: no read-write lock, no semaphore); polls every 0.1 s")
