@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import math
 import random
@@ -177,7 +178,8 @@ class EtcdBackend(Backend):
         self._turns: dict[tuple[str, str], tuple[Any, int]] = {}
         self._handoffs = Handoffs()
         #: The revision at which each refused permit request last read its name's keys.
-        self._permit_seen: dict[tuple[str, str], int] = {}
+        #: Per refused permit request: what its wait needs (see :class:`_Turn`).
+        self._permit_seen: dict[tuple[str, str], _Turn] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -818,15 +820,13 @@ class EtcdBackend(Backend):
         start = self._layout.permit_start(name)
         reply = await self._wire.range(self._layout.permits(name))
         kvs, revision = reply.kvs, int(reply.header.revision)
+        lost = 0  # puts of a permit key that lost the race to another request's key
         for _ in range(8):
             self._check_open()
             keys = parse_permits(name, start, kvs)
             for key in keys:
                 if key.limit != limit:
                     raise LimitMismatchError(name, limit, key.limit)
-            if len(self._permit_seen) >= SEEN_LIMIT:
-                del self._permit_seen[next(iter(self._permit_seen))]
-            self._permit_seen[(name, owner)] = revision
             used = sum(key.weight for key in keys if not key.queued)
             ahead, mine = 0, None
             for key in keys:
@@ -841,29 +841,39 @@ class EtcdBackend(Backend):
             fits = used + ahead + weight <= limit
             if mine is not None:
                 if (name, owner, mine.token) in self._sessions.doomed:
+                    self._note_turn(name, owner, _Turn(revision, 0, mine.token))
                     return _blocker(name, keys, owner)  # expired here; being deleted
                 if fits:  # its turn: held with what it asks now
                     value = encode_permit(identity, metadata, limit, weight, False)
                     return await self._grant_queued(name, owner, ttl, mine, value, session, touched)
                 if not await self._keep_queued(name, owner, ttl, mine, session, touched):
                     return None
+                self._note_turn(
+                    name, owner, _Turn(revision, used + ahead + weight - limit, mine.token)
+                )
                 return _blocker(name, keys, owner)
             # Granted: no key may have come since the read (a new permit, or a queue key
             # that its weight would have to count). Queued: keys that came since are behind
-            # it; while the oldest key stays, each of them was checked against its limit.
-            guard = ("newer", revision) if fits or not keys else (keys[0].slot, keys[0].token)
-            slot = owner if fits else queue_slot(owner)
-            value = encode_permit(identity, metadata, limit, weight, not fits)
+            # it; while a key of the read stays, each of them was checked against its limit
+            # (every request's key is put only while a key of its own read stays). A
+            # request that fits but lost the race twice queues instead, and takes its turn
+            # by its queue key (as a refused one does): under a storm of requests a race
+            # for a free permit could otherwise be lost every time, until it gave up.
+            grant = fits and (lost < 2 or not keys)
+            guard = ("newer", revision) if grant or not keys else _lasting(keys)
+            slot = owner if grant else queue_slot(owner)
+            value = encode_permit(identity, metadata, limit, weight, not grant)
             put = await self._wire.txn(
                 self._layout.permit_put(name, slot, value, session.lease_id, guard)
             )
             self._check_open()
             if not put.succeeded:
+                lost += grant
                 kvs = put.responses[0].response_range.kvs
                 revision = int(put.header.revision)
                 continue
             token = int(put.header.revision)
-            if fits:
+            if grant:
                 entry = Entry(name, owner, token, session, touched + ttl)
                 self._sessions.attach(entry)
                 self._takeovers.watch(entry)
@@ -871,7 +881,11 @@ class EtcdBackend(Backend):
             horizon = touched + QUEUE_HORIZON * ttl
             queued = Entry(name, owner, token, session, horizon, queued=True, slot=slot)
             self._sessions.attach(queued)
-            return _blocker(name, keys, owner)
+            if not fits:
+                self._note_turn(name, owner, _Turn(revision, used + ahead + weight - limit, token))
+                return _blocker(name, keys, owner)
+            reply = await self._wire.range(self._layout.permits(name))  # its turn yet?
+            kvs, revision = reply.kvs, int(reply.header.revision)
         return None
 
     async def _regrant_permit(
@@ -947,17 +961,26 @@ class EtcdBackend(Backend):
         weights = tuple(key.weight for key in held)
         return PermitHolders(name, keys[0].limit, holders, weights, len(keys) - len(held))
 
+    def _note_turn(self, name: str, owner: str, turn: _Turn) -> None:
+        if len(self._permit_seen) >= SEEN_LIMIT:
+            del self._permit_seen[next(iter(self._permit_seen))]
+        self._permit_seen[(name, owner)] = turn
+
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Watch the name's permit keys for a deletion after the refused request's read
-        (a permit released or lost, a waiter gone), for at most a third of ``ttl``."""
+        """Watch the name's permit keys from the refused request's read until the weight
+        that blocks it is gone (permits released or lost, queue keys ahead of it gone
+        without a grant), or its own queue key is; at most a third of ``ttl``. Only
+        the waiters whose turn may have come wake, not every waiter at every release."""
         self._check_open()
-        revision = self._permit_seen.pop((name, owner), None)
-        if revision is None:
+        turn = self._permit_seen.pop((name, owner), None)
+        if turn is None:
             return
         entry = self._sessions.entries.get((name, owner))
         if entry is not None and entry.queued:
             entry.horizon = max(entry.horizon, now() + QUEUE_HORIZON * ttl)
-        watch = self._wire.watch(self._layout.watch_permits(name, revision), _any_event)
+        if turn.deficit <= 0:
+            return
+        watch = self._wire.watch(self._layout.watch_permits(name, turn.revision), turn.accept)
         try:
             await asyncio.wait_for(watch, ttl / 3)
         except TimeoutError:
@@ -981,6 +1004,48 @@ class EtcdBackend(Backend):
             await self._sessions.aclose()
         finally:
             await shielded(self._wire.aclose())
+
+
+@dataclass
+class _Turn:
+    """A refused permit request's wait: from the ``revision`` of its read, the weight
+    by which it did not fit (``deficit``), and its queue key's create revision
+    (``mine``). Events after the read change the deficit: a new permit key adds its
+    weight, as does a new queue key ahead of ``mine``; a deleted permit key, or a deleted
+    queue key ahead of it, takes its weight off (a grant deletes a queue key and puts a
+    permit key in one revision: no change)."""
+
+    revision: int
+    deficit: int
+    mine: int
+
+    def accept(self, event: Any) -> bool:
+        """Whether ``event`` (a watch event, with its previous key-value) ends the wait."""
+        deleted = event.type == rpc.Event.DELETE
+        kv = event.prev_kv if deleted else event.kv
+        if kv.create_revision == self.mine:
+            return deleted  # its own queue key: gone (ask again), or its own put
+        if not deleted and kv.create_revision != kv.mod_revision:
+            return False  # a key moved to another lease, or refreshed: no weight changed
+        try:
+            document = json.loads(kv.value)
+            weight, queued = int(document["weight"]), bool(document["queued"])
+        except (ValueError, KeyError, TypeError):
+            return True  # not a value aiolease writes: let the next try report it
+        if queued and kv.create_revision > self.mine:
+            return False  # behind it
+        self.deficit += -weight if deleted else weight
+        return self.deficit <= 0
+
+
+def _lasting(keys: list[PermitKey]) -> tuple[str, int]:
+    """The guard of a queue key's put: the key of ``keys`` likely to stay longest, the
+    newest queued one (at the back of the queue), else the newest permit. (The oldest
+    permit, the first to be released, made every queued put fail while holders came and
+    went every millisecond, until the request gave up.)"""
+    queued = [key for key in keys if key.queued]
+    last = (queued or keys)[-1]
+    return (last.slot, last.token)
 
 
 def _blocker(name: str, keys: list[PermitKey], owner: str) -> HolderInfo:

@@ -252,13 +252,11 @@ class Layout:
         )
 
     def watch_permits(self, name: str, after: int) -> Any:
-        """Watch for the deletion of a permit key of ``name`` after revision ``after``."""
+        """Watch the permit keys of ``name`` after revision ``after`` (puts, and deletions
+        with the deleted key-value)."""
         start = self.permit_start(name)
         return rpc.WatchCreateRequest(
-            key=start,
-            range_end=prefix_end(start),
-            start_revision=after + 1,
-            filters=[rpc.WatchCreateRequest.NOPUT],
+            key=start, range_end=prefix_end(start), start_revision=after + 1, prev_kv=True
         )
 
     def slot(self, name: str, kv: Any) -> str:
