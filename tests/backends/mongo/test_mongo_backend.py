@@ -57,7 +57,13 @@ def look(url: str, collection: str, name: str) -> dict[str, Any] | None:
 
 
 async def test_capabilities_per_instance(anyio_backend: str, mongo_url: str) -> None:
-    common = {Capability.SERVER_TIME, Capability.MULTI_PROCESS, Capability.PROCLAIM}
+    common = {
+        Capability.SERVER_TIME,
+        Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
+    }
     async with (
         aiolease.open_backend(mongo_url) as fair,
         aiolease.open_backend(mongo_url, fair=False) as plain,
