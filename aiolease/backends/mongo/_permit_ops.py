@@ -173,12 +173,12 @@ class MongoPermits:
                 except DuplicateKeyError:
                     continue
             rows = permits.parse(self._where, name, doc)
+            if rows and rows[0].limit != limit:  # first, as the pipeline decides
+                raise LimitMismatchError(name, limit, rows[0].limit)
             mine = next((row for row in rows if row.owner == owner), None)
             if mine is not None and mine.granted:
                 self._marks.pop((name, owner), None)
                 return Grant(mine.token, ttl, sent_at=sent_at)
-            if rows and rows[0].limit != limit:
-                raise LimitMismatchError(name, limit, rows[0].limit)
             self._remember(name, owner, mark)
             return blocker(name, rows, owner)
         raise BackendTimeout(f"permits of {name!r}: first upserts kept racing; try again")
