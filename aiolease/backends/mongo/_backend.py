@@ -188,9 +188,10 @@ class MongoBackend(Backend):
         self._wakeups = Wakeups()
         self._turns = Turns()
         self._takers = Takers()
-        #: (name, owner) -> send time of its latest refused ask (fair waiters).
         #: (name, owner) -> (send time of its latest refused ask, the token it saw).
         self._refused: dict[tuple[str, str], tuple[float, int]] = {}
+        #: Names last seen released with nobody to hand them to (see ``_seen_free``).
+        self._free: dict[str, bool] = {}
         self._acquire_commands = 0
         self._handoffs_taken = 0
         self._renew_commands = 0
@@ -339,12 +340,31 @@ class MongoBackend(Backend):
         from pymongo.errors import DuplicateKeyError
 
         self._acquire_commands += 1
-        update = pipelines.grant(owner, ttl, identity, metadata, self._fair, self._stamp())
+        stamp = self._stamp()
         with mapped(self._url):
+            if self._free.pop(name, False):
+                try:
+                    return await self._find_and_modify(
+                        pipelines.free_filter(name, self._fair),
+                        pipelines.take_free(owner, ttl, identity, metadata, stamp),
+                        upsert=True,
+                        after=True,
+                        projection=pipelines.TAKEN,
+                    )
+                except DuplicateKeyError:
+                    self._acquire_commands += 1  # not free any more: the full command
+            update = pipelines.grant(owner, ttl, identity, metadata, self._fair, stamp)
             try:
                 return await self._find_and_modify({"_id": name}, update, upsert=True, after=True)
             except DuplicateKeyError:
                 return None  # another first upsert won: the next ask sees its holder
+
+    def _seen_free(self, name: str) -> None:
+        """``name`` was released with nobody to hand it to: its next grant here tries
+        the short command first (see :func:`~._pipelines.free_filter`)."""
+        if len(self._free) >= _MAX_REFUSED:
+            self._free.clear()
+        self._free[name] = True
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -363,8 +383,7 @@ class MongoBackend(Backend):
             doc = await finished(self._grant(name, owner, float(ttl), identity, metadata))
             if doc is None:
                 continue
-            check(self._where, name, doc)
-            if doc.get("owner") == owner:
+            if doc.get("owner") == owner:  # granted (so the document was found valid)
                 token = int(doc["token"])
                 self._refused.pop((name, owner), None)
                 self._turns.forget(name, owner)
@@ -373,6 +392,7 @@ class MongoBackend(Backend):
                 # grant this one took over learns it now.
                 self._takers.notified(name, owner, token)
                 return Grant(token, float(ttl))
+            check(self._where, name, doc)
             holder = holder_of(self._where, name, doc) or self._queued_before(name, doc, owner)
             if holder is None:
                 continue  # pragma: no cover - neither granted nor refused: ask again
@@ -494,6 +514,7 @@ class MongoBackend(Backend):
         self._refused.pop((name, owner), None)
         self._turns.forget(name, owner)
         if await self._release_alone(name, owner, token):
+            self._seen_free(name)
             self._wakeups.wake(name)
             if token is not None:  # a holder here whose grant was released in its name
                 self._takers.notified(name, None, token)
@@ -528,6 +549,7 @@ class MongoBackend(Backend):
             # A waiter here learns of the hand-off before the change event.
             head = self._queued_before(name, before, owner, before.get("_qleft") or ())
             if head is None:
+                self._seen_free(name)
                 self._turns.wake(name)
             else:
                 self._turns.granted(name, head.owner, int(before["token"]) + 1, None)
@@ -605,9 +627,11 @@ class MongoBackend(Backend):
             return  # the holder's new metadata: watchers look, nobody is taken
         if notice.owner is None:
             # Released (or deleted: then every grant is gone): every waiter asks again.
+            self._seen_free(name)
             self._takers.notified(name, None, 2**63 if notice.token is None else notice.token)
             self._turns.wake(name)
             return
+        self._free.pop(name, None)
         self._takers.notified(name, notice.owner, notice.token)
         until = None if notice.left is None else now() + notice.left
         self._turns.granted(name, notice.owner, notice.token, until)
