@@ -221,17 +221,13 @@ class MongoPermits:
                 self._coll.find_one_and_update(
                     permits.release_filter(name, owner, token),
                     permits.release_update(owner, self._stamp()),
-                    projection=permits.READ,
+                    projection=permits.RELEASED,
                 )
             )
         if before is None:
             return False
-        rows = permits.parse(self._where, name, before)
         self._ring(name)
-        return any(
-            row.owner == owner and row.granted and (token is None or row.token == token)
-            for row in rows
-        )
+        return permits.freed(before, owner, token)
 
     async def renew(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
         """The permits of ``renewals`` in one unordered ``bulk_write``; only when some

@@ -31,7 +31,9 @@ from ._docs import foreign
 __all__ = [
     "FREED",
     "READ",
+    "RELEASED",
     "acquire",
+    "freed",
     "live_expr",
     "parse",
     "release_filter",
@@ -116,6 +118,26 @@ VALID: Doc = {
     ]
 }
 
+#: The milliseconds left of each entry, on the server's clock.
+_LEFTS: Doc = {
+    "$cond": [
+        {"$isArray": "$entries"},
+        {
+            "$map": {
+                "input": "$entries",
+                "in": {
+                    "$cond": [
+                        {"$eq": [_type("$$this.expires"), "date"]},
+                        {"$subtract": ["$$this.expires", NOW]},
+                        None,
+                    ]
+                },
+            }
+        },
+        None,
+    ]
+}
+
 #: What every read of a permits document shows: its fields, the server's now, the
 #: milliseconds left of each entry, and the names of foreign fields.
 READ: Doc = {
@@ -125,25 +147,28 @@ READ: Doc = {
     FREED: 1,
     "_now": NOW,
     "_extra": _EXTRA,
-    "_lefts": {
-        "$cond": [
-            {"$isArray": "$entries"},
-            {
-                "$map": {
-                    "input": "$entries",
-                    "in": {
-                        "$cond": [
-                            {"$eq": [_type("$$this.expires"), "date"]},
-                            {"$subtract": ["$$this.expires", NOW]},
-                            None,
-                        ]
-                    },
-                }
-            },
-            None,
-        ]
-    },
+    "_lefts": _LEFTS,
 }
+#: What a release's reply shows (the document before it): the entries, and the
+#: milliseconds left of each.
+RELEASED: Doc = {"entries": 1, "_lefts": _LEFTS}
+
+
+def freed(before: Mapping[str, Any], owner: str, token: int | None) -> bool:
+    """Whether the document ``before`` a release (read with :data:`RELEASED`) held a
+    live permit of ``owner`` (``token``, if given)."""
+    entries, lefts = before.get("entries"), before.get("_lefts")
+    if not isinstance(entries, list) or not isinstance(lefts, list):
+        return False
+    return any(
+        isinstance(entry, Mapping)
+        and entry.get("owner") == owner
+        and entry.get("granted") is True
+        and (token is None or entry.get("token") == token)
+        and isinstance(left, (int, float))
+        and left > 0
+        for entry, left in zip(entries, lefts, strict=False)
+    )
 
 
 def _long(value: Any) -> Doc:
@@ -426,11 +451,13 @@ def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
 
 def release_filter(name: str, owner: str, token: int | None) -> Doc:
     """The permits document of ``name`` with an entry of ``owner`` (its permit
-    ``token``, if given; live or not), if aiolease wrote it."""
+    ``token``, if given; live or not). Only aiolease writes an entry of a permit
+    owner id (random, made per request), so this matches no foreign document; the
+    server need not parse :data:`VALID` for each release."""
     match: Doc = {"owner": owner}
     if token is not None:
         match.update(granted=True, token=token)
-    return {"_id": name, "entries": {"$elemMatch": match}, "$expr": VALID}
+    return {"_id": name, "entries": {"$elemMatch": match}}
 
 
 def release_update(owner: str, stamp: str) -> list[Doc]:
