@@ -33,6 +33,11 @@ remaining ttl runs out.
 release hands the lease to the first live one on the server, and only that waiter
 is woken (:mod:`~aiolease.backends.mongo._turns`).
 
+**Permits** (semaphores, read-write locks): one document per name in
+``<collection>_permits``, each acquire one ``findAndModify`` upsert deciding on the
+server (:mod:`~aiolease.backends.mongo._permits`, served by
+:mod:`~aiolease.backends.mongo._permit_ops`).
+
 See ``docs/backends/mongo.md`` and ``docs/internals/mongo.md``.
 """
 

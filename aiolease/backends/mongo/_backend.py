@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import datetime
-import itertools
-import random
 import uuid
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..._exceptions import (
@@ -25,16 +22,17 @@ from ..._records import state_of
 from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
-from .._asyncio import now, run_to_end, wait_event
+from .._asyncio import now, wait_event
 from .._takers import Takers
-from ..sql._permits import Action, blocker, by_kind, decide, permit_holders
+from ..sql._permits import by_kind
 from ..sql._running import finished
 from ..sql._values import check_owner
 from ..sql._wakeups import Wakeups
-from . import _permits as permits
 from . import _pipelines as pipelines
+from ._commands import whole as _whole
 from ._docs import LEFT, check, holder_of
 from ._errors import mapped
+from ._permit_ops import MongoPermits
 from ._stream import Notice, Stream
 from ._turns import Turns
 from ._url import (
@@ -47,8 +45,6 @@ from ._url import (
 )
 
 __all__ = ["MongoBackend", "MongoStatistics"]
-
-T = TypeVar("T")
 
 #: How many times an acquire that lost a race of first upserts asks again.
 _RACE_RETRIES = 8
@@ -63,10 +59,6 @@ _FRESH_SHARE = 0.5
 _PUSH_CHECK = 10.0
 #: The most waiters remembered as refused (forgotten by their grant or release).
 _MAX_REFUSED = 4096
-#: Seconds a cancelled caller still waits for a command that grants nothing to end
-#: (see ``_whole``): long enough for any answer of a server that answers, short enough
-#: that a lost lease's bounded release does not hold up its error.
-_GRACE = 1.0
 #: What a client made from a URL gets unless the URL says otherwise: a server that
 #: cannot be reached is reported in 10 s, not pymongo's 30 s.
 _CLIENT_DEFAULTS: dict[str, Any] = {
@@ -76,18 +68,6 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 }
 #: Server topologies with change streams.
 _STREAMING = ("replica set", "sharded cluster")
-
-
-#: Seconds a permit acquire whose conditional writes keep losing races asks again.
-_PERMIT_RACING = 5.0
-#: Seconds of the jittered pause after each lost race of a permit acquire, per attempt.
-_PERMIT_BACKOFF = 0.002
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
-
-
-def _permit_key(name: str) -> str:
-    """The key that wakes the permit waiters of ``name``, apart from the lock's."""
-    return "\x00permits:" + name
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +91,6 @@ class MongoStatistics:
     renew_commands: int
     waiting: int
     handoffs_taken: int = 0
-
-
-async def _whole(command: Awaitable[T]) -> T:
-    """Await a command to its end even if the caller is cancelled meanwhile (for at most
-    :data:`_GRACE` more seconds), then raise the cancellation: pymongo's asyncio client
-    abandons the connection of a command cancelled mid-reply without closing it."""
-    return await run_to_end(command, _GRACE)
 
 
 def _client_kind(client: object) -> str:
@@ -215,25 +188,29 @@ class MongoBackend(Backend):
         self._wakeups = Wakeups()
         self._turns = Turns()
         self._takers = Takers()
-        #: (name, owner) -> send time of its latest refused ask (fair waiters).
         #: (name, owner) -> (send time of its latest refused ask, the token it saw).
         self._refused: dict[tuple[str, str], tuple[float, int]] = {}
+        #: Names last seen released with nobody to hand them to (see ``_seen_free``).
+        self._free: dict[str, bool] = {}
         self._acquire_commands = 0
         self._handoffs_taken = 0
         self._renew_commands = 0
         self._waiting = 0
         self._closed = False
-        self._permits_where = f"{self._where}_permits"
-        #: Permits are implemented but not declared yet (docs/internals/mongo.md says
-        #: why): off unless a test turns them on.
-        self._permits = False
-        self._pcoll = client.get_database(self._database).get_collection(
-            f"{self._collection}_permits",
-            write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
-            read_concern=ReadConcern("majority"),
-            read_preference=ReadPreference.PRIMARY,
+        self._permits = MongoPermits(
+            client.get_database(self._database).get_collection(
+                f"{self._collection}_permits",
+                write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
+                read_concern=ReadConcern("majority"),
+                read_preference=ReadPreference.PRIMARY,
+            ),
+            f"{self._where}_permits",
+            mapped=lambda: mapped(self._url),
+            stamp=self._stamp,
+            own=self._id,
+            poll_interval=self.poll_interval,
+            watch=self._watches,
         )
-        self._pcoll_latest = self._pcoll.with_options(read_concern=ReadConcern("local"))
 
     def __repr__(self) -> str:
         where = redact(self._url) if self._url is not None else f"<{self._kind} client>"
@@ -245,9 +222,13 @@ class MongoBackend(Backend):
         """Server time and multi-process always; durable tokens with majority writes;
         the fair queue when ``fair``; push wake-ups once a probe found change streams;
         metadata updates in place always."""
-        caps = {Capability.SERVER_TIME, Capability.MULTI_PROCESS, Capability.PROCLAIM}
-        if self._permits:
-            caps |= {Capability.SEMAPHORE, Capability.FAIR_PERMITS}
+        caps = {
+            Capability.SERVER_TIME,
+            Capability.MULTI_PROCESS,
+            Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
+        }
         if self._w == "majority":
             caps.add(Capability.DURABLE_TOKENS)
         if self._fair:
@@ -261,9 +242,9 @@ class MongoBackend(Backend):
             self._topology,
             self._stream.up,
             self._stream.opens,
-            self._acquire_commands,
+            self._acquire_commands + self._permits.commands,
             self._renew_commands,
-            self._waiting,
+            self._waiting + self._permits.waiting,
             self._handoffs_taken,
         )
 
@@ -317,6 +298,7 @@ class MongoBackend(Backend):
         else:
             self._topology = "standalone"
             self._stream.available = False
+            self._permits.no_streams()
         if self._watches and self._stream.available:
             await self._stream.ensure()
         return self._topology
@@ -358,12 +340,31 @@ class MongoBackend(Backend):
         from pymongo.errors import DuplicateKeyError
 
         self._acquire_commands += 1
-        update = pipelines.grant(owner, ttl, identity, metadata, self._fair, self._stamp())
+        stamp = self._stamp()
         with mapped(self._url):
+            if self._free.pop(name, False):
+                try:
+                    return await self._find_and_modify(
+                        pipelines.free_filter(name, self._fair),
+                        pipelines.take_free(owner, ttl, identity, metadata, stamp),
+                        upsert=True,
+                        after=True,
+                        projection=pipelines.TAKEN,
+                    )
+                except DuplicateKeyError:
+                    self._acquire_commands += 1  # not free any more: the full command
+            update = pipelines.grant(owner, ttl, identity, metadata, self._fair, stamp)
             try:
                 return await self._find_and_modify({"_id": name}, update, upsert=True, after=True)
             except DuplicateKeyError:
                 return None  # another first upsert won: the next ask sees its holder
+
+    def _seen_free(self, name: str) -> None:
+        """``name`` was released with nobody to hand it to: its next grant here tries
+        the short command first (see :func:`~._pipelines.free_filter`)."""
+        if len(self._free) >= _MAX_REFUSED:
+            self._free.clear()
+        self._free[name] = True
 
     # -- the contract ------------------------------------------------------------------------
 
@@ -382,8 +383,7 @@ class MongoBackend(Backend):
             doc = await finished(self._grant(name, owner, float(ttl), identity, metadata))
             if doc is None:
                 continue
-            check(self._where, name, doc)
-            if doc.get("owner") == owner:
+            if doc.get("owner") == owner:  # granted (so the document was found valid)
                 token = int(doc["token"])
                 self._refused.pop((name, owner), None)
                 self._turns.forget(name, owner)
@@ -392,6 +392,7 @@ class MongoBackend(Backend):
                 # grant this one took over learns it now.
                 self._takers.notified(name, owner, token)
                 return Grant(token, float(ttl))
+            check(self._where, name, doc)
             holder = holder_of(self._where, name, doc) or self._queued_before(name, doc, owner)
             if holder is None:
                 continue  # pragma: no cover - neither granted nor refused: ask again
@@ -474,7 +475,7 @@ class MongoBackend(Backend):
             return []
         locks, held_permits = by_kind(renewals)
         if held_permits:
-            renewed = dict(zip(held_permits, await self._renew_permits(held_permits), strict=True))
+            renewed = dict(zip(held_permits, await self._permits.renew(held_permits), strict=True))
             done = dict(zip(locks, await self.renew_many(locks), strict=True)) if locks else {}
             return [renewed[r] if r in renewed else done[r] for r in renewals]
         ops = [
@@ -509,10 +510,11 @@ class MongoBackend(Backend):
         fair, hand it to the oldest live waiter), and drop ``owner``'s queue entry."""
         self._check_open()
         if is_permit_owner(owner):
-            return await self._release_permit(name, owner, token)
+            return await self._permits.release(name, owner, token)
         self._refused.pop((name, owner), None)
         self._turns.forget(name, owner)
         if await self._release_alone(name, owner, token):
+            self._seen_free(name)
             self._wakeups.wake(name)
             if token is not None:  # a holder here whose grant was released in its name
                 self._takers.notified(name, None, token)
@@ -547,6 +549,7 @@ class MongoBackend(Backend):
             # A waiter here learns of the hand-off before the change event.
             head = self._queued_before(name, before, owner, before.get("_qleft") or ())
             if head is None:
+                self._seen_free(name)
                 self._turns.wake(name)
             else:
                 self._turns.granted(name, head.owner, int(before["token"]) + 1, None)
@@ -588,7 +591,7 @@ class MongoBackend(Backend):
             doc = await _whole(self._coll.find_one({"_id": name}, pipelines.REPLY))
         return holder_of(self._where, name, doc)
 
-    # -- permits (docs/internals/semaphores.md, docs/internals/mongo.md) -------------------
+    # -- permits (docs/internals/semaphores.md; served by ``_permit_ops``) ------------------
 
     async def try_acquire_permit(
         self,
@@ -600,205 +603,19 @@ class MongoBackend(Backend):
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        """Read the name's permits document (with the server's now), decide, and write
-        the next state on the condition that nobody wrote in between (else again)."""
-        if not self._permits:
-            return await super().try_acquire_permit(
-                name, owner, ttl, identity, metadata, limit, weight
-            )
+        """One ``findAndModify`` upsert deciding on the server (see ``_permits``)."""
         self._check_open()
-        ttl = float(ttl)
-        started = now()
-        for attempt in itertools.count(1):
-            if now() - started > _PERMIT_RACING:
-                break
-            sent_at = now()
-            self._acquire_commands += 1
-            result = await finished(
-                self._permit_round(name, owner, ttl, identity, metadata, limit, weight)
-            )
-            if result is None:  # another write came in between: read again, after a while
-                if attempt > 2:  # the first races are asked again at once
-                    await asyncio.sleep(random.uniform(0, min(_PERMIT_BACKOFF * attempt, 0.05)))
-                continue
-            if isinstance(result, tuple):
-                token, changed = result
-                if changed:
-                    self._wakeups.wake(_permit_key(name))
-                return Grant(token, ttl, sent_at=sent_at)
-            return result
-        raise BackendTimeout(f"permits of {name!r} kept changing under try_acquire; try again")
-
-    async def _permit_round(
-        self,
-        name: str,
-        owner: str,
-        ttl: float,
-        identity: str,
-        metadata: Mapping[str, str],
-        limit: int,
-        weight: int,
-    ) -> tuple[int, bool] | HolderInfo | None:
-        """One read and one conditional write: ``(token, whether the queue changed)``, the
-        refusal, or ``None`` when the write lost a race."""
-        from pymongo.errors import DuplicateKeyError
-
-        with mapped(self._url):
-            # The latest state (local read concern): the write is conditional on its
-            # version, which no other state ever has, so a state rolled back later
-            # fails the condition instead of being built on.
-            doc = await self._pcoll_latest.find_one({"_id": name}, permits.READ)
-        rows, kept, counter, seq, version, server_now = permits.parse(
-            self._permits_where, name, doc
-        )
-        action, mine = decide(name, rows, owner, limit, weight)
-        if action is Action.REFRESH and mine is not None and mine.remaining > ttl * _FRESH_SHARE:
-            # Still queued for over half its ttl, and the next ask comes within a third
-            # of it (``wait_permit_turn``): its place is kept without a write, which
-            # would only make the writes that matter (grants, releases) race again.
-            return blocker(name, rows, owner)
-        if action is Action.RENEW and mine is not None:
-            token = mine.token
-        elif action is Action.GRANT:
-            token = counter + 1
-        else:
-            token = counter
-        at = server_now or datetime.datetime.now(datetime.timezone.utc)
-        expires = at + datetime.timedelta(milliseconds=pipelines.millis(ttl))
-        arrival = (
-            seq + 1 if action is Action.QUEUE or (action is Action.GRANT and mine is None) else seq
-        )
-        own_seq = mine.seq if mine is not None else arrival
-        entries = permits.next_entries(
-            kept, action, owner, weight, limit, identity, metadata, expires, token, own_seq
-        )
-        state = {"token": token, "seq": arrival, "entries": entries}
-        with mapped(self._url):
-            if version is None:
-                if server_now is None:
-                    # No document: judge nothing on time, write with the server's now.
-                    return await self._first_permit(
-                        name, owner, ttl, identity, metadata, limit, weight
-                    )
-                try:  # pragma: no cover - a document always has a version
-                    await self._pcoll.insert_one({"_id": name, "v": permits.version(), **state})
-                except DuplicateKeyError:
-                    return None
-            else:
-                result = await self._pcoll.update_one(
-                    {"_id": name, "v": version}, {"$set": {"v": permits.version(), **state}}
-                )
-                if not result.matched_count:
-                    return None
-        if action in (Action.RENEW, Action.GRANT):
-            return token, action is Action.GRANT and mine is not None
-        return blocker(name, rows, owner)
-
-    async def _first_permit(
-        self,
-        name: str,
-        owner: str,
-        ttl: float,
-        identity: str,
-        metadata: Mapping[str, str],
-        limit: int,
-        weight: int,
-    ) -> tuple[int, bool] | None:
-        """The first permit of a name that has no document: an upsert that only inserts
-        (its expiry on the server's ``$$NOW``); ``None`` if another one came first."""
-        from pymongo.errors import DuplicateKeyError
-
-        entry = permits.entry_of(owner, weight, limit, True, 1, 1, identity, metadata, _EPOCH)
-        entry["expires"] = {"$add": ["$$NOW", pipelines.millis(ttl)]}
-        literal = {k: ({"$literal": v} if k != "expires" else v) for k, v in entry.items()}
-        try:
-            result = await self._pcoll.update_one(
-                {"_id": name, "v": {"$in": []}},  # never matches: an insert, or a duplicate
-                [{"$set": {"v": permits.version(), "token": 1, "seq": 1, "entries": [literal]}}],
-                upsert=True,
-            )
-        except DuplicateKeyError:
-            return None
-        return (1, False) if result.upserted_id is not None else None
+        return await self._permits.try_acquire(name, owner, ttl, identity, metadata, limit, weight)
 
     async def read_permits(self, name: str) -> PermitHolders | None:
-        if not self._permits:
-            return await super().read_permits(name)
         self._check_open()
-        with mapped(self._url):
-            doc = await _whole(self._pcoll.find_one({"_id": name}, permits.READ))
-        rows = permits.parse(self._permits_where, name, doc)[0]
-        return permit_holders(name, rows)
+        return await self._permits.read(name)
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes through this backend
-        object, when ``seen`` runs out, or after :attr:`poll_interval` (others' releases
-        are seen by looking again), at most a third of ``ttl``."""
-        timeout = min(self.poll_interval, ttl * _REFRESH_SHARE)
-        if seen.remaining is not None:
-            timeout = min(timeout, seen.remaining)
-        self._waiting += 1
-        try:
-            with self._wakeups.watching(_permit_key(name)) as event:
-                await wait_event(event, max(0.0, timeout))
-        finally:
-            self._waiting -= 1
-
-    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
-        """Drop ``owner``'s permit (of ``token``, if given) and queue entry of ``name``:
-        one update; whether a live permit was freed."""
-        with mapped(self._url):
-            before = await _whole(
-                self._pcoll.find_one_and_update(
-                    {"_id": name, "$expr": permits.live_expr(owner, token, live=False)},
-                    permits.release_update(owner),
-                    projection=permits.READ,
-                )
-            )
-        if before is None:
-            return False
-        rows = permits.parse(self._permits_where, name, before)[0]
-        freed = any(
-            row.owner == owner and row.granted and (token is None or row.token == token)
-            for row in rows
-        )
-        self._wakeups.wake(_permit_key(name))
-        return freed
-
-    async def _renew_permits(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
-        """The permits of ``renewals`` in one unordered ``bulk_write``; only when some
-        did not match, one ``find`` tells which are still held."""
-        from pymongo import UpdateOne
-
-        ops = [
-            UpdateOne(
-                {"_id": name, "$expr": permits.live_expr(owner, token)},
-                permits.renew_update(owner, token, pipelines.millis(ttl)),
-            )
-            for name, owner, token, ttl in renewals
-        ]
-        sent_at = now()
-        with mapped(self._url):
-            result = await _whole(self._pcoll.bulk_write(ops, ordered=False))
-        if result.matched_count == len(ops):
-            return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
-        with mapped(self._url):
-            docs = await _whole(
-                self._pcoll.find(
-                    {"_id": {"$in": list({r[0] for r in renewals})}}, permits.READ
-                ).to_list(None)
-            )
-        live: set[tuple[str, str, int]] = set()
-        for doc in docs:
-            for row in permits.parse(self._permits_where, doc["_id"], doc)[0]:
-                if row.granted:
-                    live.add((doc["_id"], row.owner, row.token))
-        return [
-            Grant(token, float(ttl), sent_at=sent_at)
-            if (name, owner, token) in live
-            else NotOwnerError(name)
-            for name, owner, token, ttl in renewals
-        ]
+        """Return when a permit of ``name`` is released (through this object, or another
+        one: the permits' change stream), when ``seen`` runs out, or after a third of
+        ``ttl``; without a stream, after :attr:`poll_interval` at most."""
+        await self._permits.wait_turn(name, owner, ttl, seen)
 
     # -- wake-ups ----------------------------------------------------------------------------
 
@@ -810,9 +627,11 @@ class MongoBackend(Backend):
             return  # the holder's new metadata: watchers look, nobody is taken
         if notice.owner is None:
             # Released (or deleted: then every grant is gone): every waiter asks again.
+            self._seen_free(name)
             self._takers.notified(name, None, 2**63 if notice.token is None else notice.token)
             self._turns.wake(name)
             return
+        self._free.pop(name, None)
         self._takers.notified(name, notice.owner, notice.token)
         until = None if notice.left is None else now() + notice.left
         self._turns.granted(name, notice.owner, notice.token, until)
@@ -895,6 +714,7 @@ class MongoBackend(Backend):
         self._turns.wake_all()
         try:
             await self._stream.aclose()
+            await self._permits.aclose()
         finally:
             if self._owned:
                 await self._client.close()

@@ -56,10 +56,33 @@ def map_error(exc: BaseException, url: object = None) -> BackendError:
     return BackendError(text("error"))
 
 
-@contextmanager
-def mapped(url: object = None) -> Iterator[None]:
+class mapped:
     """Raise pymongo, bson and socket errors as :class:`BackendError` ``from`` the
-    original (the password of ``url`` scrubbed from the message)."""
+    original (the password of ``url`` scrubbed from the message).
+
+    A class, not a generator: it wraps every command, and costs next to nothing when
+    the command succeeds; an error goes through :func:`_mapping`.
+    """
+
+    __slots__ = ("_url",)
+
+    def __init__(self, url: object = None) -> None:
+        self._url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return  # success, or a cancellation: as it is
+        with _mapping(self._url):
+            raise exc
+
+
+@contextmanager
+def _mapping(url: object) -> Iterator[None]:
     try:
         with mapped_errors(lambda exc: map_error(exc, url), "pymongo"):
             yield

@@ -1,100 +1,337 @@
-"""Permits (semaphores, read-write locks) on MongoDB: one document per name.
+"""Permits (semaphores, read-write locks) on MongoDB: one document per name, changed
+only by update pipelines that decide on the server with ``$$NOW``.
 
 The permits of lease collection ``C`` live in collection ``C_permits``, one document
 per name (never deleted, no TTL index: its token counter never restarts)::
 
-    {_id: name, token: <last token>, seq: <last arrival>, v: <version: new random hex>,
+    {_id: name, token: <last token>, seq: <last arrival>, freed: <latest release's stamp>,
      entries: [{owner, weight, limit, granted, seq, token, identity, metadata,
                 expires}]}
 
-An entry is a held permit (``granted``) or a queue entry. Every read projects the
-server's ``$$NOW`` and each entry's milliseconds left, so expiry is judged on the
-server's clock only. An acquire reads the document and writes the next state back
-on the condition that ``v`` is unchanged (compare and set: two round trips; a lost
-race reads again); renewals and releases are single updates that also bump ``v``.
-No driver is imported here.
+An entry is a held permit (``granted``) or a queue entry. The acquire is one
+``findAndModify`` upsert of :func:`acquire`: it applies rules 2-6 of
+``docs/internals/semaphores.md`` to the live entries, writes the next state (expired
+entries dropped), and the client reads its outcome from the document after. A
+release sets ``freed`` to a stamp new with each release (its change event is what
+wakes the waiters of other backend objects); nothing else does. Every read projects
+the server's ``$$NOW`` and each entry's milliseconds left, so expiry is judged on the
+server's clock only. No driver is imported here.
 """
 
 from __future__ import annotations
 
 import datetime
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from ..._permits import RW_LIMIT, is_permit_owner
-from ..sql._permits import Action, PermitRow
+from ..._permits import PERMIT_PREFIX, RW_LIMIT, is_permit_owner
+from ..sql._permits import PermitRow
 from ._docs import foreign
 
 __all__ = [
+    "FREED",
     "READ",
-    "entry_of",
+    "RELEASED",
+    "acquire",
+    "freed",
     "live_expr",
     "parse",
+    "release_filter",
     "release_update",
     "renew_update",
 ]
 
 Doc = dict[str, Any]
 NOW = "$$NOW"
-_FIELDS = {"_id", "token", "seq", "v", "entries", "_now", "_lefts"}
+#: The field each release sets to the releasing backend's next stamp.
+FREED = "freed"
+#: The fields of a permits document (a read's projection adds ``_now``, ``_lefts``,
+#: and ``_extra``: the names of any other fields).
+FIELDS = ("_id", "token", "seq", "entries", FREED)
+_MAX = 2**63 - 1
 
-#: What every read of a permits document shows: its fields, the server's now, and
-#: the milliseconds left of each entry.
+
+def _type(path: str) -> Doc:
+    return {"$type": path}
+
+
+def _is(path: str, *types: str) -> Doc:
+    return {"$in": [_type(path), list(types)]}
+
+
+def _integer(path: str, low: int, high: Any = _MAX) -> Doc:
+    """``path`` is an int or a long in ``[low, high]`` (``high`` may be an expression)."""
+    return {"$and": [_is(path, "int", "long"), {"$gte": [path, low]}, {"$lte": [path, high]}]}
+
+
+#: The names of the document's fields that aiolease does not write.
+_EXTRA: Doc = {
+    "$setDifference": [
+        {"$map": {"input": {"$objectToArray": "$$ROOT"}, "in": "$$this.k"}},
+        list(FIELDS),
+    ]
+}
+
+#: Whether ``$$this`` is an entry aiolease would have written (what :func:`_entry_problem`
+#: checks on the client: the server never changes a document the client would refuse).
+_ENTRY_VALID: Doc = {
+    "$and": [
+        _is("$$this", "object"),
+        _is("$$this.owner", "string"),
+        {"$eq": [{"$substrBytes": ["$$this.owner", 0, len(PERMIT_PREFIX)]}, PERMIT_PREFIX]},
+        _integer("$$this.limit", 1, RW_LIMIT),
+        _integer("$$this.weight", 1, "$$this.limit"),
+        _is("$$this.granted", "bool"),
+        _integer("$$this.seq", 0),
+        {"$or": [{"$not": ["$$this.granted"]}, _integer("$$this.token", 1)]},
+        _is("$$this.identity", "string"),
+        _is("$$this.metadata", "object"),
+        {
+            "$allElementsTrue": [
+                {
+                    "$map": {
+                        "input": {"$objectToArray": "$$this.metadata"},
+                        "as": "kv",
+                        "in": _is("$$kv.v", "string"),
+                    }
+                }
+            ]
+        },
+        _is("$$this.expires", "date"),
+    ]
+}
+
+#: Whether the document is one aiolease wrote (or ``{_id}`` alone: a first upsert).
+VALID: Doc = {
+    "$or": [
+        {"$eq": [{"$size": {"$objectToArray": "$$ROOT"}}, 1]},
+        {
+            "$and": [
+                {"$eq": [{"$size": _EXTRA}, 0]},
+                _integer("$token", 0),
+                _integer("$seq", 0),
+                _is("$" + FREED, "missing", "string"),
+                _is("$entries", "array"),
+                {"$allElementsTrue": [{"$map": {"input": "$entries", "in": _ENTRY_VALID}}]},
+            ]
+        },
+    ]
+}
+
+#: The milliseconds left of each entry, on the server's clock.
+_LEFTS: Doc = {
+    "$cond": [
+        {"$isArray": "$entries"},
+        {
+            "$map": {
+                "input": "$entries",
+                "in": {
+                    "$cond": [
+                        {"$eq": [_type("$$this.expires"), "date"]},
+                        {"$subtract": ["$$this.expires", NOW]},
+                        None,
+                    ]
+                },
+            }
+        },
+        None,
+    ]
+}
+
+#: What every read of a permits document shows: its fields, the server's now, the
+#: milliseconds left of each entry, and the names of foreign fields.
 READ: Doc = {
     "token": 1,
     "seq": 1,
-    "v": 1,
     "entries": 1,
+    FREED: 1,
     "_now": NOW,
-    "_lefts": {
-        "$cond": [
-            {"$isArray": "$entries"},
+    "_extra": _EXTRA,
+    "_lefts": _LEFTS,
+}
+#: What a release's reply shows (the document before it): the entries, and the
+#: milliseconds left of each.
+RELEASED: Doc = {"entries": 1, "_lefts": _LEFTS}
+
+
+def freed(before: Mapping[str, Any], owner: str, token: int | None) -> bool:
+    """Whether the document ``before`` a release (read with :data:`RELEASED`) held a
+    live permit of ``owner`` (``token``, if given)."""
+    entries, lefts = before.get("entries"), before.get("_lefts")
+    if not isinstance(entries, list) or not isinstance(lefts, list):
+        return False
+    return any(
+        isinstance(entry, Mapping)
+        and entry.get("owner") == owner
+        and entry.get("granted") is True
+        and (token is None or entry.get("token") == token)
+        and isinstance(left, (int, float))
+        and left > 0
+        for entry, left in zip(entries, lefts, strict=False)
+    )
+
+
+def _long(value: Any) -> Doc:
+    return {"$toLong": value}
+
+
+def acquire(
+    owner: str,
+    ttl_ms: int,
+    identity: str,
+    metadata: Mapping[str, str],
+    limit: int,
+    weight: int,
+    fresh_ms: int,
+) -> list[Doc]:
+    """The acquire of ``weight`` out of ``limit`` by ``owner``, decided on the server:
+
+    - another limit on the live entries (rule 2), or a refused request whose queue
+      entry still has more than ``fresh_ms`` left: the document as it is (mongod then
+      writes nothing); a document aiolease would not have written: the same;
+    - ``owner`` holds a live permit: its expiry reset, its token kept (rule 6);
+    - ``held + queued_ahead + weight <= limit`` (rule 3): a permit with the next token
+      (``owner``'s queue entry, if any, becomes it, keeping its arrival);
+    - else ``owner`` queued (the next arrival) or its entry's expiry reset (rule 4).
+
+    Expired entries are dropped by every write (rule 7).
+    """
+    me = {"$literal": owner}
+    until = {"$add": [NOW, ttl_ms]}
+    mine_null = {"$eq": ["$$mine", None]}
+    token = {"$ifNull": ["$token", 0]}
+    seq = {"$ifNull": ["$seq", 0]}
+
+    def entry(granted: bool, seq_: Any, token_: Any) -> Doc:
+        return {
+            "owner": me,
+            "weight": weight,
+            "limit": limit,
+            "granted": granted,
+            "seq": seq_,
+            "token": token_,
+            "identity": {"$literal": identity},
+            "metadata": {"$literal": dict(metadata)},
+            "expires": until,
+        }
+
+    def mine_expiry_reset() -> Doc:
+        return {
+            "$map": {
+                "input": "$$live",
+                "in": {
+                    "$cond": [
+                        {"$eq": ["$$this.owner", me]},
+                        {"$mergeObjects": ["$$this", {"expires": until}]},
+                        "$$this",
+                    ]
+                },
+            }
+        }
+
+    # The weight of the live permits and of the queue entries before ``owner``'s.
+    counted = {
+        "$or": [
+            "$$this.granted",
             {
-                "$map": {
-                    "input": "$entries",
-                    "in": {
+                "$and": [
+                    {"$ne": ["$$this.owner", me]},
+                    {"$or": [mine_null, {"$lt": ["$$this.seq", "$$mine.seq"]}]},
+                ]
+            },
+        ]
+    }
+    taken = {"$sum": {"$map": {"input": "$$live", "in": {"$cond": [counted, "$$this.weight", 0]}}}}
+    next_token = _long({"$add": [token, 1]})
+    granted = {
+        "token": next_token,
+        "seq": _long({"$cond": [mine_null, {"$add": [seq, 1]}, seq]}),
+        "entries": {
+            "$concatArrays": [
+                {"$filter": {"input": "$$live", "cond": {"$ne": ["$$this.owner", me]}}},
+                [entry(True, {"$cond": [mine_null, {"$add": [seq, 1]}, "$$mine.seq"]}, next_token)],
+            ]
+        },
+    }
+    queued = {
+        "seq": _long({"$add": [seq, 1]}),
+        "entries": {"$concatArrays": ["$$live", [entry(False, _long({"$add": [seq, 1]}), 0)]]},
+    }
+    refused = {
+        "$cond": [
+            mine_null,
+            {"$mergeObjects": ["$$ROOT", queued]},
+            {
+                "$cond": [
+                    {"$gt": [{"$subtract": ["$$mine.expires", NOW]}, fresh_ms]},
+                    "$$ROOT",  # its place is kept without a write (it asks again in time)
+                    {"$mergeObjects": ["$$ROOT", {"entries": mine_expiry_reset()}]},
+                ]
+            },
+        ]
+    }
+    decide = {
+        "$cond": [
+            {
+                "$and": [
+                    {"$gt": [{"$size": "$$live"}, 0]},
+                    {"$ne": [{"$arrayElemAt": ["$$live.limit", 0]}, limit]},
+                ]
+            },
+            "$$ROOT",  # another limit: nothing changes (LimitMismatchError)
+            {
+                "$cond": [
+                    {"$eq": ["$$mine.granted", True]},
+                    {"$mergeObjects": ["$$ROOT", {"entries": mine_expiry_reset()}]},
+                    {
                         "$cond": [
-                            {"$eq": [{"$type": "$$this.expires"}, "date"]},
-                            {"$subtract": ["$$this.expires", NOW]},
-                            None,
+                            {"$lte": [{"$add": [taken, weight]}, limit]},
+                            {"$mergeObjects": ["$$ROOT", granted]},
+                            refused,
                         ]
                     },
-                }
+                ]
+            },
+        ]
+    }
+    live = {
+        "$filter": {
+            "input": {"$ifNull": ["$entries", []]},
+            "cond": {"$gt": ["$$this.expires", NOW]},
+        }
+    }
+    mine = {
+        "$ifNull": [
+            {
+                "$arrayElemAt": [
+                    {"$filter": {"input": "$$live", "cond": {"$eq": ["$$this.owner", me]}}},
+                    0,
+                ]
             },
             None,
         ]
-    },
-}
-
-
-def version() -> str:
-    """A new version of a permits document (every write sets one)."""
-    return uuid.uuid4().hex
+    }
+    body = {
+        "$let": {"vars": {"live": live}, "in": {"$let": {"vars": {"mine": mine}, "in": decide}}}
+    }
+    return [{"$replaceWith": {"$cond": [VALID, body, "$$ROOT"]}}]
 
 
 def _int(value: object, low: int, high: int) -> bool:
     return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
 
 
-def parse(
-    where: str, name: str, doc: Mapping[str, Any] | None
-) -> tuple[list[PermitRow], list[Doc], int, int, str | None, datetime.datetime | None]:
-    """The live rows of ``doc`` in arrival order, its live entries as stored, its token
-    counter, its arrival counter, its version (``None``: no document; else a random
-    string that each write replaces, so that no state, even one rolled back in a
-    failover, is ever mistaken for another) and the server's
-    now.
+def parse(where: str, name: str, doc: Mapping[str, Any] | None) -> list[PermitRow]:
+    """The live entries of ``doc`` (read with :data:`READ`) in arrival order.
 
     :raises ForeignDataError: ``doc`` is not one aiolease wrote
     """
     if doc is None:
-        return [], [], 0, 0, None, None
+        return []
     problem = _problem(doc)
     if problem is not None:
         raise foreign(where, name, problem)
     rows: list[PermitRow] = []
-    kept: list[Doc] = []
     for entry, left in zip(doc["entries"], doc["_lefts"], strict=True):
         if left > 0:
             rows.append(
@@ -110,22 +347,20 @@ def parse(
                     left / 1000.0,
                 )
             )
-            kept.append(dict(entry))
     rows.sort(key=lambda row: row.seq)
-    kept.sort(key=lambda entry: int(entry["seq"]))
-    return rows, kept, doc["token"], doc["seq"], doc["v"], doc["_now"]
+    return rows
 
 
 def _problem(doc: Mapping[str, Any]) -> str | None:
-    """What makes ``doc`` one aiolease would not have written, or ``None``."""
-    extra = set(doc) - _FIELDS
-    if extra:
-        return f"it has fields {sorted(extra)!r}"[:200]
+    """What makes ``doc`` one aiolease would not have written, or ``None`` (the same
+    checks as :data:`VALID`, which keeps the server from changing such a document)."""
+    if doc.get("_extra"):
+        return f"it has fields {sorted(doc['_extra'])!r}"[:200]
     for field in ("token", "seq"):
-        if not _int(doc.get(field), 0, 2**63 - 1):
+        if not _int(doc.get(field), 0, _MAX):
             return f"its {field} is {doc.get(field)!r}, not an integer >= 0"[:200]
-    if not isinstance(doc.get("v"), str):
-        return f"its version is {doc.get('v')!r}"[:200]
+    if FREED in doc and not isinstance(doc[FREED], str):
+        return f"its {FREED} is {doc[FREED]!r}"[:200]
     entries = doc.get("entries")
     if not isinstance(entries, list) or not isinstance(doc.get("_lefts"), list):
         return f"its entries are not an array: {entries!r}"[:200]
@@ -151,9 +386,9 @@ def _entry_problem(entry: object) -> str | None:
         return f"has the weight {entry.get('weight')!r}"
     if not isinstance(entry.get("granted"), bool):
         return "has no granted flag"
-    if not _int(entry.get("seq"), 0, 2**63 - 1):
+    if not _int(entry.get("seq"), 0, _MAX):
         return f"has the sequence number {entry.get('seq')!r}"
-    if entry["granted"] and not _int(entry.get("token"), 1, 2**63 - 1):
+    if entry["granted"] and not _int(entry.get("token"), 1, _MAX):
         return f"has the token {entry.get('token')!r}"
     if not isinstance(entry.get("identity"), str):
         return f"has the identity {entry.get('identity')!r}"
@@ -165,60 +400,6 @@ def _entry_problem(entry: object) -> str | None:
     if not isinstance(entry.get("expires"), datetime.datetime):
         return "has no expiry"
     return None
-
-
-def entry_of(
-    owner: str,
-    weight: int,
-    limit: int,
-    granted: bool,
-    seq: int,
-    token: int,
-    identity: str,
-    metadata: Mapping[str, str],
-    expires: datetime.datetime,
-) -> Doc:
-    """A stored entry."""
-    return {
-        "owner": owner,
-        "weight": weight,
-        "limit": limit,
-        "granted": granted,
-        "seq": seq,
-        "token": token,
-        "identity": identity,
-        "metadata": dict(metadata),
-        "expires": expires,
-    }
-
-
-def next_entries(
-    kept: Sequence[Doc],
-    action: Action,
-    owner: str,
-    weight: int,
-    limit: int,
-    identity: str,
-    metadata: Mapping[str, str],
-    expires: datetime.datetime,
-    token: int,
-    seq: int,
-) -> list[Doc]:
-    """The live entries ``kept`` after ``action`` by ``owner`` (``token``: the token of
-    a grant; ``seq``: the arrival of a new queue entry)."""
-    out: list[Doc] = []
-    for entry in kept:
-        if entry["owner"] != owner:
-            out.append(entry)
-        elif action is Action.GRANT:
-            pass  # the queue entry becomes the permit, appended below
-        else:  # RENEW or REFRESH: the expiry only
-            out.append({**entry, "expires": expires})
-    if action is Action.GRANT:
-        out.append(entry_of(owner, weight, limit, True, seq, token, identity, metadata, expires))
-    elif action is Action.QUEUE:
-        out.append(entry_of(owner, weight, limit, False, seq, 0, identity, metadata, expires))
-    return out
 
 
 def _match(owner: str, token: int | None, live: bool) -> Doc:
@@ -251,7 +432,6 @@ def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
     return [
         {
             "$set": {
-                "v": {"$literal": version()},
                 "entries": {
                     "$map": {
                         "input": "$entries",
@@ -269,12 +449,24 @@ def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
     ]
 
 
-def release_update(owner: str) -> list[Doc]:
-    """Drop ``owner``'s entries (its permit and its queue entry) and expired ones."""
+def release_filter(name: str, owner: str, token: int | None) -> Doc:
+    """The permits document of ``name`` with an entry of ``owner`` (its permit
+    ``token``, if given; live or not). Only aiolease writes an entry of a permit
+    owner id (random, made per request), so this matches no foreign document; the
+    server need not parse :data:`VALID` for each release."""
+    match: Doc = {"owner": owner}
+    if token is not None:
+        match.update(granted=True, token=token)
+    return {"_id": name, "entries": {"$elemMatch": match}}
+
+
+def release_update(owner: str, stamp: str) -> list[Doc]:
+    """Drop ``owner``'s entries (its permit and its queue entry) and expired ones, and
+    set :data:`FREED` to ``stamp`` (its change event wakes the name's waiters)."""
     return [
         {
             "$set": {
-                "v": {"$literal": version()},
+                FREED: {"$literal": stamp},
                 "entries": {
                     "$filter": {
                         "input": "$entries",

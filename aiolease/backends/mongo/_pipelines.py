@@ -30,6 +30,8 @@ __all__ = [
     "RELEASED",
     "RELEASE_REPLY",
     "REPLY",
+    "TAKEN",
+    "free_filter",
     "grant",
     "live_filter",
     "millis",
@@ -38,6 +40,7 @@ __all__ = [
     "release_alone_filter",
     "release_filter",
     "renew",
+    "take_free",
     "update_metadata",
 ]
 
@@ -258,6 +261,46 @@ def grant(
         variables["q"] = _live_queue(None)
     body = {"$cond": [VALID, _let(variables, decide), "$$ROOT"]}
     return [{"$replaceWith": body}]
+
+
+#: What the reply of :func:`take_free` shows (the caller's grant: nothing to compute).
+TAKEN: Doc = {"token": 1, "owner": 1}
+
+
+def free_filter(name: str, fair: bool) -> Doc:
+    """``name``'s document while it is free (released, or never held: no owner) and
+    one aiolease wrote (a token that is an integer >= 1; when ``fair``, an empty or
+    missing queue): what :data:`VALID` and the grant ask of a free name, as a query.
+
+    An upsert of it that finds the document held (or foreign) fails with a duplicate
+    key: the caller then asks with :func:`grant`, which decides every other case.
+    """
+    found: Doc = {"_id": name, "owner": None, "token": {"$type": ["int", "long"], "$gte": 1}}
+    if fair:
+        found["queue"] = {"$in": [None, []]}
+    return found
+
+
+def take_free(
+    owner: str, ttl: float, identity: str, metadata: Mapping[str, str], stamp: str
+) -> list[Doc]:
+    """The grant of a name :func:`free_filter` found free (or that has no document
+    any more): the next token, ``owner``'s fields, expiry ``$$NOW`` + ttl. A short
+    pipeline (the server parses a command on each call) for the common case: a name
+    that this backend saw released takes it again."""
+    return [
+        {
+            "$set": {
+                "token": {"$toLong": {"$add": [{"$ifNull": ["$token", 0]}, 1]}},
+                "owner": {"$literal": owner},
+                "identity": {"$literal": identity},
+                "metadata": {"$literal": dict(metadata)},
+                "acquired": NOW,
+                "expires": {"$add": [NOW, millis(ttl)]},
+                BY: {"$literal": stamp},
+            }
+        }
+    ]
 
 
 def release(owner: str, token: int | None, fair: bool, stamp: str) -> list[Doc]:

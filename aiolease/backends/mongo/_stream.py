@@ -30,9 +30,10 @@ from typing import Any
 
 from .._asyncio import now, retrieve, wait_event
 from ._errors import NO_CHANGE_STREAMS, code_of
+from ._permits import FREED
 from ._pipelines import BY, PROCLAIMED, RELEASED
 
-__all__ = ["Notice", "Stream", "notice_of"]
+__all__ = ["Notice", "Stream", "freed_name", "notice_of", "permit_watch_pipeline"]
 
 logger = logging.getLogger("aiolease.backends.mongo")
 
@@ -125,6 +126,31 @@ def watch_pipeline(own: str | None) -> list[dict[str, Any]]:
     return [{"$match": {"$and": stages}}]
 
 
+def permit_watch_pipeline(own: str) -> list[dict[str, Any]]:
+    """What the server sends the permits collection's stream: releases (updates that
+    set ``freed``) by other backend objects, and deletions (see
+    :mod:`aiolease.backends.mongo._permits`); grants, queue entries and renewals free
+    nothing, and are left out."""
+    freed = f"updateDescription.updatedFields.{FREED}"
+    mine = {"$regex": f"^{re.escape(own)}:"}
+    return [
+        {
+            "$match": {
+                "$or": [
+                    {"operationType": "delete"},
+                    {"operationType": "update", freed: {"$exists": True, "$not": mine}},
+                ]
+            }
+        }
+    ]
+
+
+def freed_name(change: Mapping[str, Any]) -> str | None:
+    """The name whose permits a change event of :func:`permit_watch_pipeline` freed."""
+    name = (change.get("documentKey") or {}).get("_id")
+    return name if isinstance(name, str) else None
+
+
 class _Invalidated(Exception):
     """The server ended the change stream."""
 
@@ -137,19 +163,25 @@ class Stream:
     :param lost: called when the stream ends (events may have been missed)
     :param retry_after: seconds before a failed stream is opened again
     :param own: the id the backend writes to ``by``: its own writes are left out
+    :param pipeline: what the server sends (default: :func:`watch_pipeline` of ``own``)
+    :param parse: what an event says (default :func:`notice_of`; ``None``: nothing),
+        which ``notify`` is called with
     """
 
     def __init__(
         self,
         collection: Any,
-        notify: Callable[[Notice], None],
+        notify: Callable[[Any], None],
         lost: Callable[[], None],
         *,
         retry_after: float,
         own: str | None = None,
+        pipeline: list[dict[str, Any]] | None = None,
+        parse: Callable[[Mapping[str, Any]], object | None] = notice_of,
     ) -> None:
         self._collection = collection
-        self._pipeline = watch_pipeline(own)
+        self._pipeline = watch_pipeline(own) if pipeline is None else pipeline
+        self._parse = parse
         self._notify = notify
         self._lost = lost
         self._retry_after = retry_after
@@ -219,7 +251,7 @@ class Stream:
                 self._lost()
 
     def _dispatch(self, change: Mapping[str, Any]) -> None:
-        notice = notice_of(change)
+        notice = self._parse(change)
         if notice is not None:
             self._notify(notice)
 

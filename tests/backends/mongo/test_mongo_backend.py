@@ -57,7 +57,13 @@ def look(url: str, collection: str, name: str) -> dict[str, Any] | None:
 
 
 async def test_capabilities_per_instance(anyio_backend: str, mongo_url: str) -> None:
-    common = {Capability.SERVER_TIME, Capability.MULTI_PROCESS, Capability.PROCLAIM}
+    common = {
+        Capability.SERVER_TIME,
+        Capability.MULTI_PROCESS,
+        Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
+    }
     async with (
         aiolease.open_backend(mongo_url) as fair,
         aiolease.open_backend(mongo_url, fair=False) as plain,
@@ -128,6 +134,36 @@ async def test_racing_first_upserts_grant_once(anyio_backend: str, mongo_url: st
     assert [g.token for g in grants] == [1]
     holders = {(o.owner, o.token) for o in outcomes if isinstance(o, HolderInfo)}
     assert len(holders) <= 1 and len(outcomes) == 8
+
+
+async def test_a_name_seen_released_is_taken_with_the_short_command(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """After its own release a backend takes the name again with the short command (one
+    command); if the name was taken elsewhere meanwhile (unseen: no change stream), the
+    short command finds it held and the full one reports the holder; tokens go on."""
+    name = unique("again")
+    async with (
+        aiolease.open_backend(mongo_url, watch=False) as here,
+        aiolease.open_backend(mongo_url) as there,
+    ):
+        tokens = []
+        for owner in ("a", "b"):
+            grant = await here.try_acquire(name, owner, 30, "here", {})
+            assert isinstance(grant, Grant)
+            tokens.append(grant.token)
+            assert await here.release(name, owner, grant.token)
+        taken = await there.try_acquire(name, "c", 30, "there", {})
+        assert isinstance(taken, Grant)
+        before = inner(here).statistics().acquire_commands
+        refused = await here.try_acquire(name, "d", 30, "here", {})
+        assert isinstance(refused, HolderInfo)
+        assert (refused.owner, refused.token) == ("c", taken.token)
+        assert inner(here).statistics().acquire_commands == before + 2  # short, then full
+        assert await there.release(name, "c", taken.token)
+        again = await here.try_acquire(name, "d", 30, "here", {})
+        assert isinstance(again, Grant)
+        assert tokens + [taken.token, again.token] == [1, 2, 3, 4]
 
 
 async def test_renew_many_is_one_bulk_write(anyio_backend: str, mongo_url: str) -> None:

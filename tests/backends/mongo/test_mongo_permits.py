@@ -8,22 +8,18 @@ from typing import Any
 
 import anyio
 import pytest
+from pymongo import AsyncMongoClient, monitoring
 
 import aiolease
 from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError, NotOwnerError
-from aiolease.abc import Backend, Grant, permit_owner
+from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
+from aiolease.backends.mongo import MongoBackend
 from tests.backends.mongo.conftest import DATABASE
 from tests.backends.mongo.support import inner, raw
-from tests.support import unique
+from tests.support import eventually, unique
 
 pytestmark = pytest.mark.anyio
 LONG = 30.0
-
-
-def on(*backends: Backend) -> None:
-    """Turn on the permits, implemented but not declared yet (see the internals)."""
-    for backend in backends:
-        inner(backend)._permits = True
 
 
 def permits_doc(url: str, collection: str, name: str) -> Any:
@@ -43,7 +39,6 @@ async def test_two_backends_never_hold_more_than_the_limit(
         aiolease.open_backend(mongo_url) as first,
         aiolease.open_backend(mongo_url) as second,
     ):
-        on(first, second)
 
         async def body(backend: Backend) -> None:
             nonlocal inside, peak
@@ -73,7 +68,6 @@ async def test_tokens_survive_the_release_of_every_permit(
     (a writer now) still takes a larger token; locks count apart."""
     name = unique("permits")
     async with aiolease.open_backend(mongo_url) as backend:
-        on(backend)
         rw = AsyncReadWriteLock(backend, name, ttl=LONG)
         async with rw.read() as reader:
             pass
@@ -89,7 +83,6 @@ async def test_locks_and_permits_renew_in_one_call(anyio_backend: str, mongo_url
     """One renew_many mixing locks and permits answers each for itself."""
     name = unique("permits")
     async with aiolease.open_backend(mongo_url) as backend:
-        on(backend)
         lock = await backend.try_acquire(name, "lock-owner", LONG, "me", {})
         owners = [permit_owner() for _ in range(2)]
         held = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 3, 1) for o in owners]
@@ -108,9 +101,107 @@ async def test_a_foreign_permits_document_is_refused_and_left(
     with raw(mongo) as client:
         client[DATABASE][f"{collection}_permits"].insert_one({"_id": name, "token": "x"})
     async with aiolease.open_backend(mongo_url) as backend:
-        on(backend)
         with pytest.raises(ForeignDataError):
             await backend.try_acquire_permit(name, permit_owner(), LONG, "me", {}, 2, 1)
         with pytest.raises(ForeignDataError):
             await backend.read_permits(name)
     assert permits_doc(mongo, collection, name) == {"_id": name, "token": "x"}
+
+
+class _Commands(monitoring.CommandListener):
+    """The names of the commands sent on one collection."""
+
+    def __init__(self, collection: str) -> None:
+        self.collection = collection
+        self.sent: list[str] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command.get(event.command_name) == self.collection:
+            self.sent.append(event.command_name)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_an_acquire_is_one_command(anyio_backend: str, mongo: str, collection: str) -> None:
+    """Each acquire, granted, queued or refused without a write, is one ``findAndModify``
+    (the decision is made on the server, atomically: no read first, no race to lose)."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        backend = MongoBackend(client, database=DATABASE, collection=collection)
+        name, owners = unique("permits"), [permit_owner() for _ in range(3)]
+        results = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 2, 1) for o in owners]
+        results.append(await backend.try_acquire_permit(name, owners[2], LONG, "me", {}, 2, 1))
+        assert [type(r) for r in results] == [Grant, Grant, HolderInfo, HolderInfo]
+        assert commands.sent == ["findAndModify"] * 4
+        await backend.aclose()
+    finally:
+        await client.close()
+
+
+async def test_concurrent_first_acquires_never_pass_the_limit(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """Twenty first requests of a new name at once, from two backend objects: exactly
+    the limit granted (racing first upserts included), each with its own token, and
+    the others queued in the order the server saw them."""
+    name = unique("permits")
+    results: list[Grant | HolderInfo] = []
+    async with (
+        aiolease.open_backend(mongo_url) as first,
+        aiolease.open_backend(mongo_url) as second,
+    ):
+
+        async def ask(backend: Backend) -> None:
+            results.append(
+                await backend.try_acquire_permit(name, permit_owner(), LONG, "", {}, 3, 1)
+            )
+
+        async with anyio.create_task_group() as tg:
+            for i in range(20):
+                tg.start_soon(ask, (first, second)[i % 2])
+        tokens = sorted(r.token for r in results if isinstance(r, Grant))
+        assert tokens == [1, 2, 3]
+        permits = await first.read_permits(name)
+        assert permits is not None and permits.used == 3 and permits.waiting == 17
+
+
+async def test_a_release_elsewhere_wakes_a_waiter_through_the_stream(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """A waiter of one backend object is woken by a release through another one (the
+    permits' change stream): within 5 s, where without the push it would wait 10 s
+    (its ttl's third and the push safety net; its poll interval is 30 s)."""
+    name, holder, waiter = unique("permits"), permit_owner(), permit_owner()
+    async with (
+        aiolease.open_backend(mongo_url, poll_interval=30) as first,
+        aiolease.open_backend(mongo_url, poll_interval=30) as second,
+    ):
+        held = await first.try_acquire_permit(name, holder, 60, "", {}, 1, 1)
+        assert isinstance(held, Grant)
+        seen = await second.try_acquire_permit(name, waiter, 60, "", {}, 1, 1)
+        assert isinstance(seen, HolderInfo)
+        # The first wait opens the stream, and returns at once (a release may have come
+        # before it opened): the next refusal is then seen with the stream up.
+        with anyio.fail_after(5):
+            await second.wait_permit_turn(name, waiter, 60, seen)
+        seen = await second.try_acquire_permit(name, waiter, 60, "", {}, 1, 1)
+        assert isinstance(seen, HolderInfo)
+        done = anyio.Event()
+
+        async def wait() -> None:
+            await second.wait_permit_turn(name, waiter, 60, seen)
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await eventually(lambda: inner(second).statistics().waiting >= 1, "a blocked wait")
+            assert await first.release(name, holder, held.token)
+            with anyio.fail_after(5):
+                await done.wait()
+        assert isinstance(await second.try_acquire_permit(name, waiter, 60, "", {}, 1, 1), Grant)

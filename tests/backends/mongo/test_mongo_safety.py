@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -112,3 +113,22 @@ async def test_mongo_is_safe_when_the_server_restarts(
     assert report.applicable, report.reason
     assert_fault_took_effect(report, Fault.SERVER_RESTART)
     assert control.kills >= 1, report.line()
+
+
+@pytest.mark.parametrize(
+    ("form", "anyio_backend"),
+    [("semaphore", "asyncio"), ("rw", "trio")],
+    ids=["semaphore-asyncio", "rw-trio"],
+)
+async def test_mongo_permits_are_safe(
+    mongo_url: str, tmp_path: Path, anyio_backend: str, form: str
+) -> None:
+    """Semaphore (limit 2 of 4 workers): never more than two bodies at once outside a
+    pause. Read-write: a writer never with anyone outside a pause, a stale writer
+    refused by the fence. Holders paused (SIGSTOP) beyond their ttl."""
+    options: dict[str, Any] = {"limit": 2} if form == "semaphore" else {"rw": True}
+    report = await short_run(mongo_url, Fault.SIGSTOP, anyio_backend, tmp_path, DURATION, **options)
+    print(report.line())
+    assert report.applicable, report.reason
+    assert_safe(report)
+    assert report.losses >= 1 and report.faults >= 2, report.line()

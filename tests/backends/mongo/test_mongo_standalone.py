@@ -46,6 +46,8 @@ async def test_a_standalone_server_has_no_push_wakeups(anyio_backend: str, stand
             Capability.SERVER_TIME,
             Capability.MULTI_PROCESS,
             Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
             Capability.DURABLE_TOKENS,
             Capability.FAIR_QUEUE,
         }

@@ -1,0 +1,270 @@
+"""The MongoDB backend's permits (semaphores and read-write locks,
+``docs/internals/semaphores.md``): :class:`MongoPermits`, which
+:class:`~aiolease.backends.mongo.MongoBackend` hands every permit operation to.
+
+Each operation is one command on the name's permits document (see
+:mod:`aiolease.backends.mongo._permits`): the acquire one ``findAndModify`` upsert,
+the release one ``findAndModify``, the renewals one unordered ``bulk_write`` per tick.
+Waiters are woken by this backend object's own releases at once, and by other
+objects' releases through a change stream of the permits collection (opened by the
+first wait, on replica sets and sharded clusters); without one they look again every
+``poll_interval``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..._exceptions import BackendTimeout, LimitMismatchError, NotOwnerError
+from ...abc import Grant, HolderInfo, PermitHolders, Renewal, RenewResult
+from .._asyncio import now, wait_event
+from ..sql._permits import blocker, permit_holders
+from ..sql._running import finished
+from ..sql._wakeups import Wakeups
+from . import _permits as permits
+from ._commands import whole
+from ._pipelines import millis
+from ._stream import Stream, freed_name, permit_watch_pipeline
+
+__all__ = ["MongoPermits"]
+
+#: A waiter asks again at most this share of its ttl after its latest refusal (its
+#: queue entry lasts its ttl from the latest ask that wrote it).
+_REFRESH_SHARE = 1 / 3
+#: A refused ask rewrites its queue entry only when less than this share of its ttl
+#: is left on it (else its place is kept without a write, which would only add
+#: oplog entries and contention to the writes that matter).
+_FRESH_SHARE = 0.5
+#: The longest a waiter waits on a push wake-up before it asks again (a safety net
+#: for an event the stream missed without failing).
+_PUSH_CHECK = 10.0
+#: Refused requests whose marks are remembered (one that never waits, as
+#: ``acquire_nowait``'s, leaves one): the oldest half is dropped beyond it.
+_MAX_MARKS = 4096
+
+#: Where a name's wake-ups stood when a refused request was sent: (the name's count of
+#: releases seen, the count of lost streams, the stream's opens if it was open, else -1).
+Mark = tuple[int, int, int]
+
+
+class MongoPermits:
+    """The permits of one backend object.
+
+    :param collection: the permits collection (pymongo or motor; the backend's concerns)
+    :param where: ``database.collection``, as messages name it
+    :param mapped: maps driver errors (the backend's URL scrubbed)
+    :param stamp: the backend's next ``by`` stamp (its id, a colon, a count)
+    :param own: the backend's id (its own releases are left out of the stream)
+    :param poll_interval: how often a waiter looks again while no stream is open
+    :param watch: whether to open a change stream
+    """
+
+    def __init__(
+        self,
+        collection: Any,
+        where: str,
+        *,
+        mapped: Callable[[], AbstractContextManager[None]],
+        stamp: Callable[[], str],
+        own: str,
+        poll_interval: float,
+        watch: bool,
+    ) -> None:
+        self._coll = collection
+        self._where = where
+        self._mapped = mapped
+        self._stamp = stamp
+        self._poll_interval = poll_interval
+        self._watches = watch
+        self._wakeups = Wakeups()
+        self._stream = Stream(
+            collection,
+            self._freed,
+            self._lost,
+            retry_after=poll_interval,
+            pipeline=permit_watch_pipeline(own),
+            parse=freed_name,
+        )
+        #: name -> releases of it seen (own, or from the stream).
+        self._rung: dict[str, int] = {}
+        self._losses = 0
+        #: (name, owner) -> its latest refusal's :data:`Mark`.
+        self._marks: dict[tuple[str, str], Mark] = {}
+        #: Acquire commands sent.
+        self.commands = 0
+        #: Tasks in :meth:`wait_turn` now.
+        self.waiting = 0
+
+    def no_streams(self) -> None:
+        """The server has no change streams (a standalone mongod): waiters poll."""
+        self._stream.available = False
+
+    # -- wake-ups ------------------------------------------------------------------------
+
+    def _mark(self, name: str) -> Mark:
+        return (
+            self._rung.get(name, 0),
+            self._losses,
+            self._stream.opens if self._stream.up else -1,
+        )
+
+    def _ring(self, name: str) -> None:
+        if len(self._rung) >= _MAX_MARKS:
+            self._rung.clear()
+            self._losses += 1  # every mark now differs: its waiter asks again
+        self._rung[name] = self._rung.get(name, 0) + 1
+        self._wakeups.wake(name)
+
+    def _freed(self, name: str) -> None:
+        """A release of ``name`` by another backend object (a change event)."""
+        self._ring(name)
+
+    def _lost(self) -> None:
+        """The stream ended (events may have been missed): every waiter asks again."""
+        self._losses += 1
+        self._wakeups.wake_all()
+
+    def _remember(self, name: str, owner: str, mark: Mark) -> None:
+        if len(self._marks) >= _MAX_MARKS:
+            for key in list(self._marks)[: _MAX_MARKS // 2]:
+                del self._marks[key]
+        self._marks[name, owner] = mark
+
+    # -- the operations ------------------------------------------------------------------
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """One ``findAndModify`` upsert (see :func:`~._permits.acquire`); its outcome read
+        from the document after it. Two first upserts that race: the loser (a duplicate
+        key) asks once more, and finds the winner's document."""
+        from pymongo import ReturnDocument
+        from pymongo.errors import DuplicateKeyError
+
+        ttl = float(ttl)
+        update = permits.acquire(
+            owner, millis(ttl), identity, metadata, limit, weight, millis(ttl * _FRESH_SHARE)
+        )
+        mark = self._mark(name)
+        for _ in range(2):
+            sent_at = now()
+            self.commands += 1
+            with self._mapped():
+                try:
+                    # Seen to its end even if the caller is cancelled (see ``finished``).
+                    doc = await finished(
+                        self._coll.find_one_and_update(
+                            {"_id": name},
+                            update,
+                            projection=permits.READ,
+                            upsert=True,
+                            return_document=ReturnDocument.AFTER,
+                        )
+                    )
+                except DuplicateKeyError:
+                    continue
+            rows = permits.parse(self._where, name, doc)
+            if rows and rows[0].limit != limit:  # first, as the pipeline decides
+                raise LimitMismatchError(name, limit, rows[0].limit)
+            mine = next((row for row in rows if row.owner == owner), None)
+            if mine is not None and mine.granted:
+                self._marks.pop((name, owner), None)
+                return Grant(mine.token, ttl, sent_at=sent_at)
+            self._remember(name, owner, mark)
+            return blocker(name, rows, owner)
+        raise BackendTimeout(f"permits of {name!r}: first upserts kept racing; try again")
+
+    async def read(self, name: str) -> PermitHolders | None:
+        with self._mapped():
+            doc = await whole(self._coll.find_one({"_id": name}, permits.READ))
+        return permit_holders(name, permits.parse(self._where, name, doc))
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a permit of ``name`` is released (through this object, or seen on
+        the change stream), when ``seen`` runs out, after a third of ``ttl`` (the caller
+        then keeps its queue entry alive), and without a stream after
+        :attr:`poll_interval`; at once if a release came since ``owner``'s refusal, or
+        the stream opened since (the release may have come before it)."""
+        mark = self._marks.pop((name, owner), None)
+        streaming = False
+        if self._watches:
+            with self._mapped():
+                streaming = await self._stream.ensure()
+        timeout = ttl * _REFRESH_SHARE
+        if seen.remaining is not None:
+            timeout = min(timeout, seen.remaining)
+        timeout = min(timeout, _PUSH_CHECK if streaming else self._poll_interval)
+        self.waiting += 1
+        try:
+            with self._wakeups.watching(name) as event:
+                if mark is not None and mark != self._mark(name):
+                    return
+                await wait_event(event, max(0.0, timeout))
+        finally:
+            self.waiting -= 1
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Drop ``owner``'s permit (of ``token``, if given) and queue entry of ``name``:
+        one ``findAndModify``; whether a live permit was freed."""
+        self._marks.pop((name, owner), None)
+        with self._mapped():
+            before = await whole(
+                self._coll.find_one_and_update(
+                    permits.release_filter(name, owner, token),
+                    permits.release_update(owner, self._stamp()),
+                    projection=permits.RELEASED,
+                )
+            )
+        if before is None:
+            return False
+        self._ring(name)
+        return permits.freed(before, owner, token)
+
+    async def renew(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
+        """The permits of ``renewals`` in one unordered ``bulk_write``; only when some
+        did not match, one ``find`` tells which are still held."""
+        from pymongo import UpdateOne
+
+        ops = [
+            UpdateOne(
+                {"_id": name, "$expr": permits.live_expr(owner, token)},
+                permits.renew_update(owner, token, millis(ttl)),
+            )
+            for name, owner, token, ttl in renewals
+        ]
+        sent_at = now()
+        with self._mapped():
+            result = await whole(self._coll.bulk_write(ops, ordered=False))
+        if result.matched_count == len(ops):
+            return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
+        with self._mapped():
+            docs = await whole(
+                self._coll.find(
+                    {"_id": {"$in": list({r[0] for r in renewals})}}, permits.READ
+                ).to_list(None)
+            )
+        live: set[tuple[str, str, int]] = set()
+        for doc in docs:
+            for row in permits.parse(self._where, doc["_id"], doc):
+                if row.granted:
+                    live.add((doc["_id"], row.owner, row.token))
+        return [
+            Grant(token, float(ttl), sent_at=sent_at)
+            if (name, owner, token) in live
+            else NotOwnerError(name)
+            for name, owner, token, ttl in renewals
+        ]
+
+    async def aclose(self) -> None:
+        """Stop the stream; wake every waiter."""
+        self._wakeups.wake_all()
+        await self._stream.aclose()
