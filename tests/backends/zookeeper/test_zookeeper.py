@@ -117,6 +117,8 @@ async def test_capabilities(anyio_backend: str, zk_url: str) -> None:
             Capability.SESSION,
             Capability.MULTI_PROCESS,
             Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
         }
         assert "127.0.0.1:2181" in repr(inner(backend))
 
