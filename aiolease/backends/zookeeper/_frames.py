@@ -6,7 +6,8 @@ which on Python 3.11 and older starts a task of its own each time (and sets a ti
 several event loop steps per reply, where the reply is most often in the socket's
 buffer already. :class:`FrameConnection` reads a frame's size and then its body,
 each one ``readexactly`` (no step at all when the bytes are buffered), and parses it
-exactly as aiozk does. Everything else (connecting, the read loop, watches, closing)
+with :mod:`._codec` (the replies to the backend's own requests; aiozk's parts
+parse the others, as aiozk does). Everything else (connecting, the read loop, watches, closing)
 is aiozk's.
 
 No read timeout per frame: a reply that stops halfway is a reply that does not come
@@ -26,6 +27,8 @@ from typing import Any
 from aiozk import exc as zk_exc
 from aiozk import protocol
 from aiozk.connection import Connection, reply_header_struct, size_struct
+
+from ._codec import PARSERS
 
 __all__ = ["FrameConnection", "install"]
 
@@ -53,7 +56,10 @@ class FrameConnection(Connection):  # type: ignore[misc]  # aiozk is untyped
         if xid == protocol.WATCH_XID:
             return (xid, zxid, protocol.WatchEvent.deserialize(payload))
         opcode = self.opcode_xref.pop(xid)
-        return (xid, zxid, protocol.response_xref[opcode].deserialize(payload))
+        parse = PARSERS.get(opcode)
+        if parse is None:  # a request of aiozk's own (a ping, watches set again)
+            return (xid, zxid, protocol.response_xref[opcode].deserialize(payload))
+        return (xid, zxid, parse(payload))
 
 
 def install(client: Any) -> None:

@@ -45,6 +45,8 @@ __all__ = ["Permits"]
 QUEUE_HORIZON = 2.0
 #: Attempts at deciding while the queue moves under the reads.
 ATTEMPTS = 20
+#: How many queued requests' turns are remembered.
+TURNS_LIMIT = 4096
 
 
 class Permits:
@@ -118,7 +120,7 @@ class Permits:
                 continue
             entry.horizon = max(entry.horizon, touched + QUEUE_HORIZON * ttl)
             self.keeper.poke(entry.horizon)
-            self.turns[key] = (paths[index - 1], fitting(queue) >= index)
+            self._note_turn(key, paths[index - 1], fitting(queue) >= index)
             flip = None
             if fresh:  # created as held: tell the truth
                 entry.data = encode_permit(identity, metadata, False)
@@ -127,6 +129,14 @@ class Permits:
             if blocker is not None:
                 return blocker
         raise BackendUnavailable(f"ZooKeeper: the permits of {name!r} moved under every attempt")
+
+    def _note_turn(self, key: tuple[str, str], before: str, first: bool) -> None:
+        """Remember what a queued request waits for (the oldest forgotten past
+        :data:`TURNS_LIMIT`: its wait then returns at once, and its retry notes it again)."""
+        self.turns.pop(key, None)
+        if len(self.turns) >= TURNS_LIMIT:
+            del self.turns[next(iter(self.turns))]
+        self.turns[key] = (before, first)
 
     def _renewed(self, entry: Entry, touched: float, ttl: float) -> Grant:
         entry.queued = False

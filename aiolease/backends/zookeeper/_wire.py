@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiozk import exc as zk_exc
-from aiozk import protocol
 from aiozk.connection import size_struct
 from aiozk.states import States
 
 from ..._exceptions import BackendTimeout, BackendUnavailable
 from .._asyncio import now, retrieve, timeout_after
+from . import _codec as codec
 
 __all__ = ["EXPECTED", "Wire"]
 
@@ -270,31 +270,13 @@ class Wire:
 
     # -- the requests the backend makes --------------------------------------------------
 
-    @staticmethod
-    def create(path: str, data: bytes, *, sequence: bool, ephemeral: bool, container: bool) -> Any:
-        request = protocol.Create2Request(path=path, data=data, acl=[protocol.UNRESTRICTED_ACCESS])
-        request.set_flags(ephemeral, sequence, container)
-        return request
-
-    @staticmethod
-    def children(path: str, watch: bool = False) -> Any:
-        return protocol.GetChildren2Request(path=path, watch=watch)
-
-    @staticmethod
-    def get(path: str) -> Any:
-        return protocol.GetDataRequest(path=path, watch=False)
-
-    @staticmethod
-    def exists(path: str, watch: bool = False) -> Any:
-        return protocol.ExistsRequest(path=path, watch=watch)
-
-    @staticmethod
-    def set_data(path: str, data: bytes) -> Any:
-        return protocol.SetDataRequest(path=path, data=data, version=-1)
-
-    @staticmethod
-    def delete(path: str) -> Any:
-        return protocol.DeleteRequest(path=path, version=-1)
+    # The requests the backend makes (see ._codec).
+    create = staticmethod(codec.create)
+    children = staticmethod(codec.children)
+    get = staticmethod(codec.get)
+    exists = staticmethod(codec.exists)
+    set_data = staticmethod(codec.set_data)
+    delete = staticmethod(codec.delete)
 
     def watch(self, kind: int, path: str) -> tuple[asyncio.Future[None], Callable[[], None]]:
         """A future set by the next ``kind`` event (``protocol.WatchEvent``) on ``path``,

@@ -1,0 +1,110 @@
+"""Permits (semaphores, read-write locks) on real ZooKeeper: what the conformance suite
+cannot see from outside one backend object. Two backend objects stand for two
+processes (two sessions); the server is inspected through kazoo."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+import aiolease
+from aiolease import AsyncReadWriteLock, AsyncSemaphore, LeaseLostError, LossReason
+from aiolease.abc import Grant, HolderInfo, permit_owner
+from tests.backends.zookeeper.support import Outside, inner, opener, unique_prefix
+from tests.backends.zookeeper.test_zookeeper_sessions import expire_session
+
+pytestmark = pytest.mark.anyio
+
+#: Bound on each test's waits (the machine is shared and slow): a hang guard.
+WAIT = 60.0
+LONG = 30.0
+
+
+@pytest.fixture
+def zk_url(aiolease_server: Callable[[str], str]) -> str:
+    return aiolease_server("zookeeper")
+
+
+async def test_two_backends_never_hold_more_than_the_limit(anyio_backend: str, zk_url: str) -> None:
+    """Tasks on two sessions share a limit of 2: never more inside at once, a waiter
+    on one is woken (by a watch) by a release on the other, every grant a new token."""
+    inside, peak, tokens = 0, 0, []
+    full = anyio.Event()
+    open_ = opener(zk_url)
+    async with open_() as first, open_() as second:
+
+        async def body(backend: aiolease.abc.Backend) -> None:
+            nonlocal inside, peak
+            async with AsyncSemaphore(backend, "n", limit=2, ttl=LONG) as permit:
+                tokens.append(permit.token)
+                inside += 1
+                peak = max(peak, inside)
+                if inside == 2:
+                    full.set()
+                await full.wait()
+                await anyio.lowlevel.checkpoint()
+                inside -= 1
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for backend in (first, second, first, second, first, second):
+                    tg.start_soon(body, backend)
+        assert peak == 2
+        assert len(set(tokens)) == 6
+        assert await second.read_permits("n") is None
+
+
+async def test_a_permit_is_a_node_whose_name_says_its_request(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """Nodes under ``<name>%permits`` carry owner, limit and weight in their names; a
+    granted node's token is its czxid, a queued one marked so, and when its turn comes
+    the write that marks it held gives it a new, larger token. A lock of the same
+    name lives apart."""
+    prefix = unique_prefix()
+    async with (
+        aiolease.open_backend(zk_url, prefix=prefix) as backend,
+        Outside(zk_url) as outside,
+    ):
+        owners = [permit_owner() for _ in range(3)]
+        tokens = []
+        for owner in owners[:2]:
+            grant = await backend.try_acquire_permit("a/b", owner, LONG, "host", {}, 2, 1)
+            assert isinstance(grant, Grant)
+            tokens.append(grant.token)
+        refused = await backend.try_acquire_permit("a/b", owners[2], LONG, "host", {}, 2, 1)
+        assert isinstance(refused, HolderInfo) and refused.owner == owners[0]
+        assert refused.token == tokens[0]
+        parent = f"/{prefix}/a%2Fb%permits"
+        nodes = sorted(await outside.children(parent))
+        assert [n.split("-p")[0] for n in nodes] == ["_c_" + o.replace(":", "%3A") for o in owners]
+        assert all(n.rsplit("-", 2)[1] == "p2x1" for n in nodes)
+        stats = [await outside.call("get", f"{outside.chroot}{parent}/{n}") for n in nodes]
+        assert [json.loads(data)["h"] for data, _ in stats] == [True, True, False]
+        assert [stat.czxid for _, stat in stats[:2]] == tokens
+        assert await backend.release("a/b", owners[0], tokens[0])
+        grant = await backend.try_acquire_permit("a/b", owners[2], LONG, "host", {}, 2, 1)
+        assert isinstance(grant, Grant) and grant.token > stats[2][1].czxid > tokens[1]
+        data, stat = await outside.call("get", f"{outside.chroot}{parent}/{nodes[2]}")
+        assert json.loads(data)["h"] is True and stat.mzxid == grant.token
+        assert isinstance(await backend.try_acquire("a/b", "lock-owner", LONG, "h", {}), Grant)
+
+
+async def test_a_lost_session_ends_its_permits(anyio_backend: str, zk_url: str) -> None:
+    """The server expires the backend's session: every permit on it is lost
+    (``STOLEN``), its node gone with the session; the next grant has a larger token."""
+    async with aiolease.open_backend(zk_url, prefix=unique_prefix(), session_timeout=4) as backend:
+        zk = inner(backend)
+        rw = AsyncReadWriteLock(backend, "n", ttl=4)
+        with anyio.fail_after(WAIT), pytest.raises(LeaseLostError) as info:
+            async with rw.read() as permit:
+                session = zk.statistics().session_id
+                await expire_session(zk_url, session, zk._wire.client.session.password)
+                await anyio.sleep_forever()
+        assert info.value.reason is LossReason.STOLEN
+        assert await backend.read_permits("n") is None
+        async with rw.write() as again:
+            assert again.token > permit.token
