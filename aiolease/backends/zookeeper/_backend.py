@@ -456,6 +456,8 @@ class ZooKeeperBackend(Backend):
             return False
         await self._start()
         entry = self._keeper.entries.get((name, owner))
+        if entry is not None and entry.queued and is_permit_owner(owner):
+            token = None  # a queued permit request leaves the queue whatever token is given
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
             self._keeper.end(entry, LossReason.RELEASED, quietly=True)

@@ -47,6 +47,11 @@ EXPECTED: tuple[type[BaseException], ...] = (
 )
 
 
+#: Put aiozk's heartbeat off on a send only if it was put off longer ago than this
+#: share of the session timeout.
+BEAT_SLACK = 0.02
+
+
 def _suspend(session: Any, conn: Any) -> None:
     """Tell aiozk that ``conn``, if still its connection, is lost: it reconnects."""
     connected = session.state.current_state in (States.CONNECTED, States.READ_ONLY)
@@ -110,6 +115,8 @@ class Wire:
         #: Called with the old session id when replies come on a new session.
         self.on_new_session: Callable[[int], object] = lambda old: None
         self.requests = 0
+        #: When aiozk's heartbeat was last put off (see :meth:`_write`).
+        self._beat = -math.inf
 
     @property
     def expires(self) -> float:
@@ -218,7 +225,11 @@ class Wire:
             except Exception:  # as aiozk: every pending request fails, the state follows
                 conn.abort()
         self.requests += len(requests)
-        session.set_heartbeat()  # what aiozk does on a send: its ping waits
+        if sent.at - self._beat > session.timeout * BEAT_SLACK:
+            # What aiozk does on a send (its ping waits), at most so often: its ping
+            # then comes at most that much sooner than it would have.
+            self._beat = sent.at
+            session.set_heartbeat()
         return sent
 
     async def _replies(self, sent: _Sent, deadline: float) -> list[Any]:

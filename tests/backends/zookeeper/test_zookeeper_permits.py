@@ -79,7 +79,7 @@ async def test_a_permit_is_a_node_whose_name_says_its_request(
         assert isinstance(refused, HolderInfo) and refused.owner == owners[0]
         assert refused.token == tokens[0]
         parent = f"/{prefix}/a%2Fb%permits"
-        nodes = sorted(await outside.children(parent))
+        nodes = sorted(await outside.children(parent), key=lambda n: n.rsplit("-", 1)[1])
         assert [n.split("-p")[0] for n in nodes] == ["_c_" + o.replace(":", "%3A") for o in owners]
         assert all(n.rsplit("-", 2)[1] == "p2x1" for n in nodes)
         stats = [await outside.call("get", f"{outside.chroot}{parent}/{n}") for n in nodes]
@@ -108,3 +108,21 @@ async def test_a_lost_session_ends_its_permits(anyio_backend: str, zk_url: str) 
         assert await backend.read_permits("n") is None
         async with rw.write() as again:
             assert again.token > permit.token
+
+
+async def test_a_queued_request_leaves_the_queue_on_release_whatever_the_token(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """As on the memory model: ``release`` of a queued request drops its node, even
+    with a token it was never granted, and frees nothing; the next reader gets in."""
+    async with opener(zk_url)() as backend:
+        reader, writer = permit_owner(), permit_owner()
+        read = await backend.try_acquire_permit("n", reader, LONG, "h", {}, 2**31 - 1, 1)
+        assert isinstance(read, Grant)
+        queued = await backend.try_acquire_permit("n", writer, LONG, "h", {}, 2**31 - 1, 2**31 - 1)
+        assert isinstance(queued, HolderInfo)
+        assert await backend.release("n", reader, None)
+        assert not await backend.release("n", writer, 1)  # never its token
+        assert await backend.read_permits("n") is None
+        again = await backend.try_acquire_permit("n", reader, LONG, "h", {}, 2**31 - 1, 1)
+        assert isinstance(again, Grant) and again.token > read.token
