@@ -5,7 +5,8 @@ ephemeral sequential node and its delete, one request each. Prints, as in the
 issue's table:
 
 * **uncontended acquire+release**: median per cycle, as a ratio to the floor (the
-  contenders take turns, one cycle each);
+  contenders take turns, one cycle each); a semaphore permit and a read permit too,
+  and the permit's ratio to the lock's;
 * **hand-offs per second**: 8 tasks (kazoo: threads) in one process, then 4
   processes, on one name, each holding it 1 ms; and fairness (most / fewest
   acquisitions per contender);
@@ -41,7 +42,7 @@ import aiozk
 from _common import add_figure_arguments, hold_in_tasks, record, run_threads
 from kazoo.client import KazooClient
 
-from aiolease import AsyncLock, open_backend
+from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, open_backend
 from aiolease.backends.zookeeper import ZooKeeperBackend
 from aiolease.backends.zookeeper._url import parse_url
 
@@ -49,6 +50,8 @@ PREFIX = "aiolease-bench"
 RUN = uuid.uuid4().hex[:8]
 #: Hold time of each hand-off.
 HOLD = 0.001
+LOCK = "aiolease acquire_nowait+release"
+PERMIT = "aiolease semaphore nowait+release"
 
 
 def connect_string(url: str) -> str:
@@ -120,6 +123,19 @@ async def uncontended(url: str, cycles: int) -> dict[str, float]:
 
         cycle["aiolease acquire_nowait+release"] = nowait
         cycle["aiolease async with"] = block
+        semaphore = AsyncSemaphore(backend, f"uncontended-permit-{RUN}", limit=4, ttl=10)
+        rw = AsyncReadWriteLock(backend, f"uncontended-rw-{RUN}", ttl=10)
+
+        async def permit() -> None:
+            lease = await semaphore.acquire_nowait()
+            await lease.release()
+
+        async def read() -> None:
+            async with rw.read():
+                pass
+
+        cycle[PERMIT] = permit
+        cycle["aiolease read permit async with"] = read
         kazoo = kazoo_client(url)
         stack.callback(stop_kazoo, kazoo)
         kazoo_lock = kazoo.Lock(f"/bench-kazoo/{RUN}/uncontended")
@@ -335,7 +351,8 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'uncontended acquire+release':<36} {'x floor':>8} {'ms':>8}")
     for label, seconds in times.items():
         print(f"  {label:<34} {seconds / floor:>8.2f} {seconds * 1000:>8.2f}")
-        ok = seconds / floor <= 1.10 if label.startswith("aiolease") else None
+        lock_row = label in (LOCK, "aiolease async with")
+        ok = seconds / floor <= 1.10 if lock_row else None
         record(
             "zookeeper",
             "uncontended acquire+release",
@@ -345,6 +362,17 @@ async def main(args: argparse.Namespace) -> None:
             target="<= 1.10" if ok is not None else "",
             ok=ok,
         )
+    permit_ratio = times[PERMIT] / times[LOCK]
+    print(f"  permit / lock (acquire_nowait+release): {permit_ratio:.2f} (target <= 1.2)")
+    record(
+        "zookeeper",
+        "uncontended permit acquire+release",
+        "aiolease",
+        permit_ratio,
+        "x lock",
+        target="<= 1.2",
+        ok=permit_ratio <= 1.2,
+    )
     if args.only == "uncontended":
         return
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiozk import protocol
 
-from ..._exceptions import BackendUnavailable, LimitMismatchError, LossReason
+from ..._exceptions import BackendUnavailable, ForeignDataError, LimitMismatchError, LossReason
 from ..._permits import PermitHolders
 from ...abc import Grant, HolderInfo
 from .._asyncio import now, wait_any
@@ -122,7 +122,7 @@ class Permits:
             self.keeper.poke(entry.horizon)
             self._note_turn(key, paths[index - 1], fitting(queue) >= index)
             flip = None
-            if fresh:  # created as held: tell the truth
+            if fresh or not entry.data:  # created as held (or found, unread): tell the truth
                 entry.data = encode_permit(identity, metadata, False)
                 flip = self.wire.set_data(self.wire.path(entry.path), entry.data)
             blocker = await self._blocker(name, queue[:index], flip)
@@ -165,9 +165,6 @@ class Permits:
         entry.data = data
         return True
 
-    def _weight(self, entry: Entry) -> int:
-        return self.layout.parse(entry.name, entry.path.rsplit("/", 1)[1]).weight
-
     async def _drop(self, entry: Entry) -> None:
         """Delete ``entry``'s node (a request given up)."""
         self.keeper.end(entry, LossReason.RELEASED, quietly=True)
@@ -207,9 +204,13 @@ class Permits:
         )
         self.keeper.attach(entry)
         self.unsure.discard((name, owner))
-        if isinstance(listed, Exception):
-            return entry, await self._queue(name)
-        return entry, self.layout.queue(name, listed.children)
+        try:
+            if isinstance(listed, Exception):
+                return entry, await self._queue(name)
+            return entry, self.layout.queue(name, listed.children)
+        except ForeignDataError:
+            await self._drop(entry)  # nothing is granted over a foreign node
+            raise
 
     async def _queue(self, name: str, watch: bool = False) -> list[PermitNode]:
         """The permit nodes of ``name`` in arrival order (empty if it has none)."""

@@ -5,6 +5,7 @@ processes (two sessions); the server is inspected through kazoo."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable
 
 import anyio
@@ -126,3 +127,50 @@ async def test_a_queued_request_leaves_the_queue_on_release_whatever_the_token(
         assert await backend.read_permits("n") is None
         again = await backend.try_acquire_permit("n", reader, LONG, "h", {}, 2**31 - 1, 1)
         assert isinstance(again, Grant) and again.token > read.token
+
+
+async def test_cancelled_permit_acquires_leave_no_node(anyio_backend: str, zk_url: str) -> None:
+    """200 impatient tasks on a semaphore of 2 (on two sessions), cancelled at random
+    points of their acquire: never more than 2 inside, and once all are done, no
+    permit node is left (a node whose create reply was lost is found by its owner id
+    and deleted)."""
+    prefix = unique_prefix()
+    inside = peak = 0
+    async with (
+        aiolease.open_backend(zk_url, prefix=prefix) as one,
+        aiolease.open_backend(zk_url, prefix=prefix) as two,
+        Outside(zk_url) as outside,
+    ):
+
+        async def contender(backend: aiolease.abc.Backend, patience: float) -> None:
+            nonlocal inside, peak
+            with anyio.move_on_after(patience):
+                async with AsyncSemaphore(backend, "storm", limit=2, ttl=LONG):
+                    inside += 1
+                    peak = max(peak, inside)
+                    await anyio.sleep(0.005)
+                    inside -= 1
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for i in range(200):
+                    tg.start_soon(contender, (one, two)[i % 2], random.uniform(0, 0.05))
+        assert peak <= 2
+        assert await outside.children(f"/{prefix}/storm%permits") == []
+
+
+async def test_a_foreign_node_among_permits_is_reported_and_left(
+    anyio_backend: str, zk_url: str
+) -> None:
+    prefix = unique_prefix()
+    async with (
+        aiolease.open_backend(zk_url, prefix=prefix) as backend,
+        Outside(zk_url) as outside,
+    ):
+        parent = f"{outside.chroot}/{prefix}/n%permits"
+        await outside.call("create", f"{parent}/not-ours", b"x", makepath=True)
+        with pytest.raises(aiolease.ForeignDataError, match="not-ours"):
+            await backend.try_acquire_permit("n", permit_owner(), LONG, "h", {}, 2, 1)
+        with pytest.raises(aiolease.ForeignDataError):
+            await backend.read_permits("n")
+        assert await outside.children(f"/{prefix}/n%permits") == ["not-ours"]
