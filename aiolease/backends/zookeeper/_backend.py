@@ -321,12 +321,11 @@ class ZooKeeperBackend(Backend):
             if isinstance(created, Exception):
                 raise BackendUnavailable(f"ZooKeeper: cannot create a node for {name!r}")
         node = created.path.rsplit("/", 1)[1]
-        contender = self._layout.contender(name, node)
         entry = Entry(
             name,
             owner,
             int(created.stat.created_zxid),
-            contender.sequence,
+            int(node.rpartition("-")[2]),  # ours: the listing below checks every node
             self._layout.path(name, node),
             self._wire.session_id,
             horizon,

@@ -191,13 +191,13 @@ class Permits:
             created, listed = await self.wire.send(create, self.wire.children(parent))
             if isinstance(created, Exception):
                 raise BackendUnavailable(f"ZooKeeper: cannot create a permit node for {name!r}")
-        node = self.layout.parse(name, created.path.rsplit("/", 1)[1])
+        node = created.path.rsplit("/", 1)[1]
         entry = Entry(
             name,
             owner,
             int(created.stat.created_zxid),
-            node.sequence,
-            self.layout.path(name, node.node),
+            int(node.rpartition("-")[2]),  # ours: the listing below checks every node
+            self.layout.path(name, node),
             self.wire.session_id,
             horizon,
             data=data,
