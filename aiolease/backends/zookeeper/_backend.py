@@ -664,7 +664,7 @@ class ZooKeeperBackend(Backend):
         return await self._permits.read(name)
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Watch the name's children (the first in line) or only the node before
+        """Watch the nodes before ``owner``'s (the first in line) or only the node before
         ``owner``'s (any later waiter), for at most half of ``ttl``."""
         await self._start()
         await self._permits.wait_turn(name, owner, ttl, self._keeper.wake_closed)

@@ -9,9 +9,11 @@ the order of grants (rule 6). A refused request keeps its node (its place in the
 queue) and flips it to queued. A node rides on the backend's session like a lock's:
 renewals, ``hold`` and loss are the lock's (:class:`._session.Keeper`).
 
-Waiting (:meth:`Permits.wait_turn`): the first waiter (the node just before it is
-granted) watches the name's children; any later waiter watches only the node before
-it, whose grant (a ``SetData``) or delete is what may let it in next.
+Waiting (:meth:`Permits.wait_turn`): the first waiter in line (every node before its
+own is granted) watches each of those nodes (past :data:`WATCH_AHEAD` of them, the
+name's children); any later waiter watches only the node just before its own, whose
+grant (a ``SetData``) or delete is what may let it in next. Arrivals behind a waiter
+wake nobody.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ QUEUE_HORIZON = 2.0
 ATTEMPTS = 20
 #: How many queued requests' turns are remembered.
 TURNS_LIMIT = 4096
+#: The first waiter in line watches each node before its own, up to this many (else
+#: the name's children, which arrivals behind it change too).
+WATCH_AHEAD = 16
 
 
 class Permits:
@@ -67,8 +72,9 @@ class Permits:
         self.grant = grant
         #: Requests whose create may have been applied without its reply seen.
         self.unsure: set[tuple[str, str]] = set()
-        #: Queued requests: the node before theirs, and whether it was granted.
-        self.turns: dict[tuple[str, str], tuple[str, bool]] = {}
+        #: Queued requests: the node before theirs, whether it was granted (theirs is
+        #: first in line), and then the nodes before theirs (up to WATCH_AHEAD).
+        self.turns: dict[tuple[str, str], tuple[str, bool, tuple[str, ...]]] = {}
 
     # -- acquire -------------------------------------------------------------------------
 
@@ -120,7 +126,9 @@ class Permits:
                 continue
             entry.horizon = max(entry.horizon, touched + QUEUE_HORIZON * ttl)
             self.keeper.poke(entry.horizon)
-            self._note_turn(key, paths[index - 1], fitting(queue) >= index)
+            first = fitting(queue) >= index
+            ahead = tuple(paths[:index]) if first and index <= WATCH_AHEAD else ()
+            self._note_turn(key, paths[index - 1], first, ahead)
             flip = None
             if fresh or not entry.data:  # created as held (or found, unread): tell the truth
                 entry.data = encode_permit(identity, metadata, False)
@@ -130,13 +138,15 @@ class Permits:
                 return blocker
         raise BackendUnavailable(f"ZooKeeper: the permits of {name!r} moved under every attempt")
 
-    def _note_turn(self, key: tuple[str, str], before: str, first: bool) -> None:
+    def _note_turn(
+        self, key: tuple[str, str], before: str, first: bool, ahead: tuple[str, ...]
+    ) -> None:
         """Remember what a queued request waits for (the oldest forgotten past
         :data:`TURNS_LIMIT`: its wait then returns at once, and its retry notes it again)."""
         self.turns.pop(key, None)
         if len(self.turns) >= TURNS_LIMIT:
             del self.turns[next(iter(self.turns))]
-        self.turns[key] = (before, first)
+        self.turns[key] = (before, first, ahead)
 
     def _renewed(self, entry: Entry, touched: float, ttl: float) -> Grant:
         entry.queued = False
@@ -302,10 +312,13 @@ class Permits:
             return
         entry.horizon = max(entry.horizon, now() + QUEUE_HORIZON * ttl)
         self.keeper.poke(entry.horizon)
-        before, first = turn
+        before, first, ahead = turn
         bound = ttl / 2
         parent = self.wire.path(self.layout.permits_node(name))
-        if first:  # any permit that goes may let it in: watch the children
+        if ahead:  # first in line: any permit that goes may let it in
+            await self._wait_ahead(entry, name, ahead, closed, bound)
+            return
+        if first:  # too many before it to watch each: watch the children
             changed, stop = self.wire.watch(protocol.WatchEvent.CHILDREN_CHANGED, parent)
             try:
                 (listed,) = await self.wire.send(self.wire.children(parent, watch=True))
@@ -335,6 +348,32 @@ class Permits:
         finally:
             stop_gone()
             stop_flipped()
+
+    async def _wait_ahead(
+        self, entry: Entry, name: str, ahead: tuple[str, ...], closed: asyncio.Event, bound: float
+    ) -> None:
+        """Watch each node before ``entry``'s (all granted): return when one goes, or
+        changes (a granted one marked held: its watch is spent, so look again)."""
+        fulls = [self.wire.path(path) for path in ahead]
+        watches = [
+            self.wire.watch(kind, full)
+            for full in fulls
+            for kind in (protocol.WatchEvent.DELETED, protocol.WatchEvent.DATA_CHANGED)
+        ]
+        try:
+            parent = self.wire.path(self.layout.permits_node(name))
+            *stats, listed = await self.wire.send(
+                *(self.wire.exists(full, watch=True) for full in fulls),
+                self.wire.children(parent),
+            )
+            if any(isinstance(stat, Exception) for stat in stats):
+                return  # one went already
+            if isinstance(listed, Exception) or self._may_fit(entry, name, listed.children):
+                return
+            await wait_any([fired for fired, _ in watches], closed, bound)
+        finally:
+            for _, stop in watches:
+                stop()
 
     def _may_fit(self, entry: Entry, name: str, children: list[str]) -> bool:
         queue = self.layout.queue(name, children)

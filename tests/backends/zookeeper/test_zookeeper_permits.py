@@ -174,3 +174,39 @@ async def test_a_foreign_node_among_permits_is_reported_and_left(
         with pytest.raises(aiolease.ForeignDataError):
             await backend.read_permits("n")
         assert await outside.children(f"/{prefix}/n%permits") == ["not-ours"]
+
+
+async def test_the_first_waiter_wakes_when_a_permit_goes_not_when_one_arrives(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """The first waiter in line watches the nodes before its own: a request arriving
+    behind it (on the same session, whose watch events come before later replies)
+    does not wake it; the holder's release does."""
+    async with opener(zk_url)() as backend:
+        holder, first, late = permit_owner(), permit_owner(), permit_owner()
+        held = await backend.try_acquire_permit("n", holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        seen = await backend.try_acquire_permit("n", first, LONG, "h", {}, 1, 1)
+        assert isinstance(seen, HolderInfo)
+        woken = anyio.Event()
+
+        async def wait() -> None:
+            await backend.wait_permit_turn("n", first, LONG, seen)
+            woken.set()
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                # Its watches are set once a request sent after them is answered.
+                await backend.read_permits("n")
+                await backend.read_permits("n")
+                assert isinstance(
+                    await backend.try_acquire_permit("n", late, LONG, "h", {}, 1, 1), HolderInfo
+                )
+                permits = await backend.read_permits("n")
+                assert permits is not None and permits.waiting == 2
+                assert not woken.is_set()
+                assert await backend.release("n", holder, held.token)
+                await woken.wait()
+        granted = await backend.try_acquire_permit("n", first, LONG, "h", {}, 1, 1)
+        assert isinstance(granted, Grant) and granted.token > held.token
