@@ -76,14 +76,10 @@ def _mongo(**mode: Any) -> Backend:
 
     client: Any = AsyncMongoClient("mongodb://localhost/docs", connect=False)
     return MongoBackend(client, **mode)
-
-
 def _kafka() -> Backend:
     from aiolease.backends.kafka import KafkaBackend
 
     return KafkaBackend(None)
-
-
 def _zookeeper() -> Backend:
     from aiolease.backends.zookeeper import ZooKeeperBackend
 
