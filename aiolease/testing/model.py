@@ -132,6 +132,7 @@ class _Config:
     factory: BackendFactory
     anyio_backend: str
     exact_tokens: bool
+    fixed_weights: bool
 
 
 class ModelMachine(RuleBasedStateMachine):
@@ -298,6 +299,8 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(request=st.sampled_from(PERMIT_REQUESTS), owner=st.sampled_from(PERMIT_OWNERS))
     def try_acquire_permit(self, request: tuple[str, int, int], owner: str) -> None:
         suffix, limit, weight = request
+        if self.config.fixed_weights and suffix == "/rw":
+            weight = 1 if owner in PERMIT_OWNERS[:2] else RW_LIMIT  # two readers, two writers
         name = self.prefix + suffix
 
         def ask(b: Backend) -> Awaitable[Grant | HolderInfo]:
@@ -390,7 +393,11 @@ async def _wait_free(backend: Backend, name: str) -> None:
 
 
 def make_model_machine(
-    factory: BackendFactory, *, anyio_backend: str = "asyncio", exact_tokens: bool = True
+    factory: BackendFactory,
+    *,
+    anyio_backend: str = "asyncio",
+    exact_tokens: bool = True,
+    fixed_weights: bool = False,
 ) -> type[ModelMachine]:
     """A state machine class that holds backends from ``factory`` against the model.
 
@@ -399,7 +406,12 @@ def make_model_machine(
     :param anyio_backend: the event loop to run the backend on (``"asyncio"``, ``"trio"``)
     :param exact_tokens: require tokens to equal the model's up to a per-name offset;
         ``False`` for backends whose tokens only increase (e.g. global revisions)
+    :param fixed_weights: each permit owner asks a read-write lock with one weight
+        (two readers, two writers), as the core always does (an owner id names one
+        request); for backends that take a queued request retried with another weight
+        for a new request, at the back of the queue (ZooKeeper, where a node's weight
+        is in its name), while the model keeps its place
     """
-    config = _Config(factory, anyio_backend, exact_tokens)
+    config = _Config(factory, anyio_backend, exact_tokens, fixed_weights)
     machine = type(f"ModelMachine_{anyio_backend}", (ModelMachine,), {"config": config})
     return cast("type[ModelMachine]", machine)

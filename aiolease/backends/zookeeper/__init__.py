@@ -31,6 +31,10 @@ How it works (see ``docs/internals/zookeeper.md``):
   a node whose create reply was lost; only nodes of the backend's own session
   (``ephemeralOwner``) are taken for its own.
 * **Token**: the node's ``czxid``, which only grows over the ensemble's life.
+* **Permits** (semaphores, read-write locks): an ephemeral sequential node per
+  request under ``<name>%permits``, its limit and weight in its name; granted iff the
+  weights of the nodes before it and its own fit in the limit (first come, first
+  served); its token the zxid of the write that marked it held.
 """
 
 from ._backend import ZooKeeperBackend, ZooKeeperStatistics

@@ -12,11 +12,14 @@ from typing import Any, final
 from aiozk import protocol
 
 from ..._exceptions import BackendUnavailable, InvalidArgument, LossReason, NotOwnerError
+from ..._permits import PermitHolders, is_permit_owner
 from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, timeout_after, wait_any
+from ._frames import install as install_frames
 from ._nodes import DEFAULT_PREFIX, Contender, Layout, decode_data, encode_data
+from ._permits import Permits
 from ._session import Entry, Keeper
 from ._url import check_path, parse_url
 from ._wire import Wire
@@ -46,6 +49,8 @@ CAPABILITIES = frozenset(
         Capability.SESSION,
         Capability.MULTI_PROCESS,
         Capability.PROCLAIM,
+        Capability.SEMAPHORE,
+        Capability.FAIR_PERMITS,
     }
 )
 
@@ -79,12 +84,14 @@ def _client(connect: str, session_timeout: float, timeout: float) -> Any:
     from aiozk import RetryPolicy, ZKClient
 
     # No retries inside aiozk: a request is sent once (see ._wire).
-    return ZKClient(
+    client = ZKClient(
         connect,
         session_timeout=session_timeout,
         retry_policy=RetryPolicy(try_limit=1, sleep_func=lambda timings: 0),
         read_timeout=timeout,
     )
+    install_frames(client)
+    return client
 
 
 class ZooKeeperBackend(Backend):
@@ -119,6 +126,7 @@ class ZooKeeperBackend(Backend):
         self._prefix = prefix
         self._layout = Layout(chroot + base)
         self._keeper = Keeper(wire, self._layout.base)
+        self._permits = Permits(wire, self._keeper, self._layout.base, self._grant)
         self._seen: dict[str, tuple[object, str]] = {}
         #: Attempts whose create may have been applied without its reply seen.
         self._unsure: set[tuple[str, str]] = set()
@@ -266,7 +274,7 @@ class ZooKeeperBackend(Backend):
                 return holder
             entry.horizon = max(entry.horizon, touched + TURN_GRACE)
             entry.predecessor = paths[index - 1]
-            self._keeper.poke()
+            self._keeper.poke(entry.horizon)
             holder = await self._holder(name, queue[:index])
             if holder is not None:
                 return holder
@@ -277,8 +285,8 @@ class ZooKeeperBackend(Backend):
         entry.queued = False
         if entry.horizon != math.inf:
             entry.horizon = touched + ttl
-            self._keeper.poke()
-        self._remember(name, _state(entry), entry.path)
+            self._keeper.poke(entry.horizon)
+        self._remember(name, entry, entry.path)  # its state worked out if a wait asks
         return self._grant(entry, ttl)
 
     def _note_crowd(self, name: str, crowded: bool) -> None:
@@ -313,12 +321,11 @@ class ZooKeeperBackend(Backend):
             if isinstance(created, Exception):
                 raise BackendUnavailable(f"ZooKeeper: cannot create a node for {name!r}")
         node = created.path.rsplit("/", 1)[1]
-        contender = self._layout.contender(name, node)
         entry = Entry(
             name,
             owner,
             int(created.stat.created_zxid),
-            contender.sequence,
+            int(node.rpartition("-")[2]),  # ours: the listing below checks every node
             self._layout.path(name, node),
             self._wire.session_id,
             horizon,
@@ -427,7 +434,7 @@ class ZooKeeperBackend(Backend):
             raise NotOwnerError(name)
         if entry.horizon != math.inf:
             entry.horizon = touched + ttl
-            self._keeper.poke()
+            self._keeper.poke(entry.horizon)
         return self._grant(entry, ttl)
 
     def hold(
@@ -448,6 +455,8 @@ class ZooKeeperBackend(Backend):
             return False
         await self._start()
         entry = self._keeper.entries.get((name, owner))
+        if entry is not None and entry.queued and is_permit_owner(owner):
+            token = None  # a queued permit request leaves the queue whatever token is given
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
             self._keeper.end(entry, LossReason.RELEASED, quietly=True)
@@ -457,6 +466,8 @@ class ZooKeeperBackend(Backend):
             return deleted and not queued
         if entry is not None:
             return False
+        if is_permit_owner(owner):
+            return await self._permits.release_unknown(name, owner, token)
         if self._refused.pop((name, owner), None) is not None and (name, owner) not in self._unsure:
             return False  # refused, its node deleted then: nothing to free
         return await self._release_unknown(name, owner, token)
@@ -522,6 +533,8 @@ class ZooKeeperBackend(Backend):
             its node is gone
         """
         await self._start()
+        if is_permit_owner(owner):
+            raise NotOwnerError(name, f"{name!r}: a permit's metadata is not rewritten")
         entry = self._held(name, owner, token)
         identity, _ = decode_data(entry.data)
         data = encode_data(identity, metadata)
@@ -548,7 +561,7 @@ class ZooKeeperBackend(Backend):
         await self._start()
         expected = state_of(seen)
         known = self._seen.get(name)
-        if known is None or known[0] != expected:
+        if known is None or _state(known[0]) != expected:
             if state_of(await self.read(name)) != expected:
                 return
             known = self._seen[name]
@@ -625,9 +638,36 @@ class ZooKeeperBackend(Backend):
         elif not entry.queued:
             return
         entry.horizon = max(entry.horizon, horizon)
-        self._keeper.poke()
+        self._keeper.poke(entry.horizon)
         if entry.predecessor is not None:
             await self._wait_gone(entry.predecessor, ttl / 2)
+
+    # -- permits (docs/internals/semaphores.md; see ._permits) ---------------------------
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        """Create ``owner``'s permit node and list the name's: granted iff the weights of
+        the nodes before it and its own fit in ``limit`` (FIFO); else it stays queued."""
+        await self._start()
+        return await self._permits.try_acquire(name, owner, ttl, identity, metadata, limit, weight)
+
+    async def read_permits(self, name: str) -> PermitHolders | None:
+        await self._start()
+        return await self._permits.read(name)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Watch the nodes before ``owner``'s (the first in line) or only the node before
+        ``owner``'s (any later waiter), for at most half of ``ttl``."""
+        await self._start()
+        await self._permits.wait_turn(name, owner, ttl, self._keeper.wake_closed)
 
     async def wait_lost(self, name: str, owner: str, token: int) -> LossReason:
         entry = self._keeper.entries.get((name, owner))
@@ -660,9 +700,12 @@ class ZooKeeperBackend(Backend):
             await self._wire.aclose()
 
 
-def _state(entry: Entry) -> object:
-    """What :func:`state_of` says of the holder ``entry`` stands for (an object equal to
-    nothing if its data cannot be read: a wait then reads first)."""
+def _state(entry: object) -> object:
+    """What :func:`state_of` says of the holder ``entry`` stands for, if it is an
+    :class:`Entry` (an object equal to nothing if its data cannot be read: a wait then
+    reads first); else ``entry`` itself (a state already)."""
+    if not isinstance(entry, Entry):
+        return entry
     try:
         _, metadata = decode_data(entry.data)
     except ValueError:

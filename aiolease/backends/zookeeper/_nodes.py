@@ -22,6 +22,7 @@ A child of a name node that is not shaped so, or whose data is not aiolease's, i
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ _MARK = "-lock-"
 _DIGITS = 10
 
 
+@functools.lru_cache(maxsize=4096)
 def _quote(text: str) -> str:
     quoted = quote(text, safe="")
     # "." and ".." are not node names; quote() never writes "%2E" itself.

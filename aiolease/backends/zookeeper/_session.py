@@ -82,6 +82,8 @@ class Keeper:
         #: Paths of nodes of ended entries still to delete (the session may live on).
         self.zombies: dict[str, int] = {}
         self.wake = asyncio.Event()
+        #: When the task, waiting, wakes up next (``-inf`` while it works).
+        self.wake_at = -math.inf
         #: Set when the backend closes: every wait of it returns.
         self.wake_closed = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -108,7 +110,7 @@ class Keeper:
     def attach(self, entry: Entry) -> None:
         """Track ``entry`` (replacing an ended one of the same attempt)."""
         self.entries[(entry.name, entry.owner)] = entry
-        self.poke()
+        self.poke(min(entry.horizon, self.wire.expires))
 
     def end(self, entry: Entry, reason: LossReason, quietly: bool = False) -> None:
         """``entry`` is over (its node deleted, or to be): tell whoever holds it.
@@ -147,9 +149,11 @@ class Keeper:
         """The backend is closing: end every wait of it."""
         self.wake_closed.set()
 
-    def poke(self) -> None:
-        """Make the task look at its timers again."""
-        self.wake.set()
+    def poke(self, at: float = -math.inf) -> None:
+        """Make the task look at its timers again (only if it sleeps past ``at``, the
+        time something is due: a step of the event loop saved per acquire)."""
+        if at < self.wake_at:
+            self.wake.set()
 
     # -- the task ----------------------------------------------------------------------------
 
@@ -183,7 +187,11 @@ class Keeper:
         while True:
             wake_at = min(next_ping, self._first_horizon(), self._lost_at())
             self.wake.clear()
-            await wait_until(self.wake, wake_at)
+            self.wake_at = wake_at
+            try:
+                await wait_until(self.wake, wake_at)
+            finally:
+                self.wake_at = -math.inf
             current = now()
             if current >= self._lost_at():
                 self._clock_ran_out()

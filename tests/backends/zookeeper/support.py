@@ -93,8 +93,8 @@ async def four_letters(host: str, port: int, word: str) -> str:
                         chunks.append(await stream.receive())
                 except (anyio.EndOfStream, anyio.BrokenResourceError):
                     pass
-    except (OSError, TimeoutError):
-        return ""
+    except (OSError, TimeoutError, anyio.BrokenResourceError):
+        return ""  # refused, or reset by a member that is dying
     return b"".join(chunks).decode(errors="replace")
 
 

@@ -39,8 +39,11 @@ async def test_conformance(anyio_backend: str, zk_url: str, check: Check) -> Non
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_agrees_with_the_model(zk_url: str, loop: str) -> None:
-    # Tokens are czxids: increasing, not consecutive.
-    machine = make_model_machine(opener(zk_url), anyio_backend=loop, exact_tokens=False)
+    # Tokens are zxids: increasing, not consecutive. A permit node's weight is in its
+    # name: a queued request retried with another weight is a new one (at the back).
+    machine = make_model_machine(
+        opener(zk_url), anyio_backend=loop, exact_tokens=False, fixed_weights=True
+    )
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -117,6 +120,8 @@ async def test_capabilities(anyio_backend: str, zk_url: str) -> None:
             Capability.SESSION,
             Capability.MULTI_PROCESS,
             Capability.PROCLAIM,
+            Capability.SEMAPHORE,
+            Capability.FAIR_PERMITS,
         }
         assert "127.0.0.1:2181" in repr(inner(backend))
 

@@ -92,6 +92,35 @@ async def test_zookeeper_is_safe_when_the_holder_is_cut_off(
     assert report.losses >= 1 and report.worst_stop_latency is not None, report.line()
 
 
+@pytest.mark.parametrize(
+    ("form", "anyio_backend"),
+    [
+        pytest.param("semaphore", "asyncio", id="semaphore-asyncio"),
+        pytest.param("rw", "trio", id="rw-trio"),
+    ],
+)
+async def test_zookeeper_permits_are_safe_when_a_holder_is_paused(
+    tmp_path: Path, anyio_backend: str, zk_url: str, form: str
+) -> None:
+    """Semaphore (limit 2 of 4 workers): never more than two bodies at once outside a
+    pause. Read-write: a writer never with anyone outside a pause. A holder stopped
+    past the session timeout loses its permit (its node goes with its session) and
+    its body ends with ``LeaseLostError``; the fence refuses a stale writer's writes."""
+    options: dict[str, Any] = {"limit": 2} if form == "semaphore" else {"rw": True}
+    report = await short_run(
+        zk_url,
+        Fault.SIGSTOP,
+        anyio_backend,
+        tmp_path,
+        fault_length=2.5 * TTL,
+        **options,
+    )
+    print(report.line())
+    assert report.applicable, report.reason
+    assert_safe(report, min_acquisitions=2)
+    assert report.losses >= 1 and report.faults >= 1, report.line()
+
+
 @pytest.fixture
 async def ensemble(aiolease_server: Callable[[str], str]) -> AsyncIterator[str]:
     """The ensemble's URL; every member serves again, with a leader, afterwards."""
