@@ -305,7 +305,7 @@ async def test_a_storm_of_cancelled_acquires_leaves_nothing_held(target: Target)
 # -- permits: a read-write lock under the same storm ----------------------------------------
 
 #: The backends that serve permits (Capability.SEMAPHORE); their targets as above.
-PERMIT_KINDS = ["memory", "sqlite", "postgres", "mysql", "redis", "etcd", "mongo"]
+PERMIT_KINDS = ["memory", "sqlite", "postgres", "mysql", "redis", "etcd", "mongo", "zookeeper"]
 
 
 @pytest.fixture
