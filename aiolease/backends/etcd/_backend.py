@@ -1021,7 +1021,7 @@ class _Turn:
 
     def accept(self, event: Any) -> bool:
         """Whether ``event`` (a watch event, with its previous key-value) ends the wait."""
-        deleted = event.type == rpc.Event.DELETE
+        deleted: bool = event.type == rpc.Event.DELETE
         kv = event.prev_kv if deleted else event.kv
         if kv.create_revision == self.mine:
             return deleted  # its own queue key: gone (ask again), or its own put
