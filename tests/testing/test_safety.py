@@ -296,6 +296,26 @@ def test_records_are_read_back_and_joined(tmp_path: Path) -> None:
     assert len(records.problems) == 1 and "unreadable" in records.problems[0]
 
 
+def test_a_lease_that_ended_before_its_body_started_is_no_problem(tmp_path: Path) -> None:
+    """A holder paused between its grant and its body: its loss callback writes "end"
+    before the body writes "start" (a MongoDB rw run once failed on this); and a lease
+    that ended before any body ran has an "end" and an "outcome" but no "start"."""
+    lines = [
+        {"kind": "end", "pid": 7, "token": 3, "reason": "expired", "at": 1.1},
+        {"kind": "start", "pid": 7, "token": 3, "attempt": 0.5, "start": 1.2},
+        {"kind": "stop", "pid": 7, "token": 3, "stop": 1.3},
+        {"kind": "outcome", "pid": 7, "token": 3, "outcome": "lost", "error": "LeaseLostError"},
+        {"kind": "end", "pid": 7, "token": 4, "reason": "expired", "at": 2.0},
+        {"kind": "outcome", "pid": 7, "token": 4, "outcome": "lost", "error": "LeaseLostError"},
+        {"kind": "stop", "pid": 7, "token": 5, "stop": 3.0},
+    ]  # fmt: skip
+    path = tmp_path / "worker-0.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    records = read_records([path])
+    assert records.holds == (Hold(7, 3, 0.5, 1.2, 1.3, "lost", "LeaseLostError", "expired", 1.1),)
+    assert len(records.problems) == 1 and "stop of a body that never started" in records.problems[0]
+
+
 # -- the fence ----------------------------------------------------------------------------
 
 

@@ -173,6 +173,7 @@ def read_records(paths: Iterable[Path]) -> Records:
     writes: list[Write] = []
     acquire_errors = 0
     problems: list[str] = []
+    later: list[tuple[str, int, str, tuple[int, int], dict[str, Any]]] = []
     for path, number, line in _lines(paths):
         try:
             rec = json.loads(line)
@@ -186,18 +187,24 @@ def read_records(paths: Iterable[Path]) -> Records:
         elif kind == "start":
             holds[key] = dict(rec)
         elif kind in ("stop", "end", "outcome"):
-            if key not in holds:
-                problems.append(f"{path.name}:{number}: {kind} of a body that never started")
-                continue
-            rec.pop("pid")
-            rec.pop("token")
-            if kind == "end":
-                rec = {"reason": rec["reason"], "ended_at": rec["at"]}
-            holds[key].update(rec)
+            later.append((path.name, number, kind, key, rec))
         elif kind == "acquire_error":
             acquire_errors += 1
         else:
             problems.append(f"{path.name}:{number}: unknown record kind {kind!r}")
+    # Joined once every start is known: a lease may end (its loss callback writes
+    # "end") before its body starts, when the holder is paused between the grant and
+    # the body; such a lease had no body, and its "end" or "outcome" belongs to none.
+    for file, number, kind, key, rec in later:
+        if key not in holds:
+            if kind == "stop":
+                problems.append(f"{file}:{number}: stop of a body that never started")
+            continue
+        rec.pop("pid")
+        rec.pop("token")
+        if kind == "end":
+            rec = {"reason": rec["reason"], "ended_at": rec["at"]}
+        holds[key].update(rec)
     return Records(
         tuple(Hold(**h) for h in holds.values()), tuple(writes), acquire_errors, tuple(problems)
     )
