@@ -12,7 +12,9 @@ For each backend (``--backends``, default every one whose server answers) prints
   the more objects are alive, so a few acquires of the last fifth wait tens of ms for
   one (the mean shows them, the median does not);
 * **us CPU / lease / s**: this process's CPU time (``time.process_time``) over the
-  hold window, per second and per lease held. Target: <= 5 us;
+  hold window, per second and per lease held. Target: <= 5 us, at 10,000 leases (with
+  fewer, as ``--quick`` holds, each tick's fixed cost is shared by fewer leases: the
+  figure is printed, not judged);
 * **CPU s/s**: the same, not divided by the leases (what a ``top`` shows);
 * **renew calls/s**: calls into the backend's ``renew``/``renew_many`` per second of
   the hold window (one batched call per tick is the shape to reach);
@@ -50,6 +52,9 @@ from aiolease.abc import Backend
 TTL = 3.0
 #: Targets of the issue's table.
 MAX_CPU_US = 5.0
+#: The number of leases the CPU target is set for (the issue's). With fewer (--quick),
+#: each tick's fixed cost is shared by fewer leases: the figure is printed, not judged.
+CPU_TARGET_LEASES = 10_000
 MAX_ACQUIRE_GROWTH = 1.5
 
 DEFAULT_URLS = {
@@ -88,13 +93,15 @@ class Result:
         return self.lost_holding + self.lost_at_end
 
     @property
-    def checks(self) -> tuple[bool, bool, bool]:
-        """Whether each target is met: CPU per lease, acquire growth, nothing lost."""
-        return (self.cpu_us <= MAX_CPU_US, self.growth <= MAX_ACQUIRE_GROWTH, self.lost == 0)
+    def checks(self) -> tuple[bool | None, bool, bool]:
+        """Whether each target is met: CPU per lease (``None``: not judged, fewer leases
+        than :data:`CPU_TARGET_LEASES`), acquire growth, nothing lost."""
+        cpu_ok = self.cpu_us <= MAX_CPU_US if self.leases >= CPU_TARGET_LEASES else None
+        return (cpu_ok, self.growth <= MAX_ACQUIRE_GROWTH, self.lost == 0)
 
     @property
     def ok(self) -> bool:
-        return all(self.checks)
+        return all(check is not False for check in self.checks)
 
 
 class Pauses:
@@ -215,7 +222,11 @@ def print_table(results: Sequence[Result]) -> None:
     for r in results:
         figure = f"{r.leases} leases held in one process, ttl {TTL:g} s"
         cpu_ok, growth_ok, lost_ok = r.checks
-        target = f"<= {MAX_CPU_US:g}"
+        target = (
+            f"<= {MAX_CPU_US:g}"
+            if cpu_ok is not None
+            else f"<= {MAX_CPU_US:g} at {CPU_TARGET_LEASES:,}"
+        )
         record(r.backend, figure, "CPU per lease", r.cpu_us, "us/lease/s", target=target, ok=cpu_ok)
         record(r.backend, figure, "CPU", r.cpu_s, "CPU s/s")
         record(r.backend, figure, "acquire p50, first fifth", r.first_p50_ms, "ms")
@@ -264,6 +275,11 @@ def print_table(results: Sequence[Result]) -> None:
         f" last fifth <= {MAX_ACQUIRE_GROWTH:g}x the first fifth's, 0 lost while held + 0 when"
         " all end at once; PASS: all three)"
     )
+    if any(r.leases < CPU_TARGET_LEASES for r in results):
+        print(
+            f"  (the CPU target is set for {CPU_TARGET_LEASES:,} leases: with fewer, each"
+            " tick's fixed cost is shared by fewer leases, and the figure is not judged)"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
