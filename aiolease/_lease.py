@@ -144,12 +144,31 @@ class Lease(metaclass=_NoPublicConstructor):
     from an older holder (fencing).
     """
 
-    # Class defaults (set per lease only by a lock or elector that has the limit): a
-    # grant costs nothing more without them.
-    #: ``max_hold``: not renewed from then on (:mod:`aiolease._limits`); ``None``: no limit.
-    _hold_until: float | None = None
-    #: ``min_hold``: a release before then leaves the grant until then (``_limits``).
-    _keep_until: float | None = None
+    # Slots: a process may hold many thousands, and the renewal scheduler touches each
+    # every renew interval; a lease without a ``__dict__`` is smaller and faster to reach.
+    __slots__ = (
+        "__weakref__",
+        "_acquired_at",
+        "_backend",
+        "_callbacks",
+        "_clock",
+        "_deadline",
+        "_ended",
+        "_events",
+        "_hold_until",
+        "_identity",
+        "_keep_until",
+        "_metadata",
+        "_name",
+        "_owner",
+        "_reason",
+        "_renew_at",
+        "_renewals",
+        "_timing",
+        "_token",
+        "_unconfirmed",
+        "_warned",
+    )
 
     def __init__(
         self,
@@ -183,6 +202,10 @@ class Lease(metaclass=_NoPublicConstructor):
         self._unconfirmed = False  # a renewal was sent since the last confirmation
         self._renewals = 0
         self._warned = False
+        #: ``max_hold``: not renewed from then on (:mod:`aiolease._limits`); ``None``: no limit.
+        self._hold_until: float | None = None
+        #: ``min_hold``: a release before then leaves the grant until then (``_limits``).
+        self._keep_until: float | None = None
 
     def __repr__(self) -> str:
         state = self._reason.value if self._reason else f"{self.remaining:.3f}s left"

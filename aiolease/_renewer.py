@@ -171,10 +171,12 @@ class _Cohort:
     Its ``renewals`` (the call's argument, and the shortest renew interval among them)
     are made once and handed to every call that renews exactly its members again, as
     long as none of them ends or is answered apart: a backend may keep what it derives
-    from them (:attr:`HeldRenewals.cache`) for the next tick.
+    from them (:attr:`HeldRenewals.cache`) for the next tick. So is its ``floor``: no
+    member's deadline is earlier (deadlines only move later), so the call's entry may
+    sit there rather than at a minimum taken over the members on every tick.
     """
 
-    __slots__ = ("bound", "in_flight", "members", "renewals", "version")
+    __slots__ = ("bound", "floor", "in_flight", "members", "renewals", "version")
 
     def __init__(
         self,
@@ -189,6 +191,7 @@ class _Cohort:
         self.version = 0
         self.renewals = renewals
         self.bound = bound
+        self.floor = -math.inf
 
 
 _Item = _Renewed | _Group | _Cohort
@@ -442,9 +445,14 @@ class Renewer:
             self._renewals += len(batch)
             in_flight = _Cohort(batch, in_flight=True)
             if reuse is not None and len(batch) == len(reuse.members):
-                # Exactly its members, in order: the renewals made for them still hold.
+                # Exactly its members, in order: the renewals made for them still hold,
+                # and so does the floor of their deadlines.
                 in_flight.renewals, in_flight.bound = reuse.renewals, reuse.bound
-            self._push(in_flight, min(r.lease._deadline for r in batch))
+                in_flight.floor = reuse.floor
+            if in_flight.floor > -math.inf:
+                self._push(in_flight, in_flight.floor)
+            else:
+                self._push(in_flight, min(r.lease._deadline for r in batch))
             tg.start_soon(self._renew_many, in_flight, renewing, now)
         return True
 
@@ -695,6 +703,7 @@ class Renewer:
         failed = results.failed
         grant_sent = results.sent_at
         cohorts: dict[float, list[_Renewed]] = {}
+        floors: dict[float, float] = {}  # per cohort, the earliest deadline given
         timing: Timing | None = None
         deadline = renew_at = 0.0
         members: list[_Renewed] = []
@@ -710,6 +719,7 @@ class Renewer:
                 deadline = timing._deadline_after(sent_at, grant)
                 renew_at = timing._renewal_after(sent_at, grant)
                 members = cohorts.setdefault(renew_at, [])
+                floors[renew_at] = min(floors.get(renew_at, deadline), deadline)
             # lease._confirm_at(deadline, renew_at), inlined (once per lease per tick):
             if deadline > lease._deadline:
                 lease._deadline = deadline
@@ -726,6 +736,7 @@ class Renewer:
             if not members:
                 continue
             cohort = _Cohort(members, in_flight=False)
+            cohort.floor = floors[next_at]
             if len(members) == len(batch):  # all of them, in order: the same renewals
                 cohort.renewals, cohort.bound = in_flight.renewals, in_flight.bound
             for renewed in members:

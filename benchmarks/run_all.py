@@ -207,7 +207,8 @@ def main() -> int:
     failed = []
     for script in scripts(args.only):
         for _ in range(runs):
-            rows, _took, status = run_one(script, args.quick)
+            rows, took, status = run_one(script, args.quick)
+            print(f"run_all: {script} took {took:.0f} s", file=sys.stderr, flush=True)
             collected.append(rows)
             if status != 0:
                 failed.append(script)

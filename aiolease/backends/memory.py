@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 
+from .._checked import derived
 from .._clock import current_time
 from .._exceptions import InvalidArgument, LimitMismatchError, LossReason, NotOwnerError
 from .._records import state_of
@@ -87,6 +88,11 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
                 f"memory backend option {key!r} is unknown; known: {', '.join(OPTIONS)}"
             )
     return options
+
+
+def _locks_only(renewals: Sequence[Renewal]) -> bool:
+    """Whether no renewal of ``renewals`` is a permit's."""
+    return not any(is_permit_owner(owner) for _, owner, _, _ in renewals)
 
 
 class MemoryBackend(Backend):
@@ -215,6 +221,16 @@ class MemoryBackend(Backend):
         now = self._clock()
         records = self._records
         failed: dict[int, NotOwnerError] = {}
+        if derived(renewals, "memory-locks", _locks_only):  # (usually: no permit to tell)
+            for index, (name, owner, token, ttl) in enumerate(renewals):
+                record = records.get(name)
+                if record is not None and record.expires_at <= now:
+                    record = self._live(name)  # expired: dropped, and waiters told
+                if record is None or record.owner != owner or record.token != token:
+                    failed[index] = NotOwnerError(name)
+                else:
+                    record.expires_at = now + ttl
+            return RenewedAsAsked(renewals, failed=failed)
         for index, (name, owner, token, ttl) in enumerate(renewals):
             if is_permit_owner(owner):
                 try:

@@ -18,7 +18,16 @@ from ..._exceptions import NotOwnerError
 from ...abc import Grant, Renewal, RenewedAsAsked
 from .._asyncio import now
 
-__all__ = ["Held", "Key", "RenewBatcher", "SendBatch", "SendMany", "renew_held", "renew_many_held"]
+__all__ = [
+    "Held",
+    "Key",
+    "RenewBatcher",
+    "Renewed",
+    "SendBatch",
+    "SendMany",
+    "renew_held",
+    "renew_many_held",
+]
 
 #: A lease as the renewal batcher knows it: (name, owner, token).
 Key = tuple[str, str, int]
@@ -216,13 +225,26 @@ class RenewBatcher:
                 del self._renewals[key]
 
 
+class Renewed:
+    """When the newest statement that renewed one list of the core's
+    (:class:`~aiolease._checked.HeldRenewals`, tick after tick) was sent: one time for
+    all the grants that list renews, so that a tick updates no grant of its own."""
+
+    __slots__ = ("sent_at",)
+
+    def __init__(self) -> None:
+        self.sent_at = -math.inf
+
+
 @dataclass(slots=True)
 class Held:
     """A grant made through a backend, as it knows it without a statement.
 
     The row stays ``owner``'s at least until ``sent_at + ttl``: ``sent_at`` is when the
     newest statement that granted or renewed it was sent (before the server read its
-    clock). Each backend adds what it answers from it (see its ``Held``).
+    clock): its own ``own_sent_at``, or that of the list of renewals it rides on
+    (``batch``), whichever is later. Each backend adds what it answers from it (see
+    its ``Held``).
     """
 
     owner: str
@@ -230,7 +252,24 @@ class Held:
     identity: str
     meta: str
     ttl: float
-    sent_at: float
+    own_sent_at: float
+    batch: Renewed | None = field(default=None, kw_only=True)
+
+    @property
+    def sent_at(self) -> float:
+        batch = self.batch
+        if batch is None or batch.sent_at < self.own_sent_at:
+            return self.own_sent_at
+        return batch.sent_at
+
+    @sent_at.setter
+    def sent_at(self, value: float) -> None:
+        self.own_sent_at = value
+
+    def ride(self, batch: Renewed | None) -> None:
+        """From now on, take the send times of ``batch``'s statements (``None``: none)."""
+        self.own_sent_at = self.sent_at
+        self.batch = batch
 
 
 H = TypeVar("H", bound=Held)
@@ -256,6 +295,23 @@ def _all_live(renewals: Sequence[Renewal]) -> bool:
     return all(token >= 1 for _, _, token, _ in renewals)
 
 
+def _ride(held: dict[str, H], renewals: Sequence[Renewal]) -> tuple[Renewed, list[tuple[H, float]]]:
+    """The send time of ``renewals``' statements, which every grant of ``held`` that
+    they renew with its own ttl takes from now on; and the grants they renew with
+    another ttl (rare), each with that ttl, to be kept in step one by one."""
+    batch = Renewed()
+    others: list[tuple[H, float]] = []
+    get = held.get
+    for name, owner, token, ttl in renewals:
+        known = get(name)
+        if known is not None and known.owner == owner and known.token == token:
+            if known.ttl == ttl:
+                known.ride(batch)
+            else:
+                others.append((known, ttl))
+    return batch, others
+
+
 async def renew_many_held(
     batcher: RenewBatcher, send: SendMany, held: dict[str, H], renewals: Sequence[Renewal]
 ) -> RenewedAsAsked:
@@ -265,6 +321,7 @@ async def renew_many_held(
     sends them all (the usual case), so that it may keep what it derives from the
     core's list (:func:`~aiolease._checked.derived`)."""
     sent_at = now()
+    batch, others = derived(renewals, "sql-held", lambda renewals: _ride(held, renewals))
     if derived(renewals, "sql-live", _all_live):
         due: Sequence[Renewal] = renewals
         not_renewed: set[Key] = set()
@@ -274,6 +331,14 @@ async def renew_many_held(
     if due:
         batcher.statements += 1
         not_renewed |= await send(due)
+    if sent_at > batch.sent_at:  # (those not renewed are dropped from ``held`` below)
+        batch.sent_at = sent_at
+    if not not_renewed:  # the usual answer: no grant to update but those of another ttl
+        for other, ttl in others:
+            other.ttl = ttl
+            if sent_at > other.sent_at:
+                other.sent_at = sent_at
+        return RenewedAsAsked(renewals, sent_at)
     failed: dict[int, NotOwnerError] = {}
     get = held.get
     for index, (name, owner, token, ttl) in enumerate(renewals):
@@ -306,5 +371,6 @@ async def renew_held(
     if sent_at is None:
         raise NotOwnerError(name)
     if known is not None:
+        known.ride(None)  # (its ttl may change: no batch's statement speaks for it now)
         known.ttl, known.sent_at = float(ttl), max(known.sent_at, sent_at)
     return Grant(token, ttl, sent_at=sent_at)

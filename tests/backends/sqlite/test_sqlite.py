@@ -17,6 +17,7 @@ import pytest
 
 import aiolease
 from aiolease import AsyncLock, BackendTimeout, BackendUnavailable, InvalidArgument
+from aiolease._checked import HeldRenewals
 from aiolease.abc import Capability, Grant, HolderInfo
 from aiolease.backends.sqlite import SQLiteBackend
 
@@ -134,6 +135,46 @@ async def test_renew_refused_to_others_and_after_expiry(
         await backend.renew("job", "o1", g.token, TTL)
     assert info.value.name == "job"
     assert await backend.read("job") is None  # an expired record is not revived
+
+
+@pytest.mark.anyio
+async def test_renew_many_of_one_ttl_checks_each_owner_and_token(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    """The usual batch (distinct names, one ttl) is sent as one JSON object keyed by
+    name: each renewal still renews only its owner's grant of its token; a name twice
+    in one batch (an old grant and the new one) is answered per renewal too."""
+    a, b, c = 'a "q": {x}', "b:1", "c"
+    ga, gb, gc = (
+        await grant(backend, "o:1", a),
+        await grant(backend, "o2", b),
+        await grant(backend, "o3", c),
+    )
+    clock.now += 2
+    renewals = HeldRenewals()
+    renewals.extend(
+        [
+            (a, "o:1", ga.token, TTL),  # the owner's: renewed
+            (b, "o2", gb.token + 1, TTL),  # another token
+            (c, "o3:" + str(gc.token), gc.token, TTL),  # another owner, look-alike text
+            ("free", "o4", 1, TTL),
+        ]
+    )
+    for _ in range(2):  # the second call reuses what the first derived from the list
+        results = list(await backend.renew_many(renewals))
+        assert isinstance(results[0], Grant) and results[0].token == ga.token
+        assert [type(r) for r in results[1:]] == [aiolease.NotOwnerError] * 3
+        assert [r.name for r in results[1:]] == [b, c, "free"]  # type: ignore[union-attr]
+    assert renewals.cache["sqlite"][0].keyed  # type: ignore[index]  # the keyed form
+    remaining = {}
+    for name in (a, b, c):
+        holder = await backend.read(name)
+        assert holder is not None
+        remaining[name] = holder.remaining
+    assert remaining == pytest.approx({a: TTL, b: TTL - 2, c: TTL - 2})
+    twice = [(a, "o:1", ga.token, TTL), (a, "o0", ga.token - 1, TTL)]
+    results = list(await backend.renew_many(twice))
+    assert isinstance(results[0], Grant) and isinstance(results[1], aiolease.NotOwnerError)
 
 
 @pytest.mark.anyio
