@@ -81,6 +81,7 @@ from ..abc import (
     RenewResult,
     is_permit_owner,
 )
+from ._priority import PriorityLock
 from ._sqlite_permits import PERMIT_LIVE, PermitTables, wakeup_key
 from .sql._rows import check_token, foreign, row_holder
 
@@ -337,7 +338,7 @@ class SQLiteBackend(Backend):
         self._busy_timeout = check_seconds("busy_timeout", busy_timeout, allow_zero=True)
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         self._path = _check_path(path)
-        self._lock = anyio.Lock()
+        self._lock = PriorityLock()
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         # Host time; tests replace these to move time or simulate a reboot.
@@ -382,7 +383,7 @@ class SQLiteBackend(Backend):
         :raises InvalidArgument: the file cannot be opened or is not a SQLite database
         :raises BackendTimeout: another process kept the database locked
         """
-        async with self._lock:
+        async with self._lock.hold():
             await self._connection()
 
     async def _connection(self) -> sqlite3.Connection:
@@ -420,8 +421,10 @@ class SQLiteBackend(Backend):
             raise
         return conn
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        async with self._lock:
+    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, urgent: bool = False) -> T:
+        """Run ``fn`` on the connection in a worker thread, one call at a time; an
+        ``urgent`` call (a renewal) goes before the calls waiting without it."""
+        async with self._lock.hold(urgent=urgent):
             conn = await self._connection()
             try:
                 return await anyio.to_thread.run_sync(fn, conn)
@@ -634,7 +637,7 @@ class SQLiteBackend(Backend):
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         renew = self._permits.renew if is_permit_owner(owner) else self._renew_sync
-        if not await self._run(lambda conn: renew(conn, name, owner, token, ttl)):
+        if not await self._run(lambda conn: renew(conn, name, owner, token, ttl), urgent=True):
             raise NotOwnerError(name)
         return Grant(token, ttl)
 
@@ -652,7 +655,7 @@ class SQLiteBackend(Backend):
                 return renewed, None
             return renewed, self._renew_many_sync(conn, permits, permits=True)
 
-        renewed_locks, renewed_permits = await self._run(renew)
+        renewed_locks, renewed_permits = await self._run(renew, urgent=True)
         if renewed_locks is None and renewed_permits is None:
             return RenewedAsAsked(renewals)
         failed: dict[int, NotOwnerError] = {}
@@ -715,7 +718,7 @@ class SQLiteBackend(Backend):
     async def aclose(self) -> None:
         """Close the connection. Idempotent."""
         with anyio.CancelScope(shield=True):
-            async with self._lock:
+            async with self._lock.hold(urgent=True):
                 self._closed = True
                 conn, self._conn = self._conn, None
                 if conn is not None:

@@ -6,6 +6,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import closing
@@ -637,3 +638,43 @@ async def test_lease_of_a_killed_process_passes_on_after_its_ttl(db: Path) -> No
             assert ttl * 2 / 3 - 0.1 <= elapsed <= ttl + 1
             assert lease.token > crashed_token
             assert await lease.release()
+
+
+# -- renewals before everything else -------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_renewal_goes_before_the_calls_waiting_for_the_connection(
+    backend: SQLiteBackend,
+) -> None:
+    """One connection serves every call, one at a time. A renewal that arrives behind
+    a burst of acquires goes first: in FIFO order it waited for all of them, and 882
+    of 1,000 leases (ttl 1 s) acquired at once ran out before their renewals."""
+    held = await grant(backend, "holder", "held")
+    busy, done = threading.Event(), []
+    blocker = anyio.Event()
+
+    async def block() -> None:  # keeps the connection until told
+        blocker.set()
+        await backend._run(lambda conn: busy.wait(10))
+
+    async def acquire(i: int) -> None:
+        await grant(backend, f"o{i}", f"n{i}")
+        done.append(f"acquire {i}")
+
+    async def renew() -> None:
+        renewals = HeldRenewals()
+        renewals.append(("held", "holder", held.token, TTL))
+        await backend.renew_many(renewals)
+        done.append("renew")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(block)
+        await blocker.wait()
+        for i in range(20):
+            tg.start_soon(acquire, i)
+        await anyio.wait_all_tasks_blocked()  # the acquires wait for the connection
+        tg.start_soon(renew)
+        await anyio.wait_all_tasks_blocked()
+        busy.set()
+    assert done[0] == "renew" and len(done) == 21
