@@ -310,16 +310,8 @@ class ZooKeeperBackend(Backend):
         """Create ``owner``'s contender node and list the queue (one round trip)."""
         path = self._wire.path(self._layout.new_node(name, owner))
         parent = self._wire.path(self._layout.name_node(name))
-        create = self._wire.create(path, data, sequence=True, ephemeral=True, container=False)
         self._unsure.add((name, owner))
-        created, listed = await self._wire.send(create, self._wire.children(parent))
-        if isinstance(created, Exception):  # no name node yet (or a container reaped)
-            await self._wire.send(
-                self._wire.create(parent, b"", sequence=False, ephemeral=False, container=True)
-            )
-            created, listed = await self._wire.send(create, self._wire.children(parent))
-            if isinstance(created, Exception):
-                raise BackendUnavailable(f"ZooKeeper: cannot create a node for {name!r}")
+        created, listed = await self._wire.create_and_list(path, parent, data)
         node = created.path.rsplit("/", 1)[1]
         entry = Entry(
             name,

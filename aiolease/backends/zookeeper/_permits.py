@@ -191,16 +191,8 @@ class Permits:
         """Create ``owner``'s node and list the name's (one round trip)."""
         path = self.wire.path(self.layout.new_node(name, owner, limit, weight))
         parent = self.wire.path(self.layout.permits_node(name))
-        create = self.wire.create(path, data, sequence=True, ephemeral=True, container=False)
         self.unsure.add((name, owner))
-        created, listed = await self.wire.send(create, self.wire.children(parent))
-        if isinstance(created, Exception):  # no permits node yet (or a container reaped)
-            await self.wire.send(
-                self.wire.create(parent, b"", sequence=False, ephemeral=False, container=True)
-            )
-            created, listed = await self.wire.send(create, self.wire.children(parent))
-            if isinstance(created, Exception):
-                raise BackendUnavailable(f"ZooKeeper: cannot create a permit node for {name!r}")
+        created, listed = await self.wire.create_and_list(path, parent, data)
         node = created.path.rsplit("/", 1)[1]
         entry = Entry(
             name,

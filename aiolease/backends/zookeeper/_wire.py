@@ -284,6 +284,26 @@ class Wire:
     # The requests the backend makes (see ._codec).
     create = staticmethod(codec.create)
     children = staticmethod(codec.children)
+
+    async def create_and_list(self, path: str, parent: str, data: bytes) -> tuple[Any, Any]:
+        """Create the ephemeral sequential node ``path`` under ``parent`` (a container
+        node, made first if it is missing or was reaped) and list ``parent``'s children,
+        in one round trip when ``parent`` exists: the create's and the listing's
+        responses (the listing's may be an expected error).
+
+        :raises BackendUnavailable: the node cannot be created
+        """
+        create = self.create(path, data, sequence=True, ephemeral=True, container=False)
+        created, listed = await self.send(create, self.children(parent))
+        if isinstance(created, Exception):  # no parent node yet (or a container reaped)
+            await self.send(
+                self.create(parent, b"", sequence=False, ephemeral=False, container=True)
+            )
+            created, listed = await self.send(create, self.children(parent))
+            if isinstance(created, Exception):
+                raise BackendUnavailable(f"ZooKeeper: cannot create a node under {parent!r}")
+        return created, listed
+
     get = staticmethod(codec.get)
     exists = staticmethod(codec.exists)
     set_data = staticmethod(codec.set_data)
