@@ -8,7 +8,7 @@ import json
 import logging
 import math
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
@@ -818,8 +818,11 @@ class EtcdBackend(Backend):
         """One attempt; ``None``: the keys changed under it (decide again)."""
         identity, metadata, limit, weight = request
         start = self._layout.permit_start(name)
-        reply = await self._wire.range(self._layout.permits(name))
-        kvs, revision = reply.kvs, int(reply.header.revision)
+        # First as if the name had no key: the put's guard ("no key created before
+        # revision 1") checks that on the server, and its failure answers with the keys.
+        # An uncontended acquire is then one round trip, not a range and a txn.
+        kvs: Sequence[Any] = ()
+        revision = 0
         lost = 0  # puts of a permit key that lost the race to another request's key
         for _ in range(8):
             self._check_open()
@@ -868,7 +871,7 @@ class EtcdBackend(Backend):
             )
             self._check_open()
             if not put.succeeded:
-                lost += grant
+                lost += grant and revision > 0  # (not the first, blind try)
                 kvs = put.responses[0].response_range.kvs
                 revision = int(put.header.revision)
                 continue
