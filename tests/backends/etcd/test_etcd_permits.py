@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 
 import anyio
 import pytest
 
 from aiolease import AsyncSemaphore, ForeignDataError, LeaseLostError, LossReason
 from aiolease.abc import Grant, HolderInfo, permit_owner
-from tests.backends.etcd.support import WAIT, Gateway, inner, opener, raises
+from tests.backends.etcd.support import (
+    WAIT,
+    Gateway,
+    inner,
+    open_etcd,
+    opener,
+    private_etcd,
+    raises,
+    unique_prefix,
+)
 
 pytestmark = pytest.mark.anyio
 LONG = 30.0
@@ -162,3 +172,19 @@ async def test_a_storm_of_requests_is_served_without_giving_up(
                     tg.start_soon(task, i)
         assert peak <= 2
         assert sorted(served) == sorted(list(range(32)) * 8)
+
+
+async def test_an_uncontended_permit_acquire_is_one_txn(anyio_backend: str, tmp_path: Path) -> None:
+    """One round trip, as a lock's: a txn guarded on the name having no key (it was a
+    range, then a txn). A node of the test's own: its request counters are the test's."""
+    async with private_etcd(tmp_path / "etcd") as etcd:
+        gateway = Gateway(etcd.url)
+        async with open_etcd(etcd.url, prefix=unique_prefix()) as backend:
+            warm = await backend.try_acquire_permit("warm", permit_owner(), LONG, "h", {}, 2, 1)
+            assert isinstance(warm, Grant)  # the session lease exists from here
+            before = await gateway.requests()
+            grant = await backend.try_acquire_permit("free", permit_owner(), LONG, "h", {}, 2, 1)
+            after = await gateway.requests()
+    assert isinstance(grant, Grant)
+    sent = {m: after.get(m, 0) - before.get(m, 0) for m in ("Range", "Txn")}
+    assert sent == {"Range": 0, "Txn": 1}
