@@ -20,6 +20,7 @@ from typing import Any
 from .._exceptions import LimitMismatchError
 from .._permits import PermitHolders
 from ..abc import Grant, HolderInfo
+from .sql._permits import permit_row
 
 __all__ = ["PERMIT_LIVE", "PermitTables", "wakeup_key"]
 
@@ -58,12 +59,23 @@ class PermitTables:
         return {"name": name, "now": now, "boot": self._boot_id(), **extra}
 
     def rows(self, conn: sqlite3.Connection, name: str, now: float) -> list[tuple[Any, ...]]:
-        """The live rows of ``name``'s permits, held and queued, in arrival order."""
-        return conn.execute(
+        """The live rows of ``name``'s permits, held and queued, in arrival order.
+
+        :raises ForeignDataError: a row holds what aiolease would not have written (it
+            is left as it is, and nothing is granted over it)
+        """
+        found = conn.execute(
             f"SELECT {_COLUMNS} FROM {self.permits}"
             f" WHERE name = :name AND {PERMIT_LIVE} ORDER BY seq",
             self._params(name, now),
         ).fetchall()
+        for owner, weight, lim, granted, seq, token, identity, metadata, expires in found:
+            left = expires - now if isinstance(expires, (int, float)) else expires
+            permit_row(
+                repr(self.permits), name, owner, weight, lim, granted, seq, token, identity,
+                metadata, left,
+            )  # fmt: skip
+        return found
 
     def _next(self, conn: sqlite3.Connection, name: str, column: str) -> int:
         """The next value of ``name``'s token counter or queue sequence (``column``)."""

@@ -4,12 +4,15 @@ suite's checks."""
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import anyio
 import pytest
 
-from aiolease import AsyncReadWriteLock, AsyncSemaphore
+from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError
+from aiolease.abc import Grant, permit_owner
 from aiolease.backends.sqlite import SQLiteBackend
 
 pytestmark = pytest.mark.anyio
@@ -46,3 +49,35 @@ async def test_permit_tokens_survive_a_reopen(tmp_path: Path) -> None:
     async with SQLiteBackend(path) as backend:
         async with AsyncSemaphore(backend, "s", limit=3, ttl=10) as permit:
             assert permit.token > first
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("owner", "'intruder'"), ("weight", "0"), ("metadata", "'not json'"), ("token", "'x'")],
+)
+async def test_a_foreign_permit_row_is_refused_and_left_alone(
+    tmp_path: Path, column: str, value: str
+) -> None:
+    """A row aiolease would not have written in the permits table: reading and asking
+    raise ForeignDataError naming the name, and the row stays as it was."""
+    path = tmp_path / "leases.db"
+    async with SQLiteBackend(path) as backend:
+        owner = permit_owner()
+        granted = await backend.try_acquire_permit("s", owner, 60, "p", {}, 2, 1)
+        assert isinstance(granted, Grant)
+        with closing(sqlite3.connect(path)) as raw, raw:
+            raw.execute(f"UPDATE aiolease_leases_permits SET {column} = {value}")
+        before = _rows(path)
+        for attempt in (
+            lambda: backend.read_permits("s"),
+            lambda: backend.try_acquire_permit("s", permit_owner(), 60, "p", {}, 2, 1),
+        ):
+            with pytest.raises(ForeignDataError, match="not written by aiolease") as caught:
+                await attempt()
+            assert caught.value.name == "s"
+        assert _rows(path) == before
+
+
+def _rows(path: Path) -> list[tuple[object, ...]]:
+    with closing(sqlite3.connect(path)) as raw:
+        return raw.execute("SELECT * FROM aiolease_leases_permits").fetchall()
