@@ -49,6 +49,12 @@ __all__ = ["Entry", "Session", "SessionStats", "Sessions"]
 
 logger = logging.getLogger("aiolease.backends.etcd")
 
+#: How many names' (or requests') last reads a backend remembers (for ``wait_changed``
+#: and the like); the oldest are dropped past it.
+SEEN_LIMIT = 4096
+#: A queued attempt (fair mode, or a queued permit request) is dropped after this many
+#: ttls without a retry.
+QUEUE_HORIZON = 2.0
 #: First retry delay after a failed keepalive (doubles up to a third of the TTL).
 RETRY_MIN = 0.05
 #: How many ids to try when the server reports a lease id as taken.
