@@ -313,15 +313,14 @@ class ZooKeeperBackend(Backend):
         self._unsure.add((name, owner))
         created, listed = await self._wire.create_and_list(path, parent, data)
         node = created.path.rsplit("/", 1)[1]
-        entry = Entry(
+        entry = Entry.created(
             name,
             owner,
-            int(created.stat.created_zxid),
-            int(node.rpartition("-")[2]),  # ours: the listing below checks every node
+            created,
             self._layout.path(name, node),
             self._wire.session_id,
             horizon,
-            data=data,
+            data,
         )
         self._keeper.attach(entry)
         self._unsure.discard((name, owner))

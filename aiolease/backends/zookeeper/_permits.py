@@ -194,15 +194,8 @@ class Permits:
         self.unsure.add((name, owner))
         created, listed = await self.wire.create_and_list(path, parent, data)
         node = created.path.rsplit("/", 1)[1]
-        entry = Entry(
-            name,
-            owner,
-            int(created.stat.created_zxid),
-            int(node.rpartition("-")[2]),  # ours: the listing below checks every node
-            self.layout.path(name, node),
-            self.wire.session_id,
-            horizon,
-            data=data,
+        entry = Entry.created(
+            name, owner, created, self.layout.path(name, node), self.wire.session_id, horizon, data
         )
         self.keeper.attach(entry)
         self.unsure.discard((name, owner))

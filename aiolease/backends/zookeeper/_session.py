@@ -24,6 +24,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..._exceptions import BackendError, LossReason
 from .._asyncio import now, retrieve, wait_until
@@ -60,6 +61,24 @@ class Entry:
     predecessor: str | None = None
     #: The node's data (identity and metadata), as written.
     data: bytes = b""
+
+    @classmethod
+    def created(
+        cls,
+        name: str,
+        owner: str,
+        reply: Any,
+        path: str,
+        session_id: int,
+        horizon: float,
+        data: bytes,
+    ) -> Entry:
+        """The entry of the node that the create ``reply`` made at ``path`` (its token
+        the create's zxid, its sequence the end of the node's name)."""
+        node = reply.path.rsplit("/", 1)[1]
+        sequence = int(node.rpartition("-")[2])  # ours: the callers' listings check every node
+        token = int(reply.stat.created_zxid)
+        return cls(name, owner, token, sequence, path, session_id, horizon, data=data)
 
     async def wait_ended(self) -> LossReason:
         """Wait until the entry ends; why."""
