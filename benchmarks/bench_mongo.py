@@ -45,7 +45,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, hold_in_tasks, record, run_threads
+from _common import QUICK_NOTE, add_figure_arguments, hold_in_tasks, quick_cut, record, run_threads
 from pymongo import AsyncMongoClient, MongoClient, ReturnDocument, monitoring
 
 from aiolease import AsyncLock, open_backend
@@ -571,9 +571,12 @@ async def main(args: argparse.Namespace) -> None:
         record("mongo", figure, label, sum(counts) / args.seconds, "/s")
         record("mongo", figure + ": fairness", label, fairness(counts), "max/min")
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8} {'gap p50':>10}")
-    for kind in ["floor", "aiolease-fair", "aiolease"] + (
+    if args.quick:
+        print(QUICK_NOTE)
+    across = ["floor", "aiolease-fair", "aiolease"] + (
         ["postgres"] if "postgres" not in skip else []
-    ):
+    )
+    for kind in quick_cut(across, args.quick):
         counts, gaps_ = await handoffs_across_processes(kind, url, 4, args.seconds)
         label = "postgres (aiolease, for the gap)" if kind == "postgres" else kind
         print(
@@ -638,5 +641,5 @@ if __name__ == "__main__":
     else:
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 1.5, 1
-            args.held, args.held_seconds, args.waiters = 200, 3.0, 10
+            args.held, args.held_seconds, args.waiters = 200, 2.0, 4
         asyncio.run(main(args))

@@ -41,7 +41,15 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import aiozk
-from _common import add_figure_arguments, hold_in_tasks, record, run_threads, take_turns
+from _common import (
+    QUICK_NOTE,
+    add_figure_arguments,
+    hold_in_tasks,
+    quick_cut,
+    record,
+    run_threads,
+    take_turns,
+)
 from kazoo.client import KazooClient
 
 from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, open_backend
@@ -415,7 +423,9 @@ async def main(args: argparse.Namespace) -> None:
         ok=rate / lock_rate >= 3.5,
     )
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8}")
-    for kind in ("aiolease", "kazoo", "aiozk"):
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(("aiolease", "kazoo", "aiozk"), args.quick, ("kazoo",)):
         counts = await handoffs_across_processes(kind, url, 4, args.seconds)
         print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
 
@@ -463,6 +473,6 @@ if __name__ == "__main__":
         asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
     else:
         if args.quick:
-            args.cycles, args.seconds, args.failovers = 100, 1.0, 1
-            args.held, args.held_seconds = 200, 3.0
+            args.cycles, args.seconds, args.failovers = 100, 0.5, 1
+            args.held, args.held_seconds = 200, 2.0
         asyncio.run(main(args))
