@@ -39,9 +39,11 @@ class PermitOps(Backend):
     _takeovers: Takeovers
     #: Per refused permit request: what its wait needs (see :class:`Turn`).
     _permit_seen: dict[tuple[str, str], Turn]
-    #: The permit requests queued through this backend (refused, their queue key
-    #: live), by name and owner, each as its latest :class:`Turn`: a release here may
-    #: hand its place to the first of them (:meth:`_hand_permit`).
+    #: The permit requests queued through this backend that wait for their turn (or
+    #: waited, and ask again), by name and owner, each as its latest :class:`Turn`: a
+    #: release here may hand its place to the first of them (:meth:`_hand_permit`).
+    #: Only a request that waits: one refused by ``acquire_nowait`` never gets a grant
+    #: it did not ask for.
     _permit_queued: dict[str, dict[str, Turn]]
     #: Grants handed to waiting requests by a release here, by (name, owner): the token,
     #: taken by the request's next attempt without a request.
@@ -282,17 +284,13 @@ class PermitOps(Backend):
         return PermitHolders(name, keys[0].limit, holders, weights, len(keys) - len(held))
 
     def _note_turn(self, name: str, owner: str, turn: Turn, queued: bool = True) -> None:
-        """Keep ``turn`` for the refused request's wait, and (``queued``: its queue key is
-        live) for a hand-off."""
+        """Keep ``turn`` for the refused request's wait (``queued``: its queue key is
+        live; the wait makes it a candidate for a hand-off, see :meth:`_hand_permit`)."""
         if len(self._permit_seen) >= SEEN_LIMIT:
             del self._permit_seen[next(iter(self._permit_seen))]
         self._permit_seen[(name, owner)] = turn
-        if queued:
-            if len(self._permit_queued) >= SEEN_LIMIT and name not in self._permit_queued:
-                del self._permit_queued[next(iter(self._permit_queued))]
-            self._permit_queued.setdefault(name, {})[owner] = turn
-        else:
-            self._forget_queued(name, owner)
+        turn.queued = queued
+        self._forget_queued(name, owner)  # until it waits again
 
     def _forget_queued(self, name: str, owner: str) -> None:
         """``owner``'s request on ``name`` is no longer queued here."""
@@ -316,6 +314,10 @@ class PermitOps(Backend):
             entry.horizon = max(entry.horizon, now() + QUEUE_HORIZON * ttl)
         if turn.deficit <= 0:
             return
+        if turn.queued:  # a candidate for a hand-off from now on, until granted
+            if len(self._permit_queued) >= SEEN_LIMIT and name not in self._permit_queued:
+                del self._permit_queued[next(iter(self._permit_queued))]
+            self._permit_queued.setdefault(name, {})[owner] = turn
         turn.woken = asyncio.get_running_loop().create_future()
         request = self._layout.watch_permits(name, turn.revision)
         watch = asyncio.ensure_future(self._wire.watch(request, turn.accept))

@@ -51,6 +51,8 @@ class Turn:
     ready: bool = False
     #: Its wait ended without a hand-off: it asks the server again.
     asking: bool = False
+    #: Its queue key is live (not being deleted after an expiry here).
+    queued: bool = True
 
     def accept(self, events: Sequence[Any]) -> bool:
         """Whether ``events`` (those of one watch reply, each with its previous

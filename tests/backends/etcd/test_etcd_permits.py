@@ -238,6 +238,7 @@ async def test_a_release_hands_the_permit_to_the_request_queued_first(
             async with anyio.create_task_group() as tg:
                 for owner in (first, second):
                     tg.start_soon(wait, owner)
+                await anyio.wait_all_tasks_blocked()  # both wait: candidates for a hand-off
                 assert await backend.release(name, holder, held.token)
                 await turn[first].wait()
                 granted = await backend.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
@@ -272,8 +273,12 @@ async def test_a_hand_off_passes_a_request_that_fits_already(
             assert isinstance(refused, HolderInfo)
             refusals[owner] = refused
         with anyio.fail_after(WAIT):
+            waits = anyio.create_task_group()  # the last request waits throughout
+            await waits.__aenter__()
+            waits.start_soon(here.wait_permit_turn, name, last, LONG, refusals[last])
             async with anyio.create_task_group() as tg:
                 tg.start_soon(here.wait_permit_turn, name, ready, LONG, refusals[ready])
+                await anyio.wait_all_tasks_blocked()
                 permits = await there.read_permits(name)
                 assert permits is not None and len(permits.holders) == 2
                 holder = next(h for h in permits.holders if h.owner != mine)
@@ -282,6 +287,7 @@ async def test_a_hand_off_passes_a_request_that_fits_already(
             sent = _count_requests(here)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(here.wait_permit_turn, name, behind, LONG, refusals[behind])
+                await anyio.wait_all_tasks_blocked()
                 assert await here.release(name, mine, held.token)  # handed to `behind`
             assert sent == {"txn": 1}, sent
             second = await here.try_acquire_permit(name, behind, LONG, "w", {}, 2, 1)
@@ -292,6 +298,30 @@ async def test_a_hand_off_passes_a_request_that_fits_already(
             permits = await there.read_permits(name)
             assert permits is not None and permits.waiting == 1
             assert {h.owner for h in permits.holders} == {ready, behind}
+            waits.cancel_scope.cancel()
+            await waits.__aexit__(None, None, None)
             for owner, token in ((ready, first.token), (behind, second.token), (last, None)):
                 await here.release(name, owner, token)
         assert await there.read_permits(name) is None
+
+
+async def test_a_request_that_does_not_wait_is_handed_nothing(
+    anyio_backend: str, single_url: str
+) -> None:
+    """A release hands its place only to a request that waits for its turn: one refused
+    once (``acquire_nowait``'s) stays queued, as the model says, until it asks again or
+    gives up. (Found by the model test: the writer's release made the queued reader a
+    holder.)"""
+    name, writer, reader = "nowait", permit_owner(), permit_owner()
+    limit = 2**31 - 1
+    async with opener(single_url)() as backend:
+        held = await backend.try_acquire_permit(name, writer, LONG, "w", {}, limit, limit)
+        assert isinstance(held, Grant)
+        refused = await backend.try_acquire_permit(name, reader, LONG, "r", {}, limit, 1)
+        assert isinstance(refused, HolderInfo)
+        assert await backend.release(name, writer, held.token)
+        permits = await backend.read_permits(name)
+        assert permits is not None and (permits.holders, permits.waiting) == ((), 1)
+        granted = await backend.try_acquire_permit(name, reader, LONG, "r", {}, limit, 1)
+        assert isinstance(granted, Grant) and granted.token > held.token
+        assert await backend.release(name, reader, granted.token)
