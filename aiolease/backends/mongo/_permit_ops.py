@@ -27,6 +27,7 @@ from . import _permits as permits
 from ._commands import whole
 from ._pipelines import millis
 from ._stream import Stream, freed_name, permit_watch_pipeline
+from ._writes import Writer
 
 __all__ = ["MongoPermits"]
 
@@ -54,6 +55,7 @@ class MongoPermits:
 
     :param collection: the permits collection (pymongo or motor; the backend's concerns)
     :param where: ``database.collection``, as messages name it
+    :param writer: the acquire's and release's commands on ``collection`` (see ``_writes``)
     :param mapped: maps driver errors (the backend's URL scrubbed)
     :param stamp: the backend's next ``by`` stamp (its id, a colon, a count)
     :param own: the backend's id (its own releases are left out of the stream)
@@ -65,6 +67,7 @@ class MongoPermits:
         self,
         collection: Any,
         where: str,
+        writer: Writer,
         *,
         mapped: Callable[[], AbstractContextManager[None]],
         stamp: Callable[[], str],
@@ -73,6 +76,7 @@ class MongoPermits:
         watch: bool,
     ) -> None:
         self._coll = collection
+        self._writer = writer
         self._where = where
         self._mapped = mapped
         self._stamp = stamp
@@ -147,7 +151,6 @@ class MongoPermits:
         """One ``findAndModify`` upsert (see :func:`~._permits.acquire`); its outcome read
         from the document after it. Two first upserts that race: the loser (a duplicate
         key) asks once more, and finds the winner's document."""
-        from pymongo import ReturnDocument
         from pymongo.errors import DuplicateKeyError
 
         ttl = float(ttl)
@@ -162,12 +165,8 @@ class MongoPermits:
                 try:
                     # Seen to its end even if the caller is cancelled (see ``finished``).
                     doc = await finished(
-                        self._coll.find_one_and_update(
-                            {"_id": name},
-                            update,
-                            projection=permits.READ,
-                            upsert=True,
-                            return_document=ReturnDocument.AFTER,
+                        self._writer.find_and_modify(
+                            {"_id": name}, update, fields=permits.READ, upsert=True, new=True
                         )
                     )
                 except DuplicateKeyError:
@@ -218,10 +217,10 @@ class MongoPermits:
         self._marks.pop((name, owner), None)
         with self._mapped():
             before = await whole(
-                self._coll.find_one_and_update(
+                self._writer.find_and_modify(
                     permits.release_filter(name, owner, token),
                     permits.release_update(owner, self._stamp()),
-                    projection=permits.RELEASED,
+                    fields=permits.RELEASED,
                 )
             )
         if before is None:
