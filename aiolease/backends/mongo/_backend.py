@@ -474,6 +474,7 @@ class MongoBackend(Backend):
             return []
         locks, held_permits = by_kind(renewals)
         if held_permits:
+            self._renew_commands += 1  # the permits' own bulk_write
             renewed = dict(zip(held_permits, await self._permits.renew(held_permits), strict=True))
             done = dict(zip(locks, await self.renew_many(locks), strict=True)) if locks else {}
             return [renewed[r] if r in renewed else done[r] for r in renewals]

@@ -171,6 +171,35 @@ def freed(before: Mapping[str, Any], owner: str, token: int | None) -> bool:
     )
 
 
+def fitting(before: Mapping[str, Any], owner: str) -> set[str]:
+    """The owners of the queue entries that an acquire would grant once ``owner``'s
+    entries are gone from the document ``before`` a release (read with
+    :data:`RELEASED`): rule 3 of :func:`acquire`, on the live entries (the weight of
+    the permits held, and of the entries queued before each, plus its own, within
+    the limit). Its waiters are the ones worth waking; anybody else would be refused."""
+    entries, lefts = before.get("entries"), before.get("_lefts")
+    if not isinstance(entries, list) or not isinstance(lefts, list):
+        return set()
+    live = [
+        entry
+        for entry, left in zip(entries, lefts, strict=False)
+        if isinstance(entry, Mapping)
+        and entry.get("owner") != owner
+        and isinstance(left, (int, float))
+        and left > 0
+        and _int(entry.get("weight"), 1, _MAX)
+        and _int(entry.get("limit"), 1, _MAX)
+        and _int(entry.get("seq"), 0, _MAX)
+    ]
+    taken = sum(entry["weight"] for entry in live if entry.get("granted") is True)
+    found: set[str] = set()
+    for entry in sorted((e for e in live if e.get("granted") is False), key=lambda e: e["seq"]):
+        if taken + entry["weight"] <= entry["limit"]:
+            found.add(str(entry.get("owner")))
+        taken += entry["weight"]  # counted before every later entry, fitting or not
+    return found
+
+
 def _long(value: Any) -> Doc:
     return {"$toLong": value}
 

@@ -90,8 +90,11 @@ async def test_locks_and_permits_renew_in_one_call(anyio_backend: str, mongo_url
         renewals = [(name, "lock-owner", lock.token, LONG)]
         renewals += [(name, o, p.token, LONG) for o, p in zip(owners, held, strict=True)]
         renewals.insert(2, (name, permit_owner(), 99, LONG))  # nobody's
+        before = inner(backend).statistics().renew_commands
         results = await backend.renew_many(renewals)
         assert [type(r) for r in results] == [Grant, Grant, NotOwnerError, Grant]
+        # Counted: the permits' bulk_write and the locks' (each one command).
+        assert inner(backend).statistics().renew_commands == before + 2
 
 
 async def test_a_foreign_permits_document_is_refused_and_left(
@@ -205,3 +208,48 @@ async def test_a_release_elsewhere_wakes_a_waiter_through_the_stream(
             with anyio.fail_after(5):
                 await done.wait()
         assert isinstance(await second.try_acquire_permit(name, waiter, 60, "", {}, 1, 1), Grant)
+
+
+async def test_a_release_here_wakes_only_the_waiters_it_fits(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """Limit 1, two waiters queued in one backend object: the holder's release wakes
+    the first (whom the document now grants), not the second, which would only be
+    refused again; the first's release then wakes the second."""
+    name, holder = unique("permits"), permit_owner()
+    first, second = permit_owner(), permit_owner()
+    async with aiolease.open_backend(mongo_url, poll_interval=30) as backend:
+        held = await backend.try_acquire_permit(name, holder, 60, "", {}, 1, 1)
+        assert isinstance(held, Grant)
+        # A first wait opens the stream and returns at once (see the test above).
+        seen = await backend.try_acquire_permit(name, first, 60, "", {}, 1, 1)
+        assert isinstance(seen, HolderInfo)
+        with anyio.fail_after(5):
+            await backend.wait_permit_turn(name, first, 60, seen)
+        refused: dict[str, HolderInfo] = {}
+        for owner in (first, second):
+            blocked = await backend.try_acquire_permit(name, owner, 60, "", {}, 1, 1)
+            assert isinstance(blocked, HolderInfo)
+            refused[owner] = blocked
+        woken: dict[str, anyio.Event] = {first: anyio.Event(), second: anyio.Event()}
+
+        async def wait(owner: str) -> None:
+            await backend.wait_permit_turn(name, owner, 60, refused[owner])
+            woken[owner].set()
+
+        async with anyio.create_task_group() as tg:
+            for owner in (first, second):
+                tg.start_soon(wait, owner)
+            await eventually(lambda: inner(backend).statistics().waiting >= 2, "two waits")
+            assert await backend.release(name, holder, held.token)
+            with anyio.fail_after(5):
+                await woken[first].wait()
+            granted = await backend.try_acquire_permit(name, first, 60, "", {}, 1, 1)
+            assert isinstance(granted, Grant)
+            assert not woken[second].is_set()  # a round trip later: still asleep
+            assert await backend.release(name, first, granted.token)
+            with anyio.fail_after(5):
+                await woken[second].wait()
+        last = await backend.try_acquire_permit(name, second, 60, "", {}, 1, 1)
+        assert isinstance(last, Grant)
+        assert await backend.release(name, second, last.token)
