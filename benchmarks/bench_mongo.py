@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import statistics
@@ -540,10 +541,13 @@ async def permits(url: str, args: argparse.Namespace) -> None:
         async def renew_commands() -> float:
             return float(stats.statistics().renew_commands)
 
+        sizes = PermitSizes.of(args, settle=3.0)
+        if args.permits_held is not None:
+            sizes = dataclasses.replace(sizes, held=args.permits_held)
         await permit_figures(
             "MongoDB",
             backend,
-            PermitSizes.of(args, settle=3.0),
+            sizes,
             counters={"renew commands": renew_commands},
             tick_target="renew commands",
             notes=["mongolock and mongoelector have no semaphore and no read-write lock"],
@@ -645,6 +649,12 @@ if __name__ == "__main__":
     )
     add_figure_arguments(parser)
     parser.add_argument("--waiters", type=int, default=50, help="waiting processes")
+    parser.add_argument(
+        "--permits-held",
+        type=int,
+        help="permits held at once (default: --held; granting 1,000 on one name takes"
+        " minutes on a loaded machine)",
+    )
     parser.add_argument("--skip", action="append", default=[], choices=["mongoelector", "postgres"])
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
     parser.add_argument(
