@@ -657,6 +657,18 @@ class MongoBackend(Backend):
             return None  # permits: no stream of their own (their loss shows at renewal)
         return self._takers.add(name, owner, token, taken)
 
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        """A lock's holder: as every backend (see :meth:`on_taken`). A permit's holder:
+        only when this backend closes. Permits have no takeover notice here (a lost
+        permit shows at its next renewal); the default, :meth:`wait_changed`, compares
+        the lock document of ``name`` with the permit and returned at once, so that the
+        core's takeover watch read the permits document without a pause for as long
+        as the permit was held."""
+        if is_permit_owner(held.owner):
+            await self._permits.closed()
+            return
+        await super().wait_taken(name, held)
+
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen`` (renewals do not count).
 

@@ -86,6 +86,7 @@ class MongoPermits:
         self._waiters: dict[str, dict[str, asyncio.Event]] = {}
         #: (name, owner) that a release here fitted before it waited (see ``_fits``).
         self._early: set[tuple[str, str]] = set()
+        self._closing = asyncio.Event()
         self._stream = Stream(
             collection,
             self._freed,
@@ -269,10 +270,27 @@ class MongoPermits:
         return permits.freed(before, owner, token)
 
     async def renew(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
-        """The permits of ``renewals`` in one unordered ``bulk_write``; only when some
-        did not match, one ``find`` tells which are still held."""
+        """The permits of ``renewals`` in one unordered ``bulk_write``: one update per
+        name (and ttl) for all its permits, which matches only if every one of them is
+        live; if one did not match, one update per permit, and then, if some did not
+        match, one ``find`` tells which are still held."""
         from pymongo import UpdateOne
 
+        groups: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for name, owner, token, ttl in renewals:
+            groups.setdefault((name, millis(ttl)), []).append((owner, token))
+        sent_at = now()
+        if all(len(set(pairs)) == len(pairs) for pairs in groups.values()):
+            grouped = [
+                UpdateOne(
+                    permits.renew_all_filter(name, pairs), permits.renew_all_update(pairs, ttl_ms)
+                )
+                for (name, ttl_ms), pairs in groups.items()
+            ]
+            with self._mapped():
+                result = await whole(self._coll.bulk_write(grouped, ordered=False))
+            if result.matched_count == len(grouped):
+                return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
         ops = [
             UpdateOne(
                 {"_id": name, "$expr": permits.live_expr(owner, token)},
@@ -280,7 +298,6 @@ class MongoPermits:
             )
             for name, owner, token, ttl in renewals
         ]
-        sent_at = now()
         with self._mapped():
             result = await whole(self._coll.bulk_write(ops, ordered=False))
         if result.matched_count == len(ops):
@@ -303,7 +320,12 @@ class MongoPermits:
             for name, owner, token, ttl in renewals
         ]
 
+    async def closed(self) -> None:
+        """Return once :meth:`aclose` was called."""
+        await self._closing.wait()
+
     async def aclose(self) -> None:
         """Stop the stream; wake every waiter."""
+        self._closing.set()
         self._wake_all()
         await self._stream.aclose()

@@ -456,6 +456,52 @@ def live_expr(owner: str, token: int | None, live: bool = True) -> Doc:
     }
 
 
+def _held_by(pairs: list[tuple[str, int]]) -> Doc:
+    """Whether ``$$this`` is a live permit of one of ``pairs`` (owner, token)."""
+    wanted = {"$literal": [{"owner": owner, "token": token} for owner, token in pairs]}
+    return {
+        "$and": [
+            {"$eq": ["$$this.granted", True]},
+            {"$gt": ["$$this.expires", NOW]},
+            {"$in": [{"owner": "$$this.owner", "token": "$$this.token"}, wanted]},
+        ]
+    }
+
+
+def renew_all_filter(name: str, pairs: list[tuple[str, int]]) -> Doc:
+    """The permits document of ``name`` if every permit of ``pairs`` (owner, token,
+    each once) is live in it."""
+    found = {"$filter": {"input": "$entries", "cond": _held_by(pairs)}}
+    return {
+        "_id": name,
+        "$expr": {"$and": [{"$isArray": "$entries"}, {"$eq": [{"$size": found}, len(pairs)]}]},
+    }
+
+
+def renew_all_update(pairs: list[tuple[str, int]], ttl_ms: int) -> list[Doc]:
+    """Reset the expiry of every live permit of ``pairs`` to now + ttl: one write of the
+    document for all of them (a write per permit rewrites the whole document, with
+    every entry, each time)."""
+    return [
+        {
+            "$set": {
+                "entries": {
+                    "$map": {
+                        "input": "$entries",
+                        "in": {
+                            "$cond": [
+                                _held_by(pairs),
+                                {"$mergeObjects": ["$$this", {"expires": {"$add": [NOW, ttl_ms]}}]},
+                                "$$this",
+                            ]
+                        },
+                    }
+                },
+            }
+        }
+    ]
+
+
 def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
     """Reset the expiry of ``owner``'s live permit ``token`` to now + ttl."""
     return [

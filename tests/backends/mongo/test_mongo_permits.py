@@ -117,10 +117,14 @@ class _Commands(monitoring.CommandListener):
     def __init__(self, collection: str) -> None:
         self.collection = collection
         self.sent: list[str] = []
+        #: The number of statements of each ``update`` command.
+        self.updates: list[int] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command.get(event.command_name) == self.collection:
             self.sent.append(event.command_name)
+            if event.command_name == "update":
+                self.updates.append(len(event.command.get("updates", ())))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -253,3 +257,57 @@ async def test_a_release_here_wakes_only_the_waiters_it_fits(
         last = await backend.try_acquire_permit(name, second, 60, "", {}, 1, 1)
         assert isinstance(last, Grant)
         assert await backend.release(name, second, last.token)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_the_permits_of_a_name_renew_in_one_statement(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """Twenty live permits of one name renew in one update statement (one write of the
+    document, not twenty); with one of them released, the others still renew, and the
+    released one is not revived."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        backend = MongoBackend(client, database=DATABASE, collection=collection)
+        name, owners = unique("permits"), [permit_owner() for _ in range(20)]
+        held = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 20, 1) for o in owners]
+        assert all(isinstance(g, Grant) for g in held)
+        renewals = [(name, o, g.token, LONG) for o, g in zip(owners, held, strict=True)]
+        commands.updates.clear()
+        results = await backend.renew_many(renewals)
+        assert all(isinstance(r, Grant) for r in results)
+        assert commands.updates == [1]
+        assert await backend.release(name, owners[3], held[3].token)
+        results = await backend.renew_many(renewals)
+        assert [i for i, r in enumerate(results) if isinstance(r, NotOwnerError)] == [3]
+        assert all(isinstance(r, Grant) for i, r in enumerate(results) if i != 3)
+        holders = await backend.read_permits(name)
+        assert holders is not None
+        assert {h.owner for h in holders.holders} == set(owners) - {owners[3]}
+        await backend.aclose()
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_a_held_permit_sends_nothing_between_renewals(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """While a permit is held in ``async with`` (its renewal far off), the backend sends
+    nothing on the permits collection: the core's takeover watch waits, where it read
+    the permits document again and again (the lock document it compared was never the
+    permit's)."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        async with MongoBackend(client, database=DATABASE, collection=collection) as backend:
+            await backend.probe()  # the change stream: PUSH_WAKEUP, so the watch runs
+            sem = AsyncSemaphore(backend, unique("permits"), limit=2, ttl=LONG)
+            async with sem:
+                commands.sent.clear()
+                for _ in range(5):  # five round trips of ours, time for a watch's reads
+                    assert await backend.read_permits(sem.name) is not None
+                assert commands.sent == ["find"] * 5
+    finally:
+        await client.close()
