@@ -328,8 +328,15 @@ class Holding:
             # A passed deadline counts even if the body never checkpointed.
             reason = lost if lost is not None else lease.lost
             if reason is None:
-                lease._end(LossReason.RELEASED)
+                lease._end(LossReason.RELEASED)  # the verdict: it ended in time
             self._unguard()
+            if reason is None:
+                # The rest (the release's bookkeeping, and its await) comes after every
+                # other block ready to leave now has judged its own lease: when
+                # thousands end at once, the last is judged when its body ended, not
+                # after the others' releases (which would hold up the renewals of the
+                # leases still held, until their deadline passed).
+                await anyio.lowlevel.cancel_shielded_checkpoint()
             if reason is not None and reason is not LossReason.RELEASED:
                 await self._report_loss(reason)
         finally:

@@ -126,6 +126,29 @@ def effective_sent(sent_at: float, grant: Grant) -> float:
     return sent_at if grant.sent_at is None else min(sent_at, grant.sent_at)
 
 
+class Ride:
+    """The renewal state that the leases of one cohort share (see
+    ``docs/internals/renewal.md``): the scheduler confirms them all at once by updating
+    this, not each lease, and a lease reads it lazily, through its own fields (which
+    never say more than was confirmed: a lease's deadline is the later of its own and
+    its ride's). A lease leaves its ride (:meth:`Lease._leave_ride`) when it ends or is
+    renewed apart; it never joins one again.
+
+    :param deadline: the local safe deadline of the ride's last confirmation
+    :param renew_at: when to renew them next
+    """
+
+    __slots__ = ("deadline", "renew_at", "renewals", "unconfirmed")
+
+    def __init__(self, deadline: float, renew_at: float) -> None:
+        self.deadline = deadline
+        self.renew_at = renew_at
+        #: A renewal was sent since the last confirmation.
+        self.unconfirmed = False
+        #: Confirmations since the leases joined (all joined when it was made).
+        self.renewals = 0
+
+
 class _NoPublicConstructor(type):
     """Instances are made only by the library, through ``_create``."""
 
@@ -164,6 +187,7 @@ class Lease(metaclass=_NoPublicConstructor):
         "_reason",
         "_renew_at",
         "_renewals",
+        "_ride",
         "_timing",
         "_token",
         "_unconfirmed",
@@ -201,6 +225,8 @@ class Lease(metaclass=_NoPublicConstructor):
         self._callbacks: list[Callable[[LossReason], object]] = []
         self._unconfirmed = False  # a renewal was sent since the last confirmation
         self._renewals = 0
+        #: The state it shares with the leases renewed with it, if any (:class:`Ride`).
+        self._ride: Ride | None = None
         self._warned = False
         #: ``max_hold``: not renewed from then on (:mod:`aiolease._limits`); ``None``: no limit.
         self._hold_until: float | None = None
@@ -246,6 +272,9 @@ class Lease(metaclass=_NoPublicConstructor):
         """The local safe deadline on ``anyio.current_time()``; the lease is lost at it."""
         if self._clock is not None and self._reason is None:
             self._follow_clock()
+        ride = self._ride
+        if ride is not None and ride.deadline > self._deadline:
+            return ride.deadline
         return self._deadline
 
     @property
@@ -265,7 +294,12 @@ class Lease(metaclass=_NoPublicConstructor):
         """:attr:`lost`, read at ``now`` (the current time, read once by the caller)."""
         if self._reason is None and now >= self._deadline:
             unreachable = self._unconfirmed
-            if self._clock is not None:
+            ride = self._ride
+            if ride is not None:  # its own deadline may lag behind its ride's
+                if now < ride.deadline:
+                    return None
+                unreachable = unreachable or ride.unconfirmed
+            elif self._clock is not None:
                 self._follow_clock()
                 unreachable = unreachable or self._clock.error is not None
             if now >= self._deadline:
@@ -281,14 +315,14 @@ class Lease(metaclass=_NoPublicConstructor):
         """Seconds left before the local safe deadline (0 once lost)."""
         if self.lost is not None:
             return 0.0
-        return max(self._deadline - current_time(), 0.0)
+        return max(self.deadline - current_time(), 0.0)
 
     async def wait_lost(self) -> LossReason:
         """Wait until the lease ends and return why."""
         while (reason := self.lost) is None:
             if self._ended is None:
                 self._ended = anyio.Event()
-            with anyio.move_on_at(self._deadline):
+            with anyio.move_on_at(self.deadline):
                 await self._ended.wait()
         return reason
 
@@ -399,7 +433,23 @@ class Lease(metaclass=_NoPublicConstructor):
 
     def _next_renewal(self) -> float:
         """When the last confirmation says to renew next (see :meth:`Timing._renewal_after`)."""
-        return self._renew_at
+        ride = self._ride
+        return self._renew_at if ride is None else max(self._renew_at, ride.renew_at)
+
+    def _leave_ride(self) -> int:
+        """Take its ride's state into its own fields and leave it (:class:`Ride`); the
+        confirmations it counted meanwhile (0 without a ride)."""
+        ride = self._ride
+        if ride is None:
+            return 0
+        self._ride = None
+        if ride.deadline > self._deadline:
+            self._deadline = ride.deadline
+        if ride.renew_at > self._renew_at:
+            self._renew_at = ride.renew_at
+        self._unconfirmed = self._unconfirmed or ride.unconfirmed
+        self._renewals += ride.renewals
+        return ride.renewals
 
     def _follow(self, clock: SessionClock) -> None:
         """From now on, the deadline follows ``clock`` (the session that keeps the grant,
@@ -469,7 +519,8 @@ class Lease(metaclass=_NoPublicConstructor):
     @property
     def renewals(self) -> int:
         """How many renewals were confirmed."""
-        return self._renewals
+        ride = self._ride
+        return self._renewals if ride is None else self._renewals + ride.renewals
 
 
 async def release_shielded(

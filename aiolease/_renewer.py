@@ -37,7 +37,7 @@ import logging
 import math
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
@@ -46,7 +46,7 @@ from anyio.abc import TaskGroup
 from ._checked import HeldRenewals
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
-from ._lease import Lease, Timing, log_fields
+from ._lease import Lease, Ride, Timing, log_fields
 from .abc import Backend, Grant, RenewedAsAsked, SessionClock
 
 __all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
@@ -54,17 +54,46 @@ __all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
 logger = logging.getLogger("aiolease.renewer")
 
 
-@dataclass
 class Counters:
-    """Mutable counters behind the frozen ``statistics()`` snapshots."""
+    """Mutable counters behind the frozen ``statistics()`` snapshots.
 
-    acquisitions: int = 0
-    renewals: int = 0
-    renew_failures: int = 0
-    losses: dict[LossReason, int] = field(default_factory=dict)
+    ``renewals`` counts those of its leases that ride on a :class:`Ride` lazily: as
+    many times the ride's count as it has leases on it, until they leave it.
+    """
+
+    __slots__ = ("_renewals", "_riding", "acquisitions", "losses", "renew_failures")
+
+    def __init__(self) -> None:
+        self.acquisitions = 0
+        self._renewals = 0
+        self.renew_failures = 0
+        self.losses: dict[LossReason, int] = {}
+        #: The rides its leases are on, and how many of them on each.
+        self._riding: dict[Ride, int] = {}
+
+    @property
+    def renewals(self) -> int:
+        return self._renewals + sum(ride.renewals * n for ride, n in self._riding.items())
+
+    @renewals.setter
+    def renewals(self, value: int) -> None:
+        self._renewals += value - self.renewals
 
     def lost(self, reason: LossReason) -> None:
         self.losses[reason] = self.losses.get(reason, 0) + 1
+
+    def _ride(self, ride: Ride) -> None:
+        """One more of its leases rides on ``ride`` (whose count is 0 yet)."""
+        self._riding[ride] = self._riding.get(ride, 0) + 1
+
+    def _left(self, ride: Ride, renewals: int) -> None:
+        """One of its leases left ``ride``, having counted ``renewals`` on it."""
+        self._renewals += renewals
+        left = self._riding[ride] - 1
+        if left:
+            self._riding[ride] = left
+        else:
+            del self._riding[ride]
 
 
 class Host(Protocol):
@@ -174,9 +203,25 @@ class _Cohort:
     from them (:attr:`HeldRenewals.cache`) for the next tick. So is its ``floor``: no
     member's deadline is earlier (deadlines only move later), so the call's entry may
     sit there rather than at a minimum taken over the members on every tick.
+
+    A cohort whose members share one timing also shares their renewal state (its
+    ``ride``, which every member's lease reads lazily): as long as none of them ends
+    (``gone``), the cohort itself is renewed again, tick after tick, and an answer that
+    renews all of them as asked updates the ride alone, not each lease (a *steady*
+    cohort: nothing per lease per tick).
     """
 
-    __slots__ = ("bound", "floor", "in_flight", "members", "renewals", "version")
+    __slots__ = (
+        "bound",
+        "floor",
+        "gone",
+        "in_flight",
+        "members",
+        "renewals",
+        "ride",
+        "timing",
+        "version",
+    )
 
     def __init__(
         self,
@@ -192,14 +237,51 @@ class _Cohort:
         self.renewals = renewals
         self.bound = bound
         self.floor = -math.inf
+        #: Members that ended since it was made (while it has a ride).
+        self.gone = 0
+        #: The renewal state its members share, and their one timing (``None``: none).
+        self.ride: Ride | None = None
+        self.timing: Timing | None = None
 
 
 _Item = _Renewed | _Group | _Cohort
+#: What the scheduler's task has started renewing: leases, and steady cohorts.
+_Renewing = set[_Renewed | _Cohort]
 _renewers: weakref.WeakKeyDictionary[Backend, Renewer] = weakref.WeakKeyDictionary()
 
 
 def _first_backoff(lease: Lease) -> float:
     return min(0.05, lease.timing.renew_interval / 4)
+
+
+def _steady(cohort: _Cohort, now: float) -> bool:
+    """Whether ``cohort`` may be renewed as a whole: it has a ride, none of its members
+    ended since it was made, and their deadline is ahead."""
+    ride = cohort.ride
+    return ride is not None and cohort.gone == 0 and now < ride.deadline
+
+
+def _unsteady(cohort: _Cohort, renewing: _Renewing) -> None:
+    """A steady cohort in flight becomes a batch like any other: each member still in
+    it leaves the ride and is marked as being renewed (the rare path: a member ended,
+    a renewal failed, or no answer came in time)."""
+    for renewed in cohort.members:
+        if renewed.cohort is cohort:
+            renewed.cohort = None
+            _unride(renewed)
+            renewed.renewing = True
+            renewing.add(renewed)
+    cohort.ride = None
+    renewing.discard(cohort)
+
+
+def _unride(renewed: _Renewed) -> None:
+    """Take ``renewed``'s lease off its ride, if it has one (:meth:`Lease._leave_ride`)."""
+    lease = renewed.lease
+    ride = lease._ride
+    if ride is not None:
+        renewed.counters._left(ride, lease._leave_ride())
+        renewed.next_at = lease._renew_at
 
 
 class Renewer:
@@ -215,7 +297,7 @@ class Renewer:
         self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
         self._dropped_at = -math.inf  # the latest time of an entry _drop_stale dropped
-        self._renewing: set[_Renewed] = set()  # renewals started by the current task
+        self._renewing: _Renewing = set()  # renewals started by the current task
         self._groups: dict[tuple[int, float], _Group] = {}
         self._wakeups = 0
         self._renewals = 0
@@ -332,7 +414,11 @@ class Renewer:
 
     def _forget(self, renewed: _Renewed) -> None:
         renewed.version += 1
-        renewed.cohort = None
+        cohort = renewed.cohort
+        if cohort is not None:
+            cohort.gone += 1
+            renewed.cohort = None
+        _unride(renewed)
         self._leases.pop(renewed.lease, None)
         self._drop_stale()
 
@@ -373,7 +459,7 @@ class Renewer:
         host.task_group.start_soon(self._run, self._scope, name="aiolease renewer")
 
     async def _run(self, scope: anyio.CancelScope) -> None:
-        renewing: set[_Renewed] = set()
+        renewing: _Renewing = set()
         self._renewing = renewing
         with scope:
             try:
@@ -385,13 +471,17 @@ class Renewer:
             finally:
                 # A renewal cancelled before it started never said so: it is due again.
                 for renewed in renewing:
+                    if isinstance(renewed, _Cohort):  # steady: due again, all of it
+                        renewed.in_flight = False
+                        self._push(renewed, -math.inf)
+                        continue
                     renewed.renewing = False
                     if renewed.lease.lost is None:
                         self._push(renewed, -math.inf)
                 renewing.clear()
 
     async def _loop(
-        self, scope: anyio.CancelScope, renewing: set[_Renewed], tg: TaskGroup | None
+        self, scope: anyio.CancelScope, renewing: _Renewing, tg: TaskGroup | None
     ) -> bool:
         """Wake, do what is due, sleep; until the task moves (``False``) or, without a
         task group ``tg``, until a renewal must start (``True``)."""
@@ -406,11 +496,11 @@ class Renewer:
             self._wake_at = -math.inf
         return False
 
-    def _due(self, tg: TaskGroup | None, renewing: set[_Renewed], now: float) -> bool:
+    def _due(self, tg: TaskGroup | None, renewing: _Renewing, now: float) -> bool:
         """Handle what is due by ``now``; ``False`` if a renewal needs a task group."""
         heap = self._heap
         batch: list[_Renewed] | None = None
-        reuse: _Cohort | None = None  # the cohort whose renewals the batch may reuse
+        cohorts: list[_Cohort] = []  # the cohorts due, renewed with the batch
         while heap and heap[0][0] <= now:
             _, _, version, item = heap[0]
             if version != item.version:
@@ -421,17 +511,12 @@ class Renewer:
                 self._group_due(item, now)
             elif isinstance(item, _Cohort):
                 if item.in_flight:
-                    self._in_flight_due(item, now)
+                    self._in_flight_due(item, renewing, now)
                 elif tg is None:
                     heapq.heappush(heap, entry)
                     return False
                 else:
-                    if batch is None:
-                        batch = []
-                    first = not batch
-                    added = self._cohort_due(item, renewing, now, batch)
-                    if first and added == len(item.members) and item.renewals is not None:
-                        reuse = item
+                    cohorts.append(item)
             elif tg is None and self._renewal_due(item, now):
                 heapq.heappush(heap, entry)  # popped first: reading .lost may drop entries
                 return False
@@ -439,9 +524,21 @@ class Renewer:
                 if batch is None and item.lease.backend.renews_many:
                     batch = []
                 self._lease_due(tg, renewing, item, now, batch)
+        if not (batch or cohorts):
+            return True
+        assert tg is not None
+        batch = [] if batch is None else batch
+        self._join_early(batch, cohorts, renewing, now)
+        if not batch and len(cohorts) == 1 and _steady(cohorts[0], now):
+            self._send_steady(tg, cohorts[0], renewing, now)
+            return True
+        reuse: _Cohort | None = None  # the cohort whose renewals the batch may reuse
+        for cohort in cohorts:
+            first = not batch
+            added = self._cohort_due(cohort, renewing, now, batch)
+            if first and added == len(cohort.members) and cohort.renewals is not None:
+                reuse = cohort
         if batch:
-            assert tg is not None
-            self._join_early(batch, renewing, now)
             self._renewals += len(batch)
             in_flight = _Cohort(batch, in_flight=True)
             if reuse is not None and len(batch) == len(reuse.members):
@@ -473,14 +570,18 @@ class Renewer:
             return heap[0][0]
         return last if last > -math.inf else math.inf
 
-    def _join_early(self, batch: list[_Renewed], renewing: set[_Renewed], now: float) -> None:
-        """Add to ``batch`` the leases due within half their renew interval.
+    def _join_early(
+        self, batch: list[_Renewed], cohorts: list[_Cohort], renewing: _Renewing, now: float
+    ) -> None:
+        """Add to ``batch`` the leases due within half their renew interval, and to
+        ``cohorts`` the cohorts due then (at least one of them holds one already).
 
         Renewed a little early, they share this call, and the backend's leases settle
         into one call per renew interval however their grants were spread in time.
         """
         heap = self._heap
-        horizon = now + batch[0].lease.timing.renew_interval / 2
+        some = batch[0] if batch else cohorts[0].members[0]
+        horizon = now + some.lease.timing.renew_interval / 2
         later: list[tuple[float, int, int, _Item]] = []
         while heap and heap[0][0] <= horizon:
             entry = heapq.heappop(heap)
@@ -497,7 +598,7 @@ class Renewer:
                 renewing.add(item)
                 batch.append(item)
             elif isinstance(item, _Cohort) and not item.in_flight:
-                self._cohort_due(item, renewing, now, batch)
+                cohorts.append(item)
             else:
                 later.append(entry)
         for entry in later:
@@ -509,17 +610,17 @@ class Renewer:
             renewed.lease._lost_at(now) is None and not renewed.renewing and now >= renewed.next_at
         )
 
-    def _in_flight_due(self, in_flight: _Cohort, now: float) -> None:
+    def _in_flight_due(self, in_flight: _Cohort, renewing: _Renewing, now: float) -> None:
         """The earliest deadline of a batch still unanswered passed: end the leases
         whose deadline passed; watch the others' next."""
+        if in_flight.ride is not None:
+            _unsteady(in_flight, renewing)
         left = [r for r in in_flight.members if r.renewing and r.lease._lost_at(now) is None]
         if left:
             self._push(in_flight, min(r.lease._deadline for r in left))
 
     @staticmethod
-    def _cohort_due(
-        cohort: _Cohort, renewing: set[_Renewed], now: float, batch: list[_Renewed]
-    ) -> int:
+    def _cohort_due(cohort: _Cohort, renewing: _Renewing, now: float, batch: list[_Renewed]) -> int:
         """Add to ``batch`` the members of ``cohort`` still held and still in it; how many."""
         added = len(batch)
         append = batch.append
@@ -527,13 +628,27 @@ class Renewer:
             if renewed.cohort is not cohort:
                 continue  # ended, or on an entry of its own since
             renewed.cohort = None
+            _unride(renewed)
             lease = renewed.lease
             # lease._lost_at(now) is None, without a call while the deadline is ahead:
             if (lease._reason is None and now < lease._deadline) or lease._lost_at(now) is None:
                 renewed.renewing = True
                 append(renewed)
         renewing.update(batch[added:])  # in one call, not one per lease
+        cohort.ride = None
         return len(batch) - added
+
+    def _send_steady(self, tg: TaskGroup, cohort: _Cohort, renewing: _Renewing, now: float) -> None:
+        """Renew a steady cohort (:func:`_steady`) as a whole: its members are not
+        touched; its ride says that a renewal was sent."""
+        ride = cohort.ride
+        assert ride is not None
+        ride.unconfirmed = True
+        cohort.in_flight = True
+        renewing.add(cohort)
+        self._renewals += len(cohort.members)
+        self._push(cohort, ride.deadline)  # ends them all if no answer comes by then
+        tg.start_soon(self._renew_many, cohort, renewing, now)
 
     def _group_due(self, group: _Group, now: float) -> None:
         deadline = group.clock.expires - group.margin
@@ -548,7 +663,7 @@ class Renewer:
     def _lease_due(
         self,
         tg: TaskGroup | None,
-        renewing: set[_Renewed],
+        renewing: _Renewing,
         renewed: _Renewed,
         now: float,
         batch: list[_Renewed] | None,
@@ -569,7 +684,7 @@ class Renewer:
         next_at = math.inf if renewed.renewing else renewed.next_at
         self._push(renewed, min(next_at, lease._deadline))
 
-    async def _renew(self, renewed: _Renewed, renewing: set[_Renewed]) -> None:
+    async def _renew(self, renewed: _Renewed, renewing: _Renewing) -> None:
         lease = renewed.lease
         timing = lease.timing
         sent_at = current_time()
@@ -587,22 +702,22 @@ class Renewer:
                 lease._events._emit("renewed", (lease,), now - sent_at)
             self._settle(renewed, renewing, sent_at, result, now)
 
-    async def _renew_many(
-        self, in_flight: _Cohort, renewing: set[_Renewed], sent_at: float
-    ) -> None:
+    async def _renew_many(self, in_flight: _Cohort, renewing: _Renewing, sent_at: float) -> None:
         """Renew every lease of the batch (one backend's) in one call, sent at ``sent_at``
         (the time the batch was made: no await comes in between)."""
         batch = in_flight.members
         backend = batch[0].lease.backend
         renewals = in_flight.renewals
+        steady = in_flight.ride is not None  # (its ride was marked sent: _send_steady)
         if renewals is None:
             renewals = in_flight.renewals = HeldRenewals()
             for renewed in batch:
                 lease = renewed.lease
-                lease._renewal_sent(sent_at)
+                if not steady:
+                    lease._renewal_sent(sent_at)
                 renewals.append((lease._name, lease._owner, lease._token, lease._timing.ttl))
             in_flight.bound = min({r.lease._timing.renew_interval: None for r in batch})
-        else:
+        elif not steady:
             for renewed in batch:
                 lease = renewed.lease
                 if lease._reason is None and sent_at < lease._deadline:
@@ -638,7 +753,7 @@ class Renewer:
     def _settle_batch(
         self,
         in_flight: _Cohort,
-        renewing: set[_Renewed],
+        renewing: _Renewing,
         sent_at: float,
         results: Sequence[Grant | BaseException | None],
         now: float,
@@ -647,7 +762,13 @@ class Renewer:
         (one heap entry) due at their next renewal time, the others get entries of
         their own (:meth:`_settle`)."""
         batch = in_flight.members
-        if type(results) is RenewedAsAsked and results.renewals is in_flight.renewals:
+        as_asked = type(results) is RenewedAsAsked and results.renewals is in_flight.renewals
+        if in_flight.ride is not None:
+            if as_asked and self._settle_steady(in_flight, renewing, sent_at, results, now):
+                return
+            _unsteady(in_flight, renewing)  # then settled as any batch
+        if as_asked:
+            assert type(results) is RenewedAsAsked
             self._settle_as_asked(in_flight, renewing, sent_at, results, now)
             return
         cohorts: dict[float, list[_Renewed]] = {}
@@ -687,10 +808,38 @@ class Renewer:
                 renewed.cohort = cohort
             self._push(cohort, next_at)
 
+    def _settle_steady(
+        self,
+        cohort: _Cohort,
+        renewing: _Renewing,
+        sent_at: float,
+        results: Sequence[Grant | BaseException | None],
+        now: float,
+    ) -> bool:
+        """Settle a steady cohort renewed as asked, all of it, by updating its ride alone;
+        ``False`` (and nothing done) if it is not that simple: a renewal failed, a member
+        ended meanwhile, or their deadline passed before the answer came."""
+        ride, timing = cohort.ride, cohort.timing
+        assert type(results) is RenewedAsAsked and ride is not None and timing is not None
+        if results.failed or cohort.gone:
+            return False
+        grant = Grant(cohort.members[0].lease._token, timing.ttl, results.sent_at)
+        deadline = max(ride.deadline, timing._deadline_after(sent_at, grant))
+        if now >= deadline:
+            return False
+        ride.deadline = cohort.floor = deadline
+        ride.renew_at = renew_at = timing._renewal_after(sent_at, grant)
+        ride.unconfirmed = False
+        ride.renewals += 1
+        cohort.in_flight = False
+        renewing.discard(cohort)
+        self._push(cohort, renew_at)
+        return True
+
     def _settle_as_asked(
         self,
         in_flight: _Cohort,
-        renewing: set[_Renewed],
+        renewing: _Renewing,
         sent_at: float,
         results: RenewedAsAsked,
         now: float,
@@ -704,6 +853,8 @@ class Renewer:
         grant_sent = results.sent_at
         cohorts: dict[float, list[_Renewed]] = {}
         floors: dict[float, float] = {}  # per cohort, the earliest deadline given
+        # Per cohort, the timing of its members if they share one (equal), else None:
+        timings: dict[float, Timing | None] = {}
         timing: Timing | None = None
         deadline = renew_at = 0.0
         members: list[_Renewed] = []
@@ -720,6 +871,9 @@ class Renewer:
                 renew_at = timing._renewal_after(sent_at, grant)
                 members = cohorts.setdefault(renew_at, [])
                 floors[renew_at] = min(floors.get(renew_at, deadline), deadline)
+                shared = timings.setdefault(renew_at, timing)
+                if shared is not None and shared is not timing and shared != timing:
+                    timings[renew_at] = None
             # lease._confirm_at(deadline, renew_at), inlined (once per lease per tick):
             if deadline > lease._deadline:
                 lease._deadline = deadline
@@ -739,14 +893,20 @@ class Renewer:
             cohort.floor = floors[next_at]
             if len(members) == len(batch):  # all of them, in order: the same renewals
                 cohort.renewals, cohort.bound = in_flight.renewals, in_flight.bound
+            shared = timings[next_at]
+            ride = None if shared is None else Ride(cohort.floor, next_at)
+            cohort.ride, cohort.timing = ride, shared
             for renewed in members:
                 renewed.cohort = cohort
+                if ride is not None:  # from now on, it reads its renewal state there
+                    renewed.lease._ride = ride
+                    renewed.counters._ride(ride)
             self._push(cohort, next_at)
 
     def _settle(
         self,
         renewed: _Renewed,
-        renewing: set[_Renewed],
+        renewing: _Renewing,
         sent_at: float,
         result: Grant | BaseException | None,
         now: float | None = None,

@@ -487,6 +487,121 @@ async def test_a_cohort_is_renewed_with_the_same_renewals_until_one_ends(
         assert all(lease.lost is None for i, lease in enumerate(leases) if i != 2)
 
 
+class Stalls(AsAsked):
+    """:class:`AsAsked`, whose calls hang once ``stall`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall = False
+
+    async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
+        if self.stall:
+            self.calls.append(renewals)
+            await anyio.sleep_forever()
+        return await super().renew_many(renewals)
+
+
+@MOCK
+async def test_a_steady_cohort_is_confirmed_without_a_write_per_lease(
+    anyio_backend: object,
+) -> None:
+    backend = AsAsked()
+    locks = [AsyncLock(backend, f"n{i}", ttl=3) for i in range(4)]
+    async with AsyncExitStack() as stack:
+        leases = [await stack.enter_async_context(lock) for lock in locks]
+        await anyio.sleep(3.5)  # settled: renewed together, in one call per tick
+        own = [(lease._deadline, lease._renewals) for lease in leases]
+        seen = [(lease.deadline, lease.renewals) for lease in leases]
+        calls = len(backend.calls)
+        await anyio.sleep(3)
+        assert len(backend.calls) == calls + 3
+        # Three ticks confirmed them all: what each lease reads moved on ...
+        now = anyio.current_time()
+        for lease, (deadline, renewals) in zip(leases, seen, strict=True):
+            assert lease.lost is None and lease.renewals == renewals + 3
+            assert deadline + 3 - 1e-9 <= lease.deadline <= now + 3 - 0.3
+        # ... while the leases themselves were not written to: the cohort's shared
+        # state was (docs/internals/renewal.md, "What a tick costs").
+        assert [(lease._deadline, lease._renewals) for lease in leases] == own
+        assert [lock.statistics().renewals for lock in locks] == [
+            lease.renewals for lease in leases
+        ]
+        await leases[1].release()  # leaves the cohort with what it had counted
+        ended = leases[1].renewals, leases[1].deadline
+        await anyio.sleep(3)
+        assert (leases[1].renewals, leases[1].deadline) == ended
+        assert locks[1].statistics().renewals == ended[0]
+        assert all(leases[i].lost is None for i in (0, 2, 3))
+        assert [locks[i].statistics().renewals for i in (0, 2, 3)] == [
+            leases[i].renewals for i in (0, 2, 3)
+        ]
+        assert min(leases[i].renewals for i in (0, 2, 3)) >= ended[0] + 2
+
+
+@MOCK
+async def test_a_steady_cohort_unanswered_is_lost_at_its_last_confirmed_deadline(
+    anyio_backend: object,
+) -> None:
+    backend = Stalls()
+    ended: dict[str, tuple[float, LossReason]] = {}
+    deadlines: dict[str, float] = {}
+
+    async def hold(name: str) -> None:
+        try:
+            async with AsyncLock(backend, name, ttl=3) as lease:
+                await anyio.sleep(4.5)  # settled into a steady cohort
+                backend.stall = True
+                deadlines[name] = lease.deadline
+                await anyio.sleep_forever()
+        except LeaseLostError as exc:
+            ended[name] = (anyio.current_time(), exc.reason)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(hold, f"n{i}")
+    assert set(ended) == {"n0", "n1", "n2"}
+    for name, (at, reason) in ended.items():
+        # Ended at the deadline the last answer gave, not later (nor earlier):
+        # UNREACHABLE, since a renewal was sent and never answered.
+        assert at == pytest.approx(deadlines[name]) and reason is LossReason.UNREACHABLE
+
+
+class SlowRelease(MemoryBackend):
+    """A memory backend whose release takes 3 s of the (mock) clock before its first
+    await, as thousands of releases at once take of a loaded process's time."""
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        import trio
+
+        clock = trio.lowlevel.current_clock()
+        assert isinstance(clock, MockClock)
+        clock.jump(3)
+        return await super().release(name, owner, token)
+
+
+@MOCK
+async def test_bodies_that_end_together_are_judged_when_they_end(anyio_backend: object) -> None:
+    backend = SlowRelease()
+    done = anyio.Event()
+    outcomes: dict[str, str] = {}
+
+    async def hold(name: str) -> None:
+        try:
+            async with AsyncLock(backend, name, ttl=3):
+                await done.wait()
+            outcomes[name] = "ended"
+        except LeaseLostError as exc:
+            outcomes[name] = exc.reason.value
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(hold, f"n{i}")
+        await anyio.sleep(1.5)
+        done.set()  # every body ends now, well before its deadline
+    # None is reported lost because the others' releases (3 s each) came first.
+    assert outcomes == {"n0": "ended", "n1": "ended", "n2": "ended"}
+
+
 def test_a_compact_answer_reads_as_the_list_it_stands_for() -> None:
     renewals = [("a", "o1", 3, 2.0), ("b", "o2", 5, 4.0), ("c", "o3", 7, 6.0)]
     refused = aiolease.NotOwnerError("b")
