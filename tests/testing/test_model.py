@@ -38,7 +38,11 @@ MUTANT_SETTINGS = settings(
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_backend_agrees_with_model(aiolease_url: str, loop: str) -> None:
-    machine = make_model_machine(lambda: aiolease.open_backend(aiolease_url), anyio_backend=loop)
+    # The SQL backends' release grants the queued permit requests that then fit.
+    grants = aiolease_url.startswith(("sqlite", "postgres", "mysql", "mariadb"))
+    machine = make_model_machine(
+        lambda: aiolease.open_backend(aiolease_url), anyio_backend=loop, grants_on_release=grants
+    )
     run_state_machine_as_test(machine, settings=SETTINGS)
 
 
