@@ -374,9 +374,6 @@ class PostgresBackend(Backend):
             await conn.execute(self._sql.create_waiters)
             await conn.execute(self._sql.create_waiters_index)
             await conn.execute(self._permit_sql.create)
-            # A permits table made before ``waited`` gets it (once: see ``has_marks``).
-            if not await conn.fetchval(self._permit_sql.has_waited, self._permit_sql.table):
-                await conn.execute(self._permit_sql.add_waited)
             await conn.execute(self._permit_sql.create_names)
             for routine, create in (
                 (self._permit_sql.routine, self._permit_sql.create_acquire),

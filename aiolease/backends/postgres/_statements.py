@@ -404,18 +404,7 @@ class PermitSql:
             ' name text COLLATE "C" NOT NULL, owner text NOT NULL, weight bigint NOT NULL,'
             " lim bigint NOT NULL, granted boolean NOT NULL, seq bigint NOT NULL,"
             " token bigint, identity text, metadata text, ttl double precision NOT NULL,"
-            " expires_at timestamptz NOT NULL, waited boolean NOT NULL DEFAULT false,"
-            " PRIMARY KEY (name, owner))"
-        )
-        self.table = f"{p}"
-        # ``waited``: a request may have queued behind this permit since its grant (its
-        # release then grants; else it is one DELETE). Added to a table made before it.
-        self.has_waited = (
-            "SELECT count(*) = 1 AS present FROM pg_attribute WHERE attrelid = $1::text::regclass"
-            " AND attname = 'waited' AND NOT attisdropped"
-        )
-        self.add_waited = (
-            f"ALTER TABLE {p} ADD COLUMN IF NOT EXISTS waited boolean NOT NULL DEFAULT false"
+            " expires_at timestamptz NOT NULL, PRIMARY KEY (name, owner))"
         )
         # Per name: the latest token granted and the latest queue place given. Never
         # deleted, so tokens only grow.
@@ -534,19 +523,16 @@ def _acquire_function(f: str, p: str, n: str) -> str:
     ``docs/internals/semaphores.md``, as :mod:`aiolease.backends.sql._permits` states them,
     in one transaction that locks the name's row first (made if missing: every acquire
     of the name waits for the one before to commit)."""
-    columns = (
-        "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at, waited"
-    )
+    columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
     expiry = "clock_timestamp() + make_interval(secs => a_ttl)"
     live = "x.name = a_name AND x.expires_at > t"
     upsert = (
         f"INSERT INTO {p} AS x ({columns}) VALUES"
         " (a_name, a_owner, a_weight, a_lim, {granted}, {seq}, {token}, a_identity, {meta},"
-        f" a_ttl, {expiry}, {{waited}}) ON CONFLICT (name, owner) DO UPDATE SET"
-        " weight = excluded.weight, lim = excluded.lim, granted = excluded.granted,"
-        " seq = excluded.seq, token = excluded.token, identity = excluded.identity,"
-        " metadata = excluded.metadata, ttl = excluded.ttl, expires_at = excluded.expires_at,"
-        " waited = excluded.waited"
+        f" a_ttl, {expiry}) ON CONFLICT (name, owner) DO UPDATE SET weight = excluded.weight,"
+        " lim = excluded.lim, granted = excluded.granted, seq = excluded.seq,"
+        " token = excluded.token, identity = excluded.identity,"
+        " metadata = excluded.metadata, ttl = excluded.ttl, expires_at = excluded.expires_at"
     )
     # What aiolease writes (permit_row checks the same, and the metadata, in Python).
     sane = (
@@ -555,15 +541,6 @@ def _acquire_function(f: str, p: str, n: str) -> str:
         " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
     )
     nothing = "NULL::text, NULL::int8, NULL::int8, NULL::bool, NULL::int8, NULL::int8"
-    # A grant is marked ``waited`` if requests stay queued behind it; an entry keeps its
-    # request's identity and metadata, for a grant by a release.
-    grant = upsert.format(
-        granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata",
-        waited="others > 0",
-    )  # fmt: skip
-    queue = upsert.format(
-        granted="false", seq="got", token="NULL", meta="a_metadata", waited="false"
-    )
     return f"""CREATE OR REPLACE FUNCTION {f}(a_name text, a_owner text, a_weight int8,
  a_lim int8, a_identity text, a_metadata text, a_ttl float8)
 RETURNS TABLE (act text, tok int8, owner text, weight int8, lim int8, granted bool, seq int8,
@@ -581,8 +558,6 @@ DECLARE
  my_token int8;
  got int8;
  expired int8;
- others int8;
- unwaited int8;
  decision text;
 BEGIN
  -- Locks the name's row, and takes its next token (given back unless granted).
@@ -598,10 +573,8 @@ BEGIN
   bool_or(x.granted) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
   max(x.seq) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
   max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
-  count(*) FILTER (WHERE x.expires_at <= t),
-  count(*) FILTER (WHERE NOT x.granted AND x.owner <> a_owner AND x.expires_at > t),
-  count(*) FILTER (WHERE x.granted AND NOT x.waited AND x.expires_at > t)
-  INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired, others, unwaited
+  count(*) FILTER (WHERE x.expires_at <= t)
+  INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired
   FROM (SELECT * FROM {p} r WHERE r.name = a_name FOR KEY SHARE) x;
  IF expired > 0 THEN
   DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
@@ -623,14 +596,11 @@ BEGIN
     AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
   END IF;
   IF used + ahead + a_weight <= a_lim THEN
-   {grant};
+   {upsert.format(granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata")};
    RETURN QUERY SELECT 'grant'::text, got, {nothing}, NULL::text, NULL::text, NULL::float8;
    RETURN;
   END IF;
   decision := CASE WHEN my_seq IS NULL THEN 'queue' ELSE 'refresh' END;
-  IF unwaited > 0 THEN  -- their releases grant from now on
-   UPDATE {p} x SET waited = true WHERE {live} AND x.granted AND NOT x.waited;
-  END IF;
  END IF;
  RETURN QUERY SELECT decision, NULL::int8, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
   x.identity, x.metadata, extract(epoch FROM x.expires_at - t)::float8
@@ -638,7 +608,7 @@ BEGIN
  IF decision = 'queue' THEN
   UPDATE {n} x SET token = x.token - 1, seq = x.seq + 1 WHERE x.name = a_name
    RETURNING x.seq INTO got;
-  {queue};
+  {upsert.format(granted="false", seq="got", token="NULL", meta="a_metadata")};
  ELSE
   UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
   IF decision = 'refresh' THEN
@@ -685,17 +655,6 @@ DECLARE
  joined text := '';
  o text;
 BEGIN
- -- Nobody queued behind the permit since its grant: one DELETE, nothing to grant. (An
- -- acquire that queues marks it, holding its row until the commit: this DELETE waits,
- -- and then sees the mark on the row.)
- IF a_token IS NOT NULL THEN
-  DELETE FROM {p} x WHERE x.name = a_name AND x.owner = a_owner AND x.token = a_token
-   AND x.granted AND NOT x.waited AND x.expires_at > clock_timestamp();
-  IF FOUND THEN
-   RETURN QUERY SELECT true, true, NULL::text[], NULL::int8[], NULL::float8[];
-   RETURN;
-  END IF;
- END IF;
  SELECT x.token INTO tok FROM {n} x WHERE x.name = a_name FOR NO KEY UPDATE;
  DELETE FROM {p} x WHERE x.name = a_name AND x.owner = a_owner
   AND (NOT x.granted OR a_token IS NULL OR x.token = a_token)
@@ -719,10 +678,6 @@ BEGIN
     RETURNING x.owner, x.token, x.ttl)
   SELECT array_agg(g.owner ORDER BY g.token), array_agg(g.token ORDER BY g.token),
    array_agg(g.ttl ORDER BY g.token) INTO g_owners, g_tokens, g_ttls FROM g;
-  IF coalesce(cardinality(g_owners), 0) < queued THEN  -- entries stay queued
-   UPDATE {p} x SET waited = true
-    WHERE x.name = a_name AND x.granted AND NOT x.waited AND x.expires_at > t;
-  END IF;
   IF g_owners IS NOT NULL THEN
    UPDATE {n} x SET token = tok + cardinality(g_owners) WHERE x.name = a_name;
    FOREACH o IN ARRAY g_owners LOOP
