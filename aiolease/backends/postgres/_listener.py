@@ -109,6 +109,8 @@ class Listener:
         #: Told the owners whose permit queue entries a release granted (set by the
         #: backend's permits: :meth:`~aiolease.backends.sql._handed.Handed.told`).
         self.permits_granted: Callable[[str, list[str]], None] | None = None
+        #: Told the names whose permit or queue entry went without a grant (``'p:'``).
+        self.permits_released: Callable[[str], None] | None = None
         self._what = what
         self._want_grants = False  # once a wait for a holder to appear asked for them
         self._grants_on: Any = None  # the connection that listens to the grants channel
@@ -261,6 +263,8 @@ class Listener:
                 self.permits_granted(name, owner.split(","))
             return
         if kind == "p":  # a permit or queue entry went: the name's permit waiters look
+            if self.permits_released is not None:
+                self.permits_released(name)
             name = permit_key(name)
         self.notes += 1
         if len(self._noted) >= _MAX_NOTED:

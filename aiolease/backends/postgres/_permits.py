@@ -30,6 +30,9 @@ from ._statements import PERMIT_COLUMNS, PermitSql
 
 __all__ = ["Permits"]
 
+#: The most names remembered as having requests queued (then all are forgotten).
+_MAX_CONTENDED = 4096
+
 #: Runs one statement (with the backend's pool, errors mapped, tables made on first use).
 Fetch = Callable[..., Awaitable[list[Any]]]
 
@@ -66,6 +69,10 @@ class Permits:
         #: The grants that releases made to queue entries, until their waiters take them.
         self._handed = Handed(wakeups.wake, now)
         listener.permits_granted = self._handed.told
+        listener.permits_released = self._handed.told_all
+        #: Names with requests queued, as this backend last saw them (a refusal, or a
+        #: release that left some): their releases take the name's row and grant.
+        self._contended: set[str] = set()
         #: Tasks in :meth:`wait_turn` now.
         self.waiting = 0
         #: Acquire statements sent.
@@ -103,7 +110,17 @@ class Permits:
         outcome = acquired(self._sql.where, name, owner, ttl, limit, act, token, rows)
         if isinstance(outcome, Grant):
             self._handed.forget(name, owner)
+        else:
+            self._queued(name, True)
         return outcome
+
+    def _queued(self, name: str, queued: bool) -> None:
+        if not queued:
+            self._contended.discard(name)
+            return
+        if len(self._contended) >= _MAX_CONTENDED:
+            self._contended.clear()
+        self._contended.add(name)
 
     async def read(self, name: str) -> PermitHolders | None:
         """:meth:`~aiolease.abc.Backend.read_permits`."""
@@ -128,15 +145,22 @@ class Permits:
             self.waiting -= 1
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        """Delete ``owner``'s permit (of ``token``) or queue entry, and grant the queue
-        entries that then fit (their waiters here take the grants from the answer)."""
+        """Delete ``owner``'s permit (of ``token``) or queue entry. Where this backend saw
+        requests queue for the name (a refusal, or a release that left some), the
+        release function, which also grants the queue entries that then fit (their
+        waiters here take the grants from the answer); else one ``DELETE``, which tells
+        every waiter of the name elsewhere to ask again (``'p:'``), if any."""
         self._batcher.forget(name, owner, token)
         self._handed.forget(name, owner)
+        if name not in self._contended:
+            rows = await self._fetch(self._sql.release_plain, name, owner, token, self._channel)
+            return bool(rows and rows[0]["freed"])
         sent_at = now()
         rows = await self._fetch(self._sql.release, name, owner, token, self._channel)
         row = rows[0] if rows else None
         if row is None:
             return False
+        self._queued(name, bool(row["still_queued"]))
         if row["owners"]:
             self._handed.granted(name, row["owners"], row["tokens"], row["ttls"], sent_at)
         return bool(row["freed"])

@@ -449,8 +449,25 @@ class PermitSql:
         # $1 name, $2 owner, $3 token or NULL, $4 channel: delete the caller's permit
         # (of that token) or queue entry, and grant the queue entries that then fit
         # (see ``_release_function``). One row: whether a live permit was freed, whether
-        # anything was deleted, and the owners, tokens and ttls of the grants.
-        self.release = f"SELECT freed, deleted, owners, tokens, ttls FROM {r}($1, $2, $3::int8, $4)"
+        # anything was deleted, how many entries stay queued, and the owners, tokens and
+        # ttls of the grants.
+        self.release = (
+            "SELECT freed, deleted, still_queued, owners, tokens, ttls"
+            f" FROM {r}($1, $2, $3::int8, $4)"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel: the release of a backend that
+        # saw nobody queue for the name: delete the caller's permit (of that token) or
+        # queue entry and, if anything went, tell every waiter of the name (``'p:'``),
+        # which asks again (a request queued elsewhere that now fits is granted by its
+        # own ask). No lock on the name's row: releases of one name run side by side.
+        self.release_plain = (
+            f"WITH d AS (DELETE FROM {p} WHERE name = $1 AND owner = $2"
+            " AND (NOT granted OR $3::int8 IS NULL OR token = $3::int8)"
+            " RETURNING granted AND expires_at > clock_timestamp() AS live)"
+            " SELECT coalesce(bool_or(d.live), false) AS freed, count(*) > 0 AS deleted,"
+            " CASE WHEN count(*) > 0 THEN pg_notify($4, 'p:' || $1) END IS NULL AS notified"
+            " FROM d"
+        )
 
 
 def default_channel(schema: str, table: str) -> str:
@@ -637,7 +654,8 @@ def _release_function(r: str, p: str, n: str) -> str:
     )
     return f"""CREATE OR REPLACE FUNCTION {r}(a_name text, a_owner text, a_token int8,
  a_channel text)
-RETURNS TABLE (freed bool, deleted bool, owners text[], tokens int8[], ttls float8[])
+RETURNS TABLE (freed bool, deleted bool, still_queued int8, owners text[], tokens int8[],
+ ttls float8[])
 LANGUAGE plpgsql VOLATILE AS $aiolease$
 #variable_conflict use_column
 DECLARE
@@ -660,7 +678,7 @@ BEGIN
   AND (NOT x.granted OR a_token IS NULL OR x.token = a_token)
   RETURNING x.granted AND x.expires_at > clock_timestamp() INTO was_live;
  IF NOT FOUND THEN
-  RETURN QUERY SELECT false, false, NULL::text[], NULL::int8[], NULL::float8[];
+  RETURN QUERY SELECT false, false, 0::int8, NULL::text[], NULL::int8[], NULL::float8[];
   RETURN;
  END IF;
  t := clock_timestamp();
@@ -690,7 +708,8 @@ BEGIN
    PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
   END IF;
  END IF;
- RETURN QUERY SELECT coalesce(was_live, false), true, g_owners, g_tokens, g_ttls;
+ RETURN QUERY SELECT coalesce(was_live, false), true, queued - coalesce(cardinality(g_owners), 0),
+  g_owners, g_tokens, g_ttls;
 END
 $aiolease$"""
 

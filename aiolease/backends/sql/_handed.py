@@ -84,6 +84,14 @@ class Handed:
             if key in self._asking and self._grants.get(key) is None:  # never over a
                 self._put(key, None)  # grant that it can take
 
+    def told_all(self, name: str) -> None:
+        """A permit or queue entry of ``name`` went elsewhere, without granting (a
+        release by a backend that saw nobody queue): every request asking here for
+        ``name`` asks again."""
+        for key in [key for key in self._asking if key[0] == name]:
+            if self._grants.get(key) is None:
+                self._put(key, None)
+
     def waiting(self, name: str, owner: str) -> bool:
         """Whether ``owner`` was granted since its latest ask: its wait ends at once."""
         return (name, owner) in self._grants
