@@ -18,10 +18,12 @@ from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
 
 __all__ = [
+    "QUICK_NOTE",
     "RESULTS_ENV",
     "add_figure_arguments",
     "hold_blocks",
     "hold_in_tasks",
+    "quick_cut",
     "record",
     "run_threads",
     "take_turns",
@@ -168,6 +170,25 @@ async def take_turns(
             await one()
             found[label].append(time.perf_counter() - start)
     return {label: statistics.median(samples) for label, samples in found.items()}
+
+
+#: The contenders a ``--quick`` pass keeps in its figures that start processes or
+#: wait for expiries: the raw floors and aiolease (their names start so).
+OURS_AND_FLOORS = ("floor", "raw", "advisory", "aiolease")
+
+
+def quick_cut(kinds: Sequence[str], quick: bool, also: Sequence[str] = ()) -> list[str]:
+    """The contenders of a slow figure (processes started, expiries waited for): all of
+    ``kinds``, or with ``--quick`` only the floors and aiolease, and the peers of
+    ``also`` (those a target is measured against). A quick pass spends its minutes on
+    what the targets judge; the in-process figures keep every peer."""
+    if not quick:
+        return list(kinds)
+    return [k for k in kinds if k.startswith(OURS_AND_FLOORS) or k in also]
+
+
+#: Printed under a figure whose peers a ``--quick`` pass left out.
+QUICK_NOTE = "  (--quick: peers other than those a target names are left out of this figure)"
 
 
 def add_figure_arguments(parser: argparse.ArgumentParser) -> None:

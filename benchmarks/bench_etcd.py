@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, record, run_threads
+from _common import QUICK_NOTE, add_figure_arguments, quick_cut, record, run_threads
 from _permits import PeerLock, PermitSizes, permit_figures
 from aetcd import Client, rpc
 
@@ -653,7 +653,9 @@ async def main(args: argparse.Namespace) -> None:
     # moves a single round by +-20 %: the contenders take turns for ROUNDS rounds, and
     # each figure is the median round (fairness from all rounds' acquisitions).
     print(f"{'hand-offs, 4 processes, one key':<36} {'per s':>8} {'max/min':>8}")
-    across = ("floor", "aiolease-fair", "aiolease", "aetcd")
+    across = quick_cut(("floor", "aiolease-fair", "aiolease", "aetcd"), args.quick)
+    if args.quick:
+        print(QUICK_NOTE)
     rates: dict[str, list[float]] = {kind: [] for kind in across}
     totals: dict[str, list[int]] = {kind: [0] * 4 for kind in across}
     for _ in range(1 if args.quick else ROUNDS):
@@ -667,7 +669,9 @@ async def main(args: argparse.Namespace) -> None:
         record("etcd", "hand-offs, 4 processes, one key", kind, rate, "/s")
 
     print(f"\n{'crash failover, ttl 2 s':<36} {'delete->acquire':>16} {'kill->acquire':>14}")
-    for kind in ("floor", "aiolease", "aiolease-fair", "aetcd"):
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(("floor", "aiolease", "aiolease-fair", "aetcd"), args.quick):
         runs = [await failover(kind, url, 2.0) for _ in range(args.failovers)]
         gap = statistics.median(r[0] for r in runs)
         total = statistics.median(r[1] for r in runs)
@@ -675,7 +679,9 @@ async def main(args: argparse.Namespace) -> None:
         record("etcd", "crash failover, ttl 2 s: delete to acquire", kind, gap * 1000, "ms")
 
     print(f"\n{f'{args.held} leases held, ttl 3 s':<36} {'req/s':>8} {'CPU s/s':>8} {'lost':>6}")
-    for kind in ("floor", "aiolease", "aetcd"):
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(("floor", "aiolease", "aetcd"), args.quick):
         rate, cpu, lost = await held(kind, url, args.held, args.held_seconds)
         print(f"  {kind:<34} {rate:>8.1f} {cpu:>8.3f} {lost:>6}")
         figure = f"{args.held} leases held, ttl 3 s"
@@ -706,6 +712,6 @@ if __name__ == "__main__":
         asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
     else:
         if args.quick:
-            args.cycles, args.seconds, args.failovers = 100, 1.0, 1
-            args.held, args.held_seconds = 200, 3.0
+            args.cycles, args.seconds, args.failovers = 100, 0.5, 1
+            args.held, args.held_seconds = 200, 2.0
         asyncio.run(main(args))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import signal
 import statistics
@@ -45,7 +46,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import add_figure_arguments, hold_in_tasks, record, run_threads
+from _common import QUICK_NOTE, add_figure_arguments, hold_in_tasks, quick_cut, record, run_threads
+from _permits import PermitSizes, permit_figures
 from pymongo import AsyncMongoClient, MongoClient, ReturnDocument, monitoring
 
 from aiolease import AsyncLock, open_backend
@@ -530,9 +532,34 @@ def p50_ms(gaps: Sequence[float]) -> str:
     return f"{statistics.median(gaps) * 1000:.1f}" if gaps else "-"
 
 
+async def permits(url: str, args: argparse.Namespace) -> None:
+    """Issue 23's figures (``_permits.py``): permits against this backend's lock, on one
+    backend object; renewals counted as the backend's renew commands per tick."""
+    async with open_backend(bench_url(url, "permits")) as backend:
+        stats: Any = backend
+
+        async def renew_commands() -> float:
+            return float(stats.statistics().renew_commands)
+
+        sizes = PermitSizes.of(args, settle=3.0)
+        if args.permits_held is not None:
+            sizes = dataclasses.replace(sizes, held=args.permits_held)
+        await permit_figures(
+            "MongoDB",
+            backend,
+            sizes,
+            counters={"renew commands": renew_commands},
+            tick_target="renew commands",
+            notes=["mongolock and mongoelector have no semaphore and no read-write lock"],
+        )
+
+
 async def main(args: argparse.Namespace) -> None:
     url, skip = args.url, args.skip
     print(f"MongoDB benchmarks against {url} (ratios from this run only)")
+    if args.only == "permits":
+        await permits(url, args)
+        return
     print(f"mongolock 1.3.4: {mongolock_works(url)}\n")
     times = await uncontended(url, args.cycles, skip)
     floor, floor_sent = times["raw floor (upsert + update)"]
@@ -571,9 +598,12 @@ async def main(args: argparse.Namespace) -> None:
         record("mongo", figure, label, sum(counts) / args.seconds, "/s")
         record("mongo", figure + ": fairness", label, fairness(counts), "max/min")
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8} {'gap p50':>10}")
-    for kind in ["floor", "aiolease-fair", "aiolease"] + (
+    if args.quick:
+        print(QUICK_NOTE)
+    across = ["floor", "aiolease-fair", "aiolease"] + (
         ["postgres"] if "postgres" not in skip else []
-    ):
+    )
+    for kind in quick_cut(across, args.quick):
         counts, gaps_ = await handoffs_across_processes(kind, url, 4, args.seconds)
         label = "postgres (aiolease, for the gap)" if kind == "postgres" else kind
         print(
@@ -609,6 +639,7 @@ async def main(args: argparse.Namespace) -> None:
         label = "floor (polls every 100 ms)" if kind == "floor" else kind
         print(f"  {label:<34} {ops:>13.1f}")
         record("mongo", f"{args.waiters} processes waiting on one name", label, ops, "ops/s")
+    await permits(url, args)
 
 
 if __name__ == "__main__":
@@ -621,9 +652,17 @@ if __name__ == "__main__":
     )
     add_figure_arguments(parser)
     parser.add_argument("--waiters", type=int, default=50, help="waiting processes")
+    parser.add_argument(
+        "--permits-held",
+        type=int,
+        help="permits held at once (default: --held; granting 1,000 on one name takes"
+        " minutes on a loaded machine)",
+    )
     parser.add_argument("--skip", action="append", default=[], choices=["mongoelector", "postgres"])
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
-    parser.add_argument("--only", choices=["uncontended"], help="print this figure only")
+    parser.add_argument(
+        "--only", choices=["uncontended", "permits"], help="print these figures only"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
@@ -638,5 +677,5 @@ if __name__ == "__main__":
     else:
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 1.5, 1
-            args.held, args.held_seconds, args.waiters = 200, 3.0, 10
+            args.held, args.held_seconds, args.waiters = 200, 2.0, 4
         asyncio.run(main(args))

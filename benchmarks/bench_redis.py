@@ -66,7 +66,15 @@ import redis
 import redis.asyncio
 import redis.asyncio.connection
 import redis.connection
-from _common import add_figure_arguments, hold_in_tasks, record, run_threads, verdict
+from _common import (
+    QUICK_NOTE,
+    add_figure_arguments,
+    hold_in_tasks,
+    quick_cut,
+    record,
+    run_threads,
+    verdict,
+)
 from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
 from _redis_contenders import (
     HOLD,
@@ -552,6 +560,10 @@ async def handoff_figures(args: argparse.Namespace, peers: Sequence[str], report
     for where, label in (("tasks", "8 tasks"), ("procs", "4 processes")):
         title = f"hand-offs, {label}, one key, 1 ms"
         print(f"\n{title:<36} {'per s':>8} {'max/min':>8} {'starved':>8}  rounds")
+        if where == "procs":
+            kinds = quick_cut(kinds, args.quick, ("python-redis-lock",))
+            if args.quick:
+                print(QUICK_NOTE)
         rounds: dict[str, list[list[int]]] = {kind: [] for kind in kinds}
         for turn in range(args.rounds):
             for kind in kinds[turn % len(kinds) :] + kinds[: turn % len(kinds)]:
@@ -590,7 +602,9 @@ async def failover_figure(args: argparse.Namespace, peers: Sequence[str], report
     label = f"crash failover, ttl {args.failover_ttl:g} s"
     print(f"\n{label:<36} {'expiry->acquire':>16}")
     gaps: dict[str, float] = {}
-    for kind in ("floor", "aiolease", "aiolease-fair", *peers):
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(("floor", "aiolease", "aiolease-fair", *peers), args.quick):
         runs = [await failover(kind, url, args.failover_ttl) for _ in range(args.failovers)]
         gaps[kind] = statistics.median(runs)
         print(f"  {kind:<34} {gaps[kind] * 1000:>13.1f} ms")
@@ -619,7 +633,9 @@ async def held_figure(args: argparse.Namespace, peers: Sequence[str], report: Re
     head = f"{'RT/s':>8} {'renew RT/s':>10} {'reads/s':>8} {'CPU s/s':>8} {'lost':>6}"
     print(f"\n{title:<36} {head}")
     found: dict[str, tuple[float, float, float, float, int]] = {}
-    for kind in ("floor", "aiolease", *peers):
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(("floor", "aiolease", *peers), args.quick, ("redis-py",)):
         found[kind] = await held(kind, url, args.held, args.held_seconds, args.settle)
         rate, renew, reads, cpu, lost = found[kind]
         print(f"  {kind:<34} {rate:>8.1f} {renew:>10.1f} {reads:>8.1f} {cpu:>8.3f} {lost:>6}")

@@ -25,7 +25,7 @@ Each target is recorded with its own verdict (``run_all.py`` takes the median of
 runs); the last column of the printed table is PASS when all of a backend's are met.
 
 Usage: ``python benchmarks/bench_scale.py [--quick] [--leases 10000] [--hold 10]
-[--backends memory,redis]``. ``--quick`` holds 2,000 leases for 3 s (``run_all.py
+[--backends memory,redis]``. ``--quick`` holds 1,000 leases for 2 s (``run_all.py
 --quick``'s pass; the per-lease CPU is then a little higher, as each tick's fixed cost
 is shared by fewer leases).
 """
@@ -295,15 +295,15 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--leases", type=int, help="leases held (default 10,000; 2,000 --quick)")
+    parser.add_argument("--leases", type=int, help="leases held (default 10,000; 1,000 --quick)")
     parser.add_argument("--hold", type=float, help="seconds the leases are held (default 10)")
     parser.add_argument("--backends", default="memory,sqlite,redis,postgres,mysql,etcd")
     parser.add_argument(
-        "--quick", action="store_true", help="2,000 leases held 3 s (the issue's figure: 10,000)"
+        "--quick", action="store_true", help="1,000 leases held 2 s (the issue's figure: 10,000)"
     )
     args = parser.parse_args()
     if args.leases is None:
-        args.leases = 2_000 if args.quick else 10_000
+        args.leases = 1_000 if args.quick else 10_000
     if args.hold is None:
-        args.hold = 3.0 if args.quick else 10.0
+        args.hold = 2.0 if args.quick else 10.0
     asyncio.run(main(args))

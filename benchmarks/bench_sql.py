@@ -78,8 +78,10 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from _common import (
+    QUICK_NOTE,
     add_figure_arguments,
     hold_in_tasks,
+    quick_cut,
     record,
     run_threads,
     take_turns,
@@ -629,7 +631,9 @@ async def print_failover(db: Db, args: argparse.Namespace, kinds: Sequence[str])
         f"\n{'crash failover, ttl 2 s':<40} {'expiry->acquire':>16} {'kill->acquire':>14}"
         f"  target <= {TARGET_FAILOVER * 1e3:.0f} ms"
     )
-    for contender in kinds:
+    if args.quick:
+        print(QUICK_NOTE)
+    for contender in quick_cut(kinds, args.quick):
         runs = [await failover(contender, db, 2.0) for _ in range(args.failovers)]
         total = statistics.median(r[1] for r in runs)
         after = [r[0] for r in runs if r[0] is not None]

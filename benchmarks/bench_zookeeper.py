@@ -5,7 +5,7 @@ ephemeral sequential node and its delete, one request each. Prints, as in the
 issue's table:
 
 * **uncontended acquire+release**: median per cycle, as a ratio to the floor (the
-  contenders take turns, one cycle each, in an order rotated every round); a
+  contenders take turns, one cycle each, in a random order every round); a
   semaphore permit and a read permit too, and the permit's ratio to the lock's;
 * **hand-offs per second**: 8 tasks (kazoo: threads) in one process, then 4
   processes, on one name, each holding it 1 ms; and fairness (most / fewest
@@ -41,7 +41,15 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import aiozk
-from _common import add_figure_arguments, hold_in_tasks, record, run_threads
+from _common import (
+    QUICK_NOTE,
+    add_figure_arguments,
+    hold_in_tasks,
+    quick_cut,
+    record,
+    run_threads,
+    take_turns,
+)
 from kazoo.client import KazooClient
 
 from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, open_backend
@@ -102,7 +110,6 @@ def server_requests(url: str) -> int:
 
 async def uncontended(url: str, cycles: int) -> dict[str, float]:
     """Median seconds per acquire+release, by contender."""
-    found: dict[str, list[float]] = {}
     cycle: dict[str, Callable[[], Awaitable[object]]] = {}
     async with AsyncExitStack() as stack:
         raw = await aiozk_client(url, stack)
@@ -156,21 +163,11 @@ async def uncontended(url: str, cycles: int) -> dict[str, float]:
             await aiozk_lock.release()
 
         cycle["aiozk lock recipe"] = aiozk_cycle
-        for _ in range(min(cycles // 10, 50)):
-            for one in cycle.values():
-                await one()
-        # The contenders take turns, one cycle each, the order rotated every round: a
-        # cycle right after the floor's (plain aiozk, whose reader leaves work behind on
-        # the loop) runs some 5 % slower than after any other, so each follows each
-        # equally often.
-        labels = list(cycle)
-        for round_ in range(cycles):
-            shift = round_ % len(labels)
-            for label in labels[shift:] + labels[:shift]:
-                start = time.perf_counter()
-                await cycle[label]()
-                found.setdefault(label, []).append(time.perf_counter() - start)
-    return {label: statistics.median(samples) for label, samples in found.items()}
+        # One cycle each in a random order (_common.take_turns): a cycle right after
+        # the floor's (plain aiozk) runs some 10 % slower than after one of ours, and
+        # the floor's after another floor's fastest, so no contender may always follow
+        # the same one (a rotated order did: every lock cycle followed a floor's).
+        return await take_turns(cycle, cycles)
 
 
 # -- hand-offs -----------------------------------------------------------------------------
@@ -426,7 +423,9 @@ async def main(args: argparse.Namespace) -> None:
         ok=rate / lock_rate >= 3.5,
     )
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8}")
-    for kind in ("aiolease", "kazoo", "aiozk"):
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(("aiolease", "kazoo", "aiozk"), args.quick, ("kazoo",)):
         counts = await handoffs_across_processes(kind, url, 4, args.seconds)
         print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
 
@@ -474,6 +473,6 @@ if __name__ == "__main__":
         asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
     else:
         if args.quick:
-            args.cycles, args.seconds, args.failovers = 100, 1.0, 1
-            args.held, args.held_seconds = 200, 3.0
+            args.cycles, args.seconds, args.failovers = 100, 0.5, 1
+            args.held, args.held_seconds = 200, 2.0
         asyncio.run(main(args))

@@ -7,7 +7,7 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
@@ -63,7 +63,7 @@ T = TypeVar("T")
 _Seen = tuple[object, int, bytes]
 
 
-def _any_event(event: Any) -> bool:
+def _any_event(events: Sequence[Any]) -> bool:
     return True
 
 
@@ -174,6 +174,9 @@ class EtcdBackend(PermitOps):
         self._handoffs = Handoffs()
         #: Per refused permit request: what its wait needs (see ``_permit_ops._Turn``).
         self._permit_seen = {}
+        self._permit_queued = {}
+        self._permit_handed = {}
+        self._permit_ready = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -545,9 +548,35 @@ class EtcdBackend(PermitOps):
             self._takeovers.unwatch(entry)  # its delete is ours
         self._turns.pop((name, owner), None)
         self._handoffs.forget(name, owner)
+        permit = is_permit_owner(owner)
+        if permit:
+            self._forget_queued(name, owner)
+            if self._permit_handed:
+                self._permit_handed.pop((name, owner), None)
+            if self._permit_ready:
+                self._permit_ready.pop((name, owner), None)
         slot = self._known_slot(name, owner)
         try:
-            if slot and (token is None or (entry is not None and entry.token == token)):
+            if (
+                permit
+                and slot
+                and entry is not None
+                and not entry.queued
+                and token is not None
+                and entry.token == token
+                and not doomed
+                and entry.reason is None
+                and self._permit_queued
+                and await self._hand_permit(entry)
+            ):
+                deleted, gone = True, True  # its key deleted, its place handed on
+            elif permit and token is None:
+                # A request given up: its queue key, or the permit key a release here
+                # may have handed it (see _hand_permit), whichever exists.
+                reply = await self._wire.txn(self._layout.permit_give_up(name, owner))
+                deleted = reply.responses[1].response_delete_range.deleted > 0
+                gone = True
+            elif slot and (token is None or (entry is not None and entry.token == token)):
                 # The key in the slot can only be this grant: only owner's attempts write
                 # there, and the entry is the latest of them. No compare needed.
                 reply = await self._wire.delete(self._layout.delete_key(name, slot))
@@ -573,7 +602,6 @@ class EtcdBackend(PermitOps):
         queued = False
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
-            permit = is_permit_owner(owner)
             if deleted and not queued and not doomed and entry.reason is None and not permit:
                 self._handoffs.released(entry)  # before its end wakes the successor
             self._sessions.end(entry, LossReason.RELEASED)

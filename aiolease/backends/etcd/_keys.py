@@ -21,7 +21,7 @@ the key is what makes a retry after a lost reply find its own key.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -157,6 +157,10 @@ def _range(key: bytes, range_end: bytes = b"", *, limit: int = 0, newest: bool =
     )
 
 
+def _delete(key: bytes) -> Any:
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+
 def _put(key: bytes, value: bytes, lease_id: int) -> Any:
     return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease_id))
 
@@ -250,6 +254,81 @@ class Layout:
             compare=[_compare_create(waiting, queued), _compare_create(key, 0)],
             success=[delete, _put(key, value, lease_id)],
         )
+
+    def queue_key(self, name: str, owner: str) -> bytes:
+        """The key of the permit request ``owner``'s queue entry."""
+        return self.key(name, queue_slot(owner))
+
+    def queue_ranges(self, name: str, passing: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:
+        """The key ranges of ``name``'s queue keys, but the keys ``passing``."""
+        queue = self.permit_start(name) + QUEUE_SLOT.encode()
+        bounds = [queue]
+        for key in sorted(passing):
+            bounds += [key, key + b"\0"]
+        bounds.append(prefix_end(queue))
+        return list(zip(bounds[::2], bounds[1::2], strict=True))
+
+    def permit_handoff(
+        self,
+        name: str,
+        held: tuple[str, int],
+        owner: str,
+        queued: int,
+        value: bytes,
+        lease_id: int,
+        ranges: Sequence[tuple[bytes, bytes, bool]] = (),
+        gone: Sequence[bytes] = (),
+    ) -> Any:
+        """Txn: release the permit key ``held`` (its slot and token) and grant its place
+        to ``owner``'s queue key in the same revision: if the held key is still that
+        grant, ``owner``'s queue key is ``queued`` and no queue key of ``name`` is older
+        (the first in line), and ``owner`` has no permit key yet, delete both keys and
+        put ``owner``'s permit key (``value``, on ``lease_id``).
+
+        ``ranges`` (default: every queue key of ``name``) are where the queue keys
+        older than ``queued`` must not be: ``(low, high, known)``, where ``known`` says
+        that a key newer than them lies in the range. etcd compares an empty range as
+        one key of create revision 0, so a range not ``known`` to hold a key must be
+        empty instead. The keys ``gone`` must not exist."""
+        holder, waiting, key = (
+            self.key(name, held[0]),
+            self.queue_key(name, owner),
+            self.key(name, owner),
+        )
+        first = [
+            rpc.Compare(
+                key=low,
+                range_end=high,
+                target=rpc.Compare.CREATE,
+                result=rpc.Compare.GREATER,
+                create_revision=queued - 1,
+            )
+            if known
+            else rpc.Compare(
+                key=low,
+                range_end=high,
+                target=rpc.Compare.VERSION,
+                result=rpc.Compare.EQUAL,
+                version=0,
+            )
+            for low, high, known in ranges or [(*self.queue_ranges(name)[0], True)]
+        ]
+        return rpc.TxnRequest(
+            compare=[
+                _compare_create(holder, held[1]),
+                _compare_create(waiting, queued),
+                _compare_create(key, 0),
+                *first,
+                *(_compare_create(other, 0) for other in gone),
+            ],
+            success=[_delete(holder), _delete(waiting), _put(key, value, lease_id)],
+        )
+
+    def permit_give_up(self, name: str, owner: str) -> Any:
+        """Txn: delete the permit request ``owner``'s queue key and permit key, whichever
+        exist (the undo of a request given up: a grant may have been handed to it)."""
+        keys = (self.key(name, queue_slot(owner)), self.key(name, owner))
+        return rpc.TxnRequest(success=[_delete(key) for key in keys])
 
     def watch_permits(self, name: str, after: int) -> Any:
         """Watch the permit keys of ``name`` after revision ``after`` (puts, and deletions

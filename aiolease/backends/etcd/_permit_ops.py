@@ -10,18 +10,15 @@ backend's sessions, takeover watches, renewals and releases with its locks.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-
-from aetcd import rpc
 
 from ..._exceptions import BackendUnavailable, LimitMismatchError, LossReason
 from ..._permits import PermitHolders
 from ...abc import Backend, Grant, HolderInfo
 from .._asyncio import now
 from ._keys import Layout, queue_slot
+from ._permit_turn import Turn, retrieved
 from ._permit_values import PermitKey, encode_permit, parse_permits
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
 from ._takeover import Takeovers
@@ -40,8 +37,20 @@ class PermitOps(Backend):
     _layout: Layout
     _sessions: Sessions
     _takeovers: Takeovers
-    #: Per refused permit request: what its wait needs (see :class:`_Turn`).
-    _permit_seen: dict[tuple[str, str], _Turn]
+    #: Per refused permit request: what its wait needs (see :class:`Turn`).
+    _permit_seen: dict[tuple[str, str], Turn]
+    #: The permit requests queued through this backend that wait for their turn (or
+    #: waited, and ask again), by name and owner, each as its latest :class:`Turn`: a
+    #: release here may hand its place to the first of them (:meth:`_hand_permit`).
+    #: Only a request that waits: one refused by ``acquire_nowait`` never gets a grant
+    #: it did not ask for.
+    _permit_queued: dict[str, dict[str, Turn]]
+    #: Grants handed to waiting requests by a release here, by (name, owner): the token,
+    #: taken by the request's next attempt without a request.
+    _permit_handed: dict[tuple[str, str], int]
+    #: Requests whose wait found, from the watch, that they fit now, by (name, owner):
+    #: the next attempt replaces the queue key by a permit key without reading first.
+    _permit_ready: dict[tuple[str, str], Turn]
 
     if TYPE_CHECKING:  # defined by EtcdBackend
 
@@ -70,6 +79,17 @@ class PermitOps(Backend):
         since the read (etcd's compares cannot sum weights): then it decides again."""
         self._check_open()
         touched = now()
+        handed = self._permit_handed.pop((name, owner), None) if self._permit_handed else None
+        if handed is not None:
+            self._forget_queued(name, owner)
+            entry = self._sessions.entries.get((name, owner))
+            if (
+                entry is not None
+                and entry.token == handed
+                and entry.reason is None
+                and entry.session.usable(touched)
+            ):
+                return self._granted(entry, ttl, touched)
         for _ in range(8):
             async with self._sessions.using(ttl) as session:
                 try:
@@ -96,11 +116,25 @@ class PermitOps(Backend):
         """One attempt; ``None``: the keys changed under it (decide again)."""
         identity, metadata, limit, weight = request
         start = self._layout.permit_start(name)
+        held = encode_permit(identity, metadata, limit, weight, False)
+        ready = self._permit_ready.pop((name, owner), None) if self._permit_ready else None
+        if ready is not None:
+            # Its wait counted, from the watch, that it fits now: no read needed (it
+            # keeps fitting while its queue key lives: every grant since counted it).
+            place = (ready.mine, ready.weight)
+            granted = await self._grant_queued(name, owner, ttl, place, held, session, touched)
+            if granted is not None:
+                return granted
         # First as if the name had no key: the put's guard ("no key created before
         # revision 1") checks that on the server, and its failure answers with the keys.
         # An uncontended acquire is then one round trip, not a range and a txn.
         kvs: Sequence[Any] = ()
         revision = 0
+        if self._permit_queued.get(name):
+            # Requests of the name are queued here: its keys exist, the blind put would fail
+            # (a write, a consensus round); a read answers the same, cheaper.
+            reply = await self._wire.range(self._layout.permits(name))
+            kvs, revision = reply.kvs, int(reply.header.revision)
         lost = 0  # puts of a permit key that lost the race to another request's key
         for _ in range(8):
             self._check_open()
@@ -122,16 +156,16 @@ class PermitOps(Backend):
             fits = used + ahead + weight <= limit
             if mine is not None:
                 if (name, owner, mine.token) in self._sessions.doomed:
-                    self._note_turn(name, owner, _Turn(revision, 0, mine.token))
+                    self._note_turn(name, owner, Turn(revision, 0, mine.token), False)
                     return _blocker(name, keys, owner)  # expired here; being deleted
                 if fits:  # its turn: held with what it asks now
-                    value = encode_permit(identity, metadata, limit, weight, False)
-                    return await self._grant_queued(name, owner, ttl, mine, value, session, touched)
+                    place = (mine.token, mine.weight)
+                    return await self._grant_queued(name, owner, ttl, place, held, session, touched)
                 if not await self._keep_queued(name, owner, ttl, mine, session, touched):
                     return None
-                self._note_turn(
-                    name, owner, _Turn(revision, used + ahead + weight - limit, mine.token)
-                )
+                deficit = used + ahead + weight - limit
+                turn = Turn(revision, deficit, mine.token, owner, weight, held, ttl)
+                self._note_turn(name, owner, turn)
                 return _blocker(name, keys, owner)
             # Granted: no key may have come since the read (a new permit, or a queue key
             # that its weight would have to count). Queued: keys that came since are behind
@@ -143,7 +177,7 @@ class PermitOps(Backend):
             grant = fits and (lost < 2 or not keys)
             guard = ("newer", revision) if grant or not keys else _lasting(keys)
             slot = owner if grant else queue_slot(owner)
-            value = encode_permit(identity, metadata, limit, weight, not grant)
+            value = held if grant else encode_permit(identity, metadata, limit, weight, True)
             put = await self._wire.txn(
                 self._layout.permit_put(name, slot, value, session.lease_id, guard)
             )
@@ -155,7 +189,7 @@ class PermitOps(Backend):
                 continue
             token = int(put.header.revision)
             if grant:
-                entry = Entry(name, owner, token, session, touched + ttl)
+                entry = Entry(name, owner, token, session, touched + ttl, weight=weight)
                 self._sessions.attach(entry)
                 self._takeovers.watch(entry)
                 return self._grant(token, ttl, session)
@@ -163,7 +197,10 @@ class PermitOps(Backend):
             queued = Entry(name, owner, token, session, horizon, queued=True, slot=slot)
             self._sessions.attach(queued)
             if not fits:
-                self._note_turn(name, owner, _Turn(revision, used + ahead + weight - limit, token))
+                deficit = used + ahead + weight - limit
+                self._note_turn(
+                    name, owner, Turn(revision, deficit, token, owner, weight, held, ttl)
+                )
                 return _blocker(name, keys, owner)
             reply = await self._wire.range(self._layout.permits(name))  # its turn yet?
             kvs, revision = reply.kvs, int(reply.header.revision)
@@ -173,6 +210,7 @@ class PermitOps(Backend):
         self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float
     ) -> Grant | None:
         """``owner`` holds ``key``: its grant again, its key on ``session``."""
+        self._forget_queued(name, owner)
         if key.lease != session.lease_id:
             moved = await self._wire.txn(
                 self._layout.move(name, owner, key.token, session.lease_id)
@@ -181,7 +219,7 @@ class PermitOps(Backend):
                 return None
         entry = self._sessions.entries.get((name, owner))
         if entry is None or entry.token != key.token:
-            entry = Entry(name, owner, key.token, session, touched + ttl)
+            entry = Entry(name, owner, key.token, session, touched + ttl, weight=key.weight)
             self._sessions.attach(entry)
         elif entry.session is not session:
             self._sessions.move(entry, session)
@@ -192,20 +230,23 @@ class PermitOps(Backend):
         name: str,
         owner: str,
         ttl: float,
-        key: PermitKey,
+        queued: tuple[int, int],
         value: bytes,
         session: Session,
         touched: float,
     ) -> Grant | None:
-        """``owner``'s queued ``key`` fits: replace it by a permit key (a new token)."""
-        request = self._layout.permit_grant(name, owner, key.token, value, session.lease_id)
+        """``owner``'s queue key (``queued``: its token and weight) fits: replace it by a
+        permit key (a new token); ``None`` if it is gone."""
+        request = self._layout.permit_grant(name, owner, queued[0], value, session.lease_id)
         reply = await self._wire.txn(request)
         if not reply.succeeded:
             return None
+        self._forget_queued(name, owner)
         old = self._sessions.entries.get((name, owner))
         if old is not None:
             self._sessions.end(old, LossReason.RELEASED)  # its queue key is deleted
-        entry = Entry(name, owner, int(reply.header.revision), session, touched + ttl)
+        token = int(reply.header.revision)
+        entry = Entry(name, owner, token, session, touched + ttl, weight=queued[1])
         self._sessions.attach(entry)
         return self._granted(entry, ttl, touched)
 
@@ -242,16 +283,28 @@ class PermitOps(Backend):
         weights = tuple(key.weight for key in held)
         return PermitHolders(name, keys[0].limit, holders, weights, len(keys) - len(held))
 
-    def _note_turn(self, name: str, owner: str, turn: _Turn) -> None:
+    def _note_turn(self, name: str, owner: str, turn: Turn, queued: bool = True) -> None:
+        """Keep ``turn`` for the refused request's wait (``queued``: its queue key is
+        live; the wait makes it a candidate for a hand-off, see :meth:`_hand_permit`)."""
         if len(self._permit_seen) >= SEEN_LIMIT:
             del self._permit_seen[next(iter(self._permit_seen))]
         self._permit_seen[(name, owner)] = turn
+        turn.queued = queued
+        self._forget_queued(name, owner)  # until it waits again
+
+    def _forget_queued(self, name: str, owner: str) -> None:
+        """``owner``'s request on ``name`` is no longer queued here."""
+        queued = self._permit_queued.get(name)
+        if queued is not None and queued.pop(owner, None) is not None and not queued:
+            del self._permit_queued[name]
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Watch the name's permit keys from the refused request's read until the weight
         that blocks it is gone (permits released or lost, queue keys ahead of it gone
         without a grant), or its own queue key is; at most a third of ``ttl``. Only
-        the waiters whose turn may have come wake, not every waiter at every release."""
+        the waiters whose turn may have come wake, not every waiter at every release.
+        A release through this backend may hand the waiter its grant instead
+        (:meth:`_hand_permit`): it wakes at once, and its next attempt takes it."""
         self._check_open()
         turn = self._permit_seen.pop((name, owner), None)
         if turn is None:
@@ -261,43 +314,141 @@ class PermitOps(Backend):
             entry.horizon = max(entry.horizon, now() + QUEUE_HORIZON * ttl)
         if turn.deficit <= 0:
             return
-        watch = self._wire.watch(self._layout.watch_permits(name, turn.revision), turn.accept)
+        if turn.queued:  # a candidate for a hand-off from now on, until granted
+            if len(self._permit_queued) >= SEEN_LIMIT and name not in self._permit_queued:
+                del self._permit_queued[next(iter(self._permit_queued))]
+            self._permit_queued.setdefault(name, {})[owner] = turn
+        turn.woken = asyncio.get_running_loop().create_future()
+        request = self._layout.watch_permits(name, turn.revision)
+        watch = asyncio.ensure_future(self._wire.watch(request, turn.accept))
         try:
-            await asyncio.wait_for(watch, ttl / 3)
-        except TimeoutError:
-            pass
+            done, _ = await asyncio.wait(
+                (watch, turn.woken), timeout=ttl / 3, return_when=asyncio.FIRST_COMPLETED
+            )
+            if turn.handing is not None and not turn.woken.done():
+                # The watch saw the hand-off (its queue key deleted) before its sender here
+                # got the reply: wait for that, and take the grant without a request.
+                await asyncio.wait((turn.handing,))
+        finally:
+            watch.cancel()
+            watch.add_done_callback(retrieved)
+            turn.woken.cancel()  # (no-op if a hand-off woke it)
+            turn.asking = turn.woken.cancelled()  # it asks again: no hand-off to it now
+        if watch in done:
+            watch.result()  # what the watch raised
+            if turn.ready and turn.asking:
+                if len(self._permit_ready) >= SEEN_LIMIT:
+                    del self._permit_ready[next(iter(self._permit_ready))]
+                self._permit_ready[(name, owner)] = turn
 
+    async def _hand_permit(self, entry: Entry) -> bool:
+        """Release the held permit ``entry`` by handing its place to the oldest request
+        queued here that waits for its turn, in one transaction
+        (:meth:`Layout.permit_handoff`); whether it was done (else nothing changed: the
+        caller deletes the key).
 
-@dataclass
-class _Turn:
-    """A refused permit request's wait: from the ``revision`` of its read, the weight
-    by which it did not fit (``deficit``), and its queue key's create revision
-    (``mine``). Events after the read change the deficit: a new permit key adds its
-    weight, as does a new queue key ahead of ``mine``; a deleted permit key, or a deleted
-    queue key ahead of it, takes its weight off (a grant deletes a queue key and puts a
-    permit key in one revision: no change)."""
+        Only when that request is the first in the name's queue and asks for no more
+        weight than ``entry`` frees: the weight held then never grows, so it stays within
+        the limit, and nobody is passed. But requests queued here that found, from their
+        watch, that they fit (and now ask for their grant) are passed: they still fit
+        afterwards, since the weight held did not grow, so the grant obeys the rule
+        (``held + queued_ahead + weight <= limit``), and waiting for them would make the
+        next waiter's turn come by its watch instead of by this hand-off, and so on. So
+        are those that another release is handing a place to, on condition that their
+        queue key is gone when this transaction applies (else it fails, and is tried
+        again once theirs is over): grants stay in queue order. The new key's create
+        revision, the grant's token, is newer than every earlier grant's. The waiter's
+        next attempt takes the grant without a request; should it give up instead, its
+        release deletes whichever of its two keys exists
+        (:meth:`Layout.permit_give_up`)."""
+        queued_here = self._permit_queued.get(entry.name)
+        if not queued_here or entry.weight < 1:
+            return False
+        for _ in range(3):
+            done = await self._hand_once(entry, queued_here)
+            if done is not None:
+                return done
+        return False
 
-    revision: int
-    deficit: int
-    mine: int
-
-    def accept(self, event: Any) -> bool:
-        """Whether ``event`` (a watch event, with its previous key-value) ends the wait."""
-        deleted: bool = event.type == rpc.Event.DELETE
-        kv = event.prev_kv if deleted else event.kv
-        if kv.create_revision == self.mine:
-            return deleted  # its own queue key: gone (ask again), or its own put
-        if not deleted and kv.create_revision != kv.mod_revision:
-            return False  # a key moved to another lease, or refreshed: no weight changed
+    async def _hand_once(self, entry: Entry, queued_here: dict[str, Turn]) -> bool | None:
+        """One try of :meth:`_hand_permit`; ``None``: try again (a hand-off of the name
+        to a request ahead was under way, and applied after this one's compare: this
+        one failed, the other is over now)."""
+        line = sorted(queued_here.values(), key=lambda waiting: waiting.mine)
+        passing: list[Turn] = []
+        ahead: list[asyncio.Future[None]] = []  # hand-offs under way to requests ahead
+        for turn in line:
+            if turn.handing is not None:
+                # Passed too, on condition that its queue key is gone when this applies:
+                # hand-offs go through in queue order, and in parallel.
+                passing.append(turn)
+                ahead.append(turn.handing)
+                continue
+            if not turn.asking:
+                break
+            if not turn.ready:
+                return False  # asking again, maybe not fitting: not to be passed
+            passing.append(turn)
+        else:
+            return False
+        queued = self._sessions.entries.get((entry.name, turn.owner))
+        touched = now()
+        if (
+            turn.weight > entry.weight
+            or queued is None
+            or not queued.queued
+            or queued.token != turn.mine
+            or queued.reason is not None
+            or not queued.session.usable(touched)
+        ):
+            return False
+        layout = self._layout
+        ranges: list[tuple[bytes, bytes, bool]] = []
+        gone = [layout.queue_key(entry.name, t.owner) for t in passing if t.handing is not None]
+        if passing:
+            passed = [layout.queue_key(entry.name, other.owner) for other in passing]
+            behind = [layout.queue_key(entry.name, t.owner) for t in line if t.mine >= turn.mine]
+            for low, high in layout.queue_ranges(entry.name, passed):
+                ranges.append((low, high, any(low <= key < high for key in behind)))
+        session = queued.session
+        request = layout.permit_handoff(
+            entry.name,
+            (entry.slot, entry.token),
+            turn.owner,
+            turn.mine,
+            turn.value,
+            session.lease_id,
+            ranges,
+            gone,
+        )
+        turn.handing = sending = asyncio.get_running_loop().create_future()
         try:
-            document = json.loads(kv.value)
-            weight, queued = int(document["weight"]), bool(document["queued"])
-        except (ValueError, KeyError, TypeError):
-            return True  # not a value aiolease writes: let the next try report it
-        if queued and kv.create_revision > self.mine:
-            return False  # behind it
-        self.deficit += -weight if deleted else weight
-        return self.deficit <= 0
+            reply = await self._wire.txn(request)
+        finally:
+            turn.handing = None
+            sending.set_result(None)
+        if not reply.succeeded:
+            if not ahead:
+                return False
+            await asyncio.wait(ahead)
+            return None
+        if queued_here.get(turn.owner) is turn:
+            self._forget_queued(entry.name, turn.owner)
+        if self._sessions.entries.get((entry.name, turn.owner)) is queued:
+            token = int(reply.header.revision)
+            self._sessions.end(queued, LossReason.RELEASED)  # its queue key is deleted
+            granted = Entry(
+                entry.name, turn.owner, token, session, touched + turn.ttl, weight=turn.weight
+            )
+            self._sessions.attach(granted)
+            if len(self._permit_handed) >= SEEN_LIMIT:
+                del self._permit_handed[next(iter(self._permit_handed))]
+            self._permit_handed[(entry.name, turn.owner)] = token
+        # (Else the request's own attempt moved or replaced its entry meanwhile: that
+        # attempt, or the next, finds its permit key on the server; a release deletes it.)
+        if turn.woken is not None and not turn.woken.done():
+            turn.woken.set_result(None)
+        return True
 
 
 def _lasting(keys: list[PermitKey]) -> tuple[str, int]:

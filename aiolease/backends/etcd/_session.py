@@ -81,6 +81,8 @@ class Entry:
     #: Called with the reason when the entry ends (the core's ``hold``).
     callbacks: list[Callable[[LossReason], object]] = field(default_factory=list)
     slot: str = ""
+    #: A permit's weight (0: a lock's key, or not known here).
+    weight: int = 0
 
     def __post_init__(self) -> None:
         if not self.slot:

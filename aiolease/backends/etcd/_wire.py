@@ -430,15 +430,16 @@ class Wire:
             raise BackendUnavailable("etcd lease keepalive: the stream ended without a reply")
         return int(reply.TTL)
 
-    async def watch(self, create: Any, accept: Callable[[Any], bool]) -> None:
-        """Watch as ``create`` (a ``WatchCreateRequest``) asks, until an event that
-        ``accept`` takes, or until the history it asks for has been compacted away.
+    async def watch(self, create: Any, accept: Callable[[Sequence[Any]], bool]) -> None:
+        """Watch as ``create`` (a ``WatchCreateRequest``) asks, until ``accept`` takes the
+        events of a reply (all of them, whole revisions: etcd does not split one), or
+        until the history it asks for has been compacted away.
 
         :raises BackendUnavailable: the member lost its leader, or the stream broke
         """
         await cancellable(self._watch(create, accept))
 
-    async def _watch(self, create: Any, accept: Callable[[Any], bool]) -> None:
+    async def _watch(self, create: Any, accept: Callable[[Sequence[Any]], bool]) -> None:
         stubs = await self._ready()
         call = stubs.watch.Watch(metadata=self._metadata(REQUIRE_LEADER))
         try:
@@ -452,7 +453,7 @@ class Wire:
                         return  # the caller reads the current state instead
                     if reply.canceled:
                         raise BackendUnavailable(f"etcd watch canceled: {reply.cancel_reason}")
-                    if any(accept(event) for event in reply.events):
+                    if reply.events and accept(reply.events):
                         return
         finally:
             call.cancel()

@@ -13,13 +13,15 @@ or wrap a client you already have (never closed by the backend)::
 
 **The document.** One per lease name, never deleted: ``{_id: name, token, owner,
 identity, metadata, acquired, expires, released, queue}``. A grant is one
-``find_one_and_update`` upsert whose update pipeline decides with ``$$NOW``
+``findAndModify`` upsert whose update pipeline decides with ``$$NOW``
 (:mod:`~aiolease.backends.mongo._pipelines`); the token is incremented by every
 grant to a new owner and kept by releases, which unset the owner's fields only.
 
 **Consistency.** Majority write and read concern, primary reads, whatever the
 client's defaults; ``w=1`` can be asked for, and then ``DURABLE_TOKENS`` is not
-declared.
+declared. Grants and releases are plain commands (not retryable writes, which cost
+the server a session record per write), sent once more after a failover: each is
+idempotent for its sender (:mod:`~aiolease.backends.mongo._writes`).
 
 **Renewals** of every lease held through one backend object: one unordered
 ``bulk_write`` per tick.

@@ -43,6 +43,7 @@ from ._url import (
     check_w,
     parse_url,
 )
+from ._writes import Writer
 
 __all__ = ["MongoBackend", "MongoStatistics"]
 
@@ -163,7 +164,8 @@ class MongoBackend(Backend):
         self._owned = False
         self._url: str | None = None
         self._where = f"{self._database}.{self._collection}"
-        self._coll = client.get_database(self._database).get_collection(
+        database_ = client.get_database(self._database)
+        self._coll = database_.get_collection(
             self._collection,
             write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
             read_concern=ReadConcern("majority"),
@@ -175,6 +177,8 @@ class MongoBackend(Backend):
                 f" got {topology!r}"
             )
         self._topology = topology or "unknown"
+        #: The grants, releases and metadata updates (see ``_writes``).
+        self._writer = Writer(database_, self._collection, self._w, timeout_ms)
         #: This object's id in ``by`` (see :data:`~aiolease.backends.mongo._pipelines.BY`).
         self._id = uuid.uuid4().hex[:16]
         self._writes = 0
@@ -198,13 +202,14 @@ class MongoBackend(Backend):
         self._waiting = 0
         self._closed = False
         self._permits = MongoPermits(
-            client.get_database(self._database).get_collection(
+            database_.get_collection(
                 f"{self._collection}_permits",
                 write_concern=WriteConcern(w=self._w, wtimeout=timeout_ms),
                 read_concern=ReadConcern("majority"),
                 read_preference=ReadPreference.PRIMARY,
             ),
             f"{self._where}_permits",
+            Writer(database_, f"{self._collection}_permits", self._w, timeout_ms),
             mapped=lambda: mapped(self._url),
             stamp=self._stamp,
             own=self._id,
@@ -323,14 +328,8 @@ class MongoBackend(Backend):
         after: bool,
         projection: Mapping[str, Any] = pipelines.REPLY,
     ) -> Any:
-        from pymongo import ReturnDocument
-
-        return await self._coll.find_one_and_update(
-            filter_,
-            update,
-            projection=projection,
-            upsert=upsert,
-            return_document=ReturnDocument.AFTER if after else ReturnDocument.BEFORE,
+        return await self._writer.find_and_modify(
+            filter_, update, fields=projection, upsert=upsert, new=after
         )
 
     async def _grant(
@@ -475,6 +474,7 @@ class MongoBackend(Backend):
             return []
         locks, held_permits = by_kind(renewals)
         if held_permits:
+            self._renew_commands += 1  # the permits' own bulk_write
             renewed = dict(zip(held_permits, await self._permits.renew(held_permits), strict=True))
             done = dict(zip(locks, await self.renew_many(locks), strict=True)) if locks else {}
             return [renewed[r] if r in renewed else done[r] for r in renewals]
@@ -557,16 +557,16 @@ class MongoBackend(Backend):
 
     async def _release_alone(self, name: str, owner: str, token: int | None) -> bool:
         """The release of a live grant of ``owner`` (``token``) that nobody queued for:
-        one owner-checked ``update_one`` (when fair, only of a document with no queue).
+        one owner-checked ``update`` command (when fair, only of a document with no queue).
         Whether it freed it."""
         with mapped(self._url):
-            result = await _whole(
-                self._coll.update_one(
+            matched = await _whole(
+                self._writer.update_one(
                     pipelines.release_alone_filter(name, owner, token, self._fair),
                     pipelines.release_alone(token, self._stamp()),
                 )
             )
-        return bool(result.matched_count)
+        return bool(matched)
 
     async def update_metadata(
         self, name: str, owner: str, token: int, metadata: Mapping[str, str]
@@ -575,13 +575,13 @@ class MongoBackend(Backend):
         live on the server's clock); its change event wakes every backend's watchers."""
         self._check_open()
         with mapped(self._url):
-            result = await _whole(
-                self._coll.update_one(
+            matched = await _whole(
+                self._writer.update_one(
                     pipelines.live_filter(name, owner, token),
                     pipelines.update_metadata(metadata, self._stamp()),
                 )
             )
-        if not result.matched_count:
+        if not matched:
             raise NotOwnerError(name)
         self._wakeups.wake(name)
 
@@ -656,6 +656,18 @@ class MongoBackend(Backend):
         if not self._stream.up or self._closed or is_permit_owner(owner):
             return None  # permits: no stream of their own (their loss shows at renewal)
         return self._takers.add(name, owner, token, taken)
+
+    async def wait_taken(self, name: str, held: HolderInfo) -> None:
+        """A lock's holder: as every backend (see :meth:`on_taken`). A permit's holder:
+        only when this backend closes. Permits have no takeover notice here (a lost
+        permit shows at its next renewal); the default, :meth:`wait_changed`, compares
+        the lock document of ``name`` with the permit and returned at once, so that the
+        core's takeover watch read the permits document without a pause for as long
+        as the permit was held."""
+        if is_permit_owner(held.owner):
+            await self._permits.closed()
+            return
+        await super().wait_taken(name, held)
 
     async def wait_changed(self, name: str, seen: HolderInfo | None) -> None:
         """Return when ``name``'s holder differs from ``seen`` (renewals do not count).

@@ -13,7 +13,8 @@ first wait, on replica sets and sharded clusters); without one they look again e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import asyncio
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -22,11 +23,11 @@ from ...abc import Grant, HolderInfo, PermitHolders, Renewal, RenewResult
 from .._asyncio import now, wait_event
 from ..sql._permits import blocker, permit_holders
 from ..sql._running import finished
-from ..sql._wakeups import Wakeups
 from . import _permits as permits
 from ._commands import whole
 from ._pipelines import millis
 from ._stream import Stream, freed_name, permit_watch_pipeline
+from ._writes import Writer
 
 __all__ = ["MongoPermits"]
 
@@ -54,6 +55,7 @@ class MongoPermits:
 
     :param collection: the permits collection (pymongo or motor; the backend's concerns)
     :param where: ``database.collection``, as messages name it
+    :param writer: the acquire's and release's commands on ``collection`` (see ``_writes``)
     :param mapped: maps driver errors (the backend's URL scrubbed)
     :param stamp: the backend's next ``by`` stamp (its id, a colon, a count)
     :param own: the backend's id (its own releases are left out of the stream)
@@ -65,6 +67,7 @@ class MongoPermits:
         self,
         collection: Any,
         where: str,
+        writer: Writer,
         *,
         mapped: Callable[[], AbstractContextManager[None]],
         stamp: Callable[[], str],
@@ -73,12 +76,17 @@ class MongoPermits:
         watch: bool,
     ) -> None:
         self._coll = collection
+        self._writer = writer
         self._where = where
         self._mapped = mapped
         self._stamp = stamp
         self._poll_interval = poll_interval
         self._watches = watch
-        self._wakeups = Wakeups()
+        #: name -> owner -> the event of its task in :meth:`wait_turn`.
+        self._waiters: dict[str, dict[str, asyncio.Event]] = {}
+        #: (name, owner) that a release here fitted before it waited (see ``_fits``).
+        self._early: set[tuple[str, str]] = set()
+        self._closing = asyncio.Event()
         self._stream = Stream(
             collection,
             self._freed,
@@ -111,11 +119,36 @@ class MongoPermits:
         )
 
     def _ring(self, name: str) -> None:
+        """A release of ``name`` by somebody else: every refusal of it before now asks
+        again at once, and its waiters here are woken."""
         if len(self._rung) >= _MAX_MARKS:
             self._rung.clear()
             self._losses += 1  # every mark now differs: its waiter asks again
         self._rung[name] = self._rung.get(name, 0) + 1
-        self._wakeups.wake(name)
+        for event in self._waiters.get(name, {}).values():
+            event.set()
+
+    def _fits(self, name: str, owners: Collection[str]) -> None:
+        """A release here after which the permits document grants ``owners``' queued
+        requests (:func:`~._permits.fitting`): only their waiters are woken, or, if not
+        waiting yet, return at once when they do. The others stay asleep: the release
+        changed nothing for them (their refusals, before it or after, were right;
+        every queue entry of a refusal before it is in its reply)."""
+        waiters = self._waiters.get(name, {})
+        for owner in owners:
+            event = waiters.get(owner)
+            if event is not None:
+                event.set()
+            else:
+                if len(self._early) >= _MAX_MARKS:
+                    self._early.clear()
+                    self._losses += 1  # every mark now differs: its waiter asks again
+                self._early.add((name, owner))
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for event in waiters.values():
+                event.set()
 
     def _freed(self, name: str) -> None:
         """A release of ``name`` by another backend object (a change event)."""
@@ -124,7 +157,7 @@ class MongoPermits:
     def _lost(self) -> None:
         """The stream ended (events may have been missed): every waiter asks again."""
         self._losses += 1
-        self._wakeups.wake_all()
+        self._wake_all()
 
     def _remember(self, name: str, owner: str, mark: Mark) -> None:
         if len(self._marks) >= _MAX_MARKS:
@@ -147,7 +180,6 @@ class MongoPermits:
         """One ``findAndModify`` upsert (see :func:`~._permits.acquire`); its outcome read
         from the document after it. Two first upserts that race: the loser (a duplicate
         key) asks once more, and finds the winner's document."""
-        from pymongo import ReturnDocument
         from pymongo.errors import DuplicateKeyError
 
         ttl = float(ttl)
@@ -162,12 +194,8 @@ class MongoPermits:
                 try:
                     # Seen to its end even if the caller is cancelled (see ``finished``).
                     doc = await finished(
-                        self._coll.find_one_and_update(
-                            {"_id": name},
-                            update,
-                            projection=permits.READ,
-                            upsert=True,
-                            return_document=ReturnDocument.AFTER,
+                        self._writer.find_and_modify(
+                            {"_id": name}, update, fields=permits.READ, upsert=True, new=True
                         )
                     )
                 except DuplicateKeyError:
@@ -178,6 +206,7 @@ class MongoPermits:
             mine = next((row for row in rows if row.owner == owner), None)
             if mine is not None and mine.granted:
                 self._marks.pop((name, owner), None)
+                self._early.discard((name, owner))
                 return Grant(mine.token, ttl, sent_at=sent_at)
             self._remember(name, owner, mark)
             return blocker(name, rows, owner)
@@ -203,37 +232,65 @@ class MongoPermits:
         if seen.remaining is not None:
             timeout = min(timeout, seen.remaining)
         timeout = min(timeout, _PUSH_CHECK if streaming else self._poll_interval)
+        if (mark is not None and mark != self._mark(name)) or (name, owner) in self._early:
+            self._early.discard((name, owner))
+            return
+        event = asyncio.Event()
+        waiters = self._waiters.setdefault(name, {})
+        waiters[owner] = event
         self.waiting += 1
         try:
-            with self._wakeups.watching(name) as event:
-                if mark is not None and mark != self._mark(name):
-                    return
-                await wait_event(event, max(0.0, timeout))
+            await wait_event(event, max(0.0, timeout))
         finally:
             self.waiting -= 1
+            if waiters.get(owner) is event:
+                del waiters[owner]
+            if not waiters and self._waiters.get(name) is waiters:
+                del self._waiters[name]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         """Drop ``owner``'s permit (of ``token``, if given) and queue entry of ``name``:
         one ``findAndModify``; whether a live permit was freed."""
         self._marks.pop((name, owner), None)
+        self._early.discard((name, owner))
         with self._mapped():
             before = await whole(
-                self._coll.find_one_and_update(
+                self._writer.find_and_modify(
                     permits.release_filter(name, owner, token),
                     permits.release_update(owner, self._stamp()),
-                    projection=permits.RELEASED,
+                    fields=permits.RELEASED,
                 )
             )
         if before is None:
             return False
-        self._ring(name)
+        # Only the waiters here that the document now grants are woken (each would ask,
+        # and all but those be refused); those of other backend objects by its change
+        # event.
+        self._fits(name, permits.fitting(before, owner))
         return permits.freed(before, owner, token)
 
     async def renew(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
-        """The permits of ``renewals`` in one unordered ``bulk_write``; only when some
-        did not match, one ``find`` tells which are still held."""
+        """The permits of ``renewals`` in one unordered ``bulk_write``: one update per
+        name (and ttl) for all its permits, which matches only if every one of them is
+        live; if one did not match, one update per permit, and then, if some did not
+        match, one ``find`` tells which are still held."""
         from pymongo import UpdateOne
 
+        groups: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for name, owner, token, ttl in renewals:
+            groups.setdefault((name, millis(ttl)), []).append((owner, token))
+        sent_at = now()
+        if all(len(set(pairs)) == len(pairs) for pairs in groups.values()):
+            grouped = [
+                UpdateOne(
+                    permits.renew_all_filter(name, pairs), permits.renew_all_update(pairs, ttl_ms)
+                )
+                for (name, ttl_ms), pairs in groups.items()
+            ]
+            with self._mapped():
+                result = await whole(self._coll.bulk_write(grouped, ordered=False))
+            if result.matched_count == len(grouped):
+                return [Grant(token, float(ttl), sent_at=sent_at) for _, _, token, ttl in renewals]
         ops = [
             UpdateOne(
                 {"_id": name, "$expr": permits.live_expr(owner, token)},
@@ -241,7 +298,6 @@ class MongoPermits:
             )
             for name, owner, token, ttl in renewals
         ]
-        sent_at = now()
         with self._mapped():
             result = await whole(self._coll.bulk_write(ops, ordered=False))
         if result.matched_count == len(ops):
@@ -264,7 +320,12 @@ class MongoPermits:
             for name, owner, token, ttl in renewals
         ]
 
+    async def closed(self) -> None:
+        """Return once :meth:`aclose` was called."""
+        await self._closing.wait()
+
     async def aclose(self) -> None:
         """Stop the stream; wake every waiter."""
-        self._wakeups.wake_all()
+        self._closing.set()
+        self._wake_all()
         await self._stream.aclose()

@@ -171,6 +171,35 @@ def freed(before: Mapping[str, Any], owner: str, token: int | None) -> bool:
     )
 
 
+def fitting(before: Mapping[str, Any], owner: str) -> set[str]:
+    """The owners of the queue entries that an acquire would grant once ``owner``'s
+    entries are gone from the document ``before`` a release (read with
+    :data:`RELEASED`): rule 3 of :func:`acquire`, on the live entries (the weight of
+    the permits held, and of the entries queued before each, plus its own, within
+    the limit). Its waiters are the ones worth waking; anybody else would be refused."""
+    entries, lefts = before.get("entries"), before.get("_lefts")
+    if not isinstance(entries, list) or not isinstance(lefts, list):
+        return set()
+    live = [
+        entry
+        for entry, left in zip(entries, lefts, strict=False)
+        if isinstance(entry, Mapping)
+        and entry.get("owner") != owner
+        and isinstance(left, (int, float))
+        and left > 0
+        and _int(entry.get("weight"), 1, _MAX)
+        and _int(entry.get("limit"), 1, _MAX)
+        and _int(entry.get("seq"), 0, _MAX)
+    ]
+    taken = sum(entry["weight"] for entry in live if entry.get("granted") is True)
+    found: set[str] = set()
+    for entry in sorted((e for e in live if e.get("granted") is False), key=lambda e: e["seq"]):
+        if taken + entry["weight"] <= entry["limit"]:
+            found.add(str(entry.get("owner")))
+        taken += entry["weight"]  # counted before every later entry, fitting or not
+    return found
+
+
 def _long(value: Any) -> Doc:
     return {"$toLong": value}
 
@@ -425,6 +454,52 @@ def live_expr(owner: str, token: int | None, live: bool = True) -> Doc:
             False,
         ]
     }
+
+
+def _held_by(pairs: list[tuple[str, int]]) -> Doc:
+    """Whether ``$$this`` is a live permit of one of ``pairs`` (owner, token)."""
+    wanted = {"$literal": [{"owner": owner, "token": token} for owner, token in pairs]}
+    return {
+        "$and": [
+            {"$eq": ["$$this.granted", True]},
+            {"$gt": ["$$this.expires", NOW]},
+            {"$in": [{"owner": "$$this.owner", "token": "$$this.token"}, wanted]},
+        ]
+    }
+
+
+def renew_all_filter(name: str, pairs: list[tuple[str, int]]) -> Doc:
+    """The permits document of ``name`` if every permit of ``pairs`` (owner, token,
+    each once) is live in it."""
+    found = {"$filter": {"input": "$entries", "cond": _held_by(pairs)}}
+    return {
+        "_id": name,
+        "$expr": {"$and": [{"$isArray": "$entries"}, {"$eq": [{"$size": found}, len(pairs)]}]},
+    }
+
+
+def renew_all_update(pairs: list[tuple[str, int]], ttl_ms: int) -> list[Doc]:
+    """Reset the expiry of every live permit of ``pairs`` to now + ttl: one write of the
+    document for all of them (a write per permit rewrites the whole document, with
+    every entry, each time)."""
+    return [
+        {
+            "$set": {
+                "entries": {
+                    "$map": {
+                        "input": "$entries",
+                        "in": {
+                            "$cond": [
+                                _held_by(pairs),
+                                {"$mergeObjects": ["$$this", {"expires": {"$add": [NOW, ttl_ms]}}]},
+                                "$$this",
+                            ]
+                        },
+                    }
+                },
+            }
+        }
+    ]
 
 
 def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:

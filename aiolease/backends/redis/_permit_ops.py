@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..._exceptions import BackendUnavailable, LimitMismatchError
 from ...abc import Backend, Grant, HolderInfo, PermitHolders
 from ...abc import Renewal as LeaseRenewal
-from .._asyncio import wait_event
+from .._asyncio import now
 from ._batch import RenewalBatcher
 from ._clients import Replication
 from ._keys import PermitKeys, permit_keys_of
@@ -28,12 +28,15 @@ from ._permit_scripts import PERMIT_ACQUIRE, PERMIT_READ, PERMIT_RELEASE, PERMIT
 from ._pubsub import Mark, Subscriptions
 from ._replies import holder_from
 from ._scripts import Script, ms
+from ._tickets import Turn
 
 __all__ = ["PermitOps"]
 
 #: Refused permit requests whose pub/sub marks a backend remembers (a request that
 #: never waits, as ``acquire_nowait``'s, leaves one): the oldest half is dropped.
 MAX_MARKS = 1024
+#: A token no hand-off message can exceed: a :class:`Turn` of a permit keeps no ticket.
+NO_TICKET = 1 << 62
 
 
 class PermitOps(Backend):
@@ -128,20 +131,33 @@ class PermitOps(Backend):
         return PermitHolders(name, int(reply[0]), holders, weights, int(reply[1]))
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes while ``owner`` is queued
-        (published on the name's permit channel), when ``seen`` (the permit that
-        expires first) expires, or after a third of ``ttl`` (the retry keeps the place).
-        At once if the channel was not subscribed since the refused attempt: the
-        core's retry then comes with the channel subscribed."""
+        """Return when a release or an expiry names ``owner`` on the name's permit channel
+        (its turn came: see :mod:`._permit_scripts`), when a message asks every waiter to
+        look (``""``, an older aiolease's), when ``seen`` (the permit that expires first)
+        expires, or after a third of ``ttl`` (the retry keeps the place). Messages naming
+        other waiters do not wake it. At once if the channel was not subscribed since the
+        refused attempt: the core's retry then comes with the channel subscribed."""
         if self._closed:
             raise BackendUnavailable(f"{self!r} is closed")
         channel = self._permit_keys(name).channel
         mark = self._permit_marks.pop((name, owner), None)
         timeout = self._turn_timeout(ttl, seen)
-        async with self._watching(name, channel) as changed:
-            if mark is None or self._subscriptions.missed(channel, mark) != []:
-                return  # not listening since the attempt, or something changed since
-            await wait_event(changed, timeout)
+        async with self._watching(name, channel):
+            if mark is None:
+                return  # not listening since the attempt
+            # (A Turn ends on "", on its owner id, and on a lost subscription; a permit
+            # script publishes no hand-off with a token, so it never keeps a ticket.)
+            turn = Turn(owner, NO_TICKET, now() + timeout, lambda: None)
+            heard = self._subscriptions.listen(channel, mark, turn.message)
+            if heard is None:
+                turn.cancel()
+                return  # something may have been missed since the attempt: ask again
+            try:
+                for payload in heard[0]:
+                    turn.message(payload)
+                await turn.wait()
+            finally:
+                heard[1]()
 
     def _permit_renewal_commands(self, permits: Sequence[LeaseRenewal]) -> list[tuple[Any, ...]]:
         """A PERMIT_RENEW of each of ``permits``."""

@@ -5,9 +5,11 @@ The rules are ``docs/internals/semaphores.md``'s. Every script reads the server'
 clock (``TIME``) and judges expiry by it: a permit's score in the holders' sorted set
 and a queue entry's score in the waits' sorted set are ``TIME`` + ttl in
 milliseconds. Each script first drops what has expired (``purge``). A release, or a
-purge that dropped something, publishes ``""`` on the name's permit channel only when
-somebody is queued (a waiter's :meth:`~RedisBackend.wait_permit_turn` listens there);
-a release that nobody waits for publishes nothing.
+purge that dropped something, names on the name's permit channel each queued request
+whose turn came (from the queue's head, those that fit: ``wake_next``), one message
+per owner id: only those waiters' :meth:`~RedisBackend.wait_permit_turn` ends, and
+their next attempt is granted; the waiters behind sleep on. A release that nobody
+waits for, or that frees too little for the queue's head, publishes nothing.
 
 Foreign values are refused as the lock scripts refuse them (an error starting with
 :data:`~aiolease.backends.redis._scripts.FOREIGN`), never overwritten.
@@ -122,15 +124,41 @@ local function purge(k, now)
   return #expired + #lapsed > 0
 end
 
+-- Wake the requests whose turn came: from the queue's head, each entry that fits in
+-- what the live permits leave, with those before it (first come, first served: none
+-- after one that does not fit), is named on `channel` (its owner id as the payload).
+-- Only those waiters ask again; the others sleep on. Nothing is granted here: a
+-- request is granted by its own attempt (rule 3).
+local function wake_next(k, channel)
+  local limit, used = state_of(k)
+  if not limit then  -- the state was lost: every waiter asks (an acquire rebuilds it)
+    redis.call('PUBLISH', channel, '')
+    return
+  end
+  local from = 0
+  while true do  -- in chunks: most releases wake one waiter of a long queue
+    local part = typed(k[3], 'permit queue', 'ZRANGE', k[3], from, from + 15)
+    if #part == 0 then return end
+    local entries = infos(k, part)
+    for j = 1, #part do
+      used = used + entries[j].w
+      if used > limit then return end
+      redis.call('PUBLISH', channel, part[j])
+    end
+    from = from + 16
+  end
+end
+
 -- After a change: with nothing left, the keys go (not the token counter); else, if
--- `changed` and somebody is queued, wake the waiters; keys written last `ttl` at least.
+-- `changed`, wake the waiters whose turn came (wake_next); keys written last `ttl` at
+-- least.
 local function settle(k, channel, changed, ttl)
   local queued = redis.call('ZCARD', k[3])
+  if changed and queued > 0 then wake_next(k, channel) end
   if queued == 0 and redis.call('ZCARD', k[1]) == 0 then
     redis.call('DEL', k[1], k[2], k[3], k[4], k[5])
     return
   end
-  if changed and queued > 0 then redis.call('PUBLISH', channel, '') end
   if ttl then
     local keep = math.max(redis.call('PTTL', k[5]), ttl)
     for i = 1, 5 do redis.call('PEXPIRE', k[i], keep) end

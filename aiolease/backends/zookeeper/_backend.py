@@ -446,6 +446,8 @@ class ZooKeeperBackend(Backend):
             return False
         await self._start()
         entry = self._keeper.entries.get((name, owner))
+        if is_permit_owner(owner):
+            self._permits.forget(name, owner)
         if entry is not None and entry.queued and is_permit_owner(owner):
             token = None  # a queued permit request leaves the queue whatever token is given
         if entry is not None and (token is None or entry.token == token):

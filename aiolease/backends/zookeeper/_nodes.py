@@ -58,7 +58,14 @@ class Contender:
 
 def encode_data(identity: str, metadata: Mapping[str, str]) -> bytes:
     """The data of a contender node."""
+    if not metadata:
+        return _bare_data(identity)  # most locks publish none: the same bytes each time
     return json.dumps({"i": identity, "m": dict(metadata)}, ensure_ascii=False).encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _bare_data(identity: str) -> bytes:
+    return json.dumps({"i": identity, "m": {}}, ensure_ascii=False).encode()
 
 
 def decode_data(data: bytes | None) -> tuple[str, dict[str, str]]:

@@ -25,6 +25,7 @@ the queue whose weights fit in the limit.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -62,7 +63,15 @@ class PermitNode:
 
 def encode_permit(identity: str, metadata: Mapping[str, str], held: bool) -> bytes:
     """The data of a permit node."""
+    if not metadata:
+        return _bare_permit(identity, held)  # the same bytes each time
     document = {"i": identity, "m": dict(metadata), "h": held}
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+@functools.lru_cache(maxsize=256)
+def _bare_permit(identity: str, held: bool) -> bytes:
+    document = {"i": identity, "m": {}, "h": held}
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 

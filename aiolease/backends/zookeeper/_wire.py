@@ -79,15 +79,22 @@ async def _abandon(session: Any) -> None:
     session.started = False
 
 
-@dataclass
+class _NoReply(Exception):
+    """Set on the replies of requests that got none by their deadline (the watchdog)."""
+
+
+@dataclass(eq=False)
 class _Sent:
-    """Requests written: where, on which session, when, and their replies to come."""
+    """Requests written: where, on which session, when, their replies to come, and
+    the time by which they must have come."""
 
     session: Any
     conn: Any
     sid: int
     at: float
     futures: list[asyncio.Future[Any]]
+    deadline: float
+    expired: bool = False
 
 
 class Wire:
@@ -117,6 +124,11 @@ class Wire:
         self.requests = 0
         #: When aiozk's heartbeat was last put off (see :meth:`_write`).
         self._beat = -math.inf
+        #: Requests written whose replies are awaited, and the one timer that fails
+        #: those whose deadline passes (see :meth:`_watch`).
+        self._inflight: dict[_Sent, None] = {}
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_at = math.inf
 
     @property
     def expires(self) -> float:
@@ -180,7 +192,7 @@ class Wire:
         if reading is not None and reading.done():
             _suspend(session, session.conn)  # its connection died: aiozk reconnects
         await self._connected(session, deadline)
-        return await self._replies(self._write(requests), deadline)
+        return await self._replies(self._write(requests, deadline))
 
     def send_now(self, *requests: Any) -> Awaitable[list[Any]] | None:
         """:meth:`send`, the requests written before returning; ``None`` (nothing
@@ -197,13 +209,14 @@ class Wire:
             or session.state.current_state != States.CONNECTED
         ):
             return None
-        return self._replies(self._write(requests), now() + self.timeout)
+        return self._replies(self._write(requests, now() + self.timeout))
 
-    def _write(self, requests: tuple[Any, ...]) -> _Sent:
-        """Write ``requests`` on the current connection (no wait)."""
+    def _write(self, requests: tuple[Any, ...], deadline: float) -> _Sent:
+        """Write ``requests`` on the current connection (no wait); their replies are
+        due by ``deadline``."""
         session = self.client.session
         conn = session.conn
-        sent = _Sent(session, conn, int(session.session_id or 0), now(), [])
+        sent = _Sent(session, conn, int(session.session_id or 0), now(), [], deadline)
         loop = asyncio.get_running_loop()
         payloads = []
         # aiozk's Connection.send, but one write (one system call) for them all.
@@ -225,6 +238,9 @@ class Wire:
             except Exception:  # as aiozk: every pending request fails, the state follows
                 conn.abort()
         self.requests += len(requests)
+        self._inflight[sent] = None
+        if deadline < self._watchdog_at:
+            self._watch(deadline)
         if sent.at - self._beat > session.timeout * BEAT_SLACK:
             # What aiozk does on a send (its ping waits), at most so often: its ping
             # then comes at most that much sooner than it would have.
@@ -232,26 +248,53 @@ class Wire:
             session.set_heartbeat()
         return sent
 
-    async def _replies(self, sent: _Sent, deadline: float) -> list[Any]:
+    def _watch(self, at: float) -> None:
+        """Run :meth:`_expire` at ``at`` (instead of when it was due)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog_at = at
+        self._watchdog = asyncio.get_running_loop().call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        """Fail the replies of every request past its deadline (:class:`_NoReply`); wake
+        again at the next deadline. One timer for all requests, not one per request:
+        most replies come long before their deadline, and a timer set and cancelled
+        per request was a good share of a request's own time."""
+        self._watchdog, self._watchdog_at = None, math.inf
+        current = now()
+        due = math.inf
+        for sent in list(self._inflight):
+            if sent.deadline > current:
+                due = min(due, sent.deadline)
+                continue
+            del self._inflight[sent]
+            sent.expired = True
+            for future in sent.futures:
+                if not future.done():
+                    future.set_exception(_NoReply())
+        if due < math.inf:
+            self._watch(due)
+
+    async def _replies(self, sent: _Sent) -> list[Any]:
         try:
-            async with timeout_after(max(deadline - now(), 0.0)):
-                # ZooKeeper answers a session's requests in order, and a broken
-                # connection fails them all at once: once the last is done, all are.
-                # Awaited directly (asyncio.wait would cost a step of the loop more).
-                for future in reversed(sent.futures):
-                    if not future.done():
-                        try:
-                            await future
-                        except Exception:  # noqa: S110 - its outcome is read below
-                            pass
-        except asyncio.TimeoutError as exc:
+            # ZooKeeper answers a session's requests in order, and a broken connection
+            # fails them all at once (and so does the watchdog, at their deadline):
+            # once the last is done, all are. Awaited directly (asyncio.wait would cost
+            # a step of the loop more).
+            for future in reversed(sent.futures):
+                if not future.done():
+                    try:
+                        await future
+                    except Exception:  # noqa: S110 - its outcome is read below
+                        pass
+        finally:
+            self._inflight.pop(sent, None)
+        if sent.expired:
             # As aiozk's own heartbeat does: a server that does not answer in time is
             # left for another (or the same one, on a new connection).
             _suspend(sent.session, sent.conn)
             self.error = BackendTimeout(f"ZooKeeper {self.described}: no reply in time")
-            raise BackendTimeout(
-                f"ZooKeeper {self.described}: no reply within {self.timeout:g}s"
-            ) from exc
+            raise BackendTimeout(f"ZooKeeper {self.described}: no reply within {self.timeout:g}s")
         return self._outcomes(sent.session, sent.conn, sent.sid, sent.at, sent.futures)
 
     def _outcomes(
@@ -329,6 +372,9 @@ class Wire:
 
     async def aclose(self) -> None:
         """Close the client if the backend opened it (its session, and its nodes, end)."""
+        if self._watchdog is not None and not self._inflight:
+            self._watchdog.cancel()
+            self._watchdog, self._watchdog_at = None, math.inf
         if not self.owned:
             return
         session = self.client.session

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -188,3 +190,138 @@ async def test_an_uncontended_permit_acquire_is_one_txn(anyio_backend: str, tmp_
     assert isinstance(grant, Grant)
     sent = {m: after.get(m, 0) - before.get(m, 0) for m in ("Range", "Txn")}
     assert sent == {"Range": 0, "Txn": 1}
+
+
+def _count_requests(backend: object) -> Counter[str]:
+    """Count the KV requests (txn, range, delete) of the EtcdBackend behind ``backend``."""
+    wire = inner(backend)._wire  # type: ignore[arg-type]
+    sent: Counter[str] = Counter()
+    for kind in ("txn", "range", "delete"):
+        call = getattr(wire, kind)
+
+        async def counted(request: Any, call: Any = call, kind: str = kind) -> Any:
+            sent[kind] += 1
+            return await call(request)
+
+        setattr(wire, kind, counted)
+    return sent
+
+
+async def test_a_release_hands_the_permit_to_the_request_queued_first(
+    anyio_backend: str, single_url: str
+) -> None:
+    """A release through the backend that the first queued request waits on deletes the
+    permit key and gives that request its place in one transaction: its wait ends, and
+    its next attempt takes the grant (a new token) without a request; the request behind
+    it waits on for its own turn. A request that gives up after it was handed a place
+    (a cancelled acquire's undo) leaves nothing held."""
+    name = "handoff"
+    holder, first, second = (permit_owner() for _ in range(3))
+    async with opener(single_url)() as backend:
+        held = await backend.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        refusals: dict[str, HolderInfo] = {}
+        for owner in (first, second):
+            refused = await backend.try_acquire_permit(name, owner, LONG, "w", {}, 1, 1)
+            assert isinstance(refused, HolderInfo)
+            refusals[owner] = refused
+        sent = _count_requests(backend)
+        woken: list[str] = []
+        turn = {owner: anyio.Event() for owner in (first, second)}
+
+        async def wait(owner: str) -> None:
+            await backend.wait_permit_turn(name, owner, LONG, refusals[owner])
+            woken.append(owner)
+            turn[owner].set()
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for owner in (first, second):
+                    tg.start_soon(wait, owner)
+                await anyio.wait_all_tasks_blocked()  # both wait: candidates for a hand-off
+                assert await backend.release(name, holder, held.token)
+                await turn[first].wait()
+                granted = await backend.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
+                assert isinstance(granted, Grant) and granted.token > held.token
+                assert sent == {"txn": 1} and woken == [first], (sent, woken)
+                assert await backend.release(name, first, granted.token)  # to the second
+                await turn[second].wait()
+                assert sent == {"txn": 2}, sent
+                assert await backend.release(name, second, None)  # gives up its grant
+        assert await backend.read_permits(name) is None
+
+
+async def test_a_hand_off_passes_a_request_that_fits_already(
+    anyio_backend: str, single_url: str
+) -> None:
+    """A request whose watch found that it fits (a release elsewhere freed a permit),
+    and that asks for its grant now, does not stop a release here from handing its own
+    place to the next request: both fit, so both are granted, and nobody is over the
+    limit. (The owner ids put the passed request's key between the others', so that
+    the hand-off's compare ranges around it both hold a key.)"""
+    name = "pass"
+    ready, behind, last = (f"permit:{digit * 32}" for digit in "80f")
+    open_backend = opener(single_url)
+    async with open_backend() as here, open_backend() as there:
+        elsewhere = await there.try_acquire_permit(name, permit_owner(), LONG, "h", {}, 2, 1)
+        mine = permit_owner()
+        held = await here.try_acquire_permit(name, mine, LONG, "h", {}, 2, 1)
+        assert isinstance(elsewhere, Grant) and isinstance(held, Grant)
+        refusals: dict[str, HolderInfo] = {}
+        for owner in (ready, behind, last):
+            refused = await here.try_acquire_permit(name, owner, LONG, "w", {}, 2, 1)
+            assert isinstance(refused, HolderInfo)
+            refusals[owner] = refused
+        with anyio.fail_after(WAIT):
+            waits = anyio.create_task_group()  # the last request waits throughout
+            await waits.__aenter__()
+            waits.start_soon(here.wait_permit_turn, name, last, LONG, refusals[last])
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(here.wait_permit_turn, name, ready, LONG, refusals[ready])
+                await anyio.wait_all_tasks_blocked()
+                permits = await there.read_permits(name)
+                assert permits is not None and len(permits.holders) == 2
+                holder = next(h for h in permits.holders if h.owner != mine)
+                assert await there.release(name, holder.owner, elsewhere.token)
+            # The first request's turn came by its watch; it has not asked yet.
+            sent = _count_requests(here)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(here.wait_permit_turn, name, behind, LONG, refusals[behind])
+                await anyio.wait_all_tasks_blocked()
+                assert await here.release(name, mine, held.token)  # handed to `behind`
+            assert sent == {"txn": 1}, sent
+            second = await here.try_acquire_permit(name, behind, LONG, "w", {}, 2, 1)
+            first = await here.try_acquire_permit(name, ready, LONG, "w", {}, 2, 1)
+            assert isinstance(first, Grant) and isinstance(second, Grant)
+            assert sent == {"txn": 2}, sent  # the first's grant: no read before it
+            assert second.token < first.token  # (granted in that order)
+            permits = await there.read_permits(name)
+            assert permits is not None and permits.waiting == 1
+            assert {h.owner for h in permits.holders} == {ready, behind}
+            waits.cancel_scope.cancel()
+            await waits.__aexit__(None, None, None)
+            for owner, token in ((ready, first.token), (behind, second.token), (last, None)):
+                await here.release(name, owner, token)
+        assert await there.read_permits(name) is None
+
+
+async def test_a_request_that_does_not_wait_is_handed_nothing(
+    anyio_backend: str, single_url: str
+) -> None:
+    """A release hands its place only to a request that waits for its turn: one refused
+    once (``acquire_nowait``'s) stays queued, as the model says, until it asks again or
+    gives up. (Found by the model test: the writer's release made the queued reader a
+    holder.)"""
+    name, writer, reader = "nowait", permit_owner(), permit_owner()
+    limit = 2**31 - 1
+    async with opener(single_url)() as backend:
+        held = await backend.try_acquire_permit(name, writer, LONG, "w", {}, limit, limit)
+        assert isinstance(held, Grant)
+        refused = await backend.try_acquire_permit(name, reader, LONG, "r", {}, limit, 1)
+        assert isinstance(refused, HolderInfo)
+        assert await backend.release(name, writer, held.token)
+        permits = await backend.read_permits(name)
+        assert permits is not None and (permits.holders, permits.waiting) == ((), 1)
+        granted = await backend.try_acquire_permit(name, reader, LONG, "r", {}, limit, 1)
+        assert isinstance(granted, Grant) and granted.token > held.token
+        assert await backend.release(name, reader, granted.token)

@@ -90,8 +90,11 @@ async def test_locks_and_permits_renew_in_one_call(anyio_backend: str, mongo_url
         renewals = [(name, "lock-owner", lock.token, LONG)]
         renewals += [(name, o, p.token, LONG) for o, p in zip(owners, held, strict=True)]
         renewals.insert(2, (name, permit_owner(), 99, LONG))  # nobody's
+        before = inner(backend).statistics().renew_commands
         results = await backend.renew_many(renewals)
         assert [type(r) for r in results] == [Grant, Grant, NotOwnerError, Grant]
+        # Counted: the permits' bulk_write and the locks' (each one command).
+        assert inner(backend).statistics().renew_commands == before + 2
 
 
 async def test_a_foreign_permits_document_is_refused_and_left(
@@ -114,10 +117,14 @@ class _Commands(monitoring.CommandListener):
     def __init__(self, collection: str) -> None:
         self.collection = collection
         self.sent: list[str] = []
+        #: The number of statements of each ``update`` command.
+        self.updates: list[int] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command.get(event.command_name) == self.collection:
             self.sent.append(event.command_name)
+            if event.command_name == "update":
+                self.updates.append(len(event.command.get("updates", ())))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -205,3 +212,102 @@ async def test_a_release_elsewhere_wakes_a_waiter_through_the_stream(
             with anyio.fail_after(5):
                 await done.wait()
         assert isinstance(await second.try_acquire_permit(name, waiter, 60, "", {}, 1, 1), Grant)
+
+
+async def test_a_release_here_wakes_only_the_waiters_it_fits(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """Limit 1, two waiters queued in one backend object: the holder's release wakes
+    the first (whom the document now grants), not the second, which would only be
+    refused again; the first's release then wakes the second."""
+    name, holder = unique("permits"), permit_owner()
+    first, second = permit_owner(), permit_owner()
+    async with aiolease.open_backend(mongo_url, poll_interval=30) as backend:
+        held = await backend.try_acquire_permit(name, holder, 60, "", {}, 1, 1)
+        assert isinstance(held, Grant)
+        # A first wait opens the stream and returns at once (see the test above).
+        seen = await backend.try_acquire_permit(name, first, 60, "", {}, 1, 1)
+        assert isinstance(seen, HolderInfo)
+        with anyio.fail_after(5):
+            await backend.wait_permit_turn(name, first, 60, seen)
+        refused: dict[str, HolderInfo] = {}
+        for owner in (first, second):
+            blocked = await backend.try_acquire_permit(name, owner, 60, "", {}, 1, 1)
+            assert isinstance(blocked, HolderInfo)
+            refused[owner] = blocked
+        woken: dict[str, anyio.Event] = {first: anyio.Event(), second: anyio.Event()}
+
+        async def wait(owner: str) -> None:
+            await backend.wait_permit_turn(name, owner, 60, refused[owner])
+            woken[owner].set()
+
+        async with anyio.create_task_group() as tg:
+            for owner in (first, second):
+                tg.start_soon(wait, owner)
+            await eventually(lambda: inner(backend).statistics().waiting >= 2, "two waits")
+            assert await backend.release(name, holder, held.token)
+            with anyio.fail_after(5):
+                await woken[first].wait()
+            granted = await backend.try_acquire_permit(name, first, 60, "", {}, 1, 1)
+            assert isinstance(granted, Grant)
+            assert not woken[second].is_set()  # a round trip later: still asleep
+            assert await backend.release(name, first, granted.token)
+            with anyio.fail_after(5):
+                await woken[second].wait()
+        last = await backend.try_acquire_permit(name, second, 60, "", {}, 1, 1)
+        assert isinstance(last, Grant)
+        assert await backend.release(name, second, last.token)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_the_permits_of_a_name_renew_in_one_statement(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """Twenty live permits of one name renew in one update statement (one write of the
+    document, not twenty); with one of them released, the others still renew, and the
+    released one is not revived."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        backend = MongoBackend(client, database=DATABASE, collection=collection)
+        name, owners = unique("permits"), [permit_owner() for _ in range(20)]
+        held = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 20, 1) for o in owners]
+        assert all(isinstance(g, Grant) for g in held)
+        renewals = [(name, o, g.token, LONG) for o, g in zip(owners, held, strict=True)]
+        commands.updates.clear()
+        results = await backend.renew_many(renewals)
+        assert all(isinstance(r, Grant) for r in results)
+        assert commands.updates == [1]
+        assert await backend.release(name, owners[3], held[3].token)
+        results = await backend.renew_many(renewals)
+        assert [i for i, r in enumerate(results) if isinstance(r, NotOwnerError)] == [3]
+        assert all(isinstance(r, Grant) for i, r in enumerate(results) if i != 3)
+        holders = await backend.read_permits(name)
+        assert holders is not None
+        assert {h.owner for h in holders.holders} == set(owners) - {owners[3]}
+        await backend.aclose()
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_a_held_permit_sends_nothing_between_renewals(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """While a permit is held in ``async with`` (its renewal far off), the backend sends
+    nothing on the permits collection: the core's takeover watch waits, where it read
+    the permits document again and again (the lock document it compared was never the
+    permit's)."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        async with MongoBackend(client, database=DATABASE, collection=collection) as backend:
+            await backend.probe()  # the change stream: PUSH_WAKEUP, so the watch runs
+            sem = AsyncSemaphore(backend, unique("permits"), limit=2, ttl=LONG)
+            async with sem:
+                commands.sent.clear()
+                for _ in range(5):  # five round trips of ours, time for a watch's reads
+                    assert await backend.read_permits(sem.name) is not None
+                assert commands.sent == ["find"] * 5
+    finally:
+        await client.close()

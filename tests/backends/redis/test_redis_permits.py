@@ -165,3 +165,55 @@ async def test_a_lost_state_key_is_rebuilt_from_the_holders(
         assert isinstance(third, Grant) and isinstance(fourth, HolderInfo)
         permits = await backend.read_permits(name)
         assert permits is not None and (permits.limit, permits.used) == (3, 3)
+
+
+async def test_a_release_wakes_only_the_waiter_whose_turn_came(
+    anyio_backend: str, open_redis: Opener
+) -> None:
+    """A release names on the channel the queued request whose turn came (the queue's
+    head, which then fits): only its wait ends, and its next attempt is granted; the
+    waiters behind it sleep on (no request of theirs) until their turn comes, also when
+    the one ahead gives up its place."""
+    name = new_name()
+    first, second, third, holder = (permit_owner() for _ in range(4))
+    async with open_redis() as holding, open_redis() as waiting:
+        held = await holding.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        seen = await waiting.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
+        assert isinstance(seen, HolderInfo)
+        await waiting.wait_permit_turn(name, first, LONG, seen)  # subscribes, at once
+        refusals: dict[str, HolderInfo] = {}
+        for owner in (first, second, third):  # queued in this order, the channel subscribed
+            refused = await waiting.try_acquire_permit(name, owner, LONG, "w", {}, 1, 1)
+            assert isinstance(refused, HolderInfo)
+            refusals[owner] = refused
+        sent = requests(waiting)
+        woken: list[str] = []
+        turn = {owner: anyio.Event() for owner in (first, second, third)}
+
+        async def wait(owner: str) -> None:
+            await waiting.wait_permit_turn(name, owner, LONG, refusals[owner])
+            woken.append(owner)
+            turn[owner].set()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for owner in (first, second, third):
+                    tg.start_soon(wait, owner)
+                assert await holding.release(name, holder, held.token)
+                await turn[first].wait()
+                granted = await waiting.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
+                assert isinstance(granted, Grant) and granted.token > held.token
+                assert woken == [first] and sent["requests"] == 1, (woken, sent)
+                # The first frees its permit: the second's turn. The second gives up its
+                # place instead (a cancelled acquire's undo): the third's turn.
+                assert await waiting.release(name, first, granted.token)
+                await turn[second].wait()
+                assert woken == [first, second]
+                assert await waiting.release(name, second, None) is False
+                await turn[third].wait()
+                last = await waiting.try_acquire_permit(name, third, LONG, "w", {}, 1, 1)
+                assert isinstance(last, Grant) and last.token > granted.token
+                assert woken == [first, second, third]
+                assert await waiting.release(name, third, last.token)
+        assert await holding.read_permits(name) is None

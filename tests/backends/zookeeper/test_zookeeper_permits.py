@@ -210,3 +210,77 @@ async def test_the_first_waiter_wakes_when_a_permit_goes_not_when_one_arrives(
                 await woken.wait()
         granted = await backend.try_acquire_permit("n", first, LONG, "h", {}, 1, 1)
         assert isinstance(granted, Grant) and granted.token > held.token
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the backend's races, not the loop's
+async def test_a_storm_of_requests_is_served_without_giving_up(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """32 tasks take one of 2 permits 8 times each, with no hold (etcd's storm, which
+    made its requests give up with BackendUnavailable): every request is served."""
+    async with opener(zk_url)() as backend:
+        sem = AsyncSemaphore(backend, "storm", limit=2, ttl=LONG)
+        inside = peak = 0
+        served: list[int] = []
+
+        async def task(i: int) -> None:
+            nonlocal inside, peak
+            for _ in range(8):
+                async with sem:
+                    inside += 1
+                    peak = max(peak, inside)
+                    await anyio.lowlevel.checkpoint()
+                    inside -= 1
+                served.append(i)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for i in range(32):
+                    tg.start_soon(task, i)
+        assert peak <= 2
+        assert sorted(served) == sorted(list(range(32)) * 8)
+
+
+async def test_a_waiter_is_woken_by_a_listing_that_shows_its_turn(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """A waiter of the same backend whose turn a listing shows (here read_permits') is
+    woken then, not only once the waiter before it is granted (which the second
+    waiter watched alone: waiters then learnt of their turns one after the other, and
+    a semaphore served no faster than a lock). Its retry takes the permit."""
+    ttl = 600.0  # a wait's own bound (half of it) is far beyond the test's
+    async with opener(zk_url)() as backend:
+        holders = [permit_owner(), permit_owner()]
+        first, second = permit_owner(), permit_owner()
+        grants = [await backend.try_acquire_permit("n", h, ttl, "h", {}, 2, 1) for h in holders]
+        assert all(isinstance(g, Grant) for g in grants)
+        seen: dict[str, HolderInfo] = {}
+        for waiter in (first, second):
+            refused = await backend.try_acquire_permit("n", waiter, ttl, "h", {}, 2, 1)
+            assert isinstance(refused, HolderInfo)
+            seen[waiter] = refused
+        woken = anyio.Event()
+
+        async def wait() -> None:
+            await backend.wait_permit_turn("n", second, ttl, seen[second])
+            woken.set()
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                # Its watch is set once a request sent after it is answered.
+                await backend.read_permits("n")
+                await backend.read_permits("n")
+                assert not woken.is_set()
+                for holder, grant in zip(holders, grants, strict=True):
+                    assert isinstance(grant, Grant)
+                    assert await backend.release("n", holder, grant.token)
+                # Both free: the first waiter is not retried; a listing shows the turn.
+                await backend.read_permits("n")
+                await woken.wait()
+        granted = await backend.try_acquire_permit("n", second, ttl, "h", {}, 2, 1)
+        assert isinstance(granted, Grant)
+        also = await backend.try_acquire_permit("n", first, ttl, "h", {}, 2, 1)
+        assert isinstance(also, Grant) and also.token > granted.token
+        permits = await backend.read_permits("n")
+        assert permits is not None and len(permits.holders) == 2 and permits.waiting == 0

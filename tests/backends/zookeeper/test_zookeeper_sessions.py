@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 import aiolease
@@ -151,7 +152,17 @@ async def test_waiters_in_other_processes_are_served_in_order_and_a_crashed_one_
             Outside(zk_url) as outside,
             anyio.create_task_group() as tg,
         ):
-            held = await AsyncLock(backend, "queue", ttl=5).acquire_nowait()
+            # Held in a block (kept for the session's life), not a bare grant, which
+            # the backend drops once its ttl passes unrenewed: four interpreters
+            # starting on a loaded machine took longer than that.
+            release = anyio.Event()
+
+            async def hold(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                async with AsyncLock(backend, "queue", ttl=5):
+                    task_status.started()
+                    await release.wait()
+
+            await tg.start(hold)
             processes = []
             for index in range(4):
                 process = await anyio.open_process(
@@ -166,7 +177,7 @@ async def test_waiters_in_other_processes_are_served_in_order_and_a_crashed_one_
                 await eventually(queued, f"worker {index} queued", WAIT)
             processes[1].kill()
             await processes[1].wait()
-            await held.release()
+            release.set()
             for index in (0, 2, 3):
                 tg.start_soon(processes[index].wait)
     assert out.read_text().split() == ["0", "2", "3"]
