@@ -7,7 +7,9 @@ Two tables beside the lease table: ``<table>_permits`` (a row per held or queued
 request, keyed ``(name, owner)``) and ``<table>_permit_names`` (per name the token
 counter and the arrival sequence of the queue). An acquire is one ``BEGIN
 IMMEDIATE`` transaction, which holds the database's write lock from its start: the
-rows it reads are the latest, and its clock is read once the lock is held.
+rows it reads are the latest, and its clock is read once the lock is held. So is a
+release, which also grants the queue entries that then fit (in arrival order), so
+that only their waiters need waking (see :mod:`aiolease.backends.sql._handed`).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from .._exceptions import LimitMismatchError
+from .._exceptions import ForeignDataError, LimitMismatchError
 from .._permits import PermitHolders
 from ..abc import Grant, HolderInfo
 from .sql._permits import permit_row
 
-__all__ = ["PERMIT_LIVE", "PermitTables", "wakeup_key"]
+__all__ = ["PERMIT_LIVE", "PermitTables"]
 
 #: A permit's row (held or queued) is live when written in this boot, not expired, and
 #: no further ahead than its ttl.
@@ -147,13 +149,20 @@ class PermitTables:
                 )
                 conn.execute("COMMIT")
                 return Grant(token, ttl)
-            if mine is None:
+            if mine is None:  # its identity and metadata kept for a grant by a release
                 seq = self._next(conn, name, "seq")
                 conn.execute(
-                    f"INSERT INTO {t} (name, owner, weight, lim, granted, seq, identity, ttl,"
-                    " expires_at, boot_id) VALUES (:name, :owner, :weight, :lim, 0, :seq,"
-                    " :identity, :ttl, :now + :ttl, :boot)",
-                    {**p, "weight": weight, "lim": limit, "seq": seq, "identity": identity},
+                    f"INSERT INTO {t} (name, owner, weight, lim, granted, seq, identity,"
+                    " metadata, ttl, expires_at, boot_id) VALUES (:name, :owner, :weight, :lim,"
+                    " 0, :seq, :identity, :metadata, :ttl, :now + :ttl, :boot)",
+                    {
+                        **p,
+                        "weight": weight,
+                        "lim": limit,
+                        "seq": seq,
+                        "identity": identity,
+                        "metadata": meta,
+                    },
                 )
             else:
                 self._refresh(conn, p)
@@ -188,16 +197,69 @@ class PermitTables:
 
     def release(
         self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
-    ) -> tuple[bool, bool]:
-        """Delete ``owner``'s permit (if ``token`` matches) or queue entry: (whether a
-        live permit was freed, whether anything was deleted)."""
-        rows = conn.execute(
-            f"DELETE FROM {self.permits} WHERE name = :name AND owner = :owner"
-            " AND (granted = 0 OR :token IS NULL OR token = :token)"
-            f" RETURNING granted, {PERMIT_LIVE}",
-            self._params(name, self._clock(), owner=owner, token=token),
-        ).fetchall()
-        return any(granted and live for granted, live in rows), bool(rows)
+    ) -> tuple[bool, list[tuple[str, int, float]]]:
+        """One ``BEGIN IMMEDIATE`` transaction: delete ``owner``'s permit (if ``token``
+        matches) or queue entry; then, if live queue entries are left, grant those that
+        fit in arrival order (the first that does not fit stops it), each with the
+        name's next token and an expiry of its own ttl from now. Whether a live permit
+        was freed, and the grants: (owner, token, ttl) each."""
+        t = self.permits
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = self._clock()
+            p = self._params(name, now, owner=owner, token=token)
+            deleted = conn.execute(
+                f"DELETE FROM {t} WHERE name = :name AND owner = :owner"
+                " AND (granted = 0 OR :token IS NULL OR token = :token)"
+                f" RETURNING granted, {PERMIT_LIVE}",
+                p,
+            ).fetchall()
+            grants: list[tuple[str, int, float]] = []
+            queued = (
+                deleted
+                and conn.execute(
+                    f"SELECT 1 FROM {t} WHERE name = :name AND granted = 0 AND {PERMIT_LIVE}"
+                    " LIMIT 1",
+                    p,
+                ).fetchone()
+            )
+            if queued:
+                grants = self._grant_queued(conn, name, now)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+        return any(granted and live for granted, live in deleted), grants
+
+    def _grant_queued(
+        self, conn: sqlite3.Connection, name: str, now: float
+    ) -> list[tuple[str, int, float]]:
+        """Grant the live queue entries of ``name`` that fit, in arrival order (none over
+        a row aiolease would not have written: the next acquire reports it)."""
+        try:
+            rows = self.rows(conn, name, now)
+        except ForeignDataError:
+            return []
+        if not rows or any(row[2] != rows[0][2] for row in rows):
+            return []
+        free = rows[0][2] - sum(row[1] for row in rows if row[3])
+        grants: list[tuple[str, int, float]] = []
+        for row in rows:
+            if row[3]:
+                continue
+            if row[1] > free:
+                break
+            free -= row[1]
+            token = self._next(conn, name, "token")
+            (ttl,) = conn.execute(
+                f"UPDATE {self.permits} SET granted = 1, token = :token,"
+                " metadata = coalesce(metadata, '{}'), expires_at = :now + ttl"
+                " WHERE name = :name AND owner = :owner RETURNING ttl",
+                {"name": name, "owner": row[0], "token": token, "now": now},
+            ).fetchone()
+            grants.append((row[0], token, float(ttl)))
+        return grants
 
     def read(self, conn: sqlite3.Connection, name: str) -> PermitHolders | None:
         """:meth:`~aiolease.abc.Backend.read_permits`' answer."""
@@ -213,9 +275,3 @@ class PermitTables:
             tuple(row[1] for row in held),
             sum(1 for row in rows if not row[3]),
         )
-
-
-def wakeup_key(name: str) -> str:
-    """The key that wakes the permit waiters of ``name``, apart from the lock's (a name
-    never holds NUL)."""
-    return "\x00permits:" + name

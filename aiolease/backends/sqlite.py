@@ -82,7 +82,8 @@ from ..abc import (
     is_permit_owner,
 )
 from ._priority import PriorityLock
-from ._sqlite_permits import PERMIT_LIVE, PermitTables, wakeup_key
+from ._sqlite_permits import PERMIT_LIVE, PermitTables
+from .sql._handed import Handed, turn_key
 from .sql._rows import check_token, foreign, row_holder
 
 if sys.version_info >= (3, 11):
@@ -345,6 +346,8 @@ class SQLiteBackend(Backend):
         self._clock: Callable[[], float] = time.monotonic
         self._boot_id = host_boot_id()
         self._permits = PermitTables(self._table, lambda: self._boot_id, lambda: self._clock())
+        #: The grants that releases here made to queue entries, until their waiters take them.
+        self._handed = Handed(lambda key: _notify(self._path, key), anyio.current_time)
 
     def __repr__(self) -> str:
         return f"<SQLiteBackend {self._path!r} table={self._table!r}>"
@@ -591,33 +594,48 @@ class SQLiteBackend(Backend):
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        """One ``BEGIN IMMEDIATE`` transaction (see :meth:`PermitTables.acquire`)."""
+        """One ``BEGIN IMMEDIATE`` transaction (see :meth:`PermitTables.acquire`), or
+        none for a grant that a release through this backend made."""
+        handed = self._handed.take(name, owner, float(ttl))
+        if handed is not None:
+            return handed
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
-        return await self._run(
+        result = await self._run(
             lambda conn: self._permits.acquire(
                 conn, name, owner, ttl, identity, meta, limit, weight
             )
         )
+        if isinstance(result, Grant):
+            self._handed.forget(name, owner)
+        return result
 
     async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
-        freed, deleted = await self._run(
+        """One ``BEGIN IMMEDIATE`` transaction that also grants the queue entries that
+        then fit (see :meth:`PermitTables.release`): their waiters here take the grants
+        without a call, and only they wake."""
+        self._handed.forget(name, owner)
+        sent_at = anyio.current_time()
+        freed, grants = await self._run(
             lambda conn: self._permits.release(conn, name, owner, token)
         )
-        if deleted:
-            _notify(self._path, wakeup_key(name))
+        if grants:
+            owners, tokens, ttls = zip(*grants, strict=True)
+            self._handed.granted(name, owners, tokens, ttls, sent_at)
         return freed
 
     async def read_permits(self, name: str) -> PermitHolders | None:
         return await self._run(lambda conn: self._permits.read(conn, name))
 
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` is deleted in this process, or
+        """Return when a release in this process grants the caller's queue entry, or
         after :attr:`poll_interval` (changes by other processes), or when the first
         permit expires; never later than a third of ``ttl``."""
         timeout = min(self.poll_interval, ttl / 3)
         if seen.remaining is not None:
             timeout = min(timeout, max(seen.remaining, 0.001))
-        with _watching(self._path, wakeup_key(name)) as event:
+        with _watching(self._path, turn_key(name, owner)) as event:
+            if self._handed.waiting(name, owner):
+                return  # granted after the refusal
             with anyio.move_on_after(timeout):
                 await event.wait()
 

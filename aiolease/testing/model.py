@@ -133,6 +133,7 @@ class _Config:
     anyio_backend: str
     exact_tokens: bool
     fixed_weights: bool
+    grants_on_release: bool = False
 
 
 class ModelMachine(RuleBasedStateMachine):
@@ -158,6 +159,9 @@ class ModelMachine(RuleBasedStateMachine):
         self.prefix = prefix
         #: Whether the backend serves permits (the permit rules run only then).
         self.permits = self.driver.call(_serves_permits)
+        #: Per name, the permit requests refused and not yet granted or released, in
+        #: arrival order: owner -> (limit, weight) of the request that queued it.
+        self.queued: dict[str, dict[str, tuple[int, int]]] = {}
 
     def teardown(self) -> None:
         self.driver.close()
@@ -319,6 +323,9 @@ class ModelMachine(RuleBasedStateMachine):
             self.relate_tokens(name, real.token, model.token)
             self.real_tokens[name, owner] = real.token
             self.model_tokens[name, owner] = model.token
+            self.queued.get(name, {}).pop(owner, None)
+        elif isinstance(model, HolderInfo):
+            self.queued.setdefault(name, {}).setdefault(owner, (limit, weight))
         elif isinstance(model, LimitMismatchError):
             assert isinstance(real, LimitMismatchError)
             require(
@@ -357,6 +364,37 @@ class ModelMachine(RuleBasedStateMachine):
         real = self.driver.call(lambda b: b.release(name, owner, real_token))
         model = self.on_model(lambda b: b.release(name, owner, model_token))
         require(real == model, f"release of a permit of {name!r}: real {real!r}, model {model!r}")
+        self.queued.get(name, {}).pop(owner, None)
+        if self.config.grants_on_release:
+            self._granted_on_release(name)
+
+    def _granted_on_release(self, name: str) -> None:
+        """A backend whose release grants the queue entries that then fit: the model's
+        waiters that fit ask again (in arrival order, the first refusal stops it), and
+        the real holders must then be the model's, each with a token in step."""
+        granted: list[str] = []
+        for owner, (limit, weight) in list(self.queued.get(name, {}).items()):
+
+            def ask(
+                b: Backend, owner: str = owner, limit: int = limit, weight: int = weight
+            ) -> Awaitable[Grant | HolderInfo]:
+                meta = {"w": str(weight)}
+                return b.try_acquire_permit(name, owner, LONG_TTL, owner, meta, limit, weight)
+
+            model = self.on_model(ask)
+            if not isinstance(model, Grant):
+                break
+            self.model_tokens[name, owner] = model.token
+            del self.queued[name][owner]
+            granted.append(owner)
+        if not granted:
+            return
+        real = self.driver.call(lambda b: b.read_permits(name))
+        tokens = {} if real is None else {h.owner: h.token for h in real.holders}
+        for owner in granted:
+            require(owner in tokens, f"the release of {name!r} did not grant {owner}: {real!r}")
+            self.relate_tokens(name, tokens[owner], self.model_tokens[name, owner])
+            self.real_tokens[name, owner] = tokens[owner]
 
     @precondition(lambda self: self.permits)
     @rule(suffix=st.sampled_from(("/sem", "/rw")))
@@ -398,6 +436,7 @@ def make_model_machine(
     anyio_backend: str = "asyncio",
     exact_tokens: bool = True,
     fixed_weights: bool = False,
+    grants_on_release: bool = False,
 ) -> type[ModelMachine]:
     """A state machine class that holds backends from ``factory`` against the model.
 
@@ -411,7 +450,11 @@ def make_model_machine(
         request); for backends that take a queued request retried with another weight
         for a new request, at the back of the queue (ZooKeeper, where a node's weight
         is in its name), while the model keeps its place
+    :param grants_on_release: the backend's release of a permit or queue entry grants
+        the queue entries that then fit (PostgreSQL, MySQL / MariaDB), where the model
+        leaves them queued until they ask again: the machine has them ask the model
+        again after each release, and requires the real release to have granted them
     """
-    config = _Config(factory, anyio_backend, exact_tokens, fixed_weights)
+    config = _Config(factory, anyio_backend, exact_tokens, fixed_weights, grants_on_release)
     machine = type(f"ModelMachine_{anyio_backend}", (ModelMachine,), {"config": config})
     return cast("type[ModelMachine]", machine)

@@ -322,18 +322,27 @@ class MySQLBackend(Backend):
                 except Exception as exc:
                     if errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
                         raise
-            try:
-                await cur.execute(self._permit_sql.create_acquire)
-            except Exception as exc:
-                if errno(exc) in _DENIED:
-                    logger.warning(
-                        "%r may not create its permits' procedure (CREATE ROUTINE): locks"
-                        " work, semaphores and read-write locks fail until a user who may"
-                        " runs setup()",
-                        self,
-                    )
-                elif errno(exc) != _PROCEDURE_EXISTS:
-                    raise
+            await cur.execute(self._permit_sql.has_waited)
+            if not (await cur.fetchall())[0][0]:  # made by an older version
+                try:
+                    await cur.execute(self._permit_sql.add_waited)
+                except Exception as exc:
+                    if errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
+                        raise
+            for create in (self._permit_sql.create_acquire, self._permit_sql.create_release):
+                try:
+                    await cur.execute(create)
+                except Exception as exc:
+                    if errno(exc) in _DENIED:
+                        logger.warning(
+                            "%r may not create its permits' procedures (CREATE ROUTINE):"
+                            " locks work, semaphores and read-write locks fail until a user"
+                            " who may runs setup()",
+                            self,
+                        )
+                        break
+                    if errno(exc) != _PROCEDURE_EXISTS:
+                        raise
             await cur.execute("SET @@session.sql_notes = DEFAULT")
 
     # -- running statements ----------------------------------------------------------------

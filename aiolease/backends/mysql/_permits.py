@@ -3,9 +3,12 @@
 :class:`~aiolease.backends.mysql.MySQLBackend` owns and hands a permit's operations to.
 
 An acquire is one round trip (the procedure that the backend's setup installs, see
-:class:`~aiolease.backends.mysql._statements.PermitSql`), a release another. A
-release wakes the waiters of the name in this process at once. Waiters of other
-processes wake by bells, as lock waiters do (see :mod:`aiolease.backends.mysql._bell`):
+:class:`~aiolease.backends.mysql._statements.PermitSql`), a release another: one
+``DELETE`` while nobody queued behind the permit, else a procedure that also grants
+the queue entries that then fit. A waiter here takes such a grant from the release's
+answer without a statement, and only the waiters granted wake (see
+:mod:`aiolease.backends.sql._handed`). Waiters of other processes wake by bells, as
+lock waiters do (see :mod:`aiolease.backends.mysql._bell`), and ask again:
 a request that waits holds the bell of its queue entry (named after its place,
 ``seq``) from its first wait until it leaves the queue or releases the permit it
 became; a waiter waits on the bell of the row that blocks it (the one its refusal
@@ -21,7 +24,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ...abc import Grant, HolderInfo, PermitHolders
-from .._asyncio import wait_event
+from .._asyncio import now, wait_event
+from ..sql._handed import Handed, turn_key
 from ..sql._permits import PermitRow, acquired, permit_holders, permit_row
 from ..sql._renewals import Key, RenewBatcher
 from ..sql._running import finished
@@ -84,6 +88,12 @@ class Permits:
         #: The place of the row whose bell a request's latest wait found let go: if the
         #: same row blocks it again, the bell was free (nobody rings it): it polls.
         self._rung: dict[tuple[str, str], int] = {}
+        #: The grants that releases here made to queue entries, until their waiters take
+        #: them.
+        self._handed = Handed(wakeups.wake, now)
+        #: Names with requests queued, as this backend last saw them (a refusal, or a
+        #: release that left some): their releases go to the procedure at once.
+        self._contended: set[str] = set()
 
     def _rows(self, name: str, rows: Sequence[Sequence[Any]]) -> list[PermitRow]:
         where = self._sql.where
@@ -108,8 +118,12 @@ class Permits:
         weight: int,
     ) -> Grant | HolderInfo:
         """:meth:`~aiolease.abc.Backend.try_acquire_permit`: one round trip."""
-        meta = encode_metadata(metadata) if metadata else "{}"
         ttl = float(ttl)
+        handed = self._handed.take(name, owner, ttl)
+        if handed is not None:  # granted by a release through this backend: no statement
+            self._forget_place(name, owner)
+            return handed
+        meta = encode_metadata(metadata) if metadata else "{}"
         params: dict[str, Any] = {
             "name": name.encode(),
             "owner": check_owner(owner),
@@ -126,9 +140,10 @@ class Permits:
         rows = [] if token is not None else self._rows(name, [row[2:] for row in answer])
         outcome = acquired(self._sql.where, name, owner, ttl, limit, act, token, rows)
         if isinstance(outcome, Grant):
-            self._places.pop((name, owner), None)
-            self._rung.pop((name, owner), None)
+            self._handed.forget(name, owner)
+            self._forget_place(name, owner)
             return outcome
+        self._queued(name, True)
         # The rows are read after the caller's entry was written: its place is among them.
         mine = next((row.seq for row in rows if row.owner == owner), 0)
         ahead = next((row.seq for row in rows if row.owner == outcome.owner), 0)
@@ -138,16 +153,27 @@ class Permits:
         self._places[(name, owner)] = (mine, ahead)
         return outcome
 
+    def _queued(self, name: str, queued: bool) -> None:
+        if not queued:
+            self._contended.discard(name)
+            return
+        if len(self._contended) >= _MAX_REMEMBERED:
+            self._contended.clear()
+        self._contended.add(name)
+
+    def _forget_place(self, name: str, owner: str) -> None:
+        self._places.pop((name, owner), None)
+        self._rung.pop((name, owner), None)
+
     async def read(self, name: str) -> PermitHolders | None:
         """:meth:`~aiolease.abc.Backend.read_permits`."""
         rows = await self._execute(self._sql.read, {"name": name.encode()}, ROWS)
         return permit_holders(name, self._rows(name, rows))
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes through this backend
-        object, when the row that blocks the caller goes (its bell rings), when
-        ``seen`` expires, or after the poll interval, never later than a third of
-        ``ttl``."""
+        """Return when a release through this backend object grants the caller's queue
+        entry, when the row that blocks the caller goes (its bell rings), when ``seen``
+        expires, or after the poll interval, never later than a third of ``ttl``."""
         timeout = min(self._poll_interval(), ttl / 3)
         if seen.remaining is not None:
             timeout = min(timeout, seen.remaining)
@@ -161,12 +187,14 @@ class Permits:
                 self._held[request] = mine
         self.waiting += 1
         try:
-            with self._wakeups.watching(permit_key(name)) as event:
+            with self._wakeups.watching(turn_key(name, owner)) as event:
+                if self._handed.waiting(name, owner):
+                    return  # granted after the refusal's statement was sent
                 if (
                     bells is None
                     or not ahead
                     or self._rung.get(request) == ahead
-                    or self._ours(name, ahead)  # a release here sets ``event``
+                    or self._ours(name, ahead)  # a release here grants, and sets ``event``
                 ):
                     await wait_event(event, timeout)
                     return
@@ -190,15 +218,29 @@ class Permits:
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         """Free ``owner``'s live permit (of ``token``), else drop its queue entry or
-        expired permit: one statement, two for a waiter that leaves the queue; then let
-        go of its bell, if it held one (which rings the waiters behind it)."""
+        expired permit: one statement while nobody queued behind it since its grant,
+        else (or if that deleted nothing) the procedure, which also grants the queue
+        entries that then fit; then let go of its bell, if it held one (which rings the
+        waiters behind it)."""
         self._batcher.forget(name, owner, token)
-        self._places.pop((name, owner), None)
-        self._rung.pop((name, owner), None)
+        self._forget_place(name, owner)
+        self._handed.forget(name, owner)
         params = {"name": name.encode(), "owner": check_owner(owner), "token": token}
-        freed = bool(await self._execute(self._sql.free, params, COUNT))
-        if freed or await self._execute(self._sql.drop, params, COUNT):
-            self._wakeups.wake(permit_key(name))
+        freed = False
+        if name not in self._contended and token is not None:
+            freed = bool(await self._execute(self._sql.free, params, COUNT))
+        if not freed:
+            sent_at = now()
+            rows = await self._execute(self._sql.release, params, ROWS)
+            first = rows[0] if rows else None
+            freed = bool(first and first[0])
+            self._queued(name, bool(first and first[2]))
+            grants = [row[3:] for row in rows if row[3] is not None]
+            if grants:
+                owners = [str(_text(row[0])) for row in grants]
+                tokens = [int(row[1]) for row in grants]
+                ttls = [float(row[2]) for row in grants]
+                self._handed.granted(name, owners, tokens, ttls, sent_at)
         place = self._held.pop((name, owner), None)
         if place is not None and self.bells is not None:
             await self.bells.drop(permit_key(name), place)

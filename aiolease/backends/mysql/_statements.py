@@ -364,6 +364,7 @@ class PermitSql:
         permits, names = permit_tables(table, 64)
         p, n = f"`{permits}`", f"`{names}`"
         f = f"`{permit_routine(table, 64)}`"
+        r = f"`{permit_routine(table, 64, 'release')}`"
         self.where = p  # as errors name the table
         self._permits = p
         self.create = (
@@ -372,13 +373,22 @@ class PermitSql:
             " weight BIGINT NOT NULL, lim BIGINT NOT NULL, granted TINYINT NOT NULL,"
             " seq BIGINT UNSIGNED NOT NULL, token BIGINT UNSIGNED NULL,"
             " identity VARBINARY(1024) NULL, metadata BLOB NULL, ttl DOUBLE NOT NULL,"
-            " expires_at DATETIME(6) NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB",
+            " expires_at DATETIME(6) NOT NULL, waited TINYINT NOT NULL DEFAULT 0,"
+            " PRIMARY KEY (name, owner)) ENGINE=InnoDB",
             f"CREATE TABLE IF NOT EXISTS {n} ("
             " name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL,"
             " seq BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB",
         )
+        # ``waited``: whether a request may have queued behind a permit since its grant
+        # (then its release grants, by the procedure); added to a table made before it.
+        self.has_waited = (
+            "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE()"
+            f" AND table_name = '{permits}' AND column_name = 'waited'"
+        )
+        self.add_waited = f"ALTER TABLE {p} ADD COLUMN waited TINYINT NOT NULL DEFAULT 0"
         # Made once (error 1304, "already exists", from a second maker is no error).
         self.create_acquire = _acquire_procedure(f, p, n)
+        self.create_release = _release_procedure(r, p, n)
         # One result set: "act" (see ``acquired``), "tok" (a grant's token), then the
         # columns of a permit row (NULL for a grant); for a refusal, the live rows of
         # the name in arrival order, one per row.
@@ -416,16 +426,16 @@ class PermitSql:
             f"UPDATE {p} SET ttl = %(ttl)s, expires_at = {_EXPIRY}"
             " WHERE name = %(name)s AND owner = %(owner)s"
         )
-        # Release: free the caller's live permit (of that token); else drop its queue
-        # entry or expired permit. (One row per (name, owner): at most one deletes.)
+        # Release, when nobody queued behind the permit since its grant (``waited``):
+        # free the caller's live permit (of that token), one statement. Else (or if it
+        # deleted nothing) the release procedure: one round trip, which answers one row
+        # per grant it made ("freed", "deleted", entries left queued, then owner, token,
+        # ttl; NULL if none).
         self.free = (
             f"DELETE FROM {p} WHERE name = %(name)s AND owner = %(owner)s AND granted = 1"
-            f" AND (%(token)s IS NULL OR token = %(token)s) AND expires_at > {_NOW}"
+            f" AND token = %(token)s AND waited = 0 AND expires_at > {_NOW}"
         )
-        self.drop = (
-            f"DELETE FROM {p} WHERE name = %(name)s AND owner = %(owner)s"
-            " AND (granted = 0 OR %(token)s IS NULL OR token = %(token)s)"
-        )
+        self.release = f"CALL {r}(%(name)s, %(owner)s, %(token)s)"
 
     def renew(self, count: int) -> str:
         """Renew ``count`` permits of one ttl: params ttl, microseconds, then a (name,
@@ -450,14 +460,16 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
     ``docs/internals/semaphores.md`` in one transaction (rolled back, and the error
     raised again, if a statement fails: a deadlock's victim is asked again whole)."""
     live = "name = a_name AND expires_at > t"
-    alive = "expires_at > t"
+    now = "UTC_TIMESTAMP(6)"  # one value per statement: the read's own ``t``
+    alive_now = f"expires_at > {now}"
     expiry = "UTC_TIMESTAMP(6) + INTERVAL a_us MICROSECOND"
     columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
     upsert = (
-        f"INSERT INTO {p} ({columns}) VALUES (a_name, a_owner, a_weight, a_lim, {{granted}},"
-        f" {{seq}}, {{token}}, a_identity, {{meta}}, a_ttl, {expiry}) ON DUPLICATE KEY UPDATE"
-        " weight = a_weight, lim = a_lim, granted = {granted}, seq = {seq}, token = {token},"
-        f" identity = a_identity, metadata = {{meta}}, ttl = a_ttl, expires_at = {expiry}"
+        f"INSERT INTO {p} ({columns}, waited) VALUES (a_name, a_owner, a_weight, a_lim,"
+        f" {{granted}}, {{seq}}, {{token}}, a_identity, {{meta}}, a_ttl, {expiry}, {{waited}})"
+        " ON DUPLICATE KEY UPDATE weight = a_weight, lim = a_lim, granted = {granted},"
+        " seq = {seq}, token = {token}, identity = a_identity, metadata = {meta}, ttl = a_ttl,"
+        f" expires_at = {expiry}, waited = {{waited}}"
     )
     # What aiolease writes (permit_row checks the same, and the text, in Python).
     sane = (
@@ -468,6 +480,10 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
         f"UPDATE {p} SET ttl = a_ttl, expires_at = {expiry} WHERE name = a_name AND owner = a_owner"
     )
     nothing = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
+    # A grant marks its permit ``waited`` if requests stay queued behind it.
+    grant = upsert.format(
+        granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata", waited="others > 0"
+    )
     # The name's next token is taken by the statement that locks its row, and given back
     # (the row still locked) unless the request is granted: the uncontended grant is
     # then one write of the name's row, one read of its permits and one write of them.
@@ -479,21 +495,23 @@ body: BEGIN
  DECLARE t DATETIME(6);
  DECLARE all_sane, my_granted INT DEFAULT NULL;
  DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
- DECLARE used, ahead, expired BIGINT DEFAULT 0;
+ DECLARE used, ahead, expired, others, unwaited BIGINT DEFAULT 0;
  DECLARE my_seq, my_token, got BIGINT UNSIGNED DEFAULT NULL;
  DECLARE decision VARCHAR(8) CHARACTER SET ascii DEFAULT NULL;
  DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
  START TRANSACTION;
  INSERT INTO {n} (name, token, seq) VALUES (a_name, LAST_INSERT_ID(1), 0)
   ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
- SET t = UTC_TIMESTAMP(6), got = LAST_INSERT_ID();
- SELECT MIN(IF({alive}, {sane}, NULL)), MIN(IF({alive}, lim, NULL)), MAX(IF({alive}, lim, NULL)),
-  IFNULL(SUM(IF({alive} AND granted = 1, weight, 0)), 0),
-  MAX(IF({alive} AND owner = a_owner, granted, NULL)),
-  MAX(IF({alive} AND owner = a_owner, seq, NULL)),
-  MAX(IF({alive} AND owner = a_owner, token, NULL)), IFNULL(SUM(expires_at <= t), 0)
-  INTO all_sane, low_lim, high_lim, used, my_granted, my_seq, my_token, expired
-  FROM {p} WHERE name = a_name FOR UPDATE;
+ SELECT {now}, LAST_INSERT_ID(), MIN(IF({alive_now}, {sane}, NULL)),
+  MIN(IF({alive_now}, lim, NULL)), MAX(IF({alive_now}, lim, NULL)),
+  IFNULL(SUM(IF({alive_now} AND granted = 1, weight, 0)), 0),
+  MAX(IF({alive_now} AND owner = a_owner, granted, NULL)),
+  MAX(IF({alive_now} AND owner = a_owner, seq, NULL)),
+  MAX(IF({alive_now} AND owner = a_owner, token, NULL)), IFNULL(SUM(expires_at <= {now}), 0),
+  IFNULL(SUM({alive_now} AND granted = 0 AND owner <> a_owner), 0),
+  IFNULL(SUM({alive_now} AND granted = 1 AND waited = 0), 0)
+  INTO t, got, all_sane, low_lim, high_lim, used, my_granted, my_seq, my_token, expired, others,
+  unwaited FROM {p} WHERE name = a_name FOR UPDATE;
  IF expired > 0 THEN
   DELETE FROM {p} WHERE name = a_name AND expires_at <= t;
  END IF;
@@ -510,17 +528,20 @@ body: BEGIN
     AND owner <> a_owner AND (my_seq IS NULL OR seq < my_seq);
   END IF;
   IF used + ahead + a_weight <= a_lim THEN
-   {upsert.format(granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata")};
+   {grant};
    SELECT 'grant' AS act, got AS tok, {nothing};
    COMMIT;
    LEAVE body;
   ELSEIF my_seq IS NULL THEN
    UPDATE {n} SET token = token - 1, seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
    SET got = LAST_INSERT_ID(), decision = 'queue';
-   {upsert.format(granted="0", seq="got", token="NULL", meta="NULL")};
+   {upsert.format(granted="0", seq="got", token="NULL", meta="a_metadata", waited="0")};
   ELSE
    {refresh};
    SET decision = 'refresh';
+  END IF;
+  IF unwaited > 0 THEN
+   UPDATE {p} SET waited = 1 WHERE name = a_name AND granted = 1 AND waited = 0;
   END IF;
  END IF;
  IF decision <> 'queue' THEN
@@ -531,6 +552,74 @@ body: BEGIN
  ELSE
   SELECT decision AS act, NULL AS tok, owner, weight, lim, granted, seq, token, identity,
    metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq;
+ END IF;
+ COMMIT;
+END"""
+
+
+def _release_procedure(r: str, p: str, n: str) -> str:
+    """``CREATE PROCEDURE`` of the release (see :class:`PermitSql`), in one transaction
+    that locks the name's row first, as an acquire does: delete the caller's permit (of
+    that token) or queue entry; then, if live queue entries are left, grant those that
+    fit in arrival order (rule 3: the first entries whose weights, with the held weight,
+    fit the limit; the first that does not fit stops it), each with the name's next
+    token, an expiry of its own ttl from now, and its request's identity and metadata;
+    mark the live permits ``waited`` while entries stay queued. One result set: a row
+    per grant (``freed``, ``deleted``, the entries left queued, owner, token, ttl), or
+    one row without a grant (owner, token and ttl NULL)."""
+    sane = (
+        f"LEFT(owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}' AND lim BETWEEN 1 AND {RW_LIMIT}"
+        " AND weight BETWEEN 1 AND lim AND (granted = 0 OR IFNULL(token >= 1, FALSE))"
+    )
+    mine = (
+        "name = a_name AND owner = a_owner AND (granted = 0 OR a_token IS NULL OR token = a_token)"
+    )
+    return f"""CREATE PROCEDURE {r}(a_name VARBINARY(255), a_owner VARBINARY(255),
+ a_token BIGINT UNSIGNED)
+MODIFIES SQL DATA SQL SECURITY INVOKER
+body: BEGIN
+ DECLARE t DATETIME(6);
+ DECLARE tok BIGINT UNSIGNED DEFAULT NULL;
+ DECLARE was_live, gone, all_sane INT DEFAULT NULL;
+ DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
+ DECLARE used, queued, granted_now BIGINT DEFAULT 0;
+ DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+ START TRANSACTION;
+ SELECT MAX(token), UTC_TIMESTAMP(6) INTO tok, t FROM {n} WHERE name = a_name FOR UPDATE;
+ SELECT MAX(granted = 1 AND expires_at > t), COUNT(*) INTO was_live, gone
+  FROM {p} WHERE {mine} FOR UPDATE;
+ IF gone = 0 THEN
+  COMMIT;
+  SELECT 0 AS freed, 0 AS deleted, NULL AS queued, NULL AS owner, NULL AS token, NULL AS ttl;
+  LEAVE body;
+ END IF;
+ DELETE FROM {p} WHERE {mine};
+ SELECT MIN({sane}), MIN(lim), MAX(lim), IFNULL(SUM(IF(granted = 1, weight, 0)), 0),
+  IFNULL(SUM(granted = 0), 0) INTO all_sane, low_lim, high_lim, used, queued
+  FROM {p} WHERE name = a_name AND expires_at > t FOR UPDATE;
+ IF queued > 0 AND tok IS NOT NULL AND all_sane AND low_lim = high_lim AND used < low_lim THEN
+  UPDATE {p} x JOIN (SELECT owner,
+    SUM(weight) OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING) AS run,
+    ROW_NUMBER() OVER (ORDER BY seq) AS k
+    FROM {p} WHERE name = a_name AND granted = 0 AND expires_at > t) q
+   ON x.name = a_name AND x.owner = q.owner
+   SET x.granted = 1, x.token = tok + q.k, x.metadata = IFNULL(x.metadata, '{{}}'),
+    x.expires_at = t + INTERVAL ROUND(x.ttl * 1000000) MICROSECOND
+   WHERE used + q.run <= low_lim;
+  SET granted_now = ROW_COUNT();
+  IF granted_now > 0 THEN
+   UPDATE {n} SET token = tok + granted_now WHERE name = a_name;
+  END IF;
+  IF granted_now < queued THEN
+   UPDATE {p} SET waited = 1 WHERE name = a_name AND granted = 1 AND waited = 0;
+  END IF;
+ END IF;
+ IF granted_now > 0 THEN
+  SELECT IFNULL(was_live, 0) AS freed, 1 AS deleted, queued - granted_now AS queued, owner,
+   token, ttl FROM {p} WHERE name = a_name AND granted = 1 AND token > tok ORDER BY token;
+ ELSE
+  SELECT IFNULL(was_live, 0) AS freed, 1 AS deleted, queued, NULL AS owner, NULL AS token,
+   NULL AS ttl;
  END IF;
  COMMIT;
 END"""

@@ -375,8 +375,12 @@ class PostgresBackend(Backend):
             await conn.execute(self._sql.create_waiters_index)
             await conn.execute(self._permit_sql.create)
             await conn.execute(self._permit_sql.create_names)
-            if not await conn.fetchval(self._permit_sql.has_acquire, self._permit_sql.routine):
-                await conn.execute(self._permit_sql.create_acquire)
+            for routine, create in (
+                (self._permit_sql.routine, self._permit_sql.create_acquire),
+                (self._permit_sql.release_routine, self._permit_sql.create_release),
+            ):
+                if not await conn.fetchval(self._permit_sql.has_acquire, routine):
+                    await conn.execute(create)
 
     # -- running statements ----------------------------------------------------------------
 

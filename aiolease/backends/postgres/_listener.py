@@ -106,6 +106,11 @@ class Listener:
         self._wakeups = wakeups
         self._queue = queue
         self._takers = takers
+        #: Told the owners whose permit queue entries a release granted (set by the
+        #: backend's permits: :meth:`~aiolease.backends.sql._handed.Handed.told`).
+        self.permits_granted: Callable[[str, list[str]], None] | None = None
+        #: Told the names whose permit or queue entry went without a grant (``'p:'``).
+        self.permits_released: Callable[[str], None] | None = None
         self._what = what
         self._want_grants = False  # once a wait for a holder to appear asked for them
         self._grants_on: Any = None  # the connection that listens to the grants channel
@@ -252,7 +257,14 @@ class Listener:
         A hand-off to another waiter re-times the name's other waiters here (they wait
         no longer than the handed grant lasts unless renewed)."""
         kind, name, owner, token, ask, lasts = parse_notice(payload)
+        if kind == "q":  # a release granted queue entries of permits: their waiters ask
+            self.notes += 1
+            if self.permits_granted is not None and owner:
+                self.permits_granted(name, owner.split(","))
+            return
         if kind == "p":  # a permit or queue entry went: the name's permit waiters look
+            if self.permits_released is not None:
+                self.permits_released(name)
             name = permit_key(name)
         self.notes += 1
         if len(self._noted) >= _MAX_NOTED:

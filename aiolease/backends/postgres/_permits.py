@@ -4,10 +4,12 @@
 operations to.
 
 An acquire is one statement (the function that the backend's setup installs, see
-:class:`~aiolease.backends.postgres._statements.PermitSql`), a release another; a
-release is announced (``NOTIFY`` ``'p:' + name``) and wakes the waiters of the name,
-here at once and in other processes through their listener. Renewals go in the
-backend's batches, beside the locks'.
+:class:`~aiolease.backends.postgres._statements.PermitSql`), a release another (a
+function too), which grants the queue entries that then fit. A waiter of this backend
+takes such a grant from the release's answer without a statement; one of another
+backend is told by ``NOTIFY`` (``'q'``: the owners granted), through its listener, and
+asks again (see :mod:`aiolease.backends.sql._handed`). Only the waiters granted wake.
+Renewals go in the backend's batches, beside the locks'.
 """
 
 from __future__ import annotations
@@ -16,20 +18,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ...abc import Grant, HolderInfo, PermitHolders
-from .._asyncio import wait_event
+from .._asyncio import now, wait_event
+from ..sql._handed import Handed, turn_key
 from ..sql._permits import PermitRow, acquired, permit_holders, permit_row
 from ..sql._renewals import RenewBatcher
 from ..sql._running import finished
 from ..sql._values import encode_metadata
 from ..sql._wakeups import Wakeups
 from ._listener import LISTEN_CHECK, Listener
-from ._statements import PERMIT_COLUMNS, PermitSql, permit_key
+from ._statements import PERMIT_COLUMNS, PermitSql
 
 __all__ = ["Permits"]
 
-#: The most refused requests whose listener marks are remembered (a request that never
-#: waits, as ``acquire_nowait``'s, leaves one): then all are forgotten.
-_MAX_MARKS = 4096
+#: The most names remembered as having requests queued (then all are forgotten).
+_MAX_CONTENDED = 4096
 
 #: Runs one statement (with the backend's pool, errors mapped, tables made on first use).
 Fetch = Callable[..., Awaitable[list[Any]]]
@@ -64,8 +66,13 @@ class Permits:
         self._batcher = batcher
         self._channel = channel
         self._poll_interval = poll_interval
-        #: Refused requests: where the listener stood before their statement was sent.
-        self._marks: dict[tuple[str, str], tuple[int, int] | None] = {}
+        #: The grants that releases made to queue entries, until their waiters take them.
+        self._handed = Handed(wakeups.wake, now)
+        listener.permits_granted = self._handed.told
+        listener.permits_released = self._handed.told_all
+        #: Names with requests queued, as this backend last saw them (a refusal, or a
+        #: release that left some): their releases take the name's row and grant.
+        self._contended: set[str] = set()
         #: Tasks in :meth:`wait_turn` now.
         self.waiting = 0
         #: Acquire statements sent.
@@ -86,9 +93,12 @@ class Permits:
         weight: int,
     ) -> Grant | HolderInfo:
         """:meth:`~aiolease.abc.Backend.try_acquire_permit`: one statement."""
-        meta = encode_metadata(metadata) if metadata else "{}"
         ttl = float(ttl)
-        mark = self._listener.mark()
+        handed = self._handed.take(name, owner, ttl)
+        if handed is not None:  # granted by a release through this backend: no statement
+            return handed
+        meta = encode_metadata(metadata) if metadata else "{}"
+        self._handed.asking(name, owner)
         self.statements += 1
         # Seen to its end even if the caller is cancelled (see ``finished``).
         answer = await finished(
@@ -99,42 +109,58 @@ class Permits:
         rows = [] if token is not None else self._rows(name, answer)
         outcome = acquired(self._sql.where, name, owner, ttl, limit, act, token, rows)
         if isinstance(outcome, Grant):
-            self._marks.pop((name, owner), None)
+            self._handed.forget(name, owner)
         else:
-            if len(self._marks) >= _MAX_MARKS:
-                self._marks.clear()
-            self._marks[(name, owner)] = mark
+            self._queued(name, True)
         return outcome
+
+    def _queued(self, name: str, queued: bool) -> None:
+        if not queued:
+            self._contended.discard(name)
+            return
+        if len(self._contended) >= _MAX_CONTENDED:
+            self._contended.clear()
+        self._contended.add(name)
 
     async def read(self, name: str) -> PermitHolders | None:
         """:meth:`~aiolease.abc.Backend.read_permits`."""
         return permit_holders(name, self._rows(name, await self._fetch(self._sql.read, name)))
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
-        """Return when a permit or queue entry of ``name`` goes (a ``NOTIFY``; or, while
-        nothing listens, after the poll interval), when ``seen`` expires, and never
-        later than a third of ``ttl`` (the retry keeps the caller's place)."""
+        """Return when a release grants the caller's queue entry (through this backend, or
+        told by ``NOTIFY``; or, while nothing listens, after the poll interval), when
+        ``seen`` expires, and never later than a third of ``ttl`` (the retry keeps the
+        caller's place)."""
         listening = await self._listener.ensure()
-        key = permit_key(name)
         timeout = min(LISTEN_CHECK if listening else self._poll_interval(), ttl / 3)
         if seen.remaining is not None:
             timeout = min(timeout, max(seen.remaining, 0.001))
         self.waiting += 1
         try:
-            with self._wakeups.watching(key) as event:
-                # A permit that went after the refusal's statement was sent: at once.
-                mark = self._marks.get((name, owner))
-                if mark is not None and not self._listener.unchanged_since(key, mark):
-                    return
-                await wait_event(event, timeout)
+            with self._wakeups.watching(turn_key(name, owner)) as event:
+                # Granted after the refusal's statement was sent: at once.
+                if not self._handed.waiting(name, owner):
+                    await wait_event(event, timeout)
         finally:
             self.waiting -= 1
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        """Delete ``owner``'s permit (of ``token``) or queue entry, and announce it."""
+        """Delete ``owner``'s permit (of ``token``) or queue entry. Where this backend saw
+        requests queue for the name (a refusal, or a release that left some), the
+        release function, which also grants the queue entries that then fit (their
+        waiters here take the grants from the answer); else one ``DELETE``, which tells
+        every waiter of the name elsewhere to ask again (``'p:'``), if any."""
         self._batcher.forget(name, owner, token)
-        self._marks.pop((name, owner), None)
+        self._handed.forget(name, owner)
+        if name not in self._contended:
+            rows = await self._fetch(self._sql.release_plain, name, owner, token, self._channel)
+            return bool(rows and rows[0]["freed"])
+        sent_at = now()
         rows = await self._fetch(self._sql.release, name, owner, token, self._channel)
-        if rows and rows[0]["deleted"]:
-            self._wakeups.wake(permit_key(name))
-        return bool(rows and rows[0]["freed"])
+        row = rows[0] if rows else None
+        if row is None:
+            return False
+        self._queued(name, bool(row["still_queued"]))
+        if row["owners"]:
+            self._handed.granted(name, row["owners"], row["tokens"], row["ttls"], sent_at)
+        return bool(row["freed"])

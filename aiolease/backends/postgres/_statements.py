@@ -393,8 +393,10 @@ class PermitSql:
         p = f'"{schema}"."{permits_table(table)}"'
         n = f'"{schema}"."{permit_names_table(table)}"'
         f = f'"{schema}"."{permit_routine(table, _LONGEST)}"'
+        r = f'"{schema}"."{permit_routine(table, _LONGEST, "release")}"'
         self.where = p  # as errors name the table
         self.routine = f
+        self.release_routine = r
         # One row per held permit (granted, with its token) or queue entry (its place
         # ``seq``, no token), each with the weight and limit it asked for.
         self.create = (
@@ -414,6 +416,7 @@ class PermitSql:
         # only if not, so that it never rewrites the catalog for nothing.
         self.has_acquire = "SELECT to_regproc($1) IS NOT NULL AS present"
         self.create_acquire = _acquire_function(f, p, n)
+        self.create_release = _release_function(r, p, n)
         # $1 name, $2 owner, $3 weight, $4 limit, $5 identity, $6 metadata, $7 ttl. One
         # row "grant" or "renew" (the token in "tok"); else the live rows of the name
         # in arrival order, as they were before the caller's queue entry was written,
@@ -444,9 +447,20 @@ class PermitSql:
             " SELECT name, owner, token FROM v EXCEPT ALL SELECT name, owner, token FROM u"
         )
         # $1 name, $2 owner, $3 token or NULL, $4 channel: delete the caller's permit
-        # (of that token) or queue entry, and announce it ("p") if anything went. One
-        # row: whether a live permit was freed, and whether anything was deleted.
+        # (of that token) or queue entry, and grant the queue entries that then fit
+        # (see ``_release_function``). One row: whether a live permit was freed, whether
+        # anything was deleted, how many entries stay queued, and the owners, tokens and
+        # ttls of the grants.
         self.release = (
+            "SELECT freed, deleted, still_queued, owners, tokens, ttls"
+            f" FROM {r}($1, $2, $3::int8, $4)"
+        )
+        # $1 name, $2 owner, $3 token or NULL, $4 channel: the release of a backend that
+        # saw nobody queue for the name: delete the caller's permit (of that token) or
+        # queue entry and, if anything went, tell every waiter of the name (``'p:'``),
+        # which asks again (a request queued elsewhere that now fits is granted by its
+        # own ask). No lock on the name's row: releases of one name run side by side.
+        self.release_plain = (
             f"WITH d AS (DELETE FROM {p} WHERE name = $1 AND owner = $2"
             " AND (NOT granted OR $3::int8 IS NULL OR token = $3::int8)"
             " RETURNING granted AND expires_at > clock_timestamp() AS live)"
@@ -497,8 +511,13 @@ def parse_payload(payload: str) -> Payload:
 def parse_notice(payload: str) -> Notice:
     """:func:`parse_payload`, and the ask number and the most seconds of a hand-off."""
     kind = payload[:1]
-    if payload.startswith("p:"):  # a permit or queue entry of a name went (see PermitSql)
+    if payload.startswith("p:"):  # a permit or queue entry of a name went (version 1)
         return "p", payload[2:], None, None, None, None
+    if kind == "q":  # queue entries granted by a release: their owners, joined by ","
+        size, colon, rest = payload[1:].partition(":")
+        if colon and size.isdecimal() and int(size) <= len(rest):
+            return "q", rest[int(size) :], rest[: int(size)], None, None, None
+        return "r", payload, None, None, None, None
     token, colon, rest = payload[1:].partition(":")
     if kind in ("g", "r", "h", "m") and colon and token.isdecimal():
         if kind in ("r", "m"):
@@ -606,13 +625,91 @@ BEGIN
  IF decision = 'queue' THEN
   UPDATE {n} x SET token = x.token - 1, seq = x.seq + 1 WHERE x.name = a_name
    RETURNING x.seq INTO got;
-  {upsert.format(granted="false", seq="got", token="NULL", meta="NULL")};
+  {upsert.format(granted="false", seq="got", token="NULL", meta="a_metadata")};
  ELSE
   UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
   IF decision = 'refresh' THEN
    UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
   END IF;
  END IF;
+END
+$aiolease$"""
+
+
+def _release_function(r: str, p: str, n: str) -> str:
+    """``CREATE FUNCTION`` of the release (see :class:`PermitSql`): in one transaction
+    that locks the name's row first (as an acquire does, so that neither waits for the
+    other while holding what the other needs), delete the caller's permit (of that
+    token) or queue entry; then, if live queue entries are left, grant those that fit
+    in arrival order (rule 3: the first entries whose weights, with the held weight,
+    fit the limit; the first that does not fit stops it), each with the name's next
+    token and an expiry of its own ttl from now, and ``NOTIFY`` their owners
+    (``'q'`` + the length of the owners joined by ``","`` + ``':'`` + owners + name,
+    several notifications if they would pass the payload's limit). A grant is the
+    queue entry's own: the identity and metadata of its request, kept for that."""
+    sane = (
+        f"left(x.owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}'"
+        f" AND x.lim BETWEEN 1 AND {RW_LIMIT} AND x.weight BETWEEN 1 AND x.lim"
+        " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
+    )
+    return f"""CREATE OR REPLACE FUNCTION {r}(a_name text, a_owner text, a_token int8,
+ a_channel text)
+RETURNS TABLE (freed bool, deleted bool, still_queued int8, owners text[], tokens int8[],
+ ttls float8[])
+LANGUAGE plpgsql VOLATILE AS $aiolease$
+#variable_conflict use_column
+DECLARE
+ t timestamptz;
+ tok int8;
+ was_live bool;
+ low_lim int8;
+ high_lim int8;
+ all_sane bool;
+ used int8;
+ queued int8;
+ g_owners text[];
+ g_tokens int8[];
+ g_ttls float8[];
+ joined text := '';
+ o text;
+BEGIN
+ SELECT x.token INTO tok FROM {n} x WHERE x.name = a_name FOR NO KEY UPDATE;
+ DELETE FROM {p} x WHERE x.name = a_name AND x.owner = a_owner
+  AND (NOT x.granted OR a_token IS NULL OR x.token = a_token)
+  RETURNING x.granted AND x.expires_at > clock_timestamp() INTO was_live;
+ IF NOT FOUND THEN
+  RETURN QUERY SELECT false, false, 0::int8, NULL::text[], NULL::int8[], NULL::float8[];
+  RETURN;
+ END IF;
+ t := clock_timestamp();
+ SELECT min(x.lim), max(x.lim), coalesce(bool_and({sane}), true),
+  coalesce(sum(x.weight) FILTER (WHERE x.granted), 0)::int8, count(*) FILTER (WHERE NOT x.granted)
+  INTO low_lim, high_lim, all_sane, used, queued
+  FROM {p} x WHERE x.name = a_name AND x.expires_at > t;
+ IF queued > 0 AND tok IS NOT NULL AND all_sane AND low_lim = high_lim AND used < low_lim THEN
+  WITH q AS (SELECT x.owner, sum(x.weight) OVER w AS run, row_number() OVER w AS k
+    FROM {p} x WHERE x.name = a_name AND NOT x.granted AND x.expires_at > t
+    WINDOW w AS (ORDER BY x.seq ROWS UNBOUNDED PRECEDING)),
+   g AS (UPDATE {p} x SET granted = true, token = tok + q.k,
+    metadata = coalesce(x.metadata, '{{}}'), expires_at = t + make_interval(secs => x.ttl)
+    FROM q WHERE x.name = a_name AND x.owner = q.owner AND used + q.run <= low_lim
+    RETURNING x.owner, x.token, x.ttl)
+  SELECT array_agg(g.owner ORDER BY g.token), array_agg(g.token ORDER BY g.token),
+   array_agg(g.ttl ORDER BY g.token) INTO g_owners, g_tokens, g_ttls FROM g;
+  IF g_owners IS NOT NULL THEN
+   UPDATE {n} x SET token = tok + cardinality(g_owners) WHERE x.name = a_name;
+   FOREACH o IN ARRAY g_owners LOOP
+    IF joined <> '' AND octet_length(joined) + octet_length(o) + octet_length(a_name) > 7000 THEN
+     PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
+     joined := '';
+    END IF;
+    joined := CASE WHEN joined = '' THEN o ELSE joined || ',' || o END;
+   END LOOP;
+   PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
+  END IF;
+ END IF;
+ RETURN QUERY SELECT coalesce(was_live, false), true, queued - coalesce(cardinality(g_owners), 0),
+  g_owners, g_tokens, g_ttls;
 END
 $aiolease$"""
 

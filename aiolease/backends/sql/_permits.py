@@ -57,20 +57,24 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
     )
 
 
-#: The version of the acquire routine's body and signature, in its name: a changed
+#: The version of the routines' bodies and signatures, in their names: a changed
 #: routine gets a new name, so that processes of two versions never call each other's.
-ROUTINE_VERSION = 1
+#: Version 2: a release grants the queue entries that then fit (see
+#: ``docs/internals/semaphores.md``), and a queue entry keeps its metadata for that.
+ROUTINE_VERSION = 2
 
 
-def permit_routine(table: str, longest: int) -> str:
-    """The server-side routine that acquires the permits of lease table ``table``
-    (installed by the backend's setup): ``<table>_permit_acquire_v<N>``, or, where that
-    would pass the server's ``longest`` identifier, ``aiolease_a<N>_`` and 16 hex digits
+def permit_routine(table: str, longest: int, kind: str = "acquire") -> str:
+    """The server-side routine of ``kind`` (``"acquire"`` or ``"release"``) of the
+    permits of lease table ``table`` (installed by the backend's setup):
+    ``<table>_permit_<kind>_v<N>``, or, where that would pass the server's ``longest``
+    identifier, ``aiolease_<k><N>_`` (``k``: the kind's first letter) and 16 hex digits
     of a hash of ``table``."""
-    full = f"{table}_permit_acquire_v{ROUTINE_VERSION}"
+    full = f"{table}_permit_{kind}_v{ROUTINE_VERSION}"
     if len(full) <= longest:
         return full
-    return f"aiolease_a{ROUTINE_VERSION}_{hashlib.sha256(table.encode()).hexdigest()[:16]}"
+    digest = hashlib.sha256(table.encode()).hexdigest()[:16]
+    return f"aiolease_{kind[0]}{ROUTINE_VERSION}_{digest}"
 
 
 @dataclass(frozen=True, slots=True)

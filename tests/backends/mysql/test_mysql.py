@@ -81,7 +81,9 @@ async def test_conformance(check: Check, my_url: str) -> None:
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_agrees_with_model(my_url: str, loop: str) -> None:
-    machine = make_model_machine(lambda: aiolease.open_backend(my_url), anyio_backend=loop)
+    machine = make_model_machine(
+        lambda: aiolease.open_backend(my_url), anyio_backend=loop, grants_on_release=True
+    )
     run_state_machine_as_test(machine, settings=MODEL_SETTINGS)
 
 

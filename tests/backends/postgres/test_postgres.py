@@ -77,7 +77,9 @@ async def test_conformance(check: Check, pg_url: str) -> None:
 def test_agrees_with_model(pg_url: str, loop: str) -> None:
     # The model has no queue: a refused caller leaves it at once (as acquire_nowait does).
     machine = make_model_machine(
-        lambda: leaving_the_queue(aiolease.open_backend(pg_url)), anyio_backend=loop
+        lambda: leaving_the_queue(aiolease.open_backend(pg_url)),
+        anyio_backend=loop,
+        grants_on_release=True,
     )
     run_state_machine_as_test(machine, settings=MODEL_SETTINGS)
 

@@ -23,6 +23,8 @@ import aiolease
 from aiolease import AsyncLock, AsyncSemaphore, ForeignDataError
 from aiolease._checked import HeldRenewals
 from aiolease.abc import Grant, HolderInfo, NotOwnerError, PermitHolders, permit_owner
+from aiolease.backends.mysql import MySQLBackend
+from aiolease.backends.postgres import PostgresBackend
 from aiolease.backends.postgres._listener import LISTEN_CHECK
 from aiolease.backends.postgres._statements import permits_table
 from tests.backends.mysql.support import in_database
@@ -102,6 +104,63 @@ async def test_a_release_by_another_backend_wakes_the_waiter(url: str) -> None:
         assert permits is not None and [h.owner for h in permits.holders] == [waiter]
         assert await two.release(name, waiter, granted.token)
         assert await one.read_permits(name) is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # counts the waits in its loop
+async def test_a_release_grants_the_requests_that_fit_and_wakes_only_them(
+    place: Place,
+) -> None:
+    # A release grants the queue entries that then fit, in arrival order, and wakes
+    # their waiters only: the others stay asleep (they were all woken, and asked
+    # again, one statement each, before). The waiter takes its grant as it is. (No
+    # poll ends a wait here: only a wake-up does.)
+    async with aiolease.open_backend(with_query(place.url, poll_interval="60")) as b:
+        assert isinstance(b, (PostgresBackend, MySQLBackend))
+        name = unique("sem")
+        holders = [permit_owner(), permit_owner()]
+        grants = []
+        for owner in holders:
+            grant = await b.try_acquire_permit(name, owner, 600.0, "h", {}, 2, 1)
+            assert isinstance(grant, Grant)
+            grants.append(grant)
+        waiters = [permit_owner() for _ in range(3)]
+        refusals = []
+        for owner in waiters:
+            refused = await b.try_acquire_permit(name, owner, 600.0, "w", {"k": owner}, 2, 1)
+            assert isinstance(refused, HolderInfo)
+            refusals.append(refused)
+        woken: list[str] = []
+
+        async def wait(owner: str, seen: HolderInfo) -> None:
+            await b.wait_permit_turn(name, owner, 600.0, seen)
+            woken.append(owner)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for owner, seen in zip(waiters, refusals, strict=True):
+                    tg.start_soon(wait, owner, seen)
+                await eventually(lambda: b.statistics().waiting == 3, "three waits")
+                assert await b.release(name, holders[0], grants[0].token)
+                await eventually(lambda: woken == waiters[:1], "the first waiter woken")
+                await anyio.wait_all_tasks_blocked()
+                assert woken == waiters[:1] and b.statistics().waiting == 2
+                first = await b.try_acquire_permit(name, waiters[0], 600.0, "w", {}, 2, 1)
+                assert isinstance(first, Grant) and first.token == grants[1].token + 1
+                permits = await b.read_permits(name)
+                assert permits is not None and permits.waiting == 2
+                assert [(h.owner, h.token) for h in permits.holders] == [
+                    (holders[1], grants[1].token),
+                    (waiters[0], first.token),
+                ]
+                assert permits.holders[1].metadata == {"k": waiters[0]}  # its request's
+                assert await b.release(name, waiters[0], first.token)
+                await eventually(lambda: woken == waiters[:2], "the second waiter woken")
+                await anyio.wait_all_tasks_blocked()
+                assert b.statistics().waiting == 1
+                tg.cancel_scope.cancel()
+        for owner in (holders[1], waiters[1], waiters[2]):
+            await b.release(name, owner, None)
+        assert await b.read_permits(name) is None
 
 
 async def test_two_backends_share_the_limit(place: Place) -> None:

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError
-from aiolease.abc import Grant, permit_owner
+from aiolease.abc import Grant, HolderInfo, permit_owner
 from aiolease.backends.sqlite import SQLiteBackend
 
 pytestmark = pytest.mark.anyio
@@ -39,6 +39,57 @@ async def test_permits_are_shared_through_the_file(tmp_path: Path) -> None:
                         await anyio.wait_all_tasks_blocked()
                 order.append("read done")
         assert order == ["read done", "write"]
+
+
+async def test_a_release_grants_the_requests_that_fit_and_wakes_only_them(
+    tmp_path: Path,
+) -> None:
+    # A release grants the queue entries that then fit, in arrival order, and wakes
+    # their waiters only (every waiter of the name used to wake, and ask again); the
+    # waiter takes its grant as it is. No poll ends a wait here: only a wake-up does.
+    async with SQLiteBackend(tmp_path / "leases.db", poll_interval=60) as b:
+        holders = [permit_owner(), permit_owner()]
+        grants = []
+        for owner in holders:
+            grant = await b.try_acquire_permit("s", owner, 600.0, "h", {}, 2, 1)
+            assert isinstance(grant, Grant)
+            grants.append(grant)
+        waiters = [permit_owner() for _ in range(3)]
+        refusals = []
+        for owner in waiters:
+            refused = await b.try_acquire_permit("s", owner, 600.0, "w", {"k": owner}, 2, 1)
+            assert isinstance(refused, HolderInfo)
+            refusals.append(refused)
+        woken: list[str] = []
+
+        async def wait(owner: str, seen: HolderInfo) -> None:
+            await b.wait_permit_turn("s", owner, 600.0, seen)
+            woken.append(owner)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for owner, seen in zip(waiters, refusals, strict=True):
+                    tg.start_soon(wait, owner, seen)
+                await anyio.wait_all_tasks_blocked()
+                assert await b.release("s", holders[0], grants[0].token)
+                await anyio.wait_all_tasks_blocked()
+                assert woken == waiters[:1]
+                first = await b.try_acquire_permit("s", waiters[0], 600.0, "w", {}, 2, 1)
+                assert isinstance(first, Grant) and first.token == grants[1].token + 1
+                permits = await b.read_permits("s")
+                assert permits is not None and permits.waiting == 2
+                assert [(h.owner, h.token) for h in permits.holders] == [
+                    (holders[1], grants[1].token),
+                    (waiters[0], first.token),
+                ]
+                assert permits.holders[1].metadata == {"k": waiters[0]}  # its request's
+                assert await b.release("s", waiters[0], first.token)
+                await anyio.wait_all_tasks_blocked()
+                assert woken == waiters[:2]
+                tg.cancel_scope.cancel()
+        for owner in (holders[1], waiters[1], waiters[2]):
+            await b.release("s", owner, None)
+        assert await b.read_permits("s") is None
 
 
 async def test_permit_tokens_survive_a_reopen(tmp_path: Path) -> None:

@@ -1,0 +1,115 @@
+"""The permits that a release granted to queue entries, as one backend object learns
+of them (PostgreSQL's, MySQL / MariaDB's and SQLite's, ``docs/internals/semaphores.md``).
+
+A release grants, in its own transaction, the queue entries that then fit (in arrival
+order) and answers their owners, tokens and ttls. A waiter of the releasing backend
+object takes its grant from that answer without another statement: its deadline counts
+from when the release was sent, which is before the server started the grant's ttl.
+A waiter elsewhere is told only that it was granted (a PostgreSQL notification, a
+MySQL bell, SQLite's poll): it asks again, and its retry, answered as the holder's,
+confirms the token. Only the waiters granted are woken, each on a key of its own
+(:func:`turn_key`) in the backend's wake-ups (PostgreSQL's and MySQL's
+:class:`~aiolease.backends.sql._wakeups.Wakeups`, whose ``wake_all``, after missed
+notifications or on close, wakes them too): the others stay queued and send nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ...abc import Grant
+
+__all__ = ["Handed", "turn_key"]
+
+#: The most grants remembered (a grant that nobody takes, as one to a waiter that
+#: stopped, is forgotten by its release; those of other backends' waiters are not).
+_MAX_HANDED = 4096
+#: A grant is taken without a statement only if its release was sent less than this
+#: share of the ttl ago (else the waiter asks again, and gets a full ttl).
+_FRESH_SHARE = 0.5
+
+
+def turn_key(name: str, owner: str) -> str:
+    """The key that wakes the waiter ``owner`` of the permits of ``name`` (a name never
+    holds NUL), apart from the lock's keys."""
+    return f"\x00permit:{name}\x00{owner}"
+
+
+class Handed:
+    """The grants that releases made to queue entries, until their waiters take them."""
+
+    def __init__(self, wake: Callable[[str], None], clock: Callable[[], float]) -> None:
+        """:param wake: wakes the waiter of a :func:`turn_key`
+        :param clock: the core's clock (``Grant.sent_at`` is read on it)"""
+        self._wake = wake
+        self._clock = clock
+        #: (name, owner) -> (token, ttl, send time of the release), or ``None``: granted
+        #: (told by another backend object), to be confirmed by asking again.
+        self._grants: dict[tuple[str, str], tuple[int, float, float] | None] = {}
+        #: The requests asked for here, not yet granted or released: those a grant told
+        #: by another backend object concerns.
+        self._asking: set[tuple[str, str]] = set()
+
+    def _put(self, key: tuple[str, str], grant: tuple[int, float, float] | None) -> None:
+        if len(self._grants) >= _MAX_HANDED:
+            self._grants.clear()  # grants nobody took (a safety net)
+        self._grants[key] = grant
+        self._wake(turn_key(*key))
+
+    def granted(
+        self,
+        name: str,
+        owners: Iterable[str],
+        tokens: Iterable[int],
+        ttls: Iterable[float],
+        sent_at: float,
+    ) -> None:
+        """A release sent at ``sent_at`` (on the clock given) through this backend granted
+        these queue entries."""
+        for owner, token, ttl in zip(owners, tokens, ttls, strict=True):
+            self._put((name, owner), (int(token), float(ttl), sent_at))
+
+    def asking(self, name: str, owner: str) -> None:
+        """``owner`` asks here (before its statement is sent: a grant may be told before
+        its refusal is read): a grant told may be its."""
+        if len(self._asking) >= _MAX_HANDED:
+            self._asking.clear()  # requests that never came back (a safety net)
+        self._asking.add((name, owner))
+
+    def told(self, name: str, owners: Iterable[str]) -> None:
+        """A release elsewhere granted these owners' queue entries: those asking here
+        ask again."""
+        for owner in owners:
+            key = (name, owner)
+            if key in self._asking and self._grants.get(key) is None:  # never over a
+                self._put(key, None)  # grant that it can take
+
+    def told_all(self, name: str) -> None:
+        """A permit or queue entry of ``name`` went elsewhere, without granting (a
+        release by a backend that saw nobody queue): every request asking here for
+        ``name`` asks again."""
+        for key in [key for key in self._asking if key[0] == name]:
+            if self._grants.get(key) is None:
+                self._put(key, None)
+
+    def waiting(self, name: str, owner: str) -> bool:
+        """Whether ``owner`` was granted since its latest ask: its wait ends at once."""
+        return (name, owner) in self._grants
+
+    def take(self, name: str, owner: str, ttl: float) -> Grant | None:
+        """The grant to take without a statement, if a release through this backend made
+        it recently enough; else ``None`` (and a grant that was only told is dropped:
+        the statement the caller sends now answers it)."""
+        grant = self._grants.pop((name, owner), None)
+        if grant is None:
+            return None
+        self._asking.discard((name, owner))
+        token, granted_ttl, sent_at = grant
+        if self._clock() - sent_at >= ttl * _FRESH_SHARE:
+            return None
+        return Grant(token, min(ttl, granted_ttl), sent_at=sent_at)
+
+    def forget(self, name: str, owner: str) -> None:
+        """``owner`` was granted by its own ask, or released."""
+        self._grants.pop((name, owner), None)
+        self._asking.discard((name, owner))
