@@ -14,6 +14,7 @@ from typing import Any, Literal
 import anyio
 import pytest
 
+from aiolease import AsyncSemaphore
 from aiolease.testing.pytest_plugin import server_missing
 from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
 from aiolease.testing.servers import server, services_dir
@@ -148,3 +149,31 @@ def restartable(service: str, pidfile: str) -> ServiceRestart:
             f" start {service}` starts (no pidfile at {path})"
         )
     return ServiceRestart(service, path)
+
+
+async def race_for_permits(
+    sem: AsyncSemaphore, *, tasks: int = 32, rounds: int = 8, wait: float = 60.0
+) -> None:
+    """``tasks`` tasks take a permit of ``sem`` ``rounds`` times each, with no hold, so
+    every request races others for a free one (the storm that made etcd's requests give
+    up with ``BackendUnavailable``): every request is served within ``wait`` seconds,
+    and never more than ``sem.limit`` are inside at once."""
+    inside = peak = 0
+    served: list[int] = []
+
+    async def task(i: int) -> None:
+        nonlocal inside, peak
+        for _ in range(rounds):
+            async with sem:
+                inside += 1
+                peak = max(peak, inside)
+                await anyio.lowlevel.checkpoint()
+                inside -= 1
+            served.append(i)
+
+    with anyio.fail_after(wait):
+        async with anyio.create_task_group() as tg:
+            for i in range(tasks):
+                tg.start_soon(task, i)
+    assert peak <= sem.limit
+    assert sorted(served) == sorted(list(range(tasks)) * rounds)
