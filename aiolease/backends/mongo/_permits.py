@@ -478,50 +478,23 @@ def renew_all_filter(name: str, pairs: list[tuple[str, int]]) -> Doc:
     }
 
 
+def _renewed_where(condition: Doc, ttl_ms: int) -> list[Doc]:
+    """Reset the expiry of every entry that ``condition`` holds for to now + ttl: one
+    write of the document (a write per permit rewrites the whole document, with every
+    entry, each time)."""
+    renewed = {"$mergeObjects": ["$$this", {"expires": {"$add": [NOW, ttl_ms]}}]}
+    entries = {"$map": {"input": "$entries", "in": {"$cond": [condition, renewed, "$$this"]}}}
+    return [{"$set": {"entries": entries}}]
+
+
 def renew_all_update(pairs: list[tuple[str, int]], ttl_ms: int) -> list[Doc]:
-    """Reset the expiry of every live permit of ``pairs`` to now + ttl: one write of the
-    document for all of them (a write per permit rewrites the whole document, with
-    every entry, each time)."""
-    return [
-        {
-            "$set": {
-                "entries": {
-                    "$map": {
-                        "input": "$entries",
-                        "in": {
-                            "$cond": [
-                                _held_by(pairs),
-                                {"$mergeObjects": ["$$this", {"expires": {"$add": [NOW, ttl_ms]}}]},
-                                "$$this",
-                            ]
-                        },
-                    }
-                },
-            }
-        }
-    ]
+    """Reset the expiry of every live permit of ``pairs`` to now + ttl, all in one write."""
+    return _renewed_where(_held_by(pairs), ttl_ms)
 
 
 def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
     """Reset the expiry of ``owner``'s live permit ``token`` to now + ttl."""
-    return [
-        {
-            "$set": {
-                "entries": {
-                    "$map": {
-                        "input": "$entries",
-                        "in": {
-                            "$cond": [
-                                _match(owner, token, True),
-                                {"$mergeObjects": ["$$this", {"expires": {"$add": [NOW, ttl_ms]}}]},
-                                "$$this",
-                            ]
-                        },
-                    }
-                },
-            }
-        }
-    ]
+    return _renewed_where(_match(owner, token, True), ttl_ms)
 
 
 def release_filter(name: str, owner: str, token: int | None) -> Doc:
