@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, final
 
 from aiozk import protocol
+from aiozk.exc import NoNode
 
 from ..._exceptions import BackendUnavailable, InvalidArgument, LossReason, NotOwnerError
 from ..._permits import PermitHolders, is_permit_owner
@@ -68,6 +69,8 @@ class ZooKeeperStatistics:
     :param ping_failures: pings that failed (and were retried)
     :param lost_sessions: sessions the server expired under the backend
     :param expired_entries: nodes deleted because nobody renewed them within their ttl
+    :param hand_offs: grants made without listing the queue: the node just ahead, held
+        through this backend, was released
     """
 
     session_id: int
@@ -78,6 +81,7 @@ class ZooKeeperStatistics:
     ping_failures: int
     lost_sessions: int
     expired_entries: int
+    hand_offs: int
 
 
 def _client(connect: str, session_timeout: float, timeout: float) -> Any:
@@ -134,6 +138,9 @@ class ZooKeeperBackend(Backend):
         self._crowded: dict[str, None] = {}
         #: Refused attempts (their nodes deleted): the data wait_turn queues them with.
         self._refused: dict[tuple[str, str], bytes] = {}
+        #: Nodes this backend held (each the first of its queue) and released.
+        self._heads: dict[str, None] = {}
+        self._hand_offs = 0
         self._started = False
         self._closed = False
 
@@ -185,6 +192,7 @@ class ZooKeeperBackend(Backend):
             k.ping_failures,
             k.lost_sessions,
             k.expired_entries,
+            self._hand_offs,
         )
 
     async def _start(self) -> None:
@@ -240,6 +248,11 @@ class ZooKeeperBackend(Backend):
         if entry is None and key in self._unsure:
             entry = await self._find(name, owner, touched, ttl)
         fresh = entry is None
+        if entry is not None and entry.first and entry.reason is None:
+            # The head just before it went (see wait_turn): first, no listing needed.
+            entry.first = False
+            self._hand_offs += 1
+            return self._granted(name, entry, ttl, touched)
         if entry is None and name in self._crowded and key not in self._unsure:
             # Held when last seen: look before writing (a refusal then writes nothing).
             queue = await self._queue(name)
@@ -278,6 +291,10 @@ class ZooKeeperBackend(Backend):
             holder = await self._holder(name, queue[:index])
             if holder is not None:
                 return holder
+        return self._granted(name, entry, ttl, touched)
+
+    def _granted(self, name: str, entry: Entry, ttl: float, touched: float) -> Grant | None:
+        """Grant ``entry``, the first of its queue (``None``: its session is gone)."""
         if entry.session_id != self._wire.session_id:
             # Our node rode on a session the server has expired since (ephemeralOwner).
             self._keeper.end(entry, LossReason.STOLEN)
@@ -452,6 +469,8 @@ class ZooKeeperBackend(Backend):
             token = None  # a queued permit request leaves the queue whatever token is given
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
+            if not queued:
+                self._head_released(entry.path)
             self._keeper.end(entry, LossReason.RELEASED, quietly=True)
             deleted = await self._deleted(
                 self._wire.send(self._wire.delete(self._wire.path(entry.path))), entry
@@ -471,11 +490,19 @@ class ZooKeeperBackend(Backend):
         entry = self._keeper.entries.get((name, owner))
         if self._closed or entry is None or entry.token != token or entry.queued:
             return None
+        self._head_released(entry.path)  # (before the delete: its successor's watch fires)
         replies = self._wire.send_now(self._wire.delete(self._wire.path(entry.path)))
         if replies is None:
             return None
         self._keeper.end(entry, LossReason.RELEASED, quietly=True)
         return self._deleted(replies, entry)
+
+    def _head_released(self, path: str) -> None:
+        """Note that the node at ``path``, held here (so the first of its queue), is
+        being deleted: a waiter whose predecessor it was is first once it is gone."""
+        if len(self._heads) >= SEEN_LIMIT:
+            del self._heads[next(iter(self._heads))]
+        self._heads[path] = None
 
     async def _deleted(self, replies: Awaitable[list[Any]], entry: Entry) -> bool:
         """Whether the delete of ``entry``'s node freed it. One whose reply did not come
@@ -567,25 +594,29 @@ class ZooKeeperBackend(Backend):
 
     async def _wait_gone(
         self, path: str, bound: float, holder: tuple[str, object] | None = None
-    ) -> None:
+    ) -> bool:
         """Return when the node at ``path`` is deleted (or is gone already), or its data
         changes (the holder's new metadata); with ``holder`` (a name and the state of its
         holder as the caller knew it), also when the holder differs once the watch is
-        set (what was known of it may predate a rewrite)."""
+        set (what was known of it may predate a rewrite). Whether the node is gone, as
+        this session was told (so while it lived)."""
         full = self._wire.path(path)
         fired, stop = self._wire.watch(protocol.WatchEvent.DELETED, full)
         rewritten, stop_rewritten = self._wire.watch(protocol.WatchEvent.DATA_CHANGED, full)
         try:
             (stat,) = await self._wire.send(self._wire.exists(full, watch=True))
+            if isinstance(stat, NoNode):
+                return True
             if isinstance(stat, Exception):
-                return
+                return False
             # Its data was rewritten (a proclaim), maybe after what was known of it:
             # compare once the watch is set. (Never rewritten: nothing to compare.)
             if holder is not None and stat.stat.version:
                 name, expected = holder
                 if state_of(await self.read(name)) != expected:
-                    return
+                    return False
             await wait_any([fired, rewritten], self._keeper.wake_closed, bound)
+            return fired.done() and not fired.cancelled() and fired.exception() is None
         finally:
             stop()
             stop_rewritten()
@@ -632,8 +663,12 @@ class ZooKeeperBackend(Backend):
             return
         entry.horizon = max(entry.horizon, horizon)
         self._keeper.poke(entry.horizon)
-        if entry.predecessor is not None:
-            await self._wait_gone(entry.predecessor, ttl / 2)
+        predecessor = entry.predecessor
+        if predecessor is not None and await self._wait_gone(predecessor, ttl / 2):
+            # Nodes only join at the end: the one just before it, once the first (held
+            # here), is gone, so it is first now (while its session lives: the retry
+            # checks that).
+            entry.first = predecessor in self._heads
 
     # -- permits (docs/internals/semaphores.md; see ._permits) ---------------------------
 

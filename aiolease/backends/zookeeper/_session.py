@@ -59,6 +59,9 @@ class Entry:
     callbacks: list[Callable[[LossReason], object]] = field(default_factory=list)
     #: The path of the contender just before it, as last seen (queued entries).
     predecessor: str | None = None
+    #: Its predecessor was a node this backend held (so the first), and is gone: it is
+    #: first now, and the next try grants it without listing the queue.
+    first: bool = False
     #: The node's data (identity and metadata), as written.
     data: bytes = b""
 

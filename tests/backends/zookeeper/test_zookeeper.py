@@ -258,6 +258,56 @@ async def test_waiters_are_granted_in_arrival_order(anyio_backend: str, zk_url: 
     assert order == list(range(5))
 
 
+async def test_a_release_here_hands_the_name_to_the_next_without_a_listing(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """The waiter just behind a node released through the same backend is first once
+    that node is gone: it is granted without listing the queue (one request fewer per
+    hand-off), still in arrival order. A waiter behind one that gave up lists again."""
+    prefix = unique_prefix()
+    order: list[int] = []
+    async with opener(zk_url, prefix=prefix)() as backend, Outside(zk_url) as outside:
+        zk = inner(backend)
+        lock = AsyncLock(backend, "next", ttl=5)
+
+        async def waiter(index: int) -> None:
+            async with lock:
+                order.append(index)
+
+        async with anyio.create_task_group() as tg:
+            held = await lock.acquire_nowait()
+            for index in range(3):
+                tg.start_soon(waiter, index)
+                await eventually(_count(outside, f"/{prefix}/next", index + 2), "waiter queued")
+            gives_up = anyio.CancelScope()  # queued behind waiter 2, then gone
+            tg.start_soon(_cancelled_waiter, lock, gives_up)
+            await eventually(lambda: _children(outside, f"/{prefix}/next", 5), "queued")
+            gives_up.cancel()
+            await eventually(lambda: _children(outside, f"/{prefix}/next", 4, exact=True), "gone")
+            tg.start_soon(waiter, 3)
+            await eventually(lambda: _children(outside, f"/{prefix}/next", 5), "waiter 3 queued")
+            await held.release()
+        assert order == [0, 1, 2, 3]
+        # Each waiter came after a node released here. Waiter 3 came after the one
+        # that gave up: that node's delete made it list the queue, and wait on
+        # waiter 2's node, not take the name.
+        assert zk.statistics().hand_offs == 4
+
+
+def _count(outside: Outside, path: str, count: int) -> Callable[[], Awaitable[bool]]:
+    return lambda: _children(outside, path, count)
+
+
+async def _children(outside: Outside, path: str, count: int, exact: bool = False) -> bool:
+    found = len(await outside.children(path))
+    return found == count if exact else found >= count
+
+
+async def _cancelled_waiter(lock: AsyncLock, scope: anyio.CancelScope) -> None:
+    with scope:
+        await lock.acquire()
+
+
 async def test_names_never_share_a_node(anyio_backend: str, zk_url: str) -> None:
     layout = Layout("/p")
     names = [".", "..", "%2E", "a/b", "a%2Fb", "A", "a", " ", "é"]
