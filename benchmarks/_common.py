@@ -9,6 +9,8 @@ import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,7 +27,11 @@ __all__ = [
     "hold_in_tasks",
     "quick_cut",
     "record",
+    "run_processes",
+    "run_tasks",
     "run_threads",
+    "start_when_told",
+    "started",
     "take_turns",
     "verdict",
 ]
@@ -139,11 +145,87 @@ def verdict(ok: bool | None) -> str:
     return "" if ok is None else ("PASS" if ok else "MISS")
 
 
+#: In a worker process of a cross-process figure, what :func:`started` waits for (see
+#: :func:`start_when_told`); ``None`` elsewhere.
+_start_gate: Callable[[], Awaitable[None]] | None = None
+
+
+def start_when_told() -> None:
+    """Make this process a worker of :func:`run_processes`: its first :func:`started`
+    prints ``ready``, reads the start time from stdin (``time.monotonic()``: one clock
+    for every process of the host) and sleeps until then."""
+    global _start_gate
+
+    async def gate() -> None:
+        print("ready", flush=True)
+        start_at = float(await asyncio.to_thread(sys.stdin.readline))
+        await asyncio.sleep(max(start_at - time.monotonic(), 0))
+
+    _start_gate = gate
+
+
+async def started() -> None:
+    """Called by a figure once its contenders are connected, right before it counts: in
+    a worker process, wait for the start that every process shares (at once elsewhere).
+    Connecting is never counted, and every process counts the same window."""
+    global _start_gate
+    gate, _start_gate = _start_gate, None
+    if gate is not None:
+        await gate()
+
+
+async def run_processes(command: Sequence[str], processes: int, lead: float = 0.05) -> list[str]:
+    """Run ``processes`` copies of ``command`` (workers: :func:`start_when_told`), wait
+    until each one is connected (says ``ready``), then tell them all to start ``lead``
+    seconds from now; the last line each one printed."""
+    children = [
+        await asyncio.create_subprocess_exec(
+            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for _ in range(processes)
+    ]
+    for child in children:
+        assert child.stdout is not None
+        line = (await child.stdout.readline()).strip()
+        assert line == b"ready", f"a worker said {line!r}, not ready"
+    start_at = repr(time.monotonic() + lead).encode() + b"\n"
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(start_at)
+        await child.stdin.drain()
+    outputs = [await child.communicate() for child in children]
+    return [out.decode().strip().splitlines()[-1] for out, _ in outputs]
+
+
+async def run_tasks(
+    make: Callable[[int], Callable[[], Awaitable[None]]], tasks: int, seconds: float
+) -> list[int]:
+    """Run ``tasks`` loops of ``make(i)()`` (one acquire, hold, release) for ``seconds``
+    from :func:`started`: how many times each task's loop went round."""
+    await started()
+    counts = [0] * tasks
+
+    async def loop(i: int) -> None:
+        once = make(i)
+        while True:
+            await once()
+            counts[i] += 1
+
+    runners = [asyncio.ensure_future(loop(i)) for i in range(tasks)]
+    await asyncio.sleep(seconds)
+    for runner in runners:
+        runner.cancel()
+    await asyncio.gather(*runners, return_exceptions=True)
+    return counts
+
+
 async def run_threads(
     run: Callable[[int], object], threads: int, stop: threading.Event | None, seconds: float
 ) -> None:
-    """Run ``run(i)`` in ``threads`` threads (a synchronous peer's contenders); set
-    ``stop`` after ``seconds`` (``None``: they stop by themselves), then join them."""
+    """Run ``run(i)`` in ``threads`` threads (a synchronous peer's contenders) from
+    :func:`started`; set ``stop`` after ``seconds`` (``None``: they stop by
+    themselves), then join them."""
+    await started()
     workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for worker in workers:
         worker.start()

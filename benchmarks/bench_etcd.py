@@ -47,7 +47,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import QUICK_NOTE, add_figure_arguments, quick_cut, record, run_threads
+from _common import (
+    QUICK_NOTE,
+    add_figure_arguments,
+    quick_cut,
+    record,
+    run_processes,
+    run_tasks,
+    run_threads,
+    start_when_told,
+)
 from _permits import PeerLock, PermitSizes, permit_figures
 from aetcd import Client, rpc
 
@@ -287,26 +296,6 @@ async def uncontended(url: str, cycles: int, skip: Sequence[str]) -> dict[str, f
 # -- hand-offs -----------------------------------------------------------------------------
 
 
-async def run_tasks(
-    make: Callable[[int], Callable[[], Awaitable[None]]], tasks: int, seconds: float
-) -> list[int]:
-    """Run ``tasks`` loops of ``make(i)()`` (one acquire, hold, release) for ``seconds``."""
-    counts = [0] * tasks
-
-    async def loop(i: int) -> None:
-        once = make(i)
-        while True:
-            await once()
-            counts[i] += 1
-
-    runners = [asyncio.ensure_future(loop(i)) for i in range(tasks)]
-    await asyncio.sleep(seconds)
-    for runner in runners:
-        runner.cancel()
-    await asyncio.gather(*runners, return_exceptions=True)
-    return counts
-
-
 async def handoffs(kind: str, url: str, name: str, tasks: int, seconds: float) -> list[int]:
     """Acquisitions per task of ``tasks`` tasks of contender ``kind`` on ``name``."""
     host, port = endpoint(url)
@@ -392,20 +381,15 @@ async def handoffs_across_processes(
 ) -> list[int]:
     """Acquisitions per process, ``processes`` processes of one task each."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    start_at = time.monotonic() + 3.0  # every process connected by then
     command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
-    command += ["--start-at", repr(start_at), "--seconds", repr(seconds)]
-    children = [
-        await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
-        for _ in range(processes)
-    ]
-    outputs = [await child.communicate() for child in children]
-    return [int(out.strip().splitlines()[-1]) for out, _ in outputs]
+    command += ["--seconds", repr(seconds)]
+    return [int(line) for line in await run_processes(command, processes)]
 
 
-async def worker(kind: str, url: str, name: str, start_at: float, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: prints its acquisitions."""
-    await asyncio.sleep(max(start_at - time.monotonic(), 0))
+async def worker(kind: str, url: str, name: str, seconds: float) -> None:
+    """One process of :func:`handoffs_across_processes`: prints its acquisitions
+    (connected first, then all processes count the same window)."""
+    start_when_told()
     (count,) = await handoffs(kind, url, name, 1, seconds)
     print(count, flush=True)
 
@@ -703,13 +687,12 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=["uncontended", "permits"], help="print this figure only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--ttl", type=float, default=2.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None and args.worker.startswith("hold-"):
         asyncio.run(hold_forever(args.worker.removeprefix("hold-"), args.url, args.name, args.ttl))
     elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
+        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
     else:
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 0.5, 1

@@ -46,7 +46,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-from _common import QUICK_NOTE, add_figure_arguments, hold_in_tasks, quick_cut, record, run_threads
+from _common import (
+    QUICK_NOTE,
+    add_figure_arguments,
+    hold_in_tasks,
+    quick_cut,
+    record,
+    run_processes,
+    run_tasks,
+    run_threads,
+    start_when_told,
+)
 from _permits import PermitSizes, permit_figures
 from pymongo import AsyncMongoClient, MongoClient, ReturnDocument, monitoring
 
@@ -247,25 +257,6 @@ class Gaps:
         self.released_at = time.monotonic()
 
 
-async def run_tasks(
-    make: Callable[[int], Callable[[], Awaitable[None]]], tasks: int, seconds: float
-) -> list[int]:
-    counts = [0] * tasks
-
-    async def loop(i: int) -> None:
-        once = make(i)
-        while True:
-            await once()
-            counts[i] += 1
-
-    runners = [asyncio.ensure_future(loop(i)) for i in range(tasks)]
-    await asyncio.sleep(seconds)
-    for runner in runners:
-        runner.cancel()
-    await asyncio.gather(*runners, return_exceptions=True)
-    return counts
-
-
 async def handoffs(
     kind: str, url: str, name: str, tasks: int, seconds: float, gaps: Gaps
 ) -> list[int]:
@@ -340,27 +331,22 @@ async def handoffs_across_processes(
 ) -> tuple[list[int], list[float]]:
     """Acquisitions per process (one task each), and every process's gaps."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    start_at = time.monotonic() + 3.0
     command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
-    command += ["--start-at", repr(start_at), "--seconds", repr(seconds)]
-    children = [
-        await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
-        for _ in range(processes)
-    ]
-    outputs = [await child.communicate() for child in children]
+    command += ["--seconds", repr(seconds)]
     counts, gaps = [], []
-    for out, _ in outputs:
-        line = out.strip().splitlines()[-1].split()
+    for last in await run_processes(command, processes):
+        line = last.split()
         counts.append(int(line[0]))
         gaps.extend(float(g) for g in line[1:])
     return counts, gaps
 
 
-async def worker(kind: str, url: str, name: str, start_at: float, seconds: float) -> None:
+async def worker(kind: str, url: str, name: str, seconds: float) -> None:
     """One process of :func:`handoffs_across_processes`: prints its acquisitions, and
     the gaps from release calls to its grants (on ``time.monotonic()``, one clock for
-    every process of the host: the release times travel through a file per name)."""
-    await asyncio.sleep(max(start_at - time.monotonic(), 0))
+    every process of the host: the release times travel through a file per name).
+    Connected first, then all processes count the same window."""
+    start_when_told()
     shared = Shared(name)
     (count,) = await handoffs(kind, url, name, 1, seconds, shared)
     print(count, *(f"{g:.6f}" for g in shared.gaps), flush=True)
@@ -665,7 +651,6 @@ if __name__ == "__main__":
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--ttl", type=float, default=2.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None and args.worker.startswith("hold-"):
@@ -673,7 +658,7 @@ if __name__ == "__main__":
     elif args.worker is not None and args.worker.startswith("wait-"):
         asyncio.run(wait_forever(args.worker.removeprefix("wait-"), args.url, args.name))
     elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
+        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
     else:
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 1.5, 1

@@ -72,7 +72,10 @@ from _common import (
     hold_in_tasks,
     quick_cut,
     record,
+    run_processes,
     run_threads,
+    start_when_told,
+    started,
     verdict,
 )
 from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
@@ -186,18 +189,15 @@ async def handoffs(
     name: str,
     tasks: int,
     seconds: float,
-    start: Callable[[], Awaitable[float]] | None = None,
 ) -> list[int]:
     """Acquisitions per task of ``tasks`` tasks (threads for python-redis-lock) that
-    end within ``seconds`` from the ``time.monotonic()`` that ``start`` returns once
-    connected (default: at once)."""
+    end within ``seconds`` from the start (:func:`_common.started`, once connected)."""
     counts = [0] * tasks
     async with AsyncExitStack() as stack:
         contender = Contender(kind, url, stack)
         await contender.start()
-        start_at = time.monotonic() if start is None else await start()
-        await asyncio.sleep(max(start_at - time.monotonic(), 0))
-        end_at = start_at + seconds
+        await started()
+        end_at = time.monotonic() + seconds
         if kind == "python-redis-lock":
             return await threaded_handoffs(contender.sync, name, tasks, end_at)
         stopped = False
@@ -246,35 +246,14 @@ async def handoffs_across_processes(
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
     command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
     command += ["--seconds", repr(seconds)]
-    children = [
-        await asyncio.create_subprocess_exec(
-            *command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        for _ in range(processes)
-    ]
-    for child in children:  # every one connected ...
-        assert child.stdout is not None
-        assert (await child.stdout.readline()).strip() == b"ready"
-    # ... then all count what ends in the same window: on one host, every process reads
-    # the same monotonic clock.
-    start_at = repr(time.monotonic() + delay).encode()
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write(start_at + b"\n")
-        await child.stdin.drain()
-    outputs = [await child.communicate() for child in children]
-    return [int(out.strip().splitlines()[-1]) for out, _ in outputs]
+    return [int(line) for line in await run_processes(command, processes, delay)]
 
 
 async def worker(kind: str, url: str, name: str, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: says it is ready, reads the
-    start time, prints its acquisitions."""
-
-    async def start() -> float:
-        print("ready", flush=True)
-        return float(await asyncio.to_thread(sys.stdin.readline))
-
-    (count,) = await handoffs(kind, url, name, 1, seconds, start)
+    """One process of :func:`handoffs_across_processes`: connected, it says it is
+    ready, waits for the start every process shares, prints its acquisitions."""
+    start_when_told()
+    (count,) = await handoffs(kind, url, name, 1, seconds)
     print(count, flush=True)
 
 

@@ -83,7 +83,10 @@ from _common import (
     hold_in_tasks,
     quick_cut,
     record,
+    run_processes,
     run_threads,
+    start_when_told,
+    started,
     take_turns,
     verdict,
 )
@@ -105,8 +108,6 @@ from aiolease.abc import Backend
 RUN = uuid.uuid4().hex[:8]
 #: Hold time of each hand-off.
 HOLD = 0.001
-#: Seconds for the processes of a figure to start and connect (shorter with --quick).
-START_DELAY = [3.0]
 #: Seconds the held leases settle before counting (shorter with --quick). PostgreSQL
 #: reports an idle connection's counts up to 10 s late (PGSTAT_IDLE_INTERVAL): the
 #: acquisitions must be in before the first reading.
@@ -222,14 +223,13 @@ async def run_tasks(
     make: Callable[[int], Callable[[], Awaitable[tuple[float, float]]]],
     tasks: int,
     seconds: float,
-    start_at: float | None = None,
 ) -> list[list[Record]]:
     """Run ``tasks`` loops of ``make(i)()`` (acquire, hold, release; returns when the
-    acquire returned and when the body ended) for ``seconds`` from ``start_at``: each
+    acquire returned and when the body ended) for ``seconds`` from the start
+    (:func:`_common.started`: connecting is not measured): each
     task's records."""
     records: list[list[Record]] = [[] for _ in range(tasks)]
-    if start_at is not None:  # set up by then: connecting is not measured
-        await asyncio.sleep(max(start_at - time.monotonic(), 0))
+    await started()
     end = time.monotonic() + seconds
 
     async def loop(i: int) -> None:
@@ -248,9 +248,7 @@ async def run_tasks(
     return records
 
 
-async def handoffs(
-    kind: str, db: Db, name: str, tasks: int, seconds: float, start_at: float | None = None
-) -> list[list[Record]]:
+async def handoffs(kind: str, db: Db, name: str, tasks: int, seconds: float) -> list[list[Record]]:
     """Records per task of ``tasks`` tasks of contender ``kind`` on ``name``."""
     async with AsyncExitStack() as stack:
         if kind == "aiolease":
@@ -266,7 +264,7 @@ async def handoffs(
 
                 return once
 
-            return await run_tasks(aiolease_once, tasks, seconds, start_at)
+            return await run_tasks(aiolease_once, tasks, seconds)
         if kind == "floor":
             await db.open(listen=True)
             stack.push_async_callback(db.close)
@@ -283,7 +281,7 @@ async def handoffs(
 
                 return once
 
-            return await run_tasks(floor_once, tasks, seconds, start_at)
+            return await run_tasks(floor_once, tasks, seconds)
         if kind == "advisory":
             advisories = [await db.advisory() for _ in range(tasks)]
             for one in advisories:
@@ -300,7 +298,7 @@ async def handoffs(
 
                 return once
 
-            return await run_tasks(advisory_once, tasks, seconds, start_at)
+            return await run_tasks(advisory_once, tasks, seconds)
         if kind == "tooz":
             return await tooz_handoffs(db, name, tasks, seconds)
     raise ValueError(f"unknown contender {kind!r}")
@@ -334,17 +332,11 @@ async def handoffs_across_processes(
 ) -> list[list[Record]]:
     """Records per process, ``processes`` processes of one task each."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    start_at = time.monotonic() + START_DELAY[0]  # every process connected by then
     command = [sys.executable, __file__, "--url", db.url, "--db", _kind(db)]
-    command += ["--worker", kind, "--name", name]
-    command += ["--start-at", repr(start_at), "--seconds", repr(seconds)]
-    children = [
-        await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
-        for _ in range(processes)
-    ]
-    outputs = [await child.communicate() for child in children]
+    command += ["--worker", kind, "--name", name, "--seconds", repr(seconds)]
     return [
-        [(a, e, r) for a, e, r in json.loads(out.strip().splitlines()[-1])] for out, _ in outputs
+        [(a, e, r) for a, e, r in json.loads(line)]
+        for line in await run_processes(command, processes)
     ]
 
 
@@ -352,9 +344,11 @@ def _kind(db: Db) -> str:
     return "postgres" if isinstance(db, Postgres) else "mysql"
 
 
-async def worker(kind: str, db: Db, name: str, start_at: float, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: prints its records."""
-    (records,) = await handoffs(kind, db, name, 1, seconds, start_at)
+async def worker(kind: str, db: Db, name: str, seconds: float) -> None:
+    """One process of :func:`handoffs_across_processes`: prints its records (connected
+    first, then all processes count the same window)."""
+    start_when_told()
+    (records,) = await handoffs(kind, db, name, 1, seconds)
     print(json.dumps(records), flush=True)
 
 
@@ -803,7 +797,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="fewer cycles, shorter figures")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the hand-off figures")
     parser.add_argument("--ttl", type=float, default=2.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -813,12 +806,12 @@ if __name__ == "__main__":
             kind = args.worker.removeprefix("hold-")
             asyncio.run(hold_forever(kind, worker_db, args.name, args.ttl))
         else:
-            asyncio.run(worker(args.worker, worker_db, args.name, args.start_at, args.seconds))
+            asyncio.run(worker(args.worker, worker_db, args.name, args.seconds))
     else:
         if args.only is not None:
             args.skip += [figure for figure in FIGURES if figure != args.only]
         if args.quick:
             args.cycles, args.seconds, args.failovers, args.rounds = 100, 0.5, 1, 1
             args.held, args.held_seconds = 200, 2.0
-            START_DELAY[0], SETTLE[0] = 1.5, 1.0
+            SETTLE[0] = 1.0
         asyncio.run(main(args))

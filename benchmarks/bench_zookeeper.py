@@ -54,7 +54,10 @@ from _common import (
     hold_in_tasks,
     quick_cut,
     record,
+    run_processes,
+    run_tasks,
     run_threads,
+    start_when_told,
     take_turns,
 )
 from kazoo.client import KazooClient
@@ -180,25 +183,6 @@ async def uncontended(url: str, cycles: int) -> dict[str, float]:
 # -- hand-offs -----------------------------------------------------------------------------
 
 
-async def run_tasks(
-    make: Callable[[int], Callable[[], Awaitable[None]]], tasks: int, seconds: float
-) -> list[int]:
-    counts = [0] * tasks
-
-    async def loop(i: int) -> None:
-        once = make(i)
-        while True:
-            await once()
-            counts[i] += 1
-
-    runners = [asyncio.ensure_future(loop(i)) for i in range(tasks)]
-    await asyncio.sleep(seconds)
-    for runner in runners:
-        runner.cancel()
-    await asyncio.gather(*runners, return_exceptions=True)
-    return counts
-
-
 #: When holds began (True) and ended (False), in order: for the hand-off gap.
 Marks = list[tuple[bool, float]]
 
@@ -294,19 +278,13 @@ async def handoffs_across_processes(
     kind: str, url: str, processes: int, seconds: float
 ) -> list[int]:
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    start_at = time.monotonic() + 3.0  # every process connected by then
     command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
-    command += ["--start-at", repr(start_at), "--seconds", repr(seconds)]
-    children = [
-        await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
-        for _ in range(processes)
-    ]
-    outputs = [await child.communicate() for child in children]
-    return [int(out.strip().splitlines()[-1]) for out, _ in outputs]
+    command += ["--seconds", repr(seconds)]
+    return [int(line) for line in await run_processes(command, processes)]
 
 
-async def worker(kind: str, url: str, name: str, start_at: float, seconds: float) -> None:
-    await asyncio.sleep(max(start_at - time.monotonic(), 0))
+async def worker(kind: str, url: str, name: str, seconds: float) -> None:
+    start_when_told()  # connected first, then all processes count the same window
     (count,) = await handoffs(kind, url, name, 1, seconds)
     print(count, flush=True)
 
@@ -522,12 +500,11 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=["uncontended"], help="print this figure only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "hold":
         asyncio.run(hold_forever(args.url, args.name))
     elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.start_at, args.seconds))
+        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
     else:
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 0.5, 1
