@@ -40,6 +40,7 @@ from ._lease import Lease, log_fields, release_shielded
 from ._life import Tenancy
 from ._limits import keep_held, watch_max_hold
 from ._permits import is_permit_owner
+from ._releases import Batch, Releases
 from ._renewer import Counters, Renewer
 from .abc import Backend, Capability, HolderInfo, SessionClock
 
@@ -305,22 +306,35 @@ class Holding:
         lease = self.lease
         # Sent before the bookkeeping below (leaving the body's scope included: nothing
         # is awaited in between), where the backend can: a waiter that the release
-        # serves gets the lease sooner.
+        # serves gets the lease sooner. But only by the first block that ends in this
+        # step of the event loop: the others that end in it join its batch, sent after
+        # the step (aiolease._releases), so that each is judged when its body ended,
+        # not after the sends of those before it.
         # Judged before release_now, which may end the lease (a session backend tells
         # the core of every end of its grants): a deadline that passed before the body
         # ended is a loss, not a release.
         lost = lease.lost
         sent: Awaitable[bool] | None = None
-        try:
-            if lease._keep_until is None:  # (else kept for min_hold, maybe)
+        releases = Releases.of(lease.backend)
+        batch = releases.batch  # the batch it joined or opened, if any
+        joined = -1  # the index of its release in ``batch``, if it joined one
+        if lease._keep_until is not None:  # (kept for min_hold, maybe)
+            batch = None
+        elif batch is not None and lost is None:
+            joined = batch.add(lease.name, lease.owner, lease.token)
+        else:
+            batch = None
+            try:
                 sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
-        except Exception:  # a backend's bug: release() is called instead
-            logger.exception(
-                "release_now of lease %r failed",
-                lease.name,
-                extra=log_fields(lease.name, lease.token),
-            )
-            sent = None
+            except Exception:  # a backend's bug: release() is called instead
+                logger.exception(
+                    "release_now of lease %r failed",
+                    lease.name,
+                    extra=log_fields(lease.name, lease.token),
+                )
+                sent = None
+            if sent is not None and lost is None and releases.batch is None:
+                batch = releases.batch = Batch()  # for those ending in this step
         reason: LossReason | None = None
         try:
             cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
@@ -337,13 +351,21 @@ class Holding:
                 # after the others' releases (which would hold up the renewals of the
                 # leases still held, until their deadline passed).
                 await anyio.lowlevel.cancel_shielded_checkpoint()
+            if batch is not None:
+                releases.close(batch)  # its step is over
             if reason is not None and reason is not LossReason.RELEASED:
                 await self._report_loss(reason)
         finally:
             # Awaited before leaving the task group: the guards' tasks, cancelled
             # above, finish during its round trip, so leaving then costs no extra wait.
             # The release of a lost lease comes after the report, tightly bounded.
+            if batch is not None:
+                releases.close(batch)  # (an exception may have skipped the above)
             try:
+                if joined >= 0:
+                    assert batch is not None
+                    with anyio.CancelScope(shield=True):
+                        sent = await batch.sent_for(lease.backend, joined)
                 if lease._keep_until is None or reason not in _KEPT:
                     await self._release(sent, reason)
                 elif reason is not LossReason.RELEASED:  # (lease.release() kept that)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -617,3 +617,93 @@ def test_a_compact_answer_reads_as_the_list_it_stands_for() -> None:
         Grant(5, 4.0),
         Grant(7, 6.0),
     ]
+
+
+def _mock_clock() -> MockClock:
+    import trio
+
+    clock = trio.lowlevel.current_clock()
+    assert isinstance(clock, MockClock)
+    return clock
+
+
+class SlowSends(MemoryBackend):
+    """A memory backend that writes each release at once (``release_now``), the write
+    taking 0.2 s of the (mock) clock: as a socket write per release takes of a loaded
+    process's time when thousands of blocks end at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sends = 0
+
+    def release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
+        self.sends += 1
+        _mock_clock().jump(0.2)
+        return self.release(name, owner, token)
+
+
+@MOCK
+async def test_bodies_ending_together_are_judged_before_the_releases_are_sent(
+    anyio_backend: object,
+) -> None:
+    backend = SlowSends()
+    done, all_ended = anyio.Event(), anyio.Event()
+    ending, kept = 30, 3  # 30 sends: 6 s, more than a deadline's 1.7 s ahead
+    outcomes: dict[str, str] = {}
+    held: list[Lease] = []
+
+    async def hold(name: str) -> None:
+        try:
+            async with AsyncLock(backend, name, ttl=3):
+                await done.wait()
+            outcomes[name] = "ended"
+        except LeaseLostError as exc:
+            outcomes[name] = exc.reason.value
+        if len(outcomes) == ending:
+            all_ended.set()
+
+    async with AsyncExitStack() as stack:
+        held = await _hold_all(stack, backend, [f"kept{i}" for i in range(kept)], ttl=3)
+        async with anyio.create_task_group() as tg:
+            for i in range(ending):
+                tg.start_soon(hold, f"n{i}")
+            await anyio.sleep(10)  # steady: renewed at 1, 2, ..., 10 s
+            done.set()  # every body ends now, well before its deadline
+            await all_ended.wait()
+        # None is reported lost because the others' sends came first, and the leases
+        # still held were renewed between the sends (6 s of them in all).
+        assert outcomes == {f"n{i}": "ended" for i in range(ending)}
+        assert [lease.lost for lease in held] == [None] * kept
+    assert backend.sends == ending + kept
+    for i in range(ending):
+        assert await backend.read(f"n{i}") is None  # every release went through
+
+
+@MOCK
+async def test_a_body_that_ran_past_its_deadline_is_lost_when_others_end_with_it(
+    anyio_backend: object,
+) -> None:
+    backend = SlowSends()
+    done = anyio.Event()
+    outcomes: dict[str, str] = {}
+
+    async def hold(name: str, late: bool) -> None:
+        try:
+            async with AsyncLock(backend, name, ttl=3):
+                await done.wait()
+                if late:
+                    _mock_clock().jump(5)  # runs past its deadline, no renewal meanwhile
+            outcomes[name] = "ended"
+        except LeaseLostError as exc:
+            outcomes[name] = exc.reason.value
+
+    async with anyio.create_task_group() as tg:
+        for i in range(5):
+            tg.start_soon(hold, f"n{i}", i == 2)
+        await anyio.sleep(1.5)
+        done.set()
+    # Judged when it ended, past its deadline: lost, whether its release was sent at
+    # once or joined the others' batch. (Those that ended after it, in the same step,
+    # ended past their deadlines too.)
+    assert outcomes["n2"] == LossReason.EXPIRED.value
+    assert len(outcomes) == 5
