@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, log_fields, release_shielded
-from ._life import Tenancy
+from ._life import Tenancy, other_blocks_open
 from ._limits import keep_held, watch_max_hold
 from ._permits import is_permit_owner
 from ._releases import Batch, Releases
@@ -344,12 +344,14 @@ class Holding:
             if reason is None:
                 lease._end(LossReason.RELEASED)  # the verdict: it ended in time
             self._unguard()
-            if reason is None:
+            if reason is None and other_blocks_open():
                 # The rest (the release's bookkeeping, and its await) comes after every
                 # other block ready to leave now has judged its own lease: when
                 # thousands end at once, the last is judged when its body ended, not
                 # after the others' releases (which would hold up the renewals of the
-                # leases still held, until their deadline passed).
+                # leases still held, until their deadline passed). Not needed when no
+                # other block is open (this lease ended above): none can be waiting to
+                # be judged, nor to join this step's batch.
                 await anyio.lowlevel.cancel_shielded_checkpoint()
             if batch is not None:
                 releases.close(batch)  # its step is over
