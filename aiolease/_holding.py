@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import Lease, log_fields, release_shielded
-from ._life import Tenancy
+from ._life import Tenancy, other_blocks_open
 from ._limits import keep_held, watch_max_hold
 from ._permits import is_permit_owner
 from ._releases import Batch, Releases
@@ -190,7 +190,7 @@ class Holding:
         """Hand the lease to a session backend that keeps it (``None``: renew it)."""
         lease = self.lease
         try:
-            clock = lease.backend.hold(lease.name, lease.owner, lease.token, lease._end)
+            clock = lease._backend.hold(lease._name, lease._owner, lease._token, lease._end)
         except NotOwnerError:
             lease._end(LossReason.STOLEN)
             return None
@@ -200,13 +200,15 @@ class Holding:
 
     def _watches(self, clock: SessionClock | None) -> list[_Watch]:
         lease = self.lease
-        backend = lease.backend
+        backend = lease._backend
         capabilities = backend.capabilities
         session = Capability.SESSION in capabilities
         watches: list[_Watch] = []
         if Capability.PUSH_WAKEUP in capabilities and clock is None:
             # A backend that reports takeovers by callback needs no task per lease.
-            self._unsubscribe = backend.on_taken(lease.name, lease.owner, lease.token, self._taken)
+            self._unsubscribe = backend.on_taken(
+                lease._name, lease._owner, lease._token, self._taken
+            )
             if self._unsubscribe is None:
                 watches.append((watch_takeover, (lease,)))
         if session and clock is None:
@@ -245,7 +247,7 @@ class Holding:
     ) -> None:
         lease = self.lease
         await release_shielded(
-            lease.backend, lease.name, lease.owner, lease.token, lease.timing, sent, lost=lost
+            lease._backend, lease._name, lease._owner, lease._token, lease._timing, sent, lost=lost
         )
 
     async def _leave_task_group(self) -> None:
@@ -267,7 +269,7 @@ class Holding:
 
     async def __aenter__(self) -> Lease:
         lease = self.lease
-        self._renewer = Renewer.of(lease.backend)
+        self._renewer = Renewer.of(lease._backend)
         clock = self._hold()
         watches = self._watches(clock)
         if watches or not self._renewer.served:
@@ -293,7 +295,7 @@ class Holding:
                 await self._release()
             raise
         lease._on_end(self._end_body)
-        Tenancy.of(lease.backend).enter_block(lease)
+        Tenancy.of(lease._backend).enter_block(lease)
         self._body.__enter__()
         return lease
 
@@ -315,22 +317,22 @@ class Holding:
         # ended is a loss, not a release.
         lost = lease.lost
         sent: Awaitable[bool] | None = None
-        releases = Releases.of(lease.backend)
+        releases = Releases.of(lease._backend)
         batch = releases.batch  # the batch it joined or opened, if any
         joined = -1  # the index of its release in ``batch``, if it joined one
         if lease._keep_until is not None:  # (kept for min_hold, maybe)
             batch = None
         elif batch is not None and lost is None:
-            joined = batch.add(lease.name, lease.owner, lease.token)
+            joined = batch.add(lease._name, lease._owner, lease._token)
         else:
             batch = None
             try:
-                sent = lease.backend.release_now(lease.name, lease.owner, lease.token)
+                sent = lease._backend.release_now(lease._name, lease._owner, lease._token)
             except Exception:  # a backend's bug: release() is called instead
                 logger.exception(
                     "release_now of lease %r failed",
-                    lease.name,
-                    extra=log_fields(lease.name, lease.token),
+                    lease._name,
+                    extra=log_fields(lease._name, lease._token),
                 )
                 sent = None
             if sent is not None and lost is None and releases.batch is None:
@@ -344,12 +346,14 @@ class Holding:
             if reason is None:
                 lease._end(LossReason.RELEASED)  # the verdict: it ended in time
             self._unguard()
-            if reason is None:
+            if reason is None and other_blocks_open():
                 # The rest (the release's bookkeeping, and its await) comes after every
                 # other block ready to leave now has judged its own lease: when
                 # thousands end at once, the last is judged when its body ended, not
                 # after the others' releases (which would hold up the renewals of the
-                # leases still held, until their deadline passed).
+                # leases still held, until their deadline passed). Not needed when no
+                # other block is open (this lease ended above): none can be waiting to
+                # be judged, nor to join this step's batch.
                 await anyio.lowlevel.cancel_shielded_checkpoint()
             if batch is not None:
                 releases.close(batch)  # its step is over
@@ -365,7 +369,7 @@ class Holding:
                 if joined >= 0:
                     assert batch is not None
                     with anyio.CancelScope(shield=True):
-                        sent = await batch.sent_for(lease.backend, joined)
+                        sent = await batch.sent_for(lease._backend, joined)
                 if lease._keep_until is None or reason not in _KEPT:
                     await self._release(sent, reason)
                 elif reason is not LossReason.RELEASED:  # (lease.release() kept that)

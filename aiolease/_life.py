@@ -33,7 +33,7 @@ from ._lease import Lease
 from ._permits import is_permit_owner
 from .abc import Backend
 
-__all__ = ["CLOSE_TIMEOUT", "Tenancy", "current_task", "end_leases"]
+__all__ = ["CLOSE_TIMEOUT", "Tenancy", "current_task", "end_leases", "other_blocks_open"]
 
 logger = logging.getLogger("aiolease.lease")
 
@@ -45,6 +45,15 @@ CLOSE_TIMEOUT = 5.0
 _FIRST_SWEEP = 64
 
 _tenancies: weakref.WeakKeyDictionary[Backend, Tenancy] = weakref.WeakKeyDictionary()
+
+#: How many leases are held in open blocks, through every backend (``[count]``).
+_open_blocks = [0]
+
+
+def other_blocks_open() -> bool:
+    """Whether any lease is held in an open block now (the caller's, ended already, not
+    counted): then another block may be ready to leave at this very moment."""
+    return _open_blocks[0] > 0
 
 
 def current_task() -> object:
@@ -106,8 +115,10 @@ class Tenancy:
         name = lease.name
         blocks = self.blocks
         blocks.setdefault(name, []).append(entry)
+        _open_blocks[0] += 1
 
         def leave(_: LossReason) -> None:
+            _open_blocks[0] -= 1
             entries = blocks.get(name)
             if entries is not None:
                 entries.remove(entry)

@@ -296,6 +296,10 @@ class Renewer:
         self._scope: anyio.CancelScope | None = None
         self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
+        #: Whether the task's start is put off until something is due (asyncio, in a
+        #: holding), and the loop's timer that starts it then (none: nothing is due).
+        self._lazy = False
+        self._timer: asyncio.TimerHandle | None = None
         self._dropped_at = -math.inf  # the latest time of an entry _drop_stale dropped
         self._renewing: _Renewing = set()  # renewals started by the current task
         self._groups: dict[tuple[int, float], _Group] = {}
@@ -380,7 +384,12 @@ class Renewer:
 
     def _stop(self) -> None:
         assert self._scope is not None
-        if self._renewing:
+        if self._lazy:  # never started: nothing to stop
+            self._lazy = False
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        elif self._renewing:
             self._scope.cancel()  # the renewals are due again at once, where it moves
         elif self._wake is not None:
             self._wake.set()  # ends the loop: cheaper than a cancellation
@@ -449,14 +458,40 @@ class Renewer:
         heapq.heappush(self._heap, (at, next(self._seq), item.version, item))
         if at < self._wake_at:
             self._wake_at = -math.inf  # woken once is enough
+            if self._lazy:  # due sooner than the start was put off to
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._start_now()
             if self._wake is not None:
                 self._wake.set()
 
     def _start(self, host: Host) -> None:
         self._host = host
         self._scope = anyio.CancelScope(shield=True)
+        if host is not self._service:
+            # In a holding's task group, under asyncio: the task starts when something
+            # is first due (a timer of the loop's), not now. A block that ends before
+            # (most do: a renewal is due a renew interval after the grant) starts no
+            # task at all, and its task group has none to wait for. Trio has no timer
+            # that could start a task: there, it starts now.
+            loop = asyncio._get_running_loop()
+            if loop is not None and asyncio.current_task(loop) is not None:
+                at = self._next_live()
+                self._wake_at = at
+                if at > current_time():
+                    self._timer = None if at == math.inf else loop.call_at(at, self._start_now)
+                    self._lazy = True
+                    return
+        self._start_now()
+
+    def _start_now(self) -> None:
+        """Start the task in its host's task group (from the host's task, or a timer)."""
+        self._timer = None
+        self._wake_at = -math.inf
+        self._lazy = False
+        assert self._host is not None and self._scope is not None
         self._host_count += 1
-        host.task_group.start_soon(self._run, self._scope, name="aiolease renewer")
+        self._host.task_group.start_soon(self._run, self._scope, name="aiolease renewer")
 
     async def _run(self, scope: anyio.CancelScope) -> None:
         renewing: _Renewing = set()

@@ -26,7 +26,7 @@ from aiolease import (
     LossReason,
     ReentrantAcquireError,
 )
-from aiolease._life import Tenancy
+from aiolease._life import Tenancy, other_blocks_open
 from aiolease._renewer import Renewer
 from aiolease.abc import Backend
 from aiolease.backends.memory import MemoryBackend
@@ -319,3 +319,26 @@ async def test_other_tasks_and_handed_off_leases_still_wait(anyio_backend: str, 
                 again = await lock.acquire(timeout=30)
             assert again.token > handed.token
             assert await again.release()
+
+
+async def test_open_blocks_are_counted_however_they_end(anyio_backend: str) -> None:
+    """The count that decides whether an exit yields before its release (so that blocks
+    ending together are each judged when they end) comes back to zero."""
+    backend = MemoryBackend()
+    lock = AsyncLock(backend, "counted", ttl=10)
+    assert not other_blocks_open()
+    async with lock:
+        assert other_blocks_open()
+        async with AsyncLock(backend, "inner", ttl=10):
+            assert other_blocks_open()
+    with anyio.move_on_after(0):  # cancelled in the body
+        async with lock:
+            await anyio.sleep_forever()
+    with pytest.raises(LeaseLostError):
+        async with lock as lease:
+            lease._end(LossReason.STOLEN)  # as a takeover watch would
+            await anyio.sleep_forever()
+    with pytest.raises(RuntimeError):
+        async with lock:
+            raise RuntimeError("the body failed")
+    assert not other_blocks_open()

@@ -104,6 +104,9 @@ async def test_the_renewer_moves_when_its_host_leaves(anyio_backend: str) -> Non
 
     async def first() -> None:
         async with lock:  # the first block hosts the renewer
+            # Its task runs by its first renewal (under asyncio it starts only then).
+            while backend.renewed.get("first", 0) < 1:
+                await backend.renewed_event.wait()
             first_in.set()
             await first_out.wait()
         first_left.set()
@@ -121,6 +124,40 @@ async def test_the_renewer_moves_when_its_host_leaves(anyio_backend: str) -> Non
                 assert second.lost is None
                 assert Renewer.of(backend).statistics().hosts == 2
     assert second.lost is LossReason.RELEASED
+
+
+async def test_a_short_block_starts_no_renewer_task_under_asyncio(anyio_backend: str) -> None:
+    backend = Quiet()  # (no open_backend: each block may host the scheduler's task)
+    lock = AsyncLock(backend, "short", ttl=10)
+    for _ in range(3):
+        async with lock:
+            await anyio.lowlevel.checkpoint()
+    # Nothing was due while they were held: under asyncio the task's start, put off
+    # until then (a timer of the loop's), never came; trio has no such timer.
+    assert Renewer.of(backend).statistics().hosts == (0 if anyio_backend == "asyncio" else 3)
+
+
+async def test_a_put_off_start_comes_sooner_for_a_lease_due_sooner(anyio_backend: str) -> None:
+    backend = Quiet()
+    with anyio.fail_after(10):
+        async with AsyncLock(backend, "slow", ttl=30):  # its renewal is 10 s away
+            async with AsyncLock(backend, "fast", ttl=0.3) as fast:  # renewed every 0.1 s
+                while backend.renewed.get("fast", 0) < 3:
+                    await backend.renewed_event.wait()
+                assert fast.lost is None
+    assert fast.lost is LossReason.RELEASED and "slow" not in backend.renewed
+
+
+async def test_a_lease_whose_renewals_fail_is_lost_at_its_deadline_without_a_task_yet(
+    anyio_backend: str,
+) -> None:
+    backend = Quiet()
+    backend.fail.add("failing")
+    with anyio.fail_after(10):
+        with pytest.raises(LeaseLostError) as caught:
+            async with AsyncLock(backend, "failing", ttl=0.3) as lease:
+                await anyio.sleep_forever()  # cancelled when the lease is lost
+    assert caught.value.reason is LossReason.UNREACHABLE and lease.lost is LossReason.UNREACHABLE
 
 
 @MOCK
