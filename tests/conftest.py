@@ -79,6 +79,7 @@ else:
             group = server_group(nodeid)
             return nodeid if group is None else f"group:{group}"
 
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under -p no:xdist
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """With ``-n`` (``--dist load``): :class:`ServerGroupScheduling`."""
         if config.getvalue("dist") != "load":
