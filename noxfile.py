@@ -22,7 +22,9 @@ def tests(session: nox.Session) -> None:
     """
     session.install("-e", ".[all,test]")
     session.run("bash", "scripts/services.sh", "start", external=True)
-    session.run("pytest", *session.posargs)
+    # Two workers, as scripts/test.sh runs them (tests/conftest.py groups the tests
+    # that kill a server).
+    session.run("pytest", "-n", "2", *session.posargs)
 
 
 @nox.session

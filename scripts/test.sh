@@ -36,7 +36,9 @@ failed=()
 
 step "pytest $*"
 set +e
-"$venv/bin/python" -m pytest "$@"
+# Two workers (pytest-xdist): most of a test is waiting on a server or a ttl. Tests
+# that kill a server stay on one worker each (tests/conftest.py, SERVER_GROUPS).
+"$venv/bin/python" -m pytest -n 2 "$@"
 rc=$?
 set -e
 case $rc in

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,79 @@ pytest_plugins = ["pytester"]
 #: Keeps pytest-asyncio (in the test extra, for tests/testing/test_pytest_asyncio.py)
 #: out of a pytest, as pyproject.toml's addopts keep it out of this one.
 NO_PYTEST_ASYNCIO = "-p no:asyncio"
+
+
+#: Tests that kill a server, or lean on one that another test kills, by the server.
+#: ``scripts/test.sh`` runs the suite on two pytest-xdist workers; each group below is
+#: one unit of work, run on one worker, one test at a time, so that no test meets a
+#: server that a test on the other worker has killed. Each entry is the start of the
+#: node ids it takes (a directory, a module, a test function), with at most one ``*``
+#: between that start and their end. Every other test is a unit of its own, as in
+#: ``--dist load``.
+SERVER_GROUPS: dict[str, tuple[str, ...]] = {
+    # Its leader member killed by test_etcd_faults.py, test_etcd_safety.py and
+    # test_etcd_cluster.py; the cluster serves every etcd test (etcd_url's params).
+    "etcd-cluster": (
+        "tests/backends/etcd/",
+        "tests/testing/test_etcd_cluster.py::",
+        "tests/testing/test_servers.py::test_etcd_cluster_every_member",
+    ),
+    "zookeeper-ensemble": (
+        "tests/backends/zookeeper/test_zookeeper_safety.py::",
+        "tests/testing/test_servers.py::test_zookeeper_ensemble_every_member",
+    ),
+    # The master killed (a failover), the replica awaited.
+    "redis-sentinel": (
+        "tests/backends/redis/test_redis_sentinel.py::",
+        "tests/backends/test_bad_input.py::test_bad_calls_raise_and_leave_a_held_lease_alone[*-redis-sentinel]",
+        "tests/backends/test_urls.py::test_the_repr_of_a_backend_opened_with_a_password_hides_it[*-redis-sentinel]",
+    ),
+    "redis-aof": ("tests/backends/redis/test_redis_safety.py::",),
+    "sql-restart": ("tests/backends/sql/test_sql_safety.py::",),
+    "mongo-standalone": (
+        "tests/backends/mongo/test_mongo_safety.py::",
+        "tests/backends/mongo/test_mongo_standalone.py::",
+    ),
+    "kafka-restart": ("tests/backends/kafka/test_kafka_safety.py::",),
+}
+
+
+def server_group(nodeid: str) -> str | None:
+    """The :data:`SERVER_GROUPS` group of the test ``nodeid``, if any."""
+    for group, entries in SERVER_GROUPS.items():
+        for entry in entries:
+            start, star, end = entry.partition("*")
+            if nodeid.startswith(start) and (not star or nodeid.endswith(end)):
+                return group
+    return None
+
+
+try:
+    # pytest-xdist ships no type information.
+    from xdist.scheduler import (  # type: ignore[import-not-found,import-untyped,unused-ignore]
+        LoadScopeScheduling,
+    )
+except ImportError:  # pragma: no cover - pytest-xdist is in the test extra
+    pass
+else:
+
+    class ServerGroupScheduling(LoadScopeScheduling):  # type: ignore[misc,unused-ignore]
+        """``--dist load``, but each :data:`SERVER_GROUPS` group is one unit of work.
+
+        (pytest-xdist's own ``--dist loadgroup`` renames node ids, which pytest 9 no
+        longer lets a plugin do: its groups are silently ignored.)
+        """
+
+        def _split_scope(self, nodeid: str) -> str:
+            group = server_group(nodeid)
+            return nodeid if group is None else f"group:{group}"
+
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under -p no:xdist
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """With ``-n`` (``--dist load``): :class:`ServerGroupScheduling`."""
+        if config.getvalue("dist") != "load":
+            return None
+        return ServerGroupScheduling(config, log)
 
 
 @pytest.fixture

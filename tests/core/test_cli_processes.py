@@ -263,13 +263,24 @@ def test_process_leftovers_of_the_command_are_stopped(env: dict[str, str]) -> No
                 os.kill(sleeper, signal.SIGKILL)
 
 
-@pytest.mark.slow
+#: trio's idle worker threads end after this many seconds (trio's own default: 10).
+TRIO_IDLE = 1.0
+
+
 def test_process_command_outlives_the_thread_that_started_its_keeper() -> None:
-    # trio starts processes from a worker thread, which ends after 10 idle seconds (no
-    # SQLite queries reuse it on memory://); the keeper's parent-death signal follows
-    # that thread, but aiolease is still there.
-    script = "import time; time.sleep(12); print('finished')"
-    result = finish("--loop", "trio", "lock", "n", "--backend", "memory://", "--", PY, "-c", script)
+    # trio starts processes from a worker thread, which ends once idle for
+    # IDLE_TIMEOUT (no SQLite queries reuse it on memory://); the keeper's parent-death
+    # signal follows that thread, but aiolease is still there. The CLI runs with trio's
+    # idle timeout cut to TRIO_IDLE, so that the command outlives the thread in 3 s
+    # rather than 12 (trio reads the timeout each time a thread waits for work).
+    script = "import time; time.sleep(3); print('finished')"
+    argv = ["--loop", "trio", "lock", "n", "--backend", "memory://", "--", PY, "-c", script]
+    main = (
+        "import runpy, sys, trio._core._thread_cache as cache;"
+        f"cache.IDLE_TIMEOUT = {TRIO_IDLE}; sys.argv = ['aiolease', *sys.argv[1:]];"
+        "runpy.run_module('aiolease', run_name='__main__', alter_sys=True)"
+    )
+    result = subprocess.run([PY, "-c", main, *argv], text=True, capture_output=True, timeout=60)
     assert (result.returncode, result.stdout) == (0, "finished\n"), result.stderr
 
 

@@ -10,7 +10,8 @@ its keys afterwards (never FLUSHDB: other suites use the same server).
 from __future__ import annotations
 
 import random
-from contextlib import AsyncExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any
 
 import anyio
@@ -247,26 +248,45 @@ async def test_a_held_lease_costs_no_subscription_and_no_task(
                 assert all(count == 0 for _, count in admin.pubsub_numsub(*channels))
 
 
-def _publishes(url: str) -> int:
-    """PUBLISH calls the server ran so far (scripts' included)."""
-    with sync_client(url) as admin:
-        stats = admin.info("commandstats").get("cmdstat_publish")
-    return 0 if stats is None else int(stats["calls"])
+@contextmanager
+def _publishes(url: str, prefix: str) -> Iterator[Callable[[], int]]:
+    """Counts PUBLISHes (scripts' included) on the channels of ``prefix``: every channel
+    the backend publishes on starts with its key prefix (``_keys.py``), and no other
+    client of the shared server publishes there, so the count is this test's alone.
+
+    The returned callable flushes the subscription (a marker published last, on this
+    connection's order) and returns how many messages came before it.
+    """
+    marker = f"{prefix}count-end"
+    with sync_client(url) as admin, admin.pubsub() as sub:
+        sub.psubscribe(f"{prefix}*")
+        assert sub.get_message(timeout=5)["type"] == "psubscribe"
+
+        def count() -> int:
+            admin.publish(marker, "")
+            seen = 0
+            while (message := sub.get_message(timeout=5)) is not None:
+                if message["channel"] == marker.encode():
+                    return seen
+                seen += 1
+            raise AssertionError("the marker never came back")
+
+        yield count
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
 async def test_a_cycle_nobody_waits_for_does_no_work_for_waiters(
-    anyio_backend: str, open_redis: Opener, redis_url: str, fair: bool
+    anyio_backend: str, open_redis: Opener, redis_url: str, prefix: str, fair: bool
 ) -> None:
     """No PUBLISH, and one request each for acquire and release (no leading PING)."""
-    async with open_redis(fair=fair) as backend:
-        sent = requests(backend)
-        before = _publishes(redis_url)
-        for _ in range(3):
-            async with AsyncLock(backend, new_name(), ttl=LONG):
-                pass
-        assert _publishes(redis_url) == before
-        assert sent["PING"] == 0 and sent["requests"] == 6, sent
+    with _publishes(redis_url, prefix) as published:
+        async with open_redis(fair=fair) as backend:
+            sent = requests(backend)
+            for _ in range(3):
+                async with AsyncLock(backend, new_name(), ttl=LONG):
+                    pass
+            assert published() == 0
+            assert sent["PING"] == 0 and sent["requests"] == 6, sent
 
 
 @pytest.mark.parametrize("fair", [False, True], ids=["plain", "fair"])
