@@ -6,7 +6,8 @@ other, so that they do not measure each other) ``--runs`` times (default 3), col
 the figures each prints (:func:`_common.record`), and writes one table with the
 median of the runs of each figure, the target it has (if any), and the verdict of the
 run that gave the median. ``--quick``: each benchmark's quick pass, once unless
-``--runs`` says otherwise (5 minutes in all on a quiet 2-core machine; the figures
+``--runs`` says otherwise (4 min 14 s in all on a 2-core machine at load average 3-4,
+5 min before the cross-process figures waited for their workers, not 3 s; the figures
 move more, and the figures that start processes or wait for expiries keep only the
 floors, aiolease and the peers a target names: ``_common.quick_cut``).
 
