@@ -12,7 +12,13 @@ from typing import Any, final
 from aiozk import protocol
 from aiozk.exc import NoNode
 
-from ..._exceptions import BackendUnavailable, InvalidArgument, LossReason, NotOwnerError
+from ..._exceptions import (
+    BackendUnavailable,
+    ForeignDataError,
+    InvalidArgument,
+    LossReason,
+    NotOwnerError,
+)
 from ..._permits import PermitHolders, is_permit_owner
 from ..._records import state_of
 from ..._validate import check_seconds
@@ -71,6 +77,8 @@ class ZooKeeperStatistics:
     :param expired_entries: nodes deleted because nobody renewed them within their ttl
     :param hand_offs: grants made without listing the queue: the node just ahead, held
         through this backend, was released
+    :param local_refusals: attempts refused without a request: the name was held
+        through this backend (or being handed to a waiter of it)
     """
 
     session_id: int
@@ -82,6 +90,7 @@ class ZooKeeperStatistics:
     lost_sessions: int
     expired_entries: int
     hand_offs: int
+    local_refusals: int
 
 
 def _client(connect: str, session_timeout: float, timeout: float) -> Any:
@@ -140,7 +149,11 @@ class ZooKeeperBackend(Backend):
         self._refused: dict[tuple[str, str], bytes] = {}
         #: Nodes this backend held (each the first of its queue) and released.
         self._heads: dict[str, None] = {}
+        #: A released head's path -> the entry of this backend waiting for its delete
+        #: to be answered (the next holder: see :meth:`_wait_predecessor`).
+        self._successors: dict[str, Entry] = {}
         self._hand_offs = 0
+        self._local_refusals = 0
         self._started = False
         self._closed = False
 
@@ -193,6 +206,7 @@ class ZooKeeperBackend(Backend):
             k.lost_sessions,
             k.expired_entries,
             self._hand_offs,
+            self._local_refusals,
         )
 
     async def _start(self) -> None:
@@ -253,6 +267,14 @@ class ZooKeeperBackend(Backend):
             entry.first = False
             self._hand_offs += 1
             return self._granted(name, entry, ttl, touched)
+        if entry is None and key not in self._unsure:
+            here = self._held_here(name)
+            if here is not None:
+                # Held through this backend (or being handed to a waiter of it): refused
+                # without a request, and without a write.
+                self._local_refusals += 1
+                self._note_refused(name, owner, encode_data(identity, metadata))
+                return here
         if entry is None and name in self._crowded and key not in self._unsure:
             # Held when last seen: look before writing (a refusal then writes nothing).
             queue = await self._queue(name)
@@ -305,6 +327,27 @@ class ZooKeeperBackend(Backend):
             self._keeper.poke(entry.horizon)
         self._remember(name, entry, entry.path)  # its state worked out if a wait asks
         return self._grant(entry, ttl)
+
+    def _held_here(self, name: str) -> HolderInfo | None:
+        """The holder of ``name`` when this backend knows it without asking: a live
+        grant of its own session, or, while the delete of such a grant it released is
+        in flight, the entry of its own waiting for that delete (queued before anyone
+        who asks now: the next holder, unless it gives up first)."""
+        known = self._seen.get(name)
+        if known is None or not isinstance(known[0], Entry):
+            return None
+        head: Entry | None = known[0]
+        assert head is not None
+        if head.reason is LossReason.RELEASED and head.path in self._heads:
+            head = self._successors.get(head.path)
+            if head is None or not head.queued:
+                return None
+        elif head.queued:
+            return None
+        if self._live_entry(name, head.path) is not head:
+            return None
+        contender = self._layout.contender(name, head.path.rsplit("/", 1)[1])
+        return self._layout.holder(name, contender, head.data, head.token, None)
 
     def _note_crowd(self, name: str, crowded: bool) -> None:
         """Remember whether ``name`` had other contenders when last listed (a hint)."""
@@ -663,12 +706,48 @@ class ZooKeeperBackend(Backend):
             return
         entry.horizon = max(entry.horizon, horizon)
         self._keeper.poke(entry.horizon)
-        predecessor = entry.predecessor
-        if predecessor is not None and await self._wait_gone(predecessor, ttl / 2):
+        ahead = entry.predecessor
+        if ahead is not None and await self._wait_predecessor(name, owner, ahead, ttl / 2):
             # Nodes only join at the end: the one just before it, once the first (held
             # here), is gone, so it is first now (while its session lives: the retry
             # checks that).
-            entry.first = predecessor in self._heads
+            entry.first = ahead in self._heads
+
+    async def _wait_predecessor(self, name: str, owner: str, path: str, bound: float) -> bool:
+        """:meth:`_wait_gone` of the contender node at ``path``; but when it is a live
+        node of this backend's session, wait for this backend's own delete of it to be
+        answered instead (every delete of an entry's node follows the entry's end, so
+        it has not been sent yet): no watch to set, no round trip, and no reply coming
+        in while the holder works."""
+        if self._live_entry(name, path) is None:
+            return await self._wait_gone(path, bound)
+        waiting = self._keeper.entries.get((name, owner))
+        gone, stop = self._wire.deleted(self._wire.path(path))
+        if waiting is not None:
+            self._successors[path] = waiting
+        try:
+            await wait_any([gone], self._keeper.wake_closed, bound)
+            return gone.done() and not gone.cancelled()
+        finally:
+            stop()
+            if waiting is not None and self._successors.get(path) is waiting:
+                del self._successors[path]
+
+    def _live_entry(self, name: str, path: str) -> Entry | None:
+        """The entry of this backend's session whose node is at ``path``, if it lives."""
+        try:
+            contender = self._layout.contender(name, path.rsplit("/", 1)[1])
+        except ForeignDataError:
+            return None
+        entry = self._keeper.entries.get((name, contender.owner))
+        if (
+            entry is None
+            or entry.path != path
+            or entry.reason is not None
+            or entry.session_id != self._wire.session_id
+        ):
+            return None
+        return entry
 
     # -- permits (docs/internals/semaphores.md; see ._permits) ---------------------------
 

@@ -52,12 +52,14 @@ class Request:
     """A request as aiozk's connection and our wire send it: ``opcode`` and
     ``serialize(xid)`` (the frame without its size)."""
 
-    __slots__ = ("opcode", "payload")
+    __slots__ = ("opcode", "payload", "target")
     special_xid = None
 
-    def __init__(self, opcode: int, payload: bytes) -> None:
+    def __init__(self, opcode: int, payload: bytes, target: str | None = None) -> None:
         self.opcode = opcode
         self.payload = payload
+        #: The path a delete removes (``None`` for the other requests).
+        self.target = target
 
     def serialize(self, xid: int) -> bytes:
         return _HEADER.pack(xid, self.opcode) + self.payload
@@ -95,7 +97,7 @@ def set_data(path: str, data: bytes) -> Request:
 
 def delete(path: str) -> Request:
     """``Delete`` of any version."""
-    return Request(2, _string(path) + _INT.pack(-1))
+    return Request(2, _string(path) + _INT.pack(-1), path)
 
 
 @dataclass(frozen=True, slots=True)

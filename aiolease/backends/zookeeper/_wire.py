@@ -95,6 +95,8 @@ class _Sent:
     futures: list[asyncio.Future[Any]]
     deadline: float
     expired: bool = False
+    #: The paths of its deletes that somebody waits for (see :meth:`Wire.deleted`).
+    deletes: list[tuple[int, str]] | None = None
 
 
 class Wire:
@@ -129,6 +131,8 @@ class Wire:
         self._inflight: dict[_Sent, None] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_at = math.inf
+        #: Paths whose delete, once answered, sets these futures (see :meth:`deleted`).
+        self._deletes: dict[str, list[asyncio.Future[None]]] = {}
 
     @property
     def expires(self) -> float:
@@ -228,6 +232,8 @@ class Wire:
             if conn.closing:
                 future.set_exception(zk_exc.ConnectError(conn.host, conn.port))
                 continue
+            if self._deletes and request.target in self._deletes:
+                sent.deletes = (sent.deletes or []) + [(len(sent.futures) - 1, request.target)]
             body = request.serialize(session.xid)
             payloads.append(size_struct.pack(len(body)) + body)
             conn.opcode_xref[session.xid] = request.opcode
@@ -289,6 +295,8 @@ class Wire:
                         pass
         finally:
             self._inflight.pop(sent, None)
+        if sent.deletes and not sent.expired:
+            self._answered(sent.futures, sent.deletes)
         if sent.expired:
             # As aiozk's own heartbeat does: a server that does not answer in time is
             # left for another (or the same one, on a new connection).
@@ -296,6 +304,17 @@ class Wire:
             self.error = BackendTimeout(f"ZooKeeper {self.described}: no reply in time")
             raise BackendTimeout(f"ZooKeeper {self.described}: no reply within {self.timeout:g}s")
         return self._outcomes(sent.session, sent.conn, sent.sid, sent.at, sent.futures)
+
+    def _answered(self, futures: list[asyncio.Future[Any]], deletes: list[tuple[int, str]]) -> None:
+        """Set the :meth:`deleted` futures of the paths whose delete is answered: the
+        node deleted, or none there."""
+        for index, path in deletes:
+            problem = futures[index].exception()
+            if problem is not None and not isinstance(problem, zk_exc.NoNode):
+                continue
+            for future in self._deletes.get(path, ()):
+                if not future.done():
+                    future.set_result(None)
 
     def _outcomes(
         self, session: Any, conn: Any, sid: int, sent: float, futures: list[asyncio.Future[Any]]
@@ -367,6 +386,22 @@ class Wire:
 
         def stop() -> None:
             session.remove_watch_callback(kind, path, fire)
+
+        return future, stop
+
+    def deleted(self, path: str) -> tuple[asyncio.Future[None], Callable[[], None]]:
+        """A future set once a delete of ``path`` (as sent) that this wire writes from
+        now on is answered (the node deleted, or none there), and the function that
+        stops waiting for it: no watch, no request of its own."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._deletes.setdefault(path, []).append(future)
+
+        def stop() -> None:
+            waiting = self._deletes.get(path)
+            if waiting is not None and future in waiting:
+                waiting.remove(future)
+                if not waiting:
+                    del self._deletes[path]
 
         return future, stop
 

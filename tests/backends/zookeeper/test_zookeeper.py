@@ -3,6 +3,7 @@ asyncio and trio. Every test works under a prefix node of its own."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -15,14 +16,15 @@ from hypothesis.stateful import run_state_machine_as_test
 import aiolease
 from aiolease import AsyncLock, Capability, InvalidArgument, LeaseHeldError
 from aiolease._bridge import call_asyncio, running_trio
-from aiolease.abc import Grant
+from aiolease.abc import Grant, HolderInfo
+from aiolease.backends._asyncio import timeout_after
 from aiolease.backends.zookeeper import ZooKeeperBackend
 from aiolease.backends.zookeeper._nodes import Layout
 from aiolease.backends.zookeeper._url import parse_url
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.model import make_model_machine
 from tests.backends.zookeeper.support import Outside, inner, opener, unique_prefix
-from tests.support import eventually, unique
+from tests.support import eventually, on_asyncio, unique
 
 pytestmark = pytest.mark.anyio
 
@@ -292,6 +294,50 @@ async def test_a_release_here_hands_the_name_to_the_next_without_a_listing(
         # that gave up: that node's delete made it list the queue, and wait on
         # waiter 2's node, not take the name.
         assert zk.statistics().hand_offs == 4
+
+
+async def test_a_holder_here_is_known_without_a_request(anyio_backend: str, zk_url: str) -> None:
+    """An attempt on a name held through the same backend is refused from what the
+    backend knows: no request, no node written. While the delete of a grant released
+    here is in flight, the name is being handed to the waiter of this backend behind
+    it: a newcomer is refused with that waiter as the holder, and the waiter, which
+    waits for the delete's reply (no watch of its own: its predecessor is a node of
+    this backend), is granted without listing the queue."""
+
+    async def scenario() -> None:
+        async with await ZooKeeperBackend.from_url(zk_url, prefix=unique_prefix()) as zk:
+
+            def sent() -> int:
+                stats = zk.statistics()
+                return stats.requests - stats.pings
+
+            held = await zk.try_acquire("n", "h", 5, "holder", {})
+            assert isinstance(held, Grant)
+            before = sent()
+            refused = await zk.try_acquire("n", "w", 5, "waiter", {})
+            assert isinstance(refused, HolderInfo)
+            assert (refused.owner, refused.token) == ("h", held.token)
+            assert sent() == before and zk.statistics().local_refusals == 1
+            waiting = asyncio.ensure_future(zk.wait_turn("n", "w", 5, refused))
+            async with timeout_after(20):  # its node written: no event says so
+                while zk.statistics().entries < 2:  # noqa: ASYNC110
+                    await asyncio.sleep(0.001)
+            queued = sent()
+            assert queued == before + 2  # its create and the listing: no watch set
+            release = zk.release_now("n", "h", held.token)
+            assert release is not None
+            # The delete is written, its reply not read yet: the waiter is next.
+            newcomer = await zk.try_acquire("n", "x", 5, "newcomer", {})
+            assert isinstance(newcomer, HolderInfo) and newcomer.owner == "w"
+            assert sent() == queued + 1  # the delete, nothing for the newcomer
+            assert await release
+            await waiting
+            grant = await zk.try_acquire("n", "w", 5, "waiter", {})
+            assert isinstance(grant, Grant) and grant.token > held.token
+            assert sent() == queued + 1 and zk.statistics().hand_offs == 1
+            assert await zk.release("n", "w", grant.token)
+
+    await on_asyncio(scenario)
 
 
 def _count(outside: Outside, path: str, count: int) -> Callable[[], Awaitable[bool]]:
