@@ -710,26 +710,30 @@ class ZooKeeperBackend(Backend):
         if ahead is not None and await self._wait_predecessor(name, owner, ahead, ttl / 2):
             # Nodes only join at the end: the one just before it, once the first (held
             # here), is gone, so it is first now (while its session lives: the retry
-            # checks that).
+            # checks that). Held here, its delete written is enough: this session's
+            # later requests are applied after it, and every other session's node is
+            # behind this one, so none of them can hold before this grant ends; the
+            # one whose node is still first for a moment has left its block.
             entry.first = ahead in self._heads
 
     async def _wait_predecessor(self, name: str, owner: str, path: str, bound: float) -> bool:
         """:meth:`_wait_gone` of the contender node at ``path``; but when it is a live
-        node of this backend's session, wait for this backend's own delete of it to be
-        answered instead (every delete of an entry's node follows the entry's end, so
-        it has not been sent yet): no watch to set, no round trip, and no reply coming
-        in while the holder works."""
+        node of this backend's session, wait until this backend writes its delete
+        instead (every delete of an entry's node follows the entry's end, so it has not
+        been written yet): no watch to set, no round trip."""
         if self._live_entry(name, path) is None:
             return await self._wait_gone(path, bound)
         waiting = self._keeper.entries.get((name, owner))
-        gone, stop = self._wire.deleted(self._wire.path(path))
+        full = self._wire.path(path)
+        gone = self._wire.deleted(full)
+        timer = asyncio.get_running_loop().call_later(bound, _settle, gone, False)
         if waiting is not None:
             self._successors[path] = waiting
         try:
-            await wait_any([gone], self._keeper.wake_closed, bound)
-            return gone.done() and not gone.cancelled()
+            return await gone
         finally:
-            stop()
+            timer.cancel()
+            self._wire.forget(full, gone)
             if waiting is not None and self._successors.get(path) is waiting:
                 del self._successors[path]
 
@@ -789,6 +793,7 @@ class ZooKeeperBackend(Backend):
             return
         self._closed = True
         self._keeper.closing()
+        self._wire.wake_deleted()
         try:
             if self._started and not self._wire.owned:
                 paths = [e.path for e in self._keeper.entries.values()]
@@ -805,6 +810,11 @@ class ZooKeeperBackend(Backend):
             await self._keeper.stop()
         finally:
             await self._wire.aclose()
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _state(entry: object) -> object:

@@ -95,8 +95,6 @@ class _Sent:
     futures: list[asyncio.Future[Any]]
     deadline: float
     expired: bool = False
-    #: The paths of its deletes that somebody waits for (see :meth:`Wire.deleted`).
-    deletes: list[tuple[int, str]] | None = None
 
 
 class Wire:
@@ -132,7 +130,7 @@ class Wire:
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_at = math.inf
         #: Paths whose delete, once answered, sets these futures (see :meth:`deleted`).
-        self._deletes: dict[str, list[asyncio.Future[None]]] = {}
+        self._deletes: dict[str, list[asyncio.Future[bool]]] = {}
 
     @property
     def expires(self) -> float:
@@ -223,6 +221,7 @@ class Wire:
         sent = _Sent(session, conn, int(session.session_id or 0), now(), [], deadline)
         loop = asyncio.get_running_loop()
         payloads = []
+        told: list[str] = []  # paths of deletes that somebody waits for
         # aiozk's Connection.send, but one write (one system call) for them all.
         for request in requests:
             session.xid = session.xid % 0x7FFFFFFF + 1
@@ -232,10 +231,10 @@ class Wire:
             if conn.closing:
                 future.set_exception(zk_exc.ConnectError(conn.host, conn.port))
                 continue
-            if self._deletes and request.target in self._deletes:
-                sent.deletes = (sent.deletes or []) + [(len(sent.futures) - 1, request.target)]
             body = request.serialize(session.xid)
             payloads.append(size_struct.pack(len(body)) + body)
+            if self._deletes and request.target in self._deletes:
+                told.append(request.target)
             conn.opcode_xref[session.xid] = request.opcode
             conn.pending[session.xid] = future
         if payloads:
@@ -243,6 +242,9 @@ class Wire:
                 conn.writer.write(b"".join(payloads))
             except Exception:  # as aiozk: every pending request fails, the state follows
                 conn.abort()
+            else:
+                for path in told:
+                    self._tell_deleted(path)
         self.requests += len(requests)
         self._inflight[sent] = None
         if deadline < self._watchdog_at:
@@ -295,8 +297,6 @@ class Wire:
                         pass
         finally:
             self._inflight.pop(sent, None)
-        if sent.deletes and not sent.expired:
-            self._answered(sent.futures, sent.deletes)
         if sent.expired:
             # As aiozk's own heartbeat does: a server that does not answer in time is
             # left for another (or the same one, on a new connection).
@@ -304,17 +304,6 @@ class Wire:
             self.error = BackendTimeout(f"ZooKeeper {self.described}: no reply in time")
             raise BackendTimeout(f"ZooKeeper {self.described}: no reply within {self.timeout:g}s")
         return self._outcomes(sent.session, sent.conn, sent.sid, sent.at, sent.futures)
-
-    def _answered(self, futures: list[asyncio.Future[Any]], deletes: list[tuple[int, str]]) -> None:
-        """Set the :meth:`deleted` futures of the paths whose delete is answered: the
-        node deleted, or none there."""
-        for index, path in deletes:
-            problem = futures[index].exception()
-            if problem is not None and not isinstance(problem, zk_exc.NoNode):
-                continue
-            for future in self._deletes.get(path, ()):
-                if not future.done():
-                    future.set_result(None)
 
     def _outcomes(
         self, session: Any, conn: Any, sid: int, sent: float, futures: list[asyncio.Future[Any]]
@@ -389,21 +378,38 @@ class Wire:
 
         return future, stop
 
-    def deleted(self, path: str) -> tuple[asyncio.Future[None], Callable[[], None]]:
-        """A future set once a delete of ``path`` (as sent) that this wire writes from
-        now on is answered (the node deleted, or none there), and the function that
-        stops waiting for it: no watch, no request of its own."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def deleted(self, path: str) -> asyncio.Future[bool]:
+        """A future set to ``True`` once this wire writes a delete of ``path`` (as
+        sent) on its connection, before the reply; to ``False`` by :meth:`wake_deleted`.
+        No watch, no request of its own. Call :meth:`forget` with it when done.
+
+        ZooKeeper applies one session's requests in the order they were written: any
+        request this session writes afterwards is applied after the delete. (Whether
+        the node is gone for the other sessions yet is another matter: see
+        ``ZooKeeperBackend.wait_turn``.)"""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._deletes.setdefault(path, []).append(future)
+        return future
 
-        def stop() -> None:
-            waiting = self._deletes.get(path)
-            if waiting is not None and future in waiting:
-                waiting.remove(future)
-                if not waiting:
-                    del self._deletes[path]
+    def _tell_deleted(self, path: str) -> None:
+        for future in self._deletes.get(path, ()):
+            if not future.done():
+                future.set_result(True)
 
-        return future, stop
+    def forget(self, path: str, future: asyncio.Future[bool]) -> None:
+        """Stop the :meth:`deleted` ``future`` of ``path`` from being set."""
+        waiting = self._deletes.get(path)
+        if waiting is not None and future in waiting:
+            waiting.remove(future)
+            if not waiting:
+                del self._deletes[path]
+
+    def wake_deleted(self) -> None:
+        """Set every :meth:`deleted` future to ``False`` (the backend closes)."""
+        for waiting in self._deletes.values():
+            for future in waiting:
+                if not future.done():
+                    future.set_result(False)
 
     async def aclose(self) -> None:
         """Close the client if the backend opened it (its session, and its nodes, end)."""

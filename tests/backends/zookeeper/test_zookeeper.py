@@ -298,11 +298,11 @@ async def test_a_release_here_hands_the_name_to_the_next_without_a_listing(
 
 async def test_a_holder_here_is_known_without_a_request(anyio_backend: str, zk_url: str) -> None:
     """An attempt on a name held through the same backend is refused from what the
-    backend knows: no request, no node written. While the delete of a grant released
-    here is in flight, the name is being handed to the waiter of this backend behind
-    it: a newcomer is refused with that waiter as the holder, and the waiter, which
-    waits for the delete's reply (no watch of its own: its predecessor is a node of
-    this backend), is granted without listing the queue."""
+    backend knows: no request, no node written. Once the delete of a grant released
+    here is written, the name is handed to the waiter of this backend behind it: a
+    newcomer is refused with that waiter as the holder, and the waiter, which waited
+    for that write (no watch of its own: its predecessor is a node of this backend),
+    is granted without listing the queue."""
 
     async def scenario() -> None:
         async with await ZooKeeperBackend.from_url(zk_url, prefix=unique_prefix()) as zk:
@@ -326,15 +326,15 @@ async def test_a_holder_here_is_known_without_a_request(anyio_backend: str, zk_u
             assert queued == before + 2  # its create and the listing: no watch set
             release = zk.release_now("n", "h", held.token)
             assert release is not None
-            # The delete is written, its reply not read yet: the waiter is next.
+            # The delete is written, its reply not read: the waiter is next.
             newcomer = await zk.try_acquire("n", "x", 5, "newcomer", {})
             assert isinstance(newcomer, HolderInfo) and newcomer.owner == "w"
             assert sent() == queued + 1  # the delete, nothing for the newcomer
-            assert await release
-            await waiting
+            await waiting  # woken by the delete's write
             grant = await zk.try_acquire("n", "w", 5, "waiter", {})
             assert isinstance(grant, Grant) and grant.token > held.token
             assert sent() == queued + 1 and zk.statistics().hand_offs == 1
+            assert await release
             assert await zk.release("n", "w", grant.token)
 
     await on_asyncio(scenario)
