@@ -170,6 +170,12 @@ class Capability(str, enum.Enum):
     #: Permit requests are queued and served in arrival order (readers and writers
     #: alike); without it, a backend with :attr:`SEMAPHORE` prefers writers.
     FAIR_PERMITS = "fair_permits"
+    #: A queued permit request retried with another weight, and refused, keeps its
+    #: place in the queue and the weight it first asked with (rule 4 of
+    #: ``docs/internals/semaphores.md``); without it (ZooKeeper) such a retry is taken
+    #: for a new request at the back of the queue. The core retries with the weight it
+    #: first asked with, so only a caller of the backend itself sees the difference.
+    PERMIT_RETRY_KEEPS_ENTRY = "permit_retry_keeps_entry"
 
 
 #: What :meth:`Backend.renew_many` answers for one lease: what :meth:`Backend.renew`

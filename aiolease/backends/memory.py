@@ -109,6 +109,7 @@ class MemoryBackend(Backend):
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            Capability.PERMIT_RETRY_KEEPS_ENTRY,
         }
     )
 

@@ -324,6 +324,7 @@ class SQLiteBackend(Backend):
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            Capability.PERMIT_RETRY_KEEPS_ENTRY,
         }
     )
 

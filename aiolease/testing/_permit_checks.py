@@ -33,6 +33,7 @@ __all__ = [
     "check_permit_limit_checked",
     "check_permit_release_frees",
     "check_permit_renew_after_loss",
+    "check_permit_retry_keeps_entry",
     "check_permit_tokens_increase",
     "check_permit_turn_after_release",
     "check_permits_within_limit",
@@ -296,6 +297,40 @@ async def check_permit_renew_after_loss(factory: BackendFactory) -> None:
         else:
             raise AssertionError("renew of a released permit should raise NotOwnerError")
         require(await backend.read_permits(name) is None, "a refused renew revived a permit")
+
+
+async def check_permit_retry_keeps_entry(factory: BackendFactory) -> None:
+    """A queued request retried with another weight, and refused, keeps its place in
+    the queue and the weight it first asked with (rule 4): the requests behind it
+    still count that weight ahead of theirs. Applies to a backend with
+    :attr:`Capability.PERMIT_RETRY_KEEPS_ENTRY` (ZooKeeper, where a node's weight is
+    in its name, takes such a retry for a new request at the back of the queue)."""
+    async with factory() as backend:
+        if not await _serves(backend):
+            return
+        if Capability.PERMIT_RETRY_KEEPS_ENTRY not in backend.capabilities:
+            return
+        name, holder, first, behind = unique_name(), permit_owner(), permit_owner(), permit_owner()
+        held = await _granted(backend, name, holder, (3, 2))
+        await _refused(backend, name, first, (3, 3))  # queued, weight 3
+        await _refused(backend, name, behind, (3, 1))  # queued behind it
+        await _refused(backend, name, first, (3, 2))  # a retry with weight 2: 2 + 2 > 3
+        waiting = (await _permits(backend, name)).waiting
+        require(waiting == 2, f"a retry of a queued request made {waiting} queue entries, not 2")
+        require(await backend.release(name, holder, held.token), "release of a permit failed")
+        # Nothing held (or `first`, granted by the release on a backend that grants
+        # there): `behind` fits only if the entry ahead of it weighs 2 (rewritten by the
+        # retry) or stands behind it (the retry taken for a new request).
+        result = await _ask(backend, name, behind, (3, 1))
+        require(
+            isinstance(result, HolderInfo),
+            "the request queued behind a retried one was granted: the retry "
+            + "rewrote its entry's weight (3 to 2) or lost its place",
+        )
+        granted = await _granted(backend, name, first, (3, 3))
+        await _refused(backend, name, behind, (3, 1))
+        require(await backend.release(name, first, granted.token), "release of a permit failed")
+        await _granted(backend, name, behind, (3, 1))
 
 
 async def check_rw_writer_alone(factory: BackendFactory) -> None:

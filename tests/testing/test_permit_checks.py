@@ -24,6 +24,7 @@ from aiolease.testing.conformance import (
     check_permit_limit_checked,
     check_permit_release_frees,
     check_permit_renew_after_loss,
+    check_permit_retry_keeps_entry,
     check_permit_tokens_increase,
     check_permit_turn_after_release,
     check_permits_within_limit,
@@ -166,6 +167,49 @@ class _NoQueue(MemoryBackend):
         return result
 
 
+class _RetryRewritesWeight(MemoryBackend):
+    """A refused retry of a queued request rewrites its entry's weight (the Redis
+    script's bug: ``HSET`` of the entry on every refusal)."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        result = await super().try_acquire_permit(
+            name, owner, ttl, identity, metadata, limit, weight
+        )
+        if isinstance(result, HolderInfo):
+            self._permits[name].queue[owner].weight = weight
+        return result
+
+
+class _RetryRequeues(MemoryBackend):
+    """A refused retry of a queued request with another weight goes to the back of the
+    queue (what ZooKeeper does, which therefore lacks the capability)."""
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        state = self._live_permits(name)
+        queued = None if state is None else state.queue.get(owner)
+        if state is not None and queued is not None and queued.weight != weight:
+            del state.queue[owner]
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
+
+
 class _MissesEarlyRelease(MemoryBackend):
     """Waits out a third of the ttl, whatever went between the refusal and the wait
     (the memory backend's own lost wake-up, before it was fixed)."""
@@ -202,6 +246,8 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_ClaimsNoSemaphore, check_permits_within_limit),
     (_UncheckedPermits, check_permit_bad_arguments_rejected),
     (_MissesEarlyRelease, check_permit_turn_after_release),
+    (_RetryRewritesWeight, check_permit_retry_keeps_entry),
+    (_RetryRequeues, check_permit_retry_keeps_entry),
 ]
 
 
@@ -233,3 +279,15 @@ async def test_a_backend_without_permits_passes_by_refusing(check: Check) -> Non
             aiolease.AsyncSemaphore(backend, "n", limit=2, ttl=1)
         with pytest.raises(aiolease.UnsupportedCapability, match="SEMAPHORE"):
             aiolease.AsyncReadWriteLock(backend, "n", ttl=1)
+
+
+class _RetryRequeuesAndSaysSo(_RetryRequeues):
+    """ZooKeeper's behaviour, declared: no :attr:`Capability.PERMIT_RETRY_KEEPS_ENTRY`."""
+
+    capabilities = MemoryBackend.capabilities - {Capability.PERMIT_RETRY_KEEPS_ENTRY}
+
+
+async def test_a_retry_may_requeue_on_a_backend_that_says_so() -> None:
+    await check_permit_retry_keeps_entry(_RetryRequeuesAndSaysSo)
+    with pytest.raises(AssertionError, match="lost its place"):
+        await check_permit_retry_keeps_entry(_RetryRequeues)

@@ -233,6 +233,7 @@ class MongoBackend(Backend):
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            Capability.PERMIT_RETRY_KEEPS_ENTRY,
         }
         if self._w == "majority":
             caps.add(Capability.DURABLE_TOKENS)

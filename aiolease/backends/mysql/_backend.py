@@ -161,6 +161,7 @@ class MySQLBackend(Backend):
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            Capability.PERMIT_RETRY_KEEPS_ENTRY,
         }
     )
     requires_asyncio = True

@@ -113,6 +113,7 @@ CAPABILITIES = frozenset(
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
 )
 

@@ -152,6 +152,7 @@ CAPABILITIES = frozenset(
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
 )
 

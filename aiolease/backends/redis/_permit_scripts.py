@@ -226,11 +226,16 @@ if used + ahead + weight <= limit then
   settle(k, channel, changed, ttl)
   return {1, token}
 end
-if not queued_here then  -- behind the last; a queued owner keeps its place
+-- A new request goes behind the last; a queued one keeps its place and its entry (the
+-- weight it first asked with, which those behind count: rule 4), only its expiry reset.
+local entry = cjson.encode({w = weight, t = 0, i = identity, m = metadata})
+if not queued_here then
   local last = redis.call('ZRANGE', k[3], -1, -1, 'WITHSCORES')
   redis.call('ZADD', k[3], (tonumber(last[2]) or 0) + 1, owner)
+  redis.call('HSET', k[2], owner, entry)
+else
+  redis.call('HSETNX', k[2], owner, entry)  -- (written again only if it was lost)
 end
-redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = 0, i = identity, m = metadata}))
 typed(k[4], 'permit waits sorted set', 'ZADD', k[4], now + ttl, owner)
 settle(k, channel, changed, ttl)
 local holders = redis.call('ZRANGE', k[1], 0, 0, 'WITHSCORES')

@@ -132,6 +132,7 @@ async def test_capabilities(anyio_backend: str, single_url: str) -> None:
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,  # permits queue in both modes
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
     async with opener(single_url)() as plain, opener(single_url, fair=True)() as fair:
         assert plain.capabilities == common

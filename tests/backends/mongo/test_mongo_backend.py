@@ -64,6 +64,7 @@ async def test_capabilities_per_instance(anyio_backend: str, mongo_url: str) -> 
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
     async with (
         aiolease.open_backend(mongo_url) as fair,

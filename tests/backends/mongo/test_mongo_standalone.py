@@ -48,6 +48,7 @@ async def test_a_standalone_server_has_no_push_wakeups(anyio_backend: str, stand
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            Capability.PERMIT_RETRY_KEEPS_ENTRY,
             Capability.DURABLE_TOKENS,
             Capability.FAIR_QUEUE,
         }

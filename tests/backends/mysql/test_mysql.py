@@ -96,6 +96,7 @@ async def test_capabilities_and_schemes(my_url: str) -> None:
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
     assert MySQLBackend.requires_asyncio
     mariadb = urlunsplit(urlsplit(my_url)._replace(scheme="mariadb"))

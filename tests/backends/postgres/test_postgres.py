@@ -96,6 +96,7 @@ async def test_capabilities_and_open_backend() -> None:
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
     assert PostgresBackend(pool).capabilities == polling | {Capability.PUSH_WAKEUP}
     assert PostgresBackend(pool, listen=False).capabilities == polling

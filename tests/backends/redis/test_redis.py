@@ -84,6 +84,7 @@ async def test_capabilities(anyio_backend: str, open_redis: Opener) -> None:
         Capability.PROCLAIM,
         Capability.SEMAPHORE,
         Capability.FAIR_PERMITS,  # permits queue in both modes
+        Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
     async with open_redis(fair=False) as plain, open_redis() as fair:
         assert plain.capabilities == base

@@ -404,6 +404,7 @@ async def test_url_forms_follow_sqlalchemy(tmp_path: Path, monkeypatch: pytest.M
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            Capability.PERMIT_RETRY_KEEPS_ENTRY,
         }
     absolute = tmp_path / "sub" / "abs.db"
     absolute.parent.mkdir()

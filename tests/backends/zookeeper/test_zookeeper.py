@@ -124,6 +124,7 @@ async def test_capabilities(anyio_backend: str, zk_url: str) -> None:
             Capability.PROCLAIM,
             Capability.SEMAPHORE,
             Capability.FAIR_PERMITS,
+            # not PERMIT_RETRY_KEEPS_ENTRY: a retry with another weight is a new request
         }
         assert "127.0.0.1:2181" in repr(inner(backend))
 
