@@ -364,6 +364,11 @@ class Backend(abc.ABC):
         release after a cancelled acquire); the owner id is unique per attempt, so
         it alone identifies the grant.
 
+        For a permit owner (:attr:`Capability.SEMAPHORE`), this frees its permit (of
+        ``token``, if given) and drops its queue entry whatever ``token`` is: a queue
+        entry has no token, and a request that gave up leaves no entry to block the
+        requests behind it. Dropping a queue entry frees nothing (``False``).
+
         :returns: whether this call freed it
         """
 

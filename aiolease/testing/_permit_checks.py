@@ -31,6 +31,7 @@ from ._support import (
 __all__ = [
     "check_permit_expiry_frees",
     "check_permit_limit_checked",
+    "check_permit_queued_release_any_token",
     "check_permit_release_frees",
     "check_permit_renew_after_loss",
     "check_permit_retry_keeps_entry",
@@ -263,6 +264,39 @@ async def check_permit_release_frees(factory: BackendFactory) -> None:
             not await backend.release(name, owner, granted.token),
             "a second release of a permit freed it again",
         )
+        await _granted(backend, name, permit_owner())
+
+
+async def check_permit_queued_release_any_token(factory: BackendFactory) -> None:
+    """``release`` by an owner that is only queued drops its queue entry whatever
+    ``token`` it names (the holder's, or one never granted), frees no permit, and
+    leaves the holder's permit alone: the next request after the holder's release is
+    granted at once, not held up behind a request that gave up."""
+    async with factory() as backend:
+        if not await _serves(backend):
+            return
+        name, holder = unique_name(), permit_owner()
+        granted = await _granted(backend, name, holder)
+        queued = [permit_owner(), permit_owner()]
+        for owner in queued:
+            await _refused(backend, name, owner)
+        tokens = (granted.token, granted.token + 1_000_000)
+        for owner, token in zip(queued, tokens, strict=True):
+            require(
+                not await backend.release(name, owner, token),
+                f"release of a queued request with token {token} freed a permit",
+            )
+        permits = await _permits(backend, name)
+        require(
+            [h.owner for h in permits.holders] == [holder],
+            f"a queued request's release changed the permits held: {permits!r}",
+        )
+        require(
+            permits.waiting == 0,
+            f"release with a token left {permits.waiting} queue entries of requests"
+            " that gave up (the owner's queue entry goes whatever the token)",
+        )
+        require(await backend.release(name, holder, granted.token), "the holder's release failed")
         await _granted(backend, name, permit_owner())
 
 

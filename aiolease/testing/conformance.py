@@ -61,6 +61,7 @@ from ._backend_checks import (
 from ._permit_checks import (
     check_permit_expiry_frees,
     check_permit_limit_checked,
+    check_permit_queued_release_any_token,
     check_permit_release_frees,
     check_permit_renew_after_loss,
     check_permit_retry_keeps_entry,
@@ -100,6 +101,7 @@ __all__ = [
     "check_permit_bad_arguments_rejected",
     "check_permit_expiry_frees",
     "check_permit_limit_checked",
+    "check_permit_queued_release_any_token",
     "check_permit_release_frees",
     "check_permit_renew_after_loss",
     "check_permit_retry_keeps_entry",
@@ -166,6 +168,7 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_permit_limit_checked,
     check_permit_expiry_frees,
     check_permit_release_frees,
+    check_permit_queued_release_any_token,
     check_permit_renew_after_loss,
     check_permit_turn_after_release,
     check_permit_retry_keeps_entry,

@@ -22,6 +22,7 @@ from aiolease.testing.conformance import (
     check_permit_bad_arguments_rejected,
     check_permit_expiry_frees,
     check_permit_limit_checked,
+    check_permit_queued_release_any_token,
     check_permit_release_frees,
     check_permit_renew_after_loss,
     check_permit_retry_keeps_entry,
@@ -120,6 +121,17 @@ class _ReleaseKeeps(MemoryBackend):
         state = self._live_permits(name)
         held = None if state is None else state.held.get(owner)
         return held is not None and (token is None or held[0].token == token)
+
+
+class _DequeuesWithoutTokenOnly(MemoryBackend):
+    """Drops a queued request's entry only on a release without a token (the MongoDB
+    backend's, before it was fixed): one with a token matched granted permits only."""
+
+    def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        state = self._live_permits(name)
+        if token is not None and state is not None and owner not in state.held:
+            return False
+        return super()._release_permit(name, owner, token)
 
 
 class _RenewsAnything(MemoryBackend):
@@ -240,6 +252,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_TakesAnyLimit, check_permit_limit_checked),
     (_NeverExpires, check_permit_expiry_frees),
     (_ReleaseKeeps, check_permit_release_frees),
+    (_DequeuesWithoutTokenOnly, check_permit_queued_release_any_token),
     (_RenewsAnything, check_permit_renew_after_loss),
     (_ReadersAlone, check_rw_readers_share),
     (_NoQueue, check_rw_fifo),

@@ -249,15 +249,16 @@ class MongoPermits:
                 del self._waiters[name]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        """Drop ``owner``'s permit (of ``token``, if given) and queue entry of ``name``:
-        one ``findAndModify``; whether a live permit was freed."""
+        """Drop ``owner``'s permit (of ``token``, if given) and its queue entry of
+        ``name`` (whatever ``token`` is): one ``findAndModify``; whether a live permit
+        was freed."""
         self._marks.pop((name, owner), None)
         self._early.discard((name, owner))
         with self._mapped():
             before = await whole(
                 self._writer.find_and_modify(
                     permits.release_filter(name, owner, token),
-                    permits.release_update(owner, self._stamp()),
+                    permits.release_update(owner, token, self._stamp()),
                     fields=permits.RELEASED,
                 )
             )

@@ -497,20 +497,33 @@ def renew_update(owner: str, token: int, ttl_ms: int) -> list[Doc]:
     return _renewed_where(_match(owner, token, True), ttl_ms)
 
 
+def _mine(owner: str, token: int | None) -> Doc:
+    """Whether ``$$this`` is an entry of ``owner`` that its release drops: its queue
+    entry whatever ``token`` is (a queue entry has none), its permit only if it is
+    ``token`` (any, if ``None``)."""
+    terms: list[Any] = [{"$eq": ["$$this.owner", {"$literal": owner}]}]
+    if token is not None:
+        terms.append({"$or": [{"$ne": ["$$this.granted", True]}, {"$eq": ["$$this.token", token]}]})
+    return {"$and": terms}
+
+
 def release_filter(name: str, owner: str, token: int | None) -> Doc:
-    """The permits document of ``name`` with an entry of ``owner`` (its permit
-    ``token``, if given; live or not). Only aiolease writes an entry of a permit
-    owner id (random, made per request), so this matches no foreign document; the
-    server need not parse :data:`VALID` for each release."""
+    """The permits document of ``name`` with an entry of ``owner`` that its release
+    drops (live or not): its queue entry whatever ``token`` is (a request that gave up
+    names whatever token it has, or none), its permit only if it is ``token`` (any, if
+    ``None``). Only aiolease writes an entry of a permit owner id (random, made per
+    request), so this matches no foreign document; the server need not parse
+    :data:`VALID` for each release."""
     match: Doc = {"owner": owner}
     if token is not None:
-        match.update(granted=True, token=token)
+        match["$or"] = [{"granted": {"$ne": True}}, {"token": token}]
     return {"_id": name, "entries": {"$elemMatch": match}}
 
 
-def release_update(owner: str, stamp: str) -> list[Doc]:
-    """Drop ``owner``'s entries (its permit and its queue entry) and expired ones, and
-    set :data:`FREED` to ``stamp`` (its change event wakes the name's waiters)."""
+def release_update(owner: str, token: int | None, stamp: str) -> list[Doc]:
+    """Drop ``owner``'s queue entry, its permit (if it is ``token``, or any if
+    ``None``) and expired entries, and set :data:`FREED` to ``stamp`` (its change event
+    wakes the name's waiters)."""
     return [
         {
             "$set": {
@@ -520,7 +533,7 @@ def release_update(owner: str, stamp: str) -> list[Doc]:
                         "input": "$entries",
                         "cond": {
                             "$and": [
-                                {"$ne": ["$$this.owner", {"$literal": owner}]},
+                                {"$not": [_mine(owner, token)]},
                                 {"$gt": ["$$this.expires", NOW]},
                             ]
                         },
