@@ -37,6 +37,7 @@ How it works (see ``docs/internals/zookeeper.md``):
   served); its token the zxid of the write that marked it held.
 """
 
-from ._backend import ZooKeeperBackend, ZooKeeperStatistics
+from ._backend import ZooKeeperBackend
+from ._stats import ZooKeeperStatistics
 
 __all__ = ["ZooKeeperBackend", "ZooKeeperStatistics"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, final
+from typing import Any
 
 from aiozk import protocol
 from aiozk.exc import NoNode
@@ -24,19 +23,15 @@ from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo
 from .._asyncio import now, timeout_after, wait_any
-from ._frames import install as install_frames
 from ._nodes import DEFAULT_PREFIX, Contender, Layout, decode_data, encode_data
 from ._permits import Permits
 from ._session import Entry, Keeper
-from ._url import check_path, parse_url
+from ._stats import ZooKeeperStatistics
+from ._url import DEFAULT_TIMEOUT, check_path, client_of, number_option, parse_url
 from ._wire import Wire
 
-__all__ = ["ZooKeeperBackend", "ZooKeeperStatistics"]
+__all__ = ["ZooKeeperBackend"]
 
-#: Seconds asked of the server for the session, unless ``session_timeout`` says otherwise.
-DEFAULT_SESSION_TIMEOUT = 10.0
-#: Seconds one request may take, unless ``timeout`` says otherwise.
-DEFAULT_TIMEOUT = 5.0
 #: Seconds a node queued by a refused ``try_acquire`` is kept unless ``wait_turn``
 #: follows (the core calls it at once, or releases; a bare ``try_acquire`` does neither).
 TURN_GRACE = 0.5
@@ -60,51 +55,6 @@ CAPABILITIES = frozenset(
         Capability.FAIR_PERMITS,
     }
 )
-
-
-@final
-@dataclass(frozen=True)
-class ZooKeeperStatistics:
-    """A snapshot of one :class:`ZooKeeperBackend`.
-
-    :param session_id: the session the backend's nodes ride on (0: none yet)
-    :param negotiated_timeout: its timeout as the server granted it, in seconds
-    :param entries: grants and queued attempts on it
-    :param requests: requests sent so far (pings included)
-    :param pings: pings sent so far
-    :param ping_failures: pings that failed (and were retried)
-    :param lost_sessions: sessions the server expired under the backend
-    :param expired_entries: nodes deleted because nobody renewed them within their ttl
-    :param hand_offs: grants made without listing the queue: the node just ahead, held
-        through this backend, was released
-    :param local_refusals: attempts refused without a request: the name was held
-        through this backend (or being handed to a waiter of it)
-    """
-
-    session_id: int
-    negotiated_timeout: float
-    entries: int
-    requests: int
-    pings: int
-    ping_failures: int
-    lost_sessions: int
-    expired_entries: int
-    hand_offs: int
-    local_refusals: int
-
-
-def _client(connect: str, session_timeout: float, timeout: float) -> Any:
-    from aiozk import RetryPolicy, ZKClient
-
-    # No retries inside aiozk: a request is sent once (see ._wire).
-    client = ZKClient(
-        connect,
-        session_timeout=session_timeout,
-        retry_policy=RetryPolicy(try_limit=1, sleep_func=lambda timings: 0),
-        read_timeout=timeout,
-    )
-    install_frames(client)
-    return client
 
 
 class ZooKeeperBackend(Backend):
@@ -178,13 +128,14 @@ class ZooKeeperBackend(Backend):
         """
         parsed = parse_url(url, options)
         settings = dict(parsed.options)
-        timeout = check_seconds("timeout", _number("timeout", settings.pop("timeout", None)))
+        timeout = check_seconds("timeout", number_option("timeout", settings.pop("timeout", None)))
         session_timeout = check_seconds(
-            "session_timeout", _number("session_timeout", settings.pop("session_timeout", None))
+            "session_timeout",
+            number_option("session_timeout", settings.pop("session_timeout", None)),
         )
         prefix = settings.pop("prefix", DEFAULT_PREFIX)
         self = cls.__new__(cls)
-        client = _client(parsed.connect_string(), session_timeout, timeout)
+        client = client_of(parsed.connect_string(), session_timeout, timeout)
         self._setup(Wire(client, timeout, parsed.described(), owned=True), parsed.chroot, prefix)
         try:
             await self._start()
@@ -828,15 +779,3 @@ def _state(entry: object) -> object:
     except ValueError:
         return object()
     return (entry.owner, entry.token, tuple(sorted(metadata.items())))
-
-
-def _number(what: str, value: object) -> object:
-    """A URL option's number (``None``: the default)."""
-    if value is None:
-        return DEFAULT_TIMEOUT if what == "timeout" else DEFAULT_SESSION_TIMEOUT
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise InvalidArgument(f"ZooKeeper option {what}={value!r} is not a number") from None
-    return value

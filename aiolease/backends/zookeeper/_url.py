@@ -24,10 +24,24 @@ from ..._exceptions import InvalidArgument
 from ..._urls import endpoints as parse_endpoints
 from ..._urls import redact, split_url
 
-__all__ = ["DEFAULT_PORT", "OPTIONS", "ZooKeeperUrl", "check_path", "parse_url"]
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_SESSION_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "OPTIONS",
+    "ZooKeeperUrl",
+    "check_path",
+    "client_of",
+    "number_option",
+    "parse_url",
+]
 
 #: ZooKeeper's client port.
 DEFAULT_PORT = 2181
+#: Seconds asked of the server for the session, unless ``session_timeout`` says otherwise.
+DEFAULT_SESSION_TIMEOUT = 10.0
+#: Seconds one request may take, unless ``timeout`` says otherwise.
+DEFAULT_TIMEOUT = 5.0
 #: Options taken by :meth:`ZooKeeperBackend.from_url
 #: <aiolease.backends.zookeeper.ZooKeeperBackend.from_url>`.
 OPTIONS = frozenset({"prefix", "session_timeout", "timeout"})
@@ -116,3 +130,33 @@ def parse_url(url: str, options: Mapping[str, Any]) -> ZooKeeperUrl:
             f"ZooKeeper options given in the URL and as arguments: {sorted(twice)}"
         )
     return ZooKeeperUrl(endpoints, chroot, {**query, **options})
+
+
+def client_of(connect: str, session_timeout: float, timeout: float) -> Any:
+    """An ``aiozk.ZKClient`` of the backend's own for ``connect`` (its requests sent
+    once each, its replies read by :mod:`._frames`)."""
+    from aiozk import RetryPolicy, ZKClient
+
+    from ._frames import install as install_frames
+
+    # No retries inside aiozk: a request is sent once (see ._wire).
+    client = ZKClient(
+        connect,
+        session_timeout=session_timeout,
+        retry_policy=RetryPolicy(try_limit=1, sleep_func=lambda timings: 0),
+        read_timeout=timeout,
+    )
+    install_frames(client)
+    return client
+
+
+def number_option(what: str, value: object) -> object:
+    """A URL option's number (``None``: the default)."""
+    if value is None:
+        return DEFAULT_TIMEOUT if what == "timeout" else DEFAULT_SESSION_TIMEOUT
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise InvalidArgument(f"ZooKeeper option {what}={value!r} is not a number") from None
+    return value
