@@ -22,10 +22,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from ..._checked import derived
 from ..._exceptions import (
     BackendError,
-    BackendTimeout,
     BackendUnavailable,
     InvalidArgument,
     NotOwnerError,
@@ -38,12 +36,9 @@ from ...abc import (
     Grant,
     HolderInfo,
     LossReason,
-    RenewedAsAsked,
-    RenewResult,
     is_permit_owner,
 )
-from ...abc import Renewal as LeaseRenewal
-from .._asyncio import now, wait_event, wait_for_or_none
+from .._asyncio import now, wait_event
 from ._batch import RenewalBatcher
 from ._clients import (
     CLUSTER_SCHEMES,
@@ -59,16 +54,14 @@ from ._clients import (
 from ._errors import mapped_error
 from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
 from ._permit_ops import PermitOps
-from ._permit_scripts import PERMIT_RENEW
 from ._pubsub import Mark, Subscriptions, Wire
+from ._renewal_ops import RenewalOps
 from ._replies import config_pairs, holder_from, text
 from ._riders import Rider, Riders, send_with, sent_with
 from ._scripts import (
     ACQUIRE,
     READ,
     RELEASE,
-    RENEW,
-    RENEW_MANY,
     UPDATE_METADATA,
     WATCH,
     Script,
@@ -102,22 +95,6 @@ WATCH_FOR = 60.0
 WATCH_AGAIN = 30.0
 #: Names whose watch marks a backend remembers before it drops the lapsed ones.
 MAX_WATCHED = 1024
-
-
-#: The most leases one RENEW_MANY script renews: the server runs nothing else
-#: meanwhile (about a millisecond for 1,000), and a batch sends as many as it needs,
-#: pipelined in one round trip.
-RENEW_CHUNK = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """The commands of one renewal batch: the locks' first (``sent`` of them), then
-    one per permit (``permits`` of them)."""
-
-    commands: list[tuple[Any, ...]]
-    sent: int
-    permits: int
 
 
 def _nothing() -> None:
@@ -157,7 +134,7 @@ CAPABILITIES = frozenset(
 )
 
 
-class RedisBackend(PermitOps):
+class RedisBackend(RenewalOps, PermitOps):
     """Leases on one Redis server, a Cluster, or a Sentinel's master (see the module docstring).
 
     :param client: a ``redis.asyncio.Redis`` client (also one from
@@ -479,125 +456,6 @@ class RedisBackend(PermitOps):
             if isinstance(reply, BaseException):
                 raise self._mapped(name, reply) from reply
         return replies[0], int(replies[1])
-
-    async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        sent_at = await self._batcher.renew(name, owner, token, ttl)
-        return Grant(token, ttl, sent_at=sent_at)
-
-    async def renew_many(self, renewals: Sequence[LeaseRenewal]) -> Sequence[RenewResult]:
-        """Every lease the core's scheduler finds due, in one pipelined round trip."""
-        replies = await wait_for_or_none(self._send_renewals(renewals), self._timeout)
-        if replies is None:
-            raise BackendTimeout(f"renewal batch took over {self._timeout:g}s")
-        self._batcher.counted(len(renewals))
-        failed: dict[int, BackendError | NotOwnerError] = {}
-        for index, reply in enumerate(replies):
-            if reply is True:
-                continue
-            name = renewals[index][0]
-            if reply is False:
-                failed[index] = NotOwnerError(name)
-            elif isinstance(reply, BackendError):
-                failed[index] = reply
-            else:
-                failed[index] = BackendError(f"renewal of {name!r}: {reply!r}")
-        return RenewedAsAsked(renewals, failed=failed)
-
-    async def _send_renewals(self, leases: Sequence[LeaseRenewal]) -> list[bool | BaseException]:
-        """Renew ``leases`` (locks and permits alike) in one pipelined round trip."""
-        if self._closed:
-            raise BackendUnavailable(f"{self!r} is closed")
-        waits = self._replication
-        # One server: RENEW_MANY scripts of up to RENEW_CHUNK leases each. A Cluster
-        # spreads names over slots: one RENEW script per lease. A permit: one
-        # PERMIT_RENEW each, in the same pipeline.
-        script = RENEW if isinstance(self._client, RedisCluster) else RENEW_MANY
-        for attempt in range(2):
-            # The core's list (a cohort's, tick after tick): its commands made once.
-            plan = derived(leases, script.sha, self._renewal_plan_of(script))
-            commands = list(plan.commands)
-            if waits.replicas:
-                commands.append(("WAIT", waits.replicas, waits.timeout_ms))
-            try:
-                replies = await self._pipelined(commands, guard=False)
-            except Exception as exc:  # only the driver runs here: map all it raises
-                raise self._mapped(None, exc) from exc
-            if attempt == 0 and any(isinstance(r, NoScriptError) for r in replies):
-                for used in (script, PERMIT_RENEW) if plan.permits else (script,):
-                    await self._call(None, "SCRIPT LOAD", used.source)
-                continue
-            break
-        if waits.replicas:
-            acked = replies.pop()
-            if isinstance(acked, BaseException):
-                raise self._mapped(None, acked) from acked
-            if int(acked) < waits.replicas:
-                raise self._unreplicated(int(acked))
-        locks = len(leases) - plan.permits
-        lock_replies, permit_replies = replies[: plan.sent], replies[plan.sent :]
-        if script is RENEW_MANY:
-            lock_replies = [
-                answer
-                for start, reply in zip(range(0, locks, RENEW_CHUNK), lock_replies, strict=True)
-                for answer in (
-                    reply if isinstance(reply, list) else [reply] * min(RENEW_CHUNK, locks - start)
-                )
-            ]
-        if plan.permits:  # back in the order asked
-            answers = iter(lock_replies), iter(permit_replies)
-            replies = [next(answers[is_permit_owner(lease[1])]) for lease in leases]
-        else:
-            replies = lock_replies
-        return [
-            self._mapped(lease[0], r) if isinstance(r, BaseException) else int(r) == 1
-            for lease, r in zip(leases, replies, strict=True)
-        ]
-
-    def _renewal_plan_of(self, script: Script) -> Callable[[Sequence[LeaseRenewal]], _Plan]:
-        return lambda leases: self._renewal_plan(script, leases)
-
-    def _renewal_plan(self, script: Script, leases: Sequence[LeaseRenewal]) -> _Plan:
-        """The commands that renew ``leases``: the locks' (:meth:`_renewal_commands`),
-        then a PERMIT_RENEW per permit."""
-        locks = [lease for lease in leases if not is_permit_owner(lease[1])]
-        if len(locks) == len(leases):
-            commands = self._renewal_commands(script, leases)
-            return _Plan(commands, len(commands), 0)
-        permits = [lease for lease in leases if is_permit_owner(lease[1])]
-        commands = self._renewal_commands(script, locks) if locks else []
-        sent = len(commands)
-        return _Plan(commands + self._permit_renewal_commands(permits), sent, len(permits))
-
-    def _renewal_commands(
-        self, script: Script, leases: Sequence[LeaseRenewal]
-    ) -> list[tuple[Any, ...]]:
-        """The commands that renew ``leases``: a RENEW each, or a RENEW_MANY per
-        :data:`RENEW_CHUNK` of them."""
-        durations = {lease[3]: 0 for lease in leases}
-        for ttl in durations:
-            durations[ttl] = ms(ttl)
-        keys = self._lease_keys
-        if script is RENEW:
-            return [
-                ("EVALSHA", RENEW.sha, 1, self._lease_key(name), owner, token, durations[ttl])
-                for name, owner, token, ttl in leases
-            ]
-        commands: list[tuple[Any, ...]] = []
-        for start in range(0, len(leases), RENEW_CHUNK):
-            part = leases[start : start + RENEW_CHUNK]
-            args: list[Any] = []
-            for _, owner, token, ttl in part:
-                args += (owner, token, durations[ttl])
-            names = [keys.get(lease[0]) or self._lease_key(lease[0]) for lease in part]
-            commands.append(("EVALSHA", RENEW_MANY.sha, len(names), *names, *args))
-        return commands
-
-    def _lease_key(self, name: str) -> bytes:
-        """The lease key of ``name``, kept while it is held (renewed every tick)."""
-        key = self._lease_keys.get(name)
-        if key is None:
-            key = self._lease_keys[name] = self._keys(name).lease
-        return key
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         if is_permit_owner(owner):
