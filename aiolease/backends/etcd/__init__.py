@@ -43,6 +43,7 @@ It follows etcd's own Go ``concurrency`` package:
 * Release deletes the key; closing the backend revokes its session leases.
 """
 
-from ._backend import EtcdBackend, EtcdStatistics
+from ._backend import EtcdBackend
+from ._stats import EtcdStatistics
 
 __all__ = ["EtcdBackend", "EtcdStatistics"]

@@ -8,8 +8,7 @@ import logging
 import math
 import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar
 
 from aetcd import rpc
 
@@ -33,11 +32,12 @@ from ._handoff import Handoffs
 from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
 from ._permit_ops import PermitOps
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
+from ._stats import EtcdStatistics
 from ._takeover import Takeovers
 from ._url import parse_bool, parse_url
 from ._wire import SessionGone, Wire
 
-__all__ = ["EtcdBackend", "EtcdStatistics"]
+__all__ = ["EtcdBackend"]
 
 logger = logging.getLogger("aiolease.backends.etcd")
 
@@ -71,32 +71,6 @@ def _touch(entry: Entry, horizon: float) -> None:
     """Reset the horizon of ``entry`` (not of one the core holds: that has none)."""
     if entry.horizon != math.inf:
         entry.horizon = horizon
-
-
-@final
-@dataclass(frozen=True)
-class EtcdStatistics:
-    """A snapshot of one :class:`EtcdBackend`'s sessions.
-
-    :param lease_ids: ids of the session leases that may exist on the server
-    :param entries: grants and queued attempts riding on them
-    :param sessions_granted: session leases granted so far
-    :param sessions_lost: sessions lost (expired, revoked by others, unreachable)
-    :param keepalives: keepalive round trips sent
-    :param keepalive_failures: keepalives that failed (and were retried)
-    :param expired_entries: grants dropped because nobody renewed them within their ttl
-    :param local_handoffs: fair mode: releases that handed the name to a successor
-        waiting on the same backend, which took it without a request
-    """
-
-    lease_ids: tuple[int, ...]
-    entries: int
-    sessions_granted: int
-    sessions_lost: int
-    keepalives: int
-    keepalive_failures: int
-    expired_entries: int
-    local_handoffs: int = 0
 
 
 #: What every instance guarantees (fair mode adds :attr:`Capability.FAIR_QUEUE`).
