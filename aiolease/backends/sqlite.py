@@ -597,7 +597,7 @@ class SQLiteBackend(Backend):
     ) -> Grant | HolderInfo:
         """One ``BEGIN IMMEDIATE`` transaction (see :meth:`PermitTables.acquire`), or
         none for a grant that a release through this backend made."""
-        handed = self._handed.take(name, owner, float(ttl))
+        handed = self._handed.take(name, owner, float(ttl), limit)
         if handed is not None:
             return handed
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
@@ -608,6 +608,8 @@ class SQLiteBackend(Backend):
         )
         if isinstance(result, Grant):
             self._handed.forget(name, owner)
+        else:
+            self._handed.refused(name, owner, limit)
         return result
 
     async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:

@@ -31,6 +31,7 @@ from ._support import (
 __all__ = [
     "check_permit_expiry_frees",
     "check_permit_limit_checked",
+    "check_permit_limit_checked_after_release",
     "check_permit_queued_release_any_token",
     "check_permit_release_frees",
     "check_permit_renew_after_loss",
@@ -197,6 +198,40 @@ async def check_permit_limit_checked(factory: BackendFactory) -> None:
         )
         await backend.release(name, owner, granted.token)
         await _granted(backend, name, permit_owner(), (4, 1))
+
+
+async def check_permit_limit_checked_after_release(factory: BackendFactory) -> None:
+    """A queued request asked again with another limit, after a release (through the
+    same backend object) that may have granted it, raises :class:`LimitMismatchError`
+    and changes nothing (rule 2: its queue entry, or the permit a release made of it,
+    keeps the name's limit); asked with its own limit, it is granted."""
+    async with factory() as backend:
+        if not await _serves(backend):
+            return
+        name, holder, waiter = unique_name(), permit_owner(), permit_owner()
+        held = await _granted(backend, name, holder, (2, 2))
+        await _refused(backend, name, waiter, (2, 1))
+        require(await backend.release(name, holder, held.token), "release of a permit failed")
+        try:
+            await _ask(backend, name, waiter, (3, 1))
+        except LimitMismatchError as exc:
+            require(
+                (exc.limit, exc.held_limit) == (3, 2),
+                f"LimitMismatchError said {exc.limit} against {exc.held_limit}",
+            )
+        else:
+            raise AssertionError(
+                "a queued request asked again with limit 3 after a release was not refused"
+                " (its queue entry, or the permit a release granted it, has limit 2)"
+            )
+        await _granted(backend, name, waiter, (2, 1))
+        permits = await _permits(backend, name)
+        require(
+            (permits.limit, [h.owner for h in permits.holders]) == (2, [waiter]),
+            f"the waiter should hold the only permit, of limit 2: {permits!r}",
+        )
+        require(await backend.release(name, waiter, None), "release of a permit failed")
+        await _granted(backend, name, permit_owner(), (3, 1))
 
 
 async def check_permit_expiry_frees(factory: BackendFactory) -> None:

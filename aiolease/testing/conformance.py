@@ -61,6 +61,7 @@ from ._backend_checks import (
 from ._permit_checks import (
     check_permit_expiry_frees,
     check_permit_limit_checked,
+    check_permit_limit_checked_after_release,
     check_permit_queued_release_any_token,
     check_permit_release_frees,
     check_permit_renew_after_loss,
@@ -101,6 +102,7 @@ __all__ = [
     "check_permit_bad_arguments_rejected",
     "check_permit_expiry_frees",
     "check_permit_limit_checked",
+    "check_permit_limit_checked_after_release",
     "check_permit_queued_release_any_token",
     "check_permit_release_frees",
     "check_permit_renew_after_loss",
@@ -166,6 +168,7 @@ CHECKS: tuple[tuple[str, Check], ...] = _named(
     check_permits_within_limit,
     check_permit_tokens_increase,
     check_permit_limit_checked,
+    check_permit_limit_checked_after_release,
     check_permit_expiry_frees,
     check_permit_release_frees,
     check_permit_queued_release_any_token,

@@ -364,14 +364,15 @@ class ModelMachine(RuleBasedStateMachine):
         real = self.driver.call(lambda b: b.release(name, owner, real_token))
         model = self.on_model(lambda b: b.release(name, owner, model_token))
         require(real == model, f"release of a permit of {name!r}: real {real!r}, model {model!r}")
-        self.queued.get(name, {}).pop(owner, None)
-        if self.config.grants_on_release:
+        dequeued = self.queued.get(name, {}).pop(owner, None) is not None
+        if self.config.grants_on_release and (model or dequeued):
             self._granted_on_release(name)
 
     def _granted_on_release(self, name: str) -> None:
-        """A backend whose release grants the queue entries that then fit: the model's
-        waiters that fit ask again (in arrival order, the first refusal stops it), and
-        the real holders must then be the model's, each with a token in step."""
+        """A backend whose release (of a permit or queue entry: one that removed nothing
+        grants nothing) grants the queue entries that then fit: the model's waiters
+        that fit ask again (in arrival order, the first refusal stops it), and the real
+        holders must then be the model's, each with a token in step."""
         granted: list[str] = []
         for owner, (limit, weight) in list(self.queued.get(name, {}).items()):
 
@@ -387,14 +388,19 @@ class ModelMachine(RuleBasedStateMachine):
             self.model_tokens[name, owner] = model.token
             del self.queued[name][owner]
             granted.append(owner)
-        if not granted:
-            return
         real = self.driver.call(lambda b: b.read_permits(name))
+        after = self.on_model(lambda b: b.read_permits(name))
         tokens = {} if real is None else {h.owner: h.token for h in real.holders}
+        holders = set() if after is None else {h.owner for h in after.holders}
         for owner in granted:
             require(owner in tokens, f"the release of {name!r} did not grant {owner}: {real!r}")
             self.relate_tokens(name, tokens[owner], self.model_tokens[name, owner])
             self.real_tokens[name, owner] = tokens[owner]
+        require(
+            set(tokens) == holders,
+            f"after the release of {name!r} the real holders are {sorted(tokens)},"
+            f" the model's {sorted(holders)}",
+        )
 
     @precondition(lambda self: self.permits)
     @rule(suffix=st.sampled_from(("/sem", "/rw")))

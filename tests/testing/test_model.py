@@ -6,6 +6,7 @@ Runs under asyncio and trio (the event loop of the machine's blocking portal).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, Verbosity, settings
@@ -13,6 +14,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import aiolease
 from aiolease import NotOwnerError
+from aiolease._permits import RW_LIMIT
 from aiolease.abc import Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.model import make_model_machine
@@ -47,6 +49,28 @@ def test_backend_agrees_with_model(aiolease_url: str) -> None:
         lambda: aiolease.open_backend(aiolease_url), anyio_backend=loop, grants_on_release=grants
     )
     run_state_machine_as_test(machine, settings=SETTINGS)
+
+
+def test_a_release_that_removes_nothing_grants_nothing(tmp_path: Path) -> None:
+    # A queued reader fits once the writer queued ahead of it was granted as a reader
+    # (a retry with weight 1): it stays queued until it asks again, on the model as on
+    # SQLite, and a release that removes nothing (by an owner that neither holds nor
+    # queues) grants nothing. The machine had the model's waiters ask again after
+    # every release, and failed SQLite for not granting the reader there.
+    url = f"sqlite:///{tmp_path}/leases.db"
+    machine = make_model_machine(lambda: aiolease.open_backend(url), grants_on_release=True)()
+    try:
+        reader, writer = ("/rw", RW_LIMIT, 1), ("/rw", RW_LIMIT, RW_LIMIT)
+        machine.try_acquire_permit(request=reader, owner="permit:a")  # granted
+        machine.try_acquire_permit(request=writer, owner="permit:b")  # queued
+        machine.try_acquire_permit(request=reader, owner="permit:c")  # queued behind it
+        machine.try_acquire_permit(request=reader, owner="permit:b")  # granted, weight 1
+        machine.release_permit(suffix="/rw", owner="permit:d", with_token=False)
+        machine.read_permits(suffix="/rw")
+        machine.release_permit(suffix="/rw", owner="permit:a", with_token=True)  # grants c
+        machine.read_permits(suffix="/rw")
+    finally:
+        machine.teardown()
 
 
 # -- the machine catches broken backends -----------------------------------------------

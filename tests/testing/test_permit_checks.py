@@ -22,6 +22,7 @@ from aiolease.testing.conformance import (
     check_permit_bad_arguments_rejected,
     check_permit_expiry_frees,
     check_permit_limit_checked,
+    check_permit_limit_checked_after_release,
     check_permit_queued_release_any_token,
     check_permit_release_frees,
     check_permit_renew_after_loss,
@@ -90,6 +91,40 @@ class _TakesAnyLimit(MemoryBackend):
         state = self._permits.get(name)
         if state is not None:
             state.limit = limit
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
+
+
+class _HandsOutAnyLimit(MemoryBackend):
+    """Serves the next ask of a request that was queued at a release as if it gave
+    the name's limit, whatever limit it gives (the SQL backends, before it was fixed:
+    a release granted the queue entry, and its next ask took that grant without a
+    statement, whatever its limit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._handed: set[tuple[str, str]] = set()
+
+    def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        freed = super()._release_permit(name, owner, token)
+        state = self._permits.get(name)
+        if state is not None:
+            self._handed.update((name, waiter) for waiter in state.queue)
+        return freed
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        state = self._permits.get(name)
+        if state is not None and (name, owner) in self._handed:
+            self._handed.discard((name, owner))
+            limit = state.limit
         return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
 
 
@@ -250,6 +285,7 @@ MUTANTS: list[tuple[type[MemoryBackend], Check]] = [
     (_GrantsPastLimit, check_semaphore_api),
     (_TokensRestart, check_permit_tokens_increase),
     (_TakesAnyLimit, check_permit_limit_checked),
+    (_HandsOutAnyLimit, check_permit_limit_checked_after_release),
     (_NeverExpires, check_permit_expiry_frees),
     (_ReleaseKeeps, check_permit_release_frees),
     (_DequeuesWithoutTokenOnly, check_permit_queued_release_any_token),

@@ -119,7 +119,7 @@ class Permits:
     ) -> Grant | HolderInfo:
         """:meth:`~aiolease.abc.Backend.try_acquire_permit`: one round trip."""
         ttl = float(ttl)
-        handed = self._handed.take(name, owner, ttl)
+        handed = self._handed.take(name, owner, ttl, limit)
         if handed is not None:  # granted by a release through this backend: no statement
             self._forget_place(name, owner)
             return handed
@@ -143,6 +143,7 @@ class Permits:
             self._handed.forget(name, owner)
             self._forget_place(name, owner)
             return outcome
+        self._handed.refused(name, owner, limit)
         self._queued(name, True)
         # The rows are read after the caller's entry was written: its place is among them.
         mine = next((row.seq for row in rows if row.owner == owner), 0)

@@ -94,7 +94,7 @@ class Permits:
     ) -> Grant | HolderInfo:
         """:meth:`~aiolease.abc.Backend.try_acquire_permit`: one statement."""
         ttl = float(ttl)
-        handed = self._handed.take(name, owner, ttl)
+        handed = self._handed.take(name, owner, ttl, limit)
         if handed is not None:  # granted by a release through this backend: no statement
             return handed
         meta = encode_metadata(metadata) if metadata else "{}"
@@ -111,6 +111,7 @@ class Permits:
         if isinstance(outcome, Grant):
             self._handed.forget(name, owner)
         else:
+            self._handed.refused(name, owner, limit)
             self._queued(name, True)
         return outcome
 
@@ -160,7 +161,8 @@ class Permits:
         row = rows[0] if rows else None
         if row is None:
             return False
-        self._queued(name, bool(row["still_queued"]))
+        if row["deleted"]:  # (one that deleted nothing saw no queue: the mark stays)
+            self._queued(name, bool(row["still_queued"]))
         if row["owners"]:
             self._handed.granted(name, row["owners"], row["tokens"], row["ttls"], sent_at)
         return bool(row["freed"])

@@ -3,7 +3,9 @@ of them (PostgreSQL's, MySQL / MariaDB's and SQLite's, ``docs/internals/semaphor
 
 A release grants, in its own transaction, the queue entries that then fit (in arrival
 order) and answers their owners, tokens and ttls. A waiter of the releasing backend
-object takes its grant from that answer without another statement: its deadline counts
+object takes its grant from that answer without another statement, if it asks with
+the limit that its refused request gave (else the statement answers, and raises
+:class:`~aiolease.LimitMismatchError`, as for any other request): its deadline counts
 from when the release was sent, which is before the server started the grant's ttl.
 A waiter elsewhere is told only that it was granted (a PostgreSQL notification, a
 MySQL bell, SQLite's poll): it asks again, and its retry, answered as the holder's,
@@ -49,6 +51,9 @@ class Handed:
         #: The requests asked for here, not yet granted or released: those a grant told
         #: by another backend object concerns.
         self._asking: set[tuple[str, str]] = set()
+        #: The limit of each request refused here (its queue entry's), until it is
+        #: granted or released: a grant is taken only by an ask with that limit.
+        self._limits: dict[tuple[str, str], int] = {}
 
     def _put(self, key: tuple[str, str], grant: tuple[int, float, float] | None) -> None:
         if len(self._grants) >= _MAX_HANDED:
@@ -76,6 +81,13 @@ class Handed:
             self._asking.clear()  # requests that never came back (a safety net)
         self._asking.add((name, owner))
 
+    def refused(self, name: str, owner: str, limit: int) -> None:
+        """``owner``'s request of ``limit`` was refused here (and queued, with that
+        limit): a grant that a release makes to its queue entry is for that limit."""
+        if len(self._limits) >= _MAX_HANDED:
+            self._limits.clear()  # requests that never came back (a safety net)
+        self._limits[name, owner] = limit
+
     def told(self, name: str, owners: Iterable[str]) -> None:
         """A release elsewhere granted these owners' queue entries: those asking here
         ask again."""
@@ -96,14 +108,18 @@ class Handed:
         """Whether ``owner`` was granted since its latest ask: its wait ends at once."""
         return (name, owner) in self._grants
 
-    def take(self, name: str, owner: str, ttl: float) -> Grant | None:
+    def take(self, name: str, owner: str, ttl: float, limit: int) -> Grant | None:
         """The grant to take without a statement, if a release through this backend made
-        it recently enough; else ``None`` (and a grant that was only told is dropped:
-        the statement the caller sends now answers it)."""
+        it recently enough, and ``limit`` is the one that ``owner``'s refused request
+        (its queue entry) gave; else ``None`` (and a grant that was only told, or is
+        asked for with another limit, is dropped: the statement the caller sends now
+        answers it, with :class:`~aiolease.LimitMismatchError` for another limit)."""
         grant = self._grants.pop((name, owner), None)
         if grant is None:
             return None
         self._asking.discard((name, owner))
+        if self._limits.pop((name, owner), None) != limit:
+            return None
         token, granted_ttl, sent_at = grant
         if self._clock() - sent_at >= ttl * _FRESH_SHARE:
             return None
@@ -113,3 +129,4 @@ class Handed:
         """``owner`` was granted by its own ask, or released."""
         self._grants.pop((name, owner), None)
         self._asking.discard((name, owner))
+        self._limits.pop((name, owner), None)

@@ -163,6 +163,26 @@ async def test_a_release_grants_the_requests_that_fit_and_wakes_only_them(
         assert await b.read_permits(name) is None
 
 
+async def test_a_release_that_frees_nothing_leaves_the_grants_to_the_next(place: Place) -> None:
+    # A release that deletes nothing (by a request that neither holds nor queues)
+    # says nothing about the queue: the holder's release after it still grants the
+    # queued request. (PostgreSQL's took it for "nobody queued", and the holder's
+    # release became a plain DELETE that granted nothing: the waiter had to ask again.)
+    async with aiolease.open_backend(place.url) as b:
+        name, holder, waiter = unique("sem"), permit_owner(), permit_owner()
+        held = await b.try_acquire_permit(name, holder, 600.0, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        refused = await b.try_acquire_permit(name, waiter, 600.0, "w", {}, 1, 1)
+        assert isinstance(refused, HolderInfo)
+        assert not await b.release(name, permit_owner(), None)
+        assert await b.release(name, holder, held.token)
+        permits = await b.read_permits(name)
+        assert permits is not None and permits.waiting == 0
+        assert [(h.owner, h.token) for h in permits.holders] == [(waiter, held.token + 1)]
+        assert await b.release(name, waiter, None)
+        assert await b.read_permits(name) is None
+
+
 async def test_two_backends_share_the_limit(place: Place) -> None:
     async with aiolease.open_backend(place.url) as one, aiolease.open_backend(place.url) as two:
         name = unique("sem")
