@@ -259,7 +259,7 @@ class ZooKeeperBackend(Backend):
                 self._unsure.discard(key)
                 return holder
             entry.horizon = max(entry.horizon, touched + TURN_GRACE)
-            entry.predecessor = paths[index - 1]
+            entry.predecessor, entry.predecessor_first = paths[index - 1], index == 1
             self._keeper.poke(entry.horizon)
             holder = await self._holder(name, queue[:index])
             if holder is not None:
@@ -653,6 +653,7 @@ class ZooKeeperBackend(Backend):
             paths = [self._layout.path(name, c.node) for c in queue]
             index = paths.index(entry.path) if entry.path in paths else 0
             entry.predecessor = paths[index - 1] if index > 0 else None
+            entry.predecessor_first = index == 1
         elif not entry.queued:
             return
         entry.horizon = max(entry.horizon, horizon)
@@ -660,12 +661,13 @@ class ZooKeeperBackend(Backend):
         ahead = entry.predecessor
         if ahead is not None and await self._wait_predecessor(name, owner, ahead, ttl / 2):
             # Nodes only join at the end: the one just before it, once the first (held
-            # here), is gone, so it is first now (while its session lives: the retry
-            # checks that). Held here, its delete written is enough: this session's
-            # later requests are applied after it, and every other session's node is
-            # behind this one, so none of them can hold before this grant ends; the
-            # one whose node is still first for a moment has left its block.
-            entry.first = ahead in self._heads
+            # here, or listed first), is gone, so it is first now (while its session
+            # lives: the retry checks that). Of this session, its delete written is
+            # enough: this session's later requests are applied after it, and every
+            # other session's node is behind this one, so none of them can hold before
+            # this grant ends; the one whose node is still first for a moment has left
+            # its block (or never entered it).
+            entry.first = ahead in self._heads or entry.predecessor_first
 
     async def _wait_predecessor(self, name: str, owner: str, path: str, bound: float) -> bool:
         """:meth:`_wait_gone` of the contender node at ``path``; but when it is a live

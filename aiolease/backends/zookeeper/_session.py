@@ -59,6 +59,9 @@ class Entry:
     callbacks: list[Callable[[LossReason], object]] = field(default_factory=list)
     #: The path of the contender just before it, as last seen (queued entries).
     predecessor: str | None = None
+    #: That contender was the first of the queue when listed: nothing can come before
+    #: it (nodes only join at the end), so once it is gone this one is first.
+    predecessor_first: bool = False
     #: Its predecessor was a node this backend held (so the first), and is gone: it is
     #: first now, and the next try grants it without listing the queue.
     first: bool = False

@@ -341,6 +341,34 @@ async def test_a_holder_here_is_known_without_a_request(anyio_backend: str, zk_u
     await on_asyncio(scenario)
 
 
+async def test_a_waiter_behind_the_first_is_granted_without_a_listing(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """A waiter whose predecessor was the first of the queue when it was listed is
+    first once that node is gone, whoever held it (nodes only join at the end): here
+    the holder is another backend's session, and the waiter is granted on the watch
+    event without listing the queue again."""
+    prefix = unique_prefix()
+    async with opener(zk_url, prefix=prefix)() as here, opener(zk_url, prefix=prefix)() as there:
+        held = await AsyncLock(there, "first", ttl=5).acquire_nowait()
+        waiter = AsyncLock(here, "first", ttl=5)
+        async with anyio.create_task_group() as tg:
+            got = anyio.Event()
+
+            async def wait() -> None:
+                async with waiter:
+                    got.set()
+
+            tg.start_soon(wait)
+            await eventually(lambda: inner(here).statistics().entries == 1, "queued")
+            before = inner(here).statistics()
+            await held.release()
+            with anyio.fail_after(10):
+                await got.wait()
+        # Granted by the `first` path (hand_offs counts only those), not a listing.
+        assert inner(here).statistics().hand_offs == before.hand_offs + 1
+
+
 def _count(outside: Outside, path: str, count: int) -> Callable[[], Awaitable[bool]]:
     return lambda: _children(outside, path, count)
 
