@@ -619,6 +619,10 @@ BEGIN
   END IF;
   decision := CASE WHEN my_seq IS NULL THEN 'queue' ELSE 'refresh' END;
  END IF;
+ -- Granted nothing: a queue entry (or nothing) lost in a crash is written again by
+ -- its waiter's next ask, so this commit need not wait for the WAL flush (and
+ -- holds the name's row that much shorter); a later grant's commit flushes it.
+ PERFORM set_config('synchronous_commit', 'off', true);
  RETURN QUERY SELECT decision, NULL::int8, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
   x.identity, x.metadata, extract(epoch FROM x.expires_at - t)::float8
   FROM {p} x WHERE {live} ORDER BY x.seq;
@@ -678,6 +682,7 @@ BEGIN
   AND (NOT x.granted OR a_token IS NULL OR x.token = a_token)
   RETURNING x.granted AND x.expires_at > clock_timestamp() INTO was_live;
  IF NOT FOUND THEN
+  PERFORM set_config('synchronous_commit', 'off', true);  -- wrote nothing
   RETURN QUERY SELECT false, false, 0::int8, NULL::text[], NULL::int8[], NULL::float8[];
   RETURN;
  END IF;

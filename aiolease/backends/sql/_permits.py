@@ -61,7 +61,9 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
 #: routine gets a new name, so that processes of two versions never call each other's.
 #: Version 2: a release grants the queue entries that then fit (see
 #: ``docs/internals/semaphores.md``), and a queue entry keeps its metadata for that.
-ROUTINE_VERSION = 2
+#: Version 3: PostgreSQL's acquire commits a refusal without waiting for the WAL
+#: flush (``synchronous_commit`` off for that transaction).
+ROUTINE_VERSION = 3
 
 
 def permit_routine(table: str, longest: int, kind: str = "acquire") -> str:
