@@ -114,7 +114,9 @@ class PermitSizes:
     seconds: float
     held: int
     held_seconds: float
-    #: Seconds between the last permit granted and the held window.
+    #: Seconds between the last permit granted and the held window (``quick``: the
+    #: window starts after the first renewal call that renews every permit, or after
+    #: this and half a tick if none has by then: a session backend renews none).
     settle: float = 2.0
     #: ``--quick``: the 16-task figure leaves the peers out (their pollers' tails are
     #: long); the uncontended one still shows them.
@@ -124,8 +126,9 @@ class PermitSizes:
     def of(cls, args: Any, settle: float) -> PermitSizes:
         """From a script's ``--cycles``, ``--seconds``, ``--held``, ``--held-seconds``;
         with ``--quick``, at most 50 cycles, 0.5 s per contended figure, 50 permits
-        held for 1 s after 2 s (the first renewals of permits granted over some
-        time go in two batches until the renewer merges them; the whole
+        held for one tick, counted from the first renewal call that renews them all
+        (granted within 0.1 s, they renew in one call from the first tick on; at
+        most 1.5 s after the grants: a session backend renews none; the whole
         ``run_all.py --quick`` must stay short: a smoke test of the figures)."""
         if not getattr(args, "quick", False):
             return cls(args.cycles, args.seconds, args.held, args.held_seconds, settle)
@@ -134,7 +137,7 @@ class PermitSizes:
             min(args.seconds, 0.5),
             min(args.held, 50),
             min(args.held_seconds, 1.0),
-            2.0,
+            1.0,
             quick=True,
         )
 
@@ -478,7 +481,7 @@ async def _held(
     summary: Summary,
 ) -> None:
     tick = HELD_TTL / 3
-    calls, renewed = [0], anyio.Event()
+    calls, renewed, all_in_one = [0], anyio.Event(), anyio.Event()
     renew_many = backend.renew_many
 
     async def counted(renewals: Any) -> Any:
@@ -487,6 +490,8 @@ async def _held(
             return await renew_many(renewals)
         finally:
             calls[0] += 1
+            if len(renewals) >= sizes.held:
+                all_in_one.set()
             renewed.set()
             renewed = anyio.Event()
 
@@ -513,8 +518,13 @@ async def _held(
                 [sem] * sizes.held, stack, return_exceptions=True, one_at_a_time=True
             )
             took = time.monotonic() - started
-            await anyio.sleep(sizes.settle)
-            wall = await after_a_call()
+            if sizes.quick:  # from the first call that renews them all, if it comes in time
+                with anyio.move_on_after(sizes.settle + tick / 2):
+                    await all_in_one.wait()
+                wall = time.monotonic() if all_in_one.is_set() else await after_a_call()
+            else:
+                await anyio.sleep(sizes.settle)
+                wall = await after_a_call()
             before = {label: await _read(c) for label, c in every.items()}
             cpu = time.process_time()
             await anyio.sleep(max(sizes.held_seconds - tick / 2, 0))

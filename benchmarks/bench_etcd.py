@@ -15,7 +15,8 @@ by create revision, watch the predecessor). Prints, as in the issue's table:
   from the kill to the acquire;
 * **N leases held** (default 1,000, ttl 3 s): requests per second the server
   received (from its ``/metrics``: run on a quiet server), this process's CPU
-  seconds per second, and leases lost;
+  seconds per second, and leases lost, counted from a ttl after the grants (every
+  renewal loop running; ``--quick``: one renewal tick, 1 s);
 * **semaphores and read-write locks** (issue 23; ``_permits.py`` says what each
   figure measures): a permit against the lock uncontended, 16 tasks on a semaphore
   of limit 4 against the lock's hand-off rate, a read-heavy mix, N permits held
@@ -50,11 +51,13 @@ from typing import Any
 from _common import (
     QUICK_NOTE,
     add_figure_arguments,
+    close_processes,
     quick_cut,
     record,
     run_processes,
     run_tasks,
     run_threads,
+    serve_jobs,
     start_when_told,
 )
 from _permits import PeerLock, PermitSizes, permit_figures
@@ -381,17 +384,17 @@ async def handoffs_across_processes(
 ) -> list[int]:
     """Acquisitions per process, ``processes`` processes of one task each."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
+    command = [sys.executable, __file__, "--url", url, "--worker", "serve"]
     command += ["--seconds", repr(seconds)]
-    return [int(line) for line in await run_processes(command, processes)]
+    return [int(line) for line in await run_processes(command, processes, kind, name)]
 
 
-async def worker(kind: str, url: str, name: str, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: prints its acquisitions
+async def worker(kind: str, url: str, name: str, seconds: float) -> str:
+    """One process's job in :func:`handoffs_across_processes`: its acquisitions
     (connected first, then all processes count the same window)."""
     start_when_told()
     (count,) = await handoffs(kind, url, name, 1, seconds)
-    print(count, flush=True)
+    return str(count)
 
 
 # -- crash failover ------------------------------------------------------------------------
@@ -500,9 +503,12 @@ async def waiter(
 # -- many leases held ----------------------------------------------------------------------
 
 
-async def held(kind: str, url: str, count: int, seconds: float) -> tuple[float, float, int]:
-    """Hold ``count`` leases (ttl 3 s, renewed every second) for ``seconds``: (server
-    requests per second, CPU seconds per second, leases lost)."""
+async def held(
+    kind: str, url: str, count: int, seconds: float, settle: float = 3.0
+) -> tuple[float, float, int]:
+    """Hold ``count`` leases (ttl 3 s, renewed every second) for ``seconds``, counted
+    from ``settle`` seconds after the grants: (server requests per second, CPU
+    seconds per second, leases lost)."""
     host, port = endpoint(url)
     ttl = 3
     async with AsyncExitStack() as stack:
@@ -560,7 +566,7 @@ async def held(kind: str, url: str, count: int, seconds: float) -> tuple[float, 
             tasks = [asyncio.ensure_future(refresh(i, lock)) for i, lock in enumerate(locks)]
             stack.callback(lambda: [t.cancel() for t in tasks])
             check = lambda: len(lost)  # noqa: E731
-        await asyncio.sleep(ttl)  # settle: every renewal loop is running
+        await asyncio.sleep(settle)  # every renewal loop is running
         requests, cpu, wall = server_requests(url), time.process_time(), time.monotonic()
         await asyncio.sleep(seconds)
         requests = server_requests(url) - requests
@@ -647,6 +653,7 @@ async def main(args: argparse.Namespace) -> None:
             counts = await handoffs_across_processes(kind, url, 4, args.seconds)
             rates[kind].append(sum(counts) / args.seconds)
             totals[kind] = [a + b for a, b in zip(totals[kind], counts, strict=True)]
+    await close_processes()
     for kind in across:
         rate = statistics.median(rates[kind])
         print(f"  {kind:<34} {rate:>8.0f} {fairness(totals[kind]):>8.2f}")
@@ -666,7 +673,8 @@ async def main(args: argparse.Namespace) -> None:
     if args.quick:
         print(QUICK_NOTE)
     for kind in quick_cut(("floor", "aiolease", "aetcd"), args.quick):
-        rate, cpu, lost = await held(kind, url, args.held, args.held_seconds)
+        settle = 1.0 if args.quick else 3.0
+        rate, cpu, lost = await held(kind, url, args.held, args.held_seconds, settle)
         print(f"  {kind:<34} {rate:>8.1f} {cpu:>8.3f} {lost:>6}")
         figure = f"{args.held} leases held, ttl 3 s"
         record("etcd", figure + ": requests", kind, rate, "/s")
@@ -691,8 +699,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.worker is not None and args.worker.startswith("hold-"):
         asyncio.run(hold_forever(args.worker.removeprefix("hold-"), args.url, args.name, args.ttl))
-    elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
+    elif args.worker == "serve":
+        serve_jobs(lambda kind, name: worker(kind, args.url, name, args.seconds))
     else:
         if args.quick:
             args.cycles, args.seconds, args.failovers = 100, 0.5, 1

@@ -14,11 +14,12 @@ listed as such. Prints, as in the issue's table:
   second, fairness (most / fewest acquisitions per contender), and the hand-off gap
   p50 (from the releaser's release call to the next holder's grant) beside the same
   figure of aiolease's PostgreSQL backend;
-* **crash failover, ttl 2 s**: a holder process is ``SIGKILL``ed; the time from the
-  server-side expiry (the document's ``expires`` read against ``$$NOW``) to a
-  waiter's grant;
-* **N leases held** (default 1,000, ttl 15 s, 15 s): commands per second for all the
-  renewals, and leases lost;
+* **crash failover, ttl 2 s** (``--quick``: 1 s): a holder process is ``SIGKILL``ed;
+  the time from the server-side expiry (the document's ``expires`` read against
+  ``$$NOW``) to a waiter's grant;
+* **N leases held** (default 1,000, ttl 15 s, 15 s; ``--quick``: 200, ttl 3 s, 2 s, so
+  that the window holds renewals: with ttl 15 s the first come 5 s after the grants):
+  commands per second for all the renewals, and leases lost;
 * **50 processes waiting on one name**: server operations per second while they
   wait (``serverStatus`` opcounters: run on a quiet server), aiolease against the
   floor polling every 100 ms.
@@ -49,12 +50,14 @@ from typing import Any
 from _common import (
     QUICK_NOTE,
     add_figure_arguments,
+    close_processes,
     hold_in_tasks,
     quick_cut,
     record,
     run_processes,
     run_tasks,
     run_threads,
+    serve_jobs,
     start_when_told,
 )
 from _permits import PermitSizes, permit_figures
@@ -331,25 +334,25 @@ async def handoffs_across_processes(
 ) -> tuple[list[int], list[float]]:
     """Acquisitions per process (one task each), and every process's gaps."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
+    command = [sys.executable, __file__, "--url", url, "--worker", "serve"]
     command += ["--seconds", repr(seconds)]
     counts, gaps = [], []
-    for last in await run_processes(command, processes):
+    for last in await run_processes(command, processes, kind, name):
         line = last.split()
         counts.append(int(line[0]))
         gaps.extend(float(g) for g in line[1:])
     return counts, gaps
 
 
-async def worker(kind: str, url: str, name: str, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: prints its acquisitions, and
+async def worker(kind: str, url: str, name: str, seconds: float) -> str:
+    """One process's job in :func:`handoffs_across_processes`: its acquisitions, and
     the gaps from release calls to its grants (on ``time.monotonic()``, one clock for
     every process of the host: the release times travel through a file per name).
     Connected first, then all processes count the same window."""
     start_when_told()
     shared = Shared(name)
     (count,) = await handoffs(kind, url, name, 1, seconds, shared)
-    print(count, *(f"{g:.6f}" for g in shared.gaps), flush=True)
+    return " ".join([str(count), *(f"{g:.6f}" for g in shared.gaps)])
 
 
 class Shared(Gaps):
@@ -441,13 +444,15 @@ async def failover(kind: str, url: str, ttl: float) -> float:
 # -- many leases held ----------------------------------------------------------------------
 
 
-async def held(url: str, count: int, seconds: float, settle: float) -> tuple[float, int]:
-    """Hold ``count`` leases (ttl 15 s) through one backend for ``seconds``: (commands
+async def held(
+    url: str, count: int, seconds: float, settle: float, ttl: float = 15.0
+) -> tuple[float, int]:
+    """Hold ``count`` leases (``ttl``) through one backend for ``seconds``: (commands
     per second this process sent, leases lost)."""
     async with AsyncExitStack() as stack:
         backend = await stack.enter_async_context(open_backend(bench_url(url, "held")))
         names = [f"held-{RUN}-{i}" for i in range(count)]
-        leases = await hold_in_tasks(backend, names, 15.0, stack)
+        leases = await hold_in_tasks(backend, names, ttl, stack)
         await asyncio.sleep(settle)
         before, wall = COMMANDS.count, time.monotonic()
         await asyncio.sleep(seconds)
@@ -464,9 +469,12 @@ def server_ops(url: str) -> int:
     return int(sum(counters.values()))
 
 
-async def waiting(kind: str, url: str, processes: int, seconds: float) -> float:
+async def waiting(
+    kind: str, url: str, processes: int, seconds: float, settle: float = 2.0
+) -> float:
     """Server operations per second while ``processes`` processes wait for a name held
-    all along (a quiet server: every client's operations count)."""
+    all along (a quiet server: every client's operations count), counted from
+    ``settle`` seconds after the last one said it waits."""
     name = f"waiting-{kind}-{uuid.uuid4().hex[:6]}"
     async with AsyncExitStack() as stack:
         if kind == "floor":
@@ -485,7 +493,7 @@ async def waiting(kind: str, url: str, processes: int, seconds: float) -> float:
             for child in children:
                 assert child.stdout is not None
                 assert (await child.stdout.readline()).strip() == b"waiting"
-            await asyncio.sleep(2.0)  # every waiter settled into its wait
+            await asyncio.sleep(settle)  # every waiter settled into its wait
             before, wall = server_ops(url), time.monotonic()
             await asyncio.sleep(seconds)
             return (server_ops(url) - before - 1) / (time.monotonic() - wall)
@@ -599,21 +607,24 @@ async def main(args: argparse.Namespace) -> None:
         figure = "hand-offs, 4 processes, one name, 1 ms"
         record("mongo", figure, label, sum(counts) / args.seconds, "/s")
         record("mongo", figure + ": fairness", label, fairness(counts), "max/min")
+    await close_processes()
 
-    print(f"\n{'crash failover, ttl 2 s':<36} {'expiry->grant':>14}")
+    title = f"crash failover, ttl {args.failover_ttl:g} s"
+    print(f"\n{title:<36} {'expiry->grant':>14}")
     for kind in ("floor", "aiolease"):
-        runs = [await failover(kind, url, 2.0) for _ in range(args.failovers)]
+        runs = [await failover(kind, url, args.failover_ttl) for _ in range(args.failovers)]
         print(f"  {kind:<34} {statistics.median(runs) * 1000:>11.1f} ms")
         record(
             "mongo",
-            "crash failover, ttl 2 s: expiry to grant",
+            title + ": expiry to grant",
             kind,
             statistics.median(runs) * 1000,
             "ms",
         )
 
-    print(f"\n{f'{args.held} leases held, ttl 15 s':<36} {'cmd/s':>8} {'lost':>6}")
-    rate, lost = await held(url, args.held, args.held_seconds, 2.0 if args.quick else 6.0)
+    ttl, settle = (3.0, 1.0) if args.quick else (15.0, 6.0)
+    print(f"\n{f'{args.held} leases held, ttl {ttl:g} s':<36} {'cmd/s':>8} {'lost':>6}")
+    rate, lost = await held(url, args.held, args.held_seconds, settle, ttl)
     print(f"  {'aiolease (one backend)':<34} {rate:>8.2f} {lost:>6}")
     figure = f"{args.held} leases held"
     record("mongo", figure + ": commands", "aiolease", rate, "/s", target="<= 2")
@@ -621,7 +632,7 @@ async def main(args: argparse.Namespace) -> None:
 
     print(f"\n{f'{args.waiters} processes waiting on one name':<36} {'server ops/s':>13}")
     for kind in ("floor", "aiolease"):
-        ops = await waiting(kind, url, args.waiters, args.seconds * 2)
+        ops = await waiting(kind, url, args.waiters, args.seconds * 2, 1.0 if args.quick else 2.0)
         label = "floor (polls every 100 ms)" if kind == "floor" else kind
         print(f"  {label:<34} {ops:>13.1f}")
         record("mongo", f"{args.waiters} processes waiting on one name", label, ops, "ops/s")
@@ -652,15 +663,16 @@ if __name__ == "__main__":
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--ttl", type=float, default=2.0, help=argparse.SUPPRESS)
+    parser.add_argument("--failover-ttl", type=float, default=2.0, help="crash failover's ttl")
     args = parser.parse_args()
     if args.worker is not None and args.worker.startswith("hold-"):
         asyncio.run(hold_forever(args.worker.removeprefix("hold-"), args.url, args.name, args.ttl))
     elif args.worker is not None and args.worker.startswith("wait-"):
         asyncio.run(wait_forever(args.worker.removeprefix("wait-"), args.url, args.name))
-    elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
+    elif args.worker == "serve":
+        serve_jobs(lambda kind, name: worker(kind, args.url, name, args.seconds))
     else:
         if args.quick:
-            args.cycles, args.seconds, args.failovers = 100, 1.5, 1
+            args.cycles, args.seconds, args.failovers, args.failover_ttl = 100, 1.0, 1, 1.0
             args.held, args.held_seconds, args.waiters = 200, 2.0, 4
         asyncio.run(main(args))

@@ -69,11 +69,13 @@ import redis.connection
 from _common import (
     QUICK_NOTE,
     add_figure_arguments,
+    close_processes,
     hold_in_tasks,
     quick_cut,
     record,
     run_processes,
     run_threads,
+    serve_jobs,
     start_when_told,
     started,
     verdict,
@@ -244,17 +246,17 @@ async def handoffs_across_processes(
 ) -> list[int]:
     """Acquisitions per process, ``processes`` processes of one task each."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
+    command = [sys.executable, __file__, "--url", url, "--worker", "serve"]
     command += ["--seconds", repr(seconds)]
-    return [int(line) for line in await run_processes(command, processes, delay)]
+    return [int(line) for line in await run_processes(command, processes, kind, name, delay)]
 
 
-async def worker(kind: str, url: str, name: str, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: connected, it says it is
-    ready, waits for the start every process shares, prints its acquisitions."""
+async def worker(kind: str, url: str, name: str, seconds: float) -> str:
+    """One process's job in :func:`handoffs_across_processes`: connected, it says it
+    is ready, waits for the start every process shares; its acquisitions."""
     start_when_told()
     (count,) = await handoffs(kind, url, name, 1, seconds)
-    print(count, flush=True)
+    return str(count)
 
 
 # -- crash failover ------------------------------------------------------------------------
@@ -554,6 +556,7 @@ async def handoff_figures(args: argparse.Namespace, peers: Sequence[str], report
                         kind, url, 4, args.seconds, args.start_delay
                     )
                 rounds[kind].append(counts)
+        await close_processes()
         for kind in kinds:
             rates = [sum(counts) / args.seconds for counts in rounds[kind]]
             rate = statistics.median(rates)
@@ -723,8 +726,8 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.worker is not None and args.worker.startswith("hold-"):
         asyncio.run(hold_forever(args.worker.removeprefix("hold-"), args.url, args.name, args.ttl))
-    elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
+    elif args.worker == "serve":
+        serve_jobs(lambda kind, name: worker(kind, args.url, name, args.seconds))
     else:
         unknown = set(args.skip) - {*PEERS, "grelmicro"}
         if unknown:

@@ -26,9 +26,9 @@ in threads. Prints, as in issue 5's table, with ratios and a PASS/MISS column:
   contenders take turns for ``--rounds`` rounds (3): one round moves with where the
   processes land on the cores. Shown is the round with the median gap p50 (each
   round's p50 follows), with the worst round's fairness;
-* **crash failover, ttl 2 s**: the holder process is ``SIGKILL``ed; the time from the
-  server-side expiry of its row (``expires_at``, mapped onto this host's monotonic
-  clock) to a waiter's acquire, and from the kill;
+* **crash failover, ttl 2 s** (``--quick``: 1 s): the holder process is ``SIGKILL``ed;
+  the time from the server-side expiry of its row (``expires_at``, mapped onto this
+  host's monotonic clock) to a waiter's acquire, and from the kill;
 * **N leases held** (default 1,000, ttl 3 s, renewed every second): statements per
   renew tick counted server-side (PostgreSQL: ``pg_stat_database`` transactions of
   the benchmark's own database, which lag by up to a second; MySQL: global ``Com_*``
@@ -80,11 +80,13 @@ from typing import Any
 from _common import (
     QUICK_NOTE,
     add_figure_arguments,
+    close_processes,
     hold_in_tasks,
     quick_cut,
     record,
     run_processes,
     run_threads,
+    serve_jobs,
     start_when_told,
     started,
     take_turns,
@@ -333,10 +335,10 @@ async def handoffs_across_processes(
     """Records per process, ``processes`` processes of one task each."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
     command = [sys.executable, __file__, "--url", db.url, "--db", _kind(db)]
-    command += ["--worker", kind, "--name", name, "--seconds", repr(seconds)]
+    command += ["--worker", "serve", "--seconds", repr(seconds)]
     return [
         [(a, e, r) for a, e, r in json.loads(line)]
-        for line in await run_processes(command, processes)
+        for line in await run_processes(command, processes, kind, name)
     ]
 
 
@@ -344,12 +346,12 @@ def _kind(db: Db) -> str:
     return "postgres" if isinstance(db, Postgres) else "mysql"
 
 
-async def worker(kind: str, db: Db, name: str, seconds: float) -> None:
-    """One process of :func:`handoffs_across_processes`: prints its records (connected
+async def worker(kind: str, db: Db, name: str, seconds: float) -> str:
+    """One process's job in :func:`handoffs_across_processes`: its records (connected
     first, then all processes count the same window)."""
     start_when_told()
     (records,) = await handoffs(kind, db, name, 1, seconds)
-    print(json.dumps(records), flush=True)
+    return json.dumps(records)
 
 
 def gaps(records: Sequence[Sequence[Record]]) -> list[float]:
@@ -584,6 +586,7 @@ async def print_handoffs(db: Db, args: argparse.Namespace, kinds: Sequence[str])
                     name = f"handoff-{contender}-{RUN}-{turn}"
                     records = await handoffs(contender, db, name, 8, args.seconds)
                 rounds[contender].append(records)
+        await close_processes()
         for contender in contenders:
             runs = rounds[contender]
             p50s = [percentile(gaps(records), 0.5) for records in runs]
@@ -621,14 +624,15 @@ async def print_handoffs(db: Db, args: argparse.Namespace, kinds: Sequence[str])
 
 
 async def print_failover(db: Db, args: argparse.Namespace, kinds: Sequence[str]) -> None:
+    title = f"crash failover, ttl {args.failover_ttl:g} s"
     print(
-        f"\n{'crash failover, ttl 2 s':<40} {'expiry->acquire':>16} {'kill->acquire':>14}"
+        f"\n{title:<40} {'expiry->acquire':>16} {'kill->acquire':>14}"
         f"  target <= {TARGET_FAILOVER * 1e3:.0f} ms"
     )
     if args.quick:
         print(QUICK_NOTE)
     for contender in quick_cut(kinds, args.quick):
-        runs = [await failover(contender, db, 2.0) for _ in range(args.failovers)]
+        runs = [await failover(contender, db, args.failover_ttl) for _ in range(args.failovers)]
         total = statistics.median(r[1] for r in runs)
         after = [r[0] for r in runs if r[0] is not None]
         gap = f"{statistics.median(after) * 1e3:>13.1f} ms" if after else f"{'n/a (no ttl)':>16}"
@@ -636,7 +640,7 @@ async def print_failover(db: Db, args: argparse.Namespace, kinds: Sequence[str])
         if after:
             record(
                 db.name,
-                "crash failover, ttl 2 s: expiry to acquire",
+                title + ": expiry to acquire",
                 contender,
                 statistics.median(after) * 1e3,
                 "ms",
@@ -799,19 +803,22 @@ if __name__ == "__main__":
     parser.add_argument("--name", help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the hand-off figures")
     parser.add_argument("--ttl", type=float, default=2.0, help=argparse.SUPPRESS)
+    parser.add_argument("--failover-ttl", type=float, default=2.0, help="crash failover's ttl")
     args = parser.parse_args()
     if args.worker is not None:
         worker_db = make_db(args.db, args.url)
         if args.worker.startswith("hold-"):
             kind = args.worker.removeprefix("hold-")
             asyncio.run(hold_forever(kind, worker_db, args.name, args.ttl))
-        else:
-            asyncio.run(worker(args.worker, worker_db, args.name, args.seconds))
+        else:  # a fresh Db for each job: its pools belong to the job's event loop
+            serve_jobs(
+                lambda kind, name: worker(kind, make_db(args.db, args.url), name, args.seconds)
+            )
     else:
         if args.only is not None:
             args.skip += [figure for figure in FIGURES if figure != args.only]
         if args.quick:
             args.cycles, args.seconds, args.failovers, args.rounds = 100, 0.5, 1, 1
-            args.held, args.held_seconds = 200, 2.0
+            args.held, args.held_seconds, args.failover_ttl = 200, 2.0, 1.0
             SETTLE[0] = 1.0
         asyncio.run(main(args))

@@ -17,9 +17,10 @@ issue's table:
   kazoo's can be read apart from asyncio's timers; then 16 tasks on a semaphore of 4 permits, each
   holding one 1 ms: acquisitions per second, fairness, and the ratio to the lock's
   hand-offs (issue 23's target: >= 3.5);
-* **crash failover**: a holder process (session timeout 2 s) is ``SIGKILL``ed; the
-  time from ZooKeeper's delete of its node (seen by an observer's watch) to a
-  waiter's acquire, and from the kill to the acquire;
+* **crash failover**: a holder process (session timeout 2 s; ``--quick``: 1 s, the
+  test server's ``minSessionTimeout``) is ``SIGKILL``ed; the time from ZooKeeper's
+  delete of its node (seen by an observer's watch) to a waiter's acquire, and from
+  the kill to the acquire;
 * **N leases held** (default 1,000) for a while: requests per second the server
   received (its ``mntr`` counter: run on a quiet server), this process's CPU seconds
   per second, and leases lost; beside kazoo holding as many Locks on one client.
@@ -51,12 +52,14 @@ import aiozk
 from _common import (
     QUICK_NOTE,
     add_figure_arguments,
+    close_processes,
     hold_in_tasks,
     quick_cut,
     record,
     run_processes,
     run_tasks,
     run_threads,
+    serve_jobs,
     start_when_told,
     take_turns,
 )
@@ -278,33 +281,34 @@ async def handoffs_across_processes(
     kind: str, url: str, processes: int, seconds: float
 ) -> list[int]:
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    command = [sys.executable, __file__, "--url", url, "--worker", kind, "--name", name]
+    command = [sys.executable, __file__, "--url", url, "--worker", "serve"]
     command += ["--seconds", repr(seconds)]
-    return [int(line) for line in await run_processes(command, processes)]
+    return [int(line) for line in await run_processes(command, processes, kind, name)]
 
 
-async def worker(kind: str, url: str, name: str, seconds: float) -> None:
+async def worker(kind: str, url: str, name: str, seconds: float) -> str:
     start_when_told()  # connected first, then all processes count the same window
     (count,) = await handoffs(kind, url, name, 1, seconds)
-    print(count, flush=True)
+    return str(count)
 
 
 # -- crash failover ------------------------------------------------------------------------
 
 
-async def hold_forever(url: str, name: str) -> None:
+async def hold_forever(url: str, name: str, session: float) -> None:
     """The holder process of a failover: acquire, say so, and wait to be killed."""
-    async with open_backend(url, prefix=PREFIX, session_timeout=2) as backend:
-        await AsyncLock(backend, name, ttl=2).acquire()
+    async with open_backend(url, prefix=PREFIX, session_timeout=session) as backend:
+        await AsyncLock(backend, name, ttl=session).acquire()
         print("held", flush=True)
         await asyncio.sleep(3600)
 
 
-async def failover(url: str) -> tuple[float, float]:
+async def failover(url: str, session: float) -> tuple[float, float]:
     """(seconds from ZooKeeper's delete of the dead holder's node to the waiter's
     acquire, seconds from the kill to the acquire)."""
     name = f"failover-{uuid.uuid4().hex[:6]}"
     command = [sys.executable, __file__, "--url", url, "--worker", "hold", "--name", name]
+    command += ["--session", repr(session)]
     holder = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
     assert holder.stdout is not None
     assert (await holder.stdout.readline()).strip() == b"held"
@@ -320,7 +324,7 @@ async def failover(url: str) -> tuple[float, float]:
         gone.add_done_callback(lambda _: deleted_at.append(time.monotonic()))
 
         async def acquire() -> float:
-            lease = await AsyncLock(backend, name, ttl=2).acquire()
+            lease = await AsyncLock(backend, name, ttl=session).acquire()
             got = time.monotonic()
             await lease.release()
             return got
@@ -463,9 +467,11 @@ async def main(args: argparse.Namespace) -> None:
     for kind in quick_cut(("aiolease", "kazoo", "aiozk"), args.quick, ("kazoo",)):
         counts = await handoffs_across_processes(kind, url, 4, args.seconds)
         print(f"  {kind:<34} {sum(counts) / args.seconds:>8.0f} {fairness(counts):>8.2f}")
+    await close_processes()
 
-    print(f"\n{'crash failover, session 2 s':<36} {'delete->acquire':>16} {'kill->acquire':>14}")
-    runs = [await failover(url) for _ in range(args.failovers)]
+    title = f"crash failover, session {args.session:g} s"
+    print(f"\n{title:<36} {'delete->acquire':>16} {'kill->acquire':>14}")
+    runs = [await failover(url, args.session) for _ in range(args.failovers)]
     gap = statistics.median(r[0] for r in runs)
     total = statistics.median(r[1] for r in runs)
     print(f"  {'aiolease':<34} {gap * 1000:>13.1f} ms {total:>12.2f} s")
@@ -500,13 +506,14 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=["uncontended"], help="print this figure only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--session", type=float, default=2.0, help="crash failover's session")
     args = parser.parse_args()
     if args.worker == "hold":
-        asyncio.run(hold_forever(args.url, args.name))
-    elif args.worker is not None:
-        asyncio.run(worker(args.worker, args.url, args.name, args.seconds))
+        asyncio.run(hold_forever(args.url, args.name, args.session))
+    elif args.worker == "serve":
+        serve_jobs(lambda kind, name: worker(kind, args.url, name, args.seconds))
     else:
         if args.quick:
-            args.cycles, args.seconds, args.failovers = 100, 0.5, 1
+            args.cycles, args.seconds, args.failovers, args.session = 100, 0.5, 1, 1.0
             args.held, args.held_seconds = 200, 2.0
         asyncio.run(main(args))
