@@ -25,6 +25,7 @@ When the lease ends, the protected cancel scope is cancelled.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -35,8 +36,17 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from ._bounds import Bounds
+from ._clock import cancel_scope, current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
-from ._lease import Lease, log_fields, release_shielded
+from ._lease import (
+    Lease,
+    log_fields,
+    release_failed,
+    release_finished,
+    release_shielded,
+    release_timed_out,
+)
 from ._life import Tenancy, other_blocks_open
 from ._limits import keep_held, watch_max_hold
 from ._permits import is_permit_owner
@@ -160,6 +170,19 @@ class Holding:
     exceptions propagate unchanged (a cancellation from outside wins over the loss).
     """
 
+    __slots__ = (
+        "_body",
+        "_counters",
+        "_health",
+        "_left",
+        "_on_lost",
+        "_renewer",
+        "_tg",
+        "_unsubscribe",
+        "_watching",
+        "lease",
+    )
+
     def __init__(
         self,
         lease: Lease,
@@ -175,7 +198,7 @@ class Holding:
         self._tg: TaskGroup | None = None
         self._renewer: Renewer | None = None
         #: The body's scope: given by a caller that made it before it waited for the grant.
-        self._body = anyio.CancelScope() if body is None else body
+        self._body = cancel_scope() if body is None else body
         self._left = False
         self._watching = False  # whether the task group runs watches of this lease
         self._unsubscribe: Callable[[], None] | None = None  # ends Backend.on_taken
@@ -200,19 +223,19 @@ class Holding:
 
     def _watches(self, clock: SessionClock | None) -> list[_Watch]:
         lease = self.lease
-        backend = lease._backend
-        capabilities = backend.capabilities
-        session = Capability.SESSION in capabilities
         watches: list[_Watch] = []
-        if Capability.PUSH_WAKEUP in capabilities and clock is None:
-            # A backend that reports takeovers by callback needs no task per lease.
-            self._unsubscribe = backend.on_taken(
-                lease._name, lease._owner, lease._token, self._taken
-            )
-            if self._unsubscribe is None:
-                watches.append((watch_takeover, (lease,)))
-        if session and clock is None:
-            watches.append((watch_session, (lease,)))
+        if clock is None:
+            backend = lease._backend
+            capabilities = backend.capabilities
+            if Capability.PUSH_WAKEUP in capabilities:
+                # A backend that reports takeovers by callback needs no task per lease.
+                self._unsubscribe = backend.on_taken(
+                    lease._name, lease._owner, lease._token, self._taken
+                )
+                if self._unsubscribe is None:
+                    watches.append((watch_takeover, (lease,)))
+            if Capability.SESSION in capabilities:
+                watches.append((watch_session, (lease,)))
         if self._health is not None:
             watches.append((watch_health, (lease, self._health)))
         if lease._hold_until is not None:
@@ -299,6 +322,71 @@ class Holding:
         self._body.__enter__()
         return lease
 
+    async def _release_in_body(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        sent: Awaitable[bool] | None,
+        releases: Releases,
+        batch: Batch | None,
+    ) -> bool:
+        """Release a lease that ended in time (its verdict given, its guards gone) in the
+        body's scope, now shielded and bounded as :func:`release_shielded` bounds a
+        release, and leave that scope after: one cancel scope per block, not two. What
+        the body raised goes on as it would (the scope was not cancelled: it swallows
+        nothing of the body's); a release cut off by its bound is logged, as there."""
+        lease = self.lease
+        backend, name, token = lease._backend, lease._name, lease._token
+        body = self._body
+        body.shield = True
+        failure: BaseException | None = None
+        if other_blocks_open():
+            # As in __aexit__: the other blocks ready to leave judge their leases first
+            # (the body's scope shields this checkpoint).
+            try:
+                await anyio.lowlevel.checkpoint()
+            except BaseException as error:  # (a native cancel): raised after the release
+                failure = error
+        if batch is not None:
+            releases.close(batch)  # its step is over
+        bound = lease._timing.release_bound(None)
+        loop = asyncio._get_running_loop()
+        bounds = None
+        if loop is not None and asyncio.current_task(loop) is not None:
+            bounds = Bounds.of(loop)
+        started = current_time()
+        if bounds is None:
+            body.deadline = started + bound
+        else:
+            entry = bounds.add(started + bound, body)
+        freed = False
+        try:
+            freed = await (backend.release(name, lease._owner, token) if sent is None else sent)
+        except BackendError as error:
+            release_failed(name, token, error)
+        except BaseException as error:  # given to the scope, below
+            failure = failure or error
+        finally:
+            if bounds is not None:
+                bounds.done(entry)
+        try:
+            if failure is None:
+                left = body.__exit__(exc_type, exc, tb)
+            elif body.__exit__(type(failure), failure, failure.__traceback__):
+                left = False  # the bound cut the release off: the body's exception goes on
+                release_timed_out(backend, name, token, bound, started)
+                return left
+            else:
+                raise failure
+            if backend.events.observers:
+                release_finished(backend, name, token, started, freed)
+            return left
+        finally:
+            failure = None  # (no reference cycle through the traceback)
+            if self._tg is not None:
+                await self._leave_task_group()
+
     async def __aexit__(
         self,
         exc_type: type[BaseException] | None,
@@ -337,6 +425,17 @@ class Holding:
                 sent = None
             if sent is not None and lost is None and releases.batch is None:
                 batch = releases.batch = Batch()  # for those ending in this step
+        if (
+            joined < 0
+            and lease._keep_until is None
+            and lease.lost is None
+            and not self._body.cancel_called
+        ):
+            # Ended in time (the usual end): released in the body's own scope.
+            self._left = True
+            lease._end(LossReason.RELEASED)  # the verdict
+            self._unguard()
+            return await self._release_in_body(exc_type, exc, tb, sent, releases, batch)
         reason: LossReason | None = None
         try:
             cancelled_by_us = self._body.__exit__(exc_type, exc, tb)
@@ -371,11 +470,20 @@ class Holding:
                     with anyio.CancelScope(shield=True):
                         sent = await batch.sent_for(lease._backend, joined)
                 if lease._keep_until is None or reason not in _KEPT:
-                    await self._release(sent, reason)
+                    await release_shielded(
+                        lease._backend,
+                        lease._name,
+                        lease._owner,
+                        lease._token,
+                        lease._timing,
+                        sent,
+                        lost=reason,
+                    )
                 elif reason is not LossReason.RELEASED:  # (lease.release() kept that)
                     await keep_held(lease)  # min_hold
             finally:
-                await self._leave_task_group()
+                if self._tg is not None:
+                    await self._leave_task_group()
         if reason is None or reason is LossReason.RELEASED:
             return cancelled_by_us
         if exc is not None and not cancelled_by_us:

@@ -15,6 +15,7 @@ plus the time the holder needs to stop its work).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -24,7 +25,8 @@ from typing import Any, NoReturn, final
 
 import anyio
 
-from ._clock import current_time
+from ._bounds import Bounds
+from ._clock import cancel_scope, current_time
 from ._exceptions import (
     BackendError,
     InvalidArgument,
@@ -547,29 +549,63 @@ async def release_shielded(
         (:meth:`Timing.release_bound`)
     """
     bound = timing.release_bound(lost)
-    started = current_time()
-    with anyio.CancelScope(deadline=started + bound, shield=True):
-        try:
-            freed = await (backend.release(name, owner, token) if sent is None else sent)
-        except BackendError as exc:
-            logger.warning(
-                "release of lease %r failed: %s (it will expire on its own)",
-                name,
-                exc,
-                extra=log_fields(name, token, lost),
-            )
-            freed = False
-        if backend.events.observers:
-            _release_finished(backend, name, token, started, freed)
-        return freed
-    logger.warning(
-        "release of lease %r timed out after %gs", name, bound, extra=log_fields(name, token, lost)
-    )
-    _release_finished(backend, name, token, started, False)
+    loop = asyncio._get_running_loop()
+    bounds = None
+    if loop is not None and asyncio.current_task(loop) is not None:
+        started = loop.time()  # (current_time())
+        bounds = Bounds.of(loop)
+    else:
+        started = current_time()
+    if bounds is None:  # trio: the scope's own deadline
+        scope = anyio.CancelScope(deadline=started + bound, shield=True)
+    else:  # asyncio: one loop timer for all the releases (aiolease._bounds)
+        scope = cancel_scope(shield=True)
+        entry = bounds.add(started + bound, scope)
+    try:
+        with scope:
+            try:
+                freed = await (backend.release(name, owner, token) if sent is None else sent)
+            except BackendError as exc:
+                release_failed(name, token, exc, lost)
+                freed = False
+            if backend.events.observers:
+                release_finished(backend, name, token, started, freed)
+            return freed
+    finally:
+        if bounds is not None:
+            bounds.done(entry)
+    release_timed_out(backend, name, token, bound, started, lost)
     return False
 
 
-def _release_finished(
+def release_failed(
+    name: str, token: int | None, exc: BaseException, lost: LossReason | None = None
+) -> None:
+    """Log a release that failed (:func:`release_shielded`)."""
+    logger.warning(
+        "release of lease %r failed: %s (it will expire on its own)",
+        name,
+        exc,
+        extra=log_fields(name, token, lost),
+    )
+
+
+def release_timed_out(
+    backend: Backend,
+    name: str,
+    token: int | None,
+    bound: float,
+    started: float,
+    lost: LossReason | None = None,
+) -> None:
+    """Log a release cut off by its bound (:func:`release_shielded`), and tell observers."""
+    logger.warning(
+        "release of lease %r timed out after %gs", name, bound, extra=log_fields(name, token, lost)
+    )
+    release_finished(backend, name, token, started, False)
+
+
+def release_finished(
     backend: Backend, name: str, token: int | None, started: float, freed: bool
 ) -> None:
     backend.events._emit("release_finished", name, token, current_time() - started, freed)

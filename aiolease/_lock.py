@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import anyio
 
 from ._acquire import acquire_lease, checked_default_identity, validate_backend
 from ._bridge import adapt
+from ._clock import cancel_scope
 from ._exceptions import LossReason, UnsupportedCapability
 from ._holding import Counters, Holding
 from ._lease import Lease, Timing
@@ -76,25 +77,38 @@ class _Acquirer(Protocol):
 
     async def acquire(self, *, timeout: float | None = None) -> Lease: ...
 
+    async def _acquire(self, *, blocking: bool) -> Lease: ...
+
 
 class _Acquisition(AbstractAsyncContextManager[Lease]):
-    """One ``async with lock.hold():`` block."""
+    """One ``async with lock.hold():`` block (and one ``async with lock:`` block, which
+    ``opened`` pushes on the task's :data:`_open` blocks once it holds the lease)."""
 
-    def __init__(self, lock: _Acquirer, timeout: float | None) -> None:
+    __slots__ = ("_holding", "_lock", "_opened", "_timeout")
+
+    def __init__(self, lock: _Acquirer, timeout: float | None, opened: bool = False) -> None:
         self._lock = lock
         self._timeout = timeout
+        self._opened = opened
         self._holding: Holding | None = None
 
     async def __aenter__(self) -> Lease:
-        body = anyio.CancelScope()  # made now: less to do between the grant and the body
-        lease = await self._lock.acquire(timeout=self._timeout)
-        self._holding = Holding(lease, self._lock._counters, body=body)
-        self._lock._held += 1
+        body = cancel_scope()  # made now: less to do between the grant and the body
+        lock = self._lock
+        if self._timeout is None:
+            lease = await lock._acquire(blocking=True)  # (acquire(), one call less)
+        else:
+            lease = await lock.acquire(timeout=self._timeout)
+        holding = self._holding = Holding(lease, lock._counters, body=body)
+        lock._held += 1
         try:
-            return await self._holding.__aenter__()
+            await holding.__aenter__()
         except BaseException:
-            self._lock._held -= 1
+            lock._held -= 1
             raise
+        if self._opened:
+            _open.set((*_open.get(), self))
+        return lease
 
     async def __aexit__(
         self,
@@ -112,7 +126,11 @@ class _Acquisition(AbstractAsyncContextManager[Lease]):
 class _Blocks:
     """``async with x:`` for a lock or a permit kind: each enter paired with its exit
     per task (a context variable is per task, and cheaper to read than the task's
-    id), so one object serves many tasks."""
+    id), so one object serves many tasks.
+
+    ``__aenter__`` and ``__aexit__`` are plain functions that return the block's own
+    coroutines: one coroutine less to run through on every step of the block's
+    acquire and release."""
 
     _counters: Counters
     _held: int
@@ -121,24 +139,23 @@ class _Blocks:
 
         async def acquire(self, *, timeout: float | None = None) -> Lease: ...
 
-    async def __aenter__(self) -> Lease:
-        context = _Acquisition(self, None)
-        lease = await context.__aenter__()
-        _open.set((*_open.get(), context))
-        return lease
+        async def _acquire(self, *, blocking: bool) -> Lease: ...
 
-    async def __aexit__(
+    def __aenter__(self) -> Coroutine[Any, Any, Lease]:
+        return _Acquisition(self, None, opened=True).__aenter__()
+
+    def __aexit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Coroutine[Any, Any, bool]:
         stack = _open.get()
         for i in range(len(stack) - 1, -1, -1):
             if stack[i]._lock is self:
                 context = stack[i]
                 _open.set(stack[:i] + stack[i + 1 :])
-                return await context.__aexit__(exc_type, exc, tb)
+                return context.__aexit__(exc_type, exc, tb)
         raise RuntimeError(f"{self!r}: __aexit__ without __aenter__ in this task")
 
 

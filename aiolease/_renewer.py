@@ -442,6 +442,13 @@ class Renewer:
         """
         heap = self._heap
         if len(heap) > 2 * (len(self._leases) + len(self._groups)):
+            if len(heap) == 1:  # (a lease granted and released alone: the usual case)
+                at, _, version, item = heap[0]
+                if version != item.version:
+                    heap.clear()
+                    if at > self._dropped_at:
+                        self._dropped_at = at
+                return
             live = []
             for entry in heap:
                 if entry[2] == entry[3].version:

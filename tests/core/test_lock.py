@@ -127,6 +127,35 @@ async def test_release_is_bounded_when_the_backend_hangs(faulty: FaultyBackend) 
     assert faulty.calls["release"] == 1
 
 
+async def test_a_hung_release_at_a_blocks_end_is_shielded_then_bounded(
+    faulty: FaultyBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A block whose lease ended in time is released in its body's own scope (issue
+    18): an outer cancellation while the release hangs does not cut it short; its
+    bound (``release_timeout``) does, the block then ends without an exception of its
+    own, and the outer cancellation goes on."""
+    lock = AsyncLock(faulty, "job", ttl=TTL, release_timeout=0.2)
+    faulty.hang("release")
+    ended: list[float] = []
+
+    async def cancel_while_releasing(outer: anyio.CancelScope) -> None:
+        await faulty.wait_called("release")
+        outer.cancel()
+
+    with anyio.CancelScope() as outer:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_while_releasing, outer)
+            started = anyio.current_time()
+            async with lock as lease:
+                pass
+            ended.append(anyio.current_time() - started)
+            await anyio.sleep_forever()
+    assert outer.cancelled_caught
+    assert ended and ended[0] >= 0.2
+    assert lease.lost is LossReason.RELEASED
+    assert "timed out after 0.2s" in caplog.text
+
+
 async def test_outer_cancellation_is_not_swallowed(inner: MemoryBackend) -> None:
     with anyio.CancelScope() as scope:
         async with AsyncLock(inner, "job", ttl=TTL):

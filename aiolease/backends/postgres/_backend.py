@@ -116,6 +116,8 @@ CAPABILITIES = frozenset(
         Capability.PERMIT_RETRY_KEEPS_ENTRY,
     }
 )
+#: :data:`CAPABILITIES` of a backend that listens.
+_LISTENING = CAPABILITIES | {Capability.PUSH_WAKEUP}
 
 
 class PostgresBackend(Backend):
@@ -259,7 +261,7 @@ class PostgresBackend(Backend):
     @property
     def capabilities(self) -> frozenset[Capability]:
         """:data:`CAPABILITIES`, and :attr:`Capability.PUSH_WAKEUP` unless ``listen=false``."""
-        return CAPABILITIES | ({Capability.PUSH_WAKEUP} if self._listens else set())
+        return _LISTENING if self._listens else CAPABILITIES  # (read on every acquire)
 
     # -- opening -------------------------------------------------------------------------
 
