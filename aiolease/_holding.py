@@ -47,7 +47,7 @@ from ._lease import (
     release_shielded,
     release_timed_out,
 )
-from ._life import Tenancy, other_blocks_open
+from ._life import Tenancy, closing, other_blocks_open
 from ._limits import keep_held, watch_max_hold
 from ._permits import is_permit_owner
 from ._releases import Batch, Releases
@@ -215,7 +215,9 @@ class Holding:
         try:
             clock = lease._backend.hold(lease._name, lease._owner, lease._token, lease._end)
         except NotOwnerError:
-            lease._end(LossReason.STOLEN)
+            # Gone before the block took it up: with the backend closing (its grants
+            # ended first), or taken.
+            lease._end(LossReason.SHUTDOWN if closing(lease._backend) else LossReason.STOLEN)
             return None
         if clock is not None:
             lease._follow(clock)

@@ -33,7 +33,14 @@ from ._lease import Lease
 from ._permits import is_permit_owner
 from .abc import Backend
 
-__all__ = ["CLOSE_TIMEOUT", "Tenancy", "current_task", "end_leases", "other_blocks_open"]
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "Tenancy",
+    "closing",
+    "current_task",
+    "end_leases",
+    "other_blocks_open",
+]
 
 logger = logging.getLogger("aiolease.lease")
 
@@ -45,6 +52,15 @@ CLOSE_TIMEOUT = 5.0
 _FIRST_SWEEP = 64
 
 _tenancies: weakref.WeakKeyDictionary[Backend, Tenancy] = weakref.WeakKeyDictionary()
+#: The backend objects whose closing has begun (see :func:`closing`).
+_closing: weakref.WeakSet[Backend] = weakref.WeakSet()
+
+
+def closing(backend: Backend) -> bool:
+    """Whether ``backend`` (the object a lease was acquired through) is being closed, or
+    was: a grant it refuses to keep (:meth:`Backend.hold`) ended with the backend
+    (``SHUTDOWN``), not by a takeover."""
+    return backend in _closing
 
 #: How many leases are held in open blocks, through every backend (``[count]``).
 _open_blocks = [0]
@@ -145,6 +161,7 @@ async def end_leases(backend: Backend) -> None:
     ``backend`` is the object being closed: the trio bridge (released from trio) or the
     backend itself (released on its own loop).
     """
+    _closing.add(backend)
     tenancy = _tenancies.get(backend.inner if type(backend) is AsyncioBridge else backend)
     if tenancy is None or not tenancy.leases:
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from aiolease import (
     LossReason,
 )
 from aiolease._holding import Counters, Holding
-from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.abc import Backend, Grant, HolderInfo, WrappingBackend
 from aiolease.backends.etcd._wire import Limiter
 from tests.backends.etcd.support import (
     LOOK_AGAIN,
@@ -313,6 +314,33 @@ async def test_closing_the_backend_ends_its_leases_first(anyio_backend: str, etc
     assert await gateway.keys(open_.prefix) == []  # type: ignore[attr-defined]
     for lease_id in lease_ids:
         assert (await gateway.lease_ttl(lease_id))[0] == -1  # revoked
+
+
+class _ClosesAfterTheGrant(WrappingBackend):
+    """Closes itself (and the backend it wraps) as soon as a grant comes back: the
+    backend closes between the grant and the block taking the lease up."""
+
+    async def try_acquire(
+        self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
+    ) -> Grant | HolderInfo:
+        answer = await self.inner.try_acquire(name, owner, ttl, identity, metadata)
+        if isinstance(answer, Grant):
+            await self.aclose()
+        return answer
+
+
+async def test_a_grant_the_backend_closed_under_ends_with_shutdown(
+    anyio_backend: str, etcd_url: str
+) -> None:
+    """The backend closes after the grant, before the block took the lease up (the
+    session backend then refuses to keep it): the lease ends ``SHUTDOWN``, with its
+    backend, not ``STOLEN`` as if somebody had taken it."""
+    async with opener(etcd_url)() as inner:
+        backend = _ClosesAfterTheGrant(inner)
+        with pytest.raises(LeaseLostError) as lost:
+            async with AsyncLock(backend, "n", ttl=30):
+                await anyio.sleep_forever()  # (cancelled at once: the lease is gone)
+        assert lost.value.reason is LossReason.SHUTDOWN
 
 
 async def _storm(backend: Backend, name: str, rounds: int, seed: int) -> int:
