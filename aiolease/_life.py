@@ -62,6 +62,7 @@ def closing(backend: Backend) -> bool:
     (``SHUTDOWN``), not by a takeover."""
     return backend in _closing
 
+
 #: How many leases are held in open blocks, through every backend (``[count]``).
 _open_blocks = [0]
 
