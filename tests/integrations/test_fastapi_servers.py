@@ -163,9 +163,9 @@ async def test_two_processes_one_leader_locks_and_failover(app_url: str) -> None
 
 
 async def test_a_crashing_job_is_campaigned_again_and_the_app_keeps_serving(
-    redis_app_url: str,
+    app_url: str,
 ) -> None:
-    async with uvicorn("crashing_fastapi_app", redis_app_url) as server:
+    async with uvicorn("crashing_fastapi_app", app_url) as server:
         async with httpx.AsyncClient(timeout=30) as client:
             await started(client, server)
 
