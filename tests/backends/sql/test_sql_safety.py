@@ -142,15 +142,6 @@ async def test_sql_permits_are_safe(
     print(report.line())
     assert report.applicable, report.reason
     assert_safe(report)
-    if fault is Fault.SIGSTOP and not (report.losses and report.paused_overlaps):
-        # Safe, but no body ran while a holder was frozen: on a loaded machine a run of
-        # 2.5 s may see too few acquisitions (a trio worker starts late). One more run,
-        # checked for safety too, must show the pause taking effect.
-        report = await short_run(
-            database.url(service), fault, anyio_backend, tmp_path / "again", DURATION, **options
-        )
-        print(report.line())
-        assert_safe(report)
     if fault is Fault.SIGSTOP:
         assert_pause_took_effect(report)
     if control is not None:
