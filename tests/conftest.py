@@ -82,6 +82,27 @@ else:
             group = server_group(nodeid)
             return nodeid if group is None else f"group:{group}"
 
+        def remove_node(self, node: Any) -> str | None:
+            """A worker ended: put back in the queue only the tests it had not run, not
+            the one it crashed in (as ``--dist load`` does: its crash is its report).
+
+            pytest-xdist's own puts back every unit the worker had been given, finished
+            ones too; the worker that replaces a crashed one could be handed a finished
+            unit, get no test to run, never report one, and so never be given the rest:
+            the run waited forever (a test killed by pytest-timeout did that)."""
+            workload: dict[str, dict[str, bool]] = self.assigned_work.pop(node)
+            left = [n for unit in workload.values() for n, done in unit.items() if not done]
+            if not left:
+                return None
+            crashed = left[0]  # the worker runs its tests in the order they were given
+            for scope, unit in workload.items():
+                rest = {n: False for n, done in unit.items() if not done and n != crashed}
+                if rest:
+                    self.workqueue[scope] = rest
+            for other in self.assigned_work:
+                self._reschedule(other)
+            return crashed
+
     @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under -p no:xdist
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         """With ``-n`` (``--dist load``): :class:`ServerGroupScheduling`."""

@@ -119,9 +119,16 @@ class FaultyBackend(WrappingBackend):
         else:
             self._faults.pop(op, None)
 
+    def called(self, op: Op) -> anyio.Event:
+        """An event set when ``op`` is next called, watched from now on: a call made
+        before anyone waits on it still sets it (a task that calls :meth:`wait_called`
+        starts watching only once it runs)."""
+        return self._called.setdefault(op, anyio.Event())
+
     async def wait_called(self, op: Op) -> None:
-        """Wait until ``op`` is next called."""
-        await self._called.setdefault(op, anyio.Event()).wait()
+        """Wait until ``op`` is next called (after this task starts waiting; see
+        :meth:`called` to watch from an earlier point)."""
+        await self.called(op).wait()
 
     async def _run(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
         self.calls[op] += 1
