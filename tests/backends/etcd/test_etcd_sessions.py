@@ -329,8 +329,6 @@ class _ClosesAfterTheGrant(WrappingBackend):
         return answer
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the close runs inside try_acquire,
-# which under trio is a call on the bridge's own loop: left out until checked there
 async def test_a_grant_the_backend_closed_under_ends_with_shutdown(
     anyio_backend: str, etcd_url: str
 ) -> None:
