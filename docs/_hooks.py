@@ -79,9 +79,11 @@ def _mongo(**mode: Any) -> Backend:
 
 
 def _kafka() -> Backend:
+    from aiokafka import AIOKafkaClient
+
     from aiolease.backends.kafka import KafkaBackend
 
-    return KafkaBackend(None)
+    return KafkaBackend(AIOKafkaClient(bootstrap_servers="localhost:9092"))
 
 
 def _zookeeper() -> Backend:

@@ -44,7 +44,7 @@ SHORT: dict[str, Any] = {
     "fault_length": 0.75,
 }
 #: Seconds per run: long enough for three pauses, or one blackhole.
-DURATION = {Fault.NONE: 1.5, Fault.SIGSTOP: 2.5, Fault.BLACKHOLE: 2.0}
+DURATION = {Fault.NONE: 1.5, Fault.SIGSTOP: 2.5, Fault.SIGKILL: 2.5, Fault.BLACKHOLE: 2.0}
 
 # -- the checker, on hand-made records ------------------------------------------------------
 
@@ -129,6 +129,21 @@ def test_a_body_that_never_reported_stopping_is_a_bad_stop() -> None:
     assert found.bad_stops == 1
     assert found.overlaps == 1  # it lived at least until its last write
     assert any("never reported stopping" in p for p in found.problems)
+
+
+def test_a_killed_body_runs_until_the_kill() -> None:
+    """Killed in its body, process 1 never reports stopping: its body lasts until the
+    kill (no bad stop), so a successor that started before the kill overlaps it."""
+    holds = [hold(1, 1, 0.0, None, outcome=None), hold(2, 2, 1.0, 2.0)]
+    writes = [*writes_of(*holds), Write(1, 1, 0.4, 0.5, True, 3)]
+    rejections = 0
+    records = Records(tuple(holds), tuple(writes), 0, ())
+    found = check(records, log_of(writes), rejections, kills={1: 1.2})
+    assert (found.overlaps, found.bad_stops, found.problems) == (1, 0, ())
+    found = check(records, log_of(writes), rejections, kills={1: 0.9})
+    assert (found.overlaps, found.bad_stops, found.token_order) == (0, 0, 0)
+    found = check(records, log_of(writes), rejections, kills={2: 0.9})  # another one
+    assert found.bad_stops == 1
 
 
 def test_a_stale_write_accepted_after_a_higher_one_in_the_log_is_caught() -> None:
@@ -406,6 +421,20 @@ async def test_memory_is_safe(tmp_path: Path, anyio_backend: str) -> None:
     report = await short_run("memory://", Fault.SIGSTOP, anyio_backend, tmp_path)
     assert_safe(report)
     check_fence_worked(report)
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_sqlite_is_safe_when_the_holder_is_killed(tmp_path: Path, anyio_backend: str) -> None:
+    """Holders are killed (``SIGKILL``) while three or more workers live: two kills of
+    four. The others take over once the dead holder's ttl has run out (the harness
+    fails a run in which no other body started after a kill), and the killed workers'
+    exits are no errors."""
+    url = f"sqlite:///{tmp_path / 'leases.db'}"
+    report = await short_run(url, Fault.SIGKILL, anyio_backend, tmp_path / "records")
+    assert_safe(report)
+    assert report.faults == 2, report.line()
 
 
 @pytest.mark.slow

@@ -6,12 +6,14 @@ URLs::
 
 Options, in the query or as keyword arguments: ``group_prefix`` and ``topic_prefix``
 (default ``aiolease.``), ``session_timeout`` (seconds; default: the ttl of the first
-campaign for a name), ``heartbeat_interval`` (default a quarter of the session
+campaign for a name), ``heartbeat_interval`` (default a tenth of the session
 timeout), ``timeout`` (seconds per request, default 5), ``replication_factor`` (of
 the topics created, default 1), and the security settings passed to aiokafka as they
 are (``security_protocol``, ``sasl_mechanism``, ``ssl_context``; a user and password
 in the URL are the SASL PLAIN login). An ``aiokafka.AIOKafkaClient`` the application
-already has is used as it is, and never closed by the backend::
+already has is used as it is, and never closed by the backend; each group membership
+has a connection of its own, made with that client's settings (all of them but
+``request_timeout_ms``: the backend bounds its requests itself, with ``timeout``)::
 
     backend = KafkaBackend(client, group_prefix="myapp.")
 

@@ -78,6 +78,10 @@ class KafkaBackend(Backend):
     )
 
     def __init__(self, client: Any, **options: Any) -> None:
+        if not isinstance(client, AIOKafkaClient):
+            raise InvalidArgument(
+                f"KafkaBackend needs an aiokafka.AIOKafkaClient, not {type(client).__name__}"
+            )
         self._setup(
             client,
             settings_of(options),
@@ -204,7 +208,7 @@ class KafkaBackend(Backend):
         if member is not None and not member.closed:
             return member
         session = self._settings.session_timeout or ttl
-        heartbeat = self._settings.heartbeat_interval or session / 4
+        heartbeat = self._settings.heartbeat_for(session)
         member = Member(
             self._connect,
             name,
@@ -424,7 +428,9 @@ class KafkaBackend(Backend):
             await self._wire.client.close()
 
 
-#: The settings of an ``AIOKafkaClient`` that its members' clients copy.
+#: The settings of an ``AIOKafkaClient`` that its members' clients copy: all of its
+#: constructor's but ``request_timeout_ms`` (see :func:`_client`), ``retry_backoff_ms``
+#: (kept in other units: see :func:`_settings_of`) and the deprecated no-op ``api_version``.
 _CLIENT_SETTINGS = (
     "bootstrap_servers",
     "client_id",
@@ -444,9 +450,13 @@ _CLIENT_SETTINGS = (
 def _settings_of(client: Any) -> dict[str, Any]:
     """The connection settings of a client the application made (aiokafka keeps them
     in private attributes of those names), for the members' own clients."""
-    return {
+    settings = {
         key: getattr(client, f"_{key}") for key in _CLIENT_SETTINGS if hasattr(client, f"_{key}")
     }
+    backoff = getattr(client, "_retry_backoff", None)  # seconds
+    if isinstance(backoff, (int, float)):
+        settings["retry_backoff_ms"] = round(backoff * 1000)
+    return settings
 
 
 def _client(options: Mapping[str, Any]) -> Any:

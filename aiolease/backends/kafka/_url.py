@@ -7,7 +7,7 @@
 A host without a port gets 9092. Options (in the query, or as keyword arguments to
 ``from_url``, not both): ``group_prefix`` and ``topic_prefix`` (default
 ``aiolease.``), ``session_timeout`` and ``heartbeat_interval`` (seconds; by default
-the lease's ttl and a quarter of the session timeout), ``timeout`` (seconds per
+the lease's ttl and a tenth of the session timeout), ``timeout`` (seconds per
 request, default 5), ``replication_factor`` (of the topics created, default 1), and
 the security settings handed to aiokafka as they are: ``security_protocol``,
 ``sasl_mechanism`` (the user and password come from the URL), ``ssl_context`` (a
@@ -23,10 +23,16 @@ from typing import Any
 from ..._exceptions import InvalidArgument
 from ..._urls import EndpointsUrl, parse_endpoints_url
 
-__all__ = ["DEFAULT_PORT", "KafkaUrl", "Settings", "parse_url", "settings_of"]
+__all__ = ["DEFAULT_PORT", "HEARTBEAT_SHARE", "KafkaUrl", "Settings", "parse_url", "settings_of"]
 
 #: Kafka's client port.
 DEFAULT_PORT = 9092
+#: The default heartbeat interval, as a share of the session timeout. A member learns
+#: of a rebalance (a resign, a dead leader dropped) only at its next heartbeat, so the
+#: interval adds to every hand-off; a tenth keeps that small for about one cheap
+#: request per member every tenth of a session (Kafka's consumer default is 3 s for
+#: a 45 s session, a fifteenth; its guidance is at most a third).
+HEARTBEAT_SHARE = 0.1
 #: Options taken by :meth:`KafkaBackend.from_url <aiolease.backends.kafka.KafkaBackend.from_url>`.
 OPTIONS = frozenset(
     {
@@ -52,7 +58,8 @@ class Settings:
     :param group_prefix: put before a lease name to make its consumer group id
     :param topic_prefix: put before a lease name to make its topic name
     :param session_timeout: seconds, or ``None``: the ttl of the first acquire
-    :param heartbeat_interval: seconds, or ``None``: a quarter of the session timeout
+    :param heartbeat_interval: seconds, or ``None``: :data:`HEARTBEAT_SHARE` of the
+        session timeout
     :param timeout: seconds one request may take
     :param replication_factor: of the topics the backend creates
     """
@@ -63,6 +70,10 @@ class Settings:
     heartbeat_interval: float | None = None
     timeout: float = 5.0
     replication_factor: int = 1
+
+    def heartbeat_for(self, session: float) -> float:
+        """Seconds between two heartbeats of a member whose session is ``session``."""
+        return self.heartbeat_interval or HEARTBEAT_SHARE * session
 
 
 class KafkaUrl(EndpointsUrl):

@@ -5,10 +5,11 @@ else can start; tokens fence whatever slips through*. Each worker process runs
 ``async with AsyncLock(...)`` in a loop; each body records its interval on
 ``time.monotonic()`` (one clock for every process of a Linux host) and writes to a
 fenced resource with its token. The controller injects faults on a schedule
-(``SIGSTOP`` of the holder, a blackholed network, a server restart, an etcd leader
-kill), then checks the records: no two bodies overlap unless a pause explains it,
-no stale write is ever accepted, tokens increase in body order, and every lost
-lease ended its body with :class:`~aiolease.LeaseLostError`::
+(``SIGSTOP`` of the holder, ``SIGKILL`` of the holder, a blackholed network, a
+server restart, an etcd leader kill), then checks the records: no two bodies
+overlap unless a pause explains it (a killed holder's last body counts as running
+until the kill), no stale write is ever accepted, tokens increase in body order,
+and every lost lease ended its body with :class:`~aiolease.LeaseLostError`::
 
     python -m aiolease.testing.safety --url sqlite:////tmp/s.db --fault none --fault sigstop
     # safety sqlite  none     runs=1 acquisitions=8 losses=0 faults=0 overlaps=0 ...

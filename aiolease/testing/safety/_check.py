@@ -27,6 +27,9 @@ and the windows during which the controller kept a process stopped, it counts:
 * **bad stops**: a body that stopped with another exception than
   :class:`~aiolease.LeaseLostError` after a loss, a loss that did not surface as
   ``LeaseLostError``, an unexpected error, or a body that never reported stopping.
+* **kills**: a process the controller killed (``SIGKILL``) cannot report how its
+  last body ended; that body is taken to have run until the kill (its outcome is
+  ``killed``, no bad stop), so a successor that started before the kill overlaps it.
 * **losses**: bodies whose lease the core ended for another reason than a release.
 * **worst stop latency**: the longest time from the core ending a lease (not by
   release) to its body stopping.
@@ -37,14 +40,16 @@ Disagreements between the fence and the records are listed in ``problems``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from ._records import Accepted, Hold, Pause, Records, Write
 
-__all__ = ["Findings", "check", "frozen_windows"]
+__all__ = ["KILLED", "Findings", "check", "cut_at_kills", "frozen_windows"]
 
 _RELEASED = "released"
+#: The outcome of a body whose process was killed while it ran.
+KILLED = "killed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,19 @@ def frozen_windows(pauses: Sequence[Pause], writes: Sequence[Write]) -> list[Pau
         if w.pid != p.pid and w.begin < p.end <= w.end
     ]
     return [*pauses, *waits]
+
+
+def cut_at_kills(holds: Sequence[Hold], kills: Mapping[int, float]) -> Iterator[Hold]:
+    """``holds``, with the last body of each killed process ending at its kill.
+
+    :param kills: when the controller killed which process (``time.monotonic()``)
+    """
+    for hold in holds:
+        at = kills.get(hold.pid)
+        if at is None or hold.outcome is not None or hold.start > at:
+            yield hold
+        else:
+            yield replace(hold, stop=at if hold.stop is None else hold.stop, outcome=KILLED)
 
 
 def _paused(hold: Hold, stop: float, pauses: Sequence[Pause]) -> bool:
@@ -197,6 +215,8 @@ def stale_accepted(writes: Sequence[Write], log: Sequence[Accepted]) -> int:
 def bad_stop(hold: Hold) -> str | None:
     """Why this body's end breaks the rules, or ``None``."""
     lost = hold.reason is not None and hold.reason != _RELEASED
+    if hold.outcome == KILLED:
+        return None  # it could not say: see cut_at_kills
     if hold.stop is None or hold.outcome is None:
         return "never reported stopping"
     if hold.outcome == "error":
@@ -239,6 +259,7 @@ def check(
     pauses: Sequence[Pause] = (),
     *,
     limit: int | None = None,
+    kills: Mapping[int, float] | None = None,
 ) -> Findings:
     """Check one run.
 
@@ -248,8 +269,10 @@ def check(
     :param pauses: when the controller kept which process stopped
     :param limit: the semaphore form's limit (``None``: a lock, an election, or a
         read-write lock, told apart by the bodies' ``mode``)
+    :param kills: when the controller killed which process (see :func:`cut_at_kills`)
     """
-    holds, writes = records.holds, records.writes
+    holds = tuple(cut_at_kills(records.holds, kills or {}))
+    writes = records.writes
     pauses = frozen_windows(pauses, writes)
     permits = limit is not None or any(h.mode is not None for h in holds)
     if limit is not None:

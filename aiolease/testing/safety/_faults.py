@@ -6,6 +6,10 @@ fault                  what happens                                           ap
 ``none``               nothing: the baseline                                  every backend
 ``sigstop``            ``SIGSTOP`` of the current holder for longer than the  every backend
                        ttl (a GC pause), then ``SIGCONT``
+``sigkill``            ``SIGKILL`` of the current holder (a crash): it stays  every backend
+                       dead, and the others must take over (a kill only
+                       while three or more workers live, so that two still
+                       contend)
 ``blackhole``          the holder's own proxy to the server swallows all      one-server URLs,
                        traffic for longer than the ttl, then passes again     and memory://
 ``server-restart``     the server is killed, then started again               servers that keep
@@ -14,7 +18,7 @@ fault                  what happens                                           ap
                        restarted
 =====================  =====================================================  ===============
 
-``sigstop`` and ``blackhole`` first find the current holder through the
+``sigstop``, ``sigkill`` and ``blackhole`` first find the current holder through the
 controller's own backend connection (``read(name).identity`` is
 ``safety-<pid>``), so that they hit the process that matters. A fault is always
 undone (``SIGCONT``, pass, start) even when the run is cancelled meanwhile.
@@ -51,6 +55,8 @@ __all__ = [
 
 #: Where in a holder's body a fault lands (see :class:`Injector`).
 Aim = Literal["any", "fresh"]
+#: ``sigkill`` kills only while at least this many workers live.
+KILL_WHILE = 3
 
 
 class Fault(str, enum.Enum):
@@ -58,6 +64,7 @@ class Fault(str, enum.Enum):
 
     NONE = "none"
     SIGSTOP = "sigstop"
+    SIGKILL = "sigkill"
     BLACKHOLE = "blackhole"
     SERVER_RESTART = "server-restart"
     ETCD_LEADER_KILL = "etcd-leader-kill"
@@ -188,6 +195,8 @@ class Injector:
         self._proxies = dict(proxies or {})
         self._server = server
         self._cluster = cluster
+        #: The workers killed (``sigkill``), and when.
+        self.killed: dict[int, float] = {}
 
     async def run(self, last_start: float | None = None) -> None:
         """Inject a fault every ``every`` seconds until cancelled.
@@ -267,8 +276,20 @@ class Injector:
         if self.fault is Fault.ETCD_LEADER_KILL:
             await self._kill_etcd_leader()
             return
+        if self.fault is Fault.SIGKILL and len(self._pids) < KILL_WHILE:
+            return  # a kill now would leave fewer than two to contend
         pid = await self.find_holder()
-        if self.fault is Fault.SIGSTOP:
+        if self.fault is Fault.SIGKILL:
+            started = time.monotonic()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return  # it has just exited: nothing was injected
+            # Not reaped yet, a dead worker could still be "killed": aim at it no more.
+            self._pids.remove(pid)
+            self.killed[pid] = started
+            await self._window(pid, _nothing, _nothing, started=started)
+        elif self.fault is Fault.SIGSTOP:
             started = time.monotonic()
             try:
                 os.kill(pid, signal.SIGSTOP)

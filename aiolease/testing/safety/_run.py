@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +24,7 @@ from ..._urls import redact, scrub
 from ..._validate import check_count, check_name, check_seconds
 from ...abc import Capability
 from ._check import check
-from ._faults import Aim, Cuttable, Fault, FaultEvent, Injector, ServerControl
+from ._faults import Aim, Cuttable, Fault, Injector, ServerControl
 from ._fence import Fence
 from ._hosted import HostedServer
 from ._procs import ChildError, first_line, python_module, stop_for_sure, tail
@@ -417,6 +418,8 @@ async def _contend(plan: Plan, workers: Sequence[_Worker], injector: Injector) -
         errors.append(f"the run did not finish within {plan.timeout:g}s")
     for worker in workers:
         code = worker.process.returncode
+        if worker.pid in injector.killed and code == -signal.SIGKILL:
+            continue
         if code not in (0, None):
             errors.append(f"worker {worker.pid} exited with {code}: {tail(worker.err)}")
     return errors
@@ -460,17 +463,21 @@ async def _one_run(plan: Plan, directory: Path, cluster: EtcdCluster | None) -> 
             permits=plan.permits,
         )
         errors = await _contend(plan, workers, injector)
-    return _report(plan, directory, fence_path, injector.events, errors)
+    return _report(plan, directory, fence_path, injector, errors)
 
 
 def _report(
-    plan: Plan, directory: Path, fence_path: Path, events: Sequence[FaultEvent], errors: list[str]
+    plan: Plan, directory: Path, fence_path: Path, injector: Injector, errors: list[str]
 ) -> SafetyReport:
     records = read_records(sorted(directory.glob("worker-*.jsonl")))
     with Fence(fence_path) as fence:
         log, rejections = fence.log(), fence.rejections()
+    events, killed = injector.events, injector.killed
     pauses = [Pause(e.pid, e.begin, e.end) for e in events if e.fault is Fault.SIGSTOP and e.pid]
-    findings = check(records, log, rejections, pauses, limit=plan.limit)
+    findings = check(records, log, rejections, pauses, limit=plan.limit, kills=killed)
+    for pid, at in killed.items():
+        if not any(h.pid != pid and h.start > at for h in records.holds):
+            errors.append(f"no body started after worker {pid} was killed: no takeover was seen")
     if findings.acquisitions == 0:
         errors.append("no body ran: nothing was tested")
     if plan.fault is not Fault.NONE and not events:
