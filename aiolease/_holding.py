@@ -51,7 +51,8 @@ from ._life import Tenancy, closing, other_blocks_open
 from ._limits import keep_held, watch_max_hold
 from ._permits import is_permit_owner
 from ._releases import Batch, Releases
-from ._renewer import Counters, Renewer
+from ._renewal_state import Counters
+from ._renewer import Renewer
 from .abc import Backend, Capability, HolderInfo, SessionClock
 
 __all__ = ["Counters", "HealthCheck", "HealthPolicy", "Holding", "probe"]

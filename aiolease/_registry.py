@@ -18,7 +18,8 @@ import anyio
 from ._bridge import adapt, call_asyncio, running_trio
 from ._exceptions import BackendNotFound, InvalidArgument, UnsupportedCapability
 from ._life import end_leases
-from ._renewer import AsyncioTasks, Renewer
+from ._renewal_state import AsyncioTasks
+from ._renewer import Renewer
 from ._urls import redact, split_url
 from .abc import Backend, Capability
 

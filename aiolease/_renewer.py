@@ -36,9 +36,7 @@ import itertools
 import logging
 import math
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
 
 import anyio
 from anyio.abc import TaskGroup
@@ -47,252 +45,40 @@ from ._checked import HeldRenewals
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease, Ride, Timing, log_fields
+from ._renewal_state import (
+    AsyncioTasks,
+    Cohort,
+    Counters,
+    Group,
+    Host,
+    Item,
+    Renewed,
+    RenewerStatistics,
+    Renewing,
+    Service,
+    steady,
+    unride,
+    unsteady,
+)
 from .abc import Backend, Grant, RenewedAsAsked, SessionClock
 
-__all__ = ["AsyncioTasks", "Counters", "Renewer", "RenewerStatistics"]
+__all__ = ["Renewer"]
 
 logger = logging.getLogger("aiolease.renewer")
 
 
-class Counters:
-    """Mutable counters behind the frozen ``statistics()`` snapshots.
-
-    ``renewals`` counts those of its leases that ride on a :class:`Ride` lazily: as
-    many times the ride's count as it has leases on it, until they leave it.
-    """
-
-    __slots__ = ("_renewals", "_riding", "acquisitions", "losses", "renew_failures")
-
-    def __init__(self) -> None:
-        self.acquisitions = 0
-        self._renewals = 0
-        self.renew_failures = 0
-        self.losses: dict[LossReason, int] = {}
-        #: The rides its leases are on, and how many of them on each.
-        self._riding: dict[Ride, int] = {}
-
-    @property
-    def renewals(self) -> int:
-        return self._renewals + sum(ride.renewals * n for ride, n in self._riding.items())
-
-    @renewals.setter
-    def renewals(self, value: int) -> None:
-        self._renewals += value - self.renewals
-
-    def lost(self, reason: LossReason) -> None:
-        self.losses[reason] = self.losses.get(reason, 0) + 1
-
-    def _ride(self, ride: Ride) -> None:
-        """One more of its leases rides on ``ride`` (whose count is 0 yet)."""
-        self._riding[ride] = self._riding.get(ride, 0) + 1
-
-    def _left(self, ride: Ride, renewals: int) -> None:
-        """One of its leases left ``ride``, having counted ``renewals`` on it."""
-        self._renewals += renewals
-        left = self._riding[ride] - 1
-        if left:
-            self._riding[ride] = left
-        else:
-            del self._riding[ride]
-
-
-class Host(Protocol):
-    """What can run the scheduler's task: a holding, while its block runs."""
-
-    @property
-    def task_group(self) -> TaskGroup | AsyncioTasks: ...
-
-
-class AsyncioTasks:
-    """Starts plain asyncio tasks: a "task group" that is not bound to the task that
-    made it, for a backend that one task opens and another closes (pytest-asyncio's
-    fixtures, aiohttp's cleanup contexts). The scheduler's task ends by itself when
-    its service stops; a task still running when the loop closes is cancelled by it."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    def start_soon(
-        self, func: Callable[..., Awaitable[Any]], *args: object, name: object = None
-    ) -> None:
-        task = asyncio.ensure_future(func(*args))
-        if name is not None:
-            task.set_name(str(name))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-
-class _Service:
-    """Open as long as the backend is: the scheduler's preferred host."""
-
-    __slots__ = ("task_group",)
-
-    def __init__(self, task_group: TaskGroup | AsyncioTasks) -> None:
-        self.task_group = task_group
-
-
-@dataclass(frozen=True)
-class RenewerStatistics:
-    """What one backend's scheduler did so far (for tests and tuning).
-
-    :param leases: leases registered now
-    :param wakeups: times its task woke up
-    :param renewals: renewals it started
-    :param hosts: tasks it ran in so far (one per move between holdings)
-    :param entries: entries in its heap: at most one per lease or session registered
-        now, plus fewer stale ones (of leases ended since) than those
-    """
-
-    leases: int
-    wakeups: int
-    renewals: int
-    hosts: int
-    entries: int = 0
-
-
-class _Renewed:
-    """One lease that the scheduler renews."""
-
-    __slots__ = (
-        "backoff",
-        "cohort",
-        "counters",
-        "first_backoff",
-        "lease",
-        "next_at",
-        "renewing",
-        "version",
-    )
-
-    def __init__(self, lease: Lease, counters: Counters) -> None:
-        self.lease = lease
-        self.counters = counters
-        self.next_at = lease._next_renewal()
-        self.backoff = self.first_backoff = _first_backoff(lease)
-        self.renewing = False
-        self.version = 0
-        #: The cohort whose heap entry stands for this lease's (``None``: its own entry).
-        self.cohort: _Cohort | None = None
-
-
-class _Group:
-    """The leases riding on one session clock with one margin: one deadline for all."""
-
-    __slots__ = ("clock", "leases", "margin", "version")
-
-    def __init__(self, clock: SessionClock, margin: float) -> None:
-        self.clock = clock
-        self.margin = margin
-        self.leases: dict[Lease, None] = {}
-        self.version = 0
-
-
-class _Cohort:
-    """Leases renewed together in one :meth:`Backend.renew_many` call, with one heap
-    entry for all of them (none of their own meanwhile), so that renewing N leases
-    costs no heap operation per lease:
-
-    * while the call is *in flight*, the entry sits at the earliest deadline among
-      them, to end those whose deadline passes before the answer comes;
-    * once answered alike (confirmed, with the same next renewal time), at that time:
-      they are then due, and renewed, together again.
-
-    Its ``renewals`` (the call's argument, and the shortest renew interval among them)
-    are made once and handed to every call that renews exactly its members again, as
-    long as none of them ends or is answered apart: a backend may keep what it derives
-    from them (:attr:`HeldRenewals.cache`) for the next tick. So is its ``floor``: no
-    member's deadline is earlier (deadlines only move later), so the call's entry may
-    sit there rather than at a minimum taken over the members on every tick.
-
-    A cohort whose members share one timing also shares their renewal state (its
-    ``ride``, which every member's lease reads lazily): as long as none of them ends
-    (``gone``), the cohort itself is renewed again, tick after tick, and an answer that
-    renews all of them as asked updates the ride alone, not each lease (a *steady*
-    cohort: nothing per lease per tick).
-    """
-
-    __slots__ = (
-        "bound",
-        "floor",
-        "gone",
-        "in_flight",
-        "members",
-        "renewals",
-        "ride",
-        "timing",
-        "version",
-    )
-
-    def __init__(
-        self,
-        members: list[_Renewed],
-        *,
-        in_flight: bool,
-        renewals: HeldRenewals | None = None,
-        bound: float = math.inf,
-    ) -> None:
-        self.members = members
-        self.in_flight = in_flight
-        self.version = 0
-        self.renewals = renewals
-        self.bound = bound
-        self.floor = -math.inf
-        #: Members that ended since it was made (while it has a ride).
-        self.gone = 0
-        #: The renewal state its members share, and their one timing (``None``: none).
-        self.ride: Ride | None = None
-        self.timing: Timing | None = None
-
-
-_Item = _Renewed | _Group | _Cohort
-#: What the scheduler's task has started renewing: leases, and steady cohorts.
-_Renewing = set[_Renewed | _Cohort]
 _renewers: weakref.WeakKeyDictionary[Backend, Renewer] = weakref.WeakKeyDictionary()
-
-
-def _first_backoff(lease: Lease) -> float:
-    return min(0.05, lease.timing.renew_interval / 4)
-
-
-def _steady(cohort: _Cohort, now: float) -> bool:
-    """Whether ``cohort`` may be renewed as a whole: it has a ride, none of its members
-    ended since it was made, and their deadline is ahead."""
-    ride = cohort.ride
-    return ride is not None and cohort.gone == 0 and now < ride.deadline
-
-
-def _unsteady(cohort: _Cohort, renewing: _Renewing) -> None:
-    """A steady cohort in flight becomes a batch like any other: each member still in
-    it leaves the ride and is marked as being renewed (the rare path: a member ended,
-    a renewal failed, or no answer came in time)."""
-    for renewed in cohort.members:
-        if renewed.cohort is cohort:
-            renewed.cohort = None
-            _unride(renewed)
-            renewed.renewing = True
-            renewing.add(renewed)
-    cohort.ride = None
-    renewing.discard(cohort)
-
-
-def _unride(renewed: _Renewed) -> None:
-    """Take ``renewed``'s lease off its ride, if it has one (:meth:`Lease._leave_ride`)."""
-    lease = renewed.lease
-    ride = lease._ride
-    if ride is not None:
-        renewed.counters._left(ride, lease._leave_ride())
-        renewed.next_at = lease._renew_at
 
 
 class Renewer:
     """The renewal scheduler of one backend object (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, _Item]] = []
+        self._heap: list[tuple[float, int, int, Item]] = []
         self._seq = itertools.count()
         self._hosts: dict[Host, None] = {}
         self._host: Host | None = None
-        self._service: _Service | None = None
+        self._service: Service | None = None
         self._scope: anyio.CancelScope | None = None
         self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
@@ -301,8 +87,8 @@ class Renewer:
         self._lazy = False
         self._timer: asyncio.TimerHandle | None = None
         self._dropped_at = -math.inf  # the latest time of an entry _drop_stale dropped
-        self._renewing: _Renewing = set()  # renewals started by the current task
-        self._groups: dict[tuple[int, float], _Group] = {}
+        self._renewing: Renewing = set()  # renewals started by the current task
+        self._groups: dict[tuple[int, float], Group] = {}
         self._wakeups = 0
         self._renewals = 0
         self._host_count = 0
@@ -337,7 +123,7 @@ class Renewer:
             lease still held through the backend ends then (``SHUTDOWN``), and the task
             stops
         """
-        service = self._service = _Service(task_group)
+        service = self._service = Service(task_group)
         if self._host is None:
             self._move()
 
@@ -366,7 +152,7 @@ class Renewer:
         if lease.lost is None:
             self._leases[lease] = None
             if clock is None:
-                renewed = _Renewed(lease, counters)
+                renewed = Renewed(lease, counters)
                 lease._on_end(lambda _: self._forget(renewed))  # forgets the lease too
                 self._push(renewed, min(renewed.next_at, lease.deadline))
             else:
@@ -409,25 +195,25 @@ class Renewer:
         key = (id(clock), lease.timing.margin)
         group = self._groups.get(key)
         if group is None or group.clock is not clock:
-            group = self._groups[key] = _Group(clock, lease.timing.margin)
+            group = self._groups[key] = Group(clock, lease.timing.margin)
             self._push(group, clock.expires - group.margin)
         group.leases[lease] = None
         lease._on_end(lambda _: self._leave_group(key, group, lease))
 
-    def _leave_group(self, key: tuple[int, float], group: _Group, lease: Lease) -> None:
+    def _leave_group(self, key: tuple[int, float], group: Group, lease: Lease) -> None:
         group.leases.pop(lease, None)
         if not group.leases and self._groups.get(key) is group:
             del self._groups[key]
             group.version += 1  # its heap entry is stale now
             self._drop_stale()
 
-    def _forget(self, renewed: _Renewed) -> None:
+    def _forget(self, renewed: Renewed) -> None:
         renewed.version += 1
         cohort = renewed.cohort
         if cohort is not None:
             cohort.gone += 1
             renewed.cohort = None
-        _unride(renewed)
+        unride(renewed)
         self._leases.pop(renewed.lease, None)
         self._drop_stale()
 
@@ -460,7 +246,7 @@ class Renewer:
 
     # -- the heap ---------------------------------------------------------------------
 
-    def _push(self, item: _Item, at: float) -> None:
+    def _push(self, item: Item, at: float) -> None:
         item.version += 1
         heapq.heappush(self._heap, (at, next(self._seq), item.version, item))
         if at < self._wake_at:
@@ -501,7 +287,7 @@ class Renewer:
         self._host.task_group.start_soon(self._run, self._scope, name="aiolease renewer")
 
     async def _run(self, scope: anyio.CancelScope) -> None:
-        renewing: _Renewing = set()
+        renewing: Renewing = set()
         self._renewing = renewing
         with scope:
             try:
@@ -513,7 +299,7 @@ class Renewer:
             finally:
                 # A renewal cancelled before it started never said so: it is due again.
                 for renewed in renewing:
-                    if isinstance(renewed, _Cohort):  # steady: due again, all of it
+                    if isinstance(renewed, Cohort):  # steady: due again, all of it
                         renewed.in_flight = False
                         self._push(renewed, -math.inf)
                         continue
@@ -523,7 +309,7 @@ class Renewer:
                 renewing.clear()
 
     async def _loop(
-        self, scope: anyio.CancelScope, renewing: _Renewing, tg: TaskGroup | None
+        self, scope: anyio.CancelScope, renewing: Renewing, tg: TaskGroup | None
     ) -> bool:
         """Wake, do what is due, sleep; until the task moves (``False``) or, without a
         task group ``tg``, until a renewal must start (``True``)."""
@@ -538,20 +324,20 @@ class Renewer:
             self._wake_at = -math.inf
         return False
 
-    def _due(self, tg: TaskGroup | None, renewing: _Renewing, now: float) -> bool:
+    def _due(self, tg: TaskGroup | None, renewing: Renewing, now: float) -> bool:
         """Handle what is due by ``now``; ``False`` if a renewal needs a task group."""
         heap = self._heap
-        batch: list[_Renewed] | None = None
-        cohorts: list[_Cohort] = []  # the cohorts due, renewed with the batch
+        batch: list[Renewed] | None = None
+        cohorts: list[Cohort] = []  # the cohorts due, renewed with the batch
         while heap and heap[0][0] <= now:
             _, _, version, item = heap[0]
             if version != item.version:
                 heapq.heappop(heap)
                 continue  # moved or forgotten since
             entry = heapq.heappop(heap)
-            if isinstance(item, _Group):
+            if isinstance(item, Group):
                 self._group_due(item, now)
-            elif isinstance(item, _Cohort):
+            elif isinstance(item, Cohort):
                 if item.in_flight:
                     self._in_flight_due(item, renewing, now)
                 elif tg is None:
@@ -571,10 +357,10 @@ class Renewer:
         assert tg is not None
         batch = [] if batch is None else batch
         self._join_early(batch, cohorts, renewing, now)
-        if not batch and len(cohorts) == 1 and _steady(cohorts[0], now):
+        if not batch and len(cohorts) == 1 and steady(cohorts[0], now):
             self._send_steady(tg, cohorts[0], renewing, now)
             return True
-        reuse: _Cohort | None = None  # the cohort whose renewals the batch may reuse
+        reuse: Cohort | None = None  # the cohort whose renewals the batch may reuse
         for cohort in cohorts:
             first = not batch
             added = self._cohort_due(cohort, renewing, now, batch)
@@ -582,7 +368,7 @@ class Renewer:
                 reuse = cohort
         if batch:
             self._renewals += len(batch)
-            in_flight = _Cohort(batch, in_flight=True)
+            in_flight = Cohort(batch, in_flight=True)
             if reuse is not None and len(batch) == len(reuse.members):
                 # Exactly its members, in order: the renewals made for them still hold,
                 # and so does the floor of their deadlines.
@@ -613,7 +399,7 @@ class Renewer:
         return last if last > -math.inf else math.inf
 
     def _join_early(
-        self, batch: list[_Renewed], cohorts: list[_Cohort], renewing: _Renewing, now: float
+        self, batch: list[Renewed], cohorts: list[Cohort], renewing: Renewing, now: float
     ) -> None:
         """Add to ``batch`` the leases due within half their renew interval, and to
         ``cohorts`` the cohorts due then (at least one of them holds one already).
@@ -624,14 +410,14 @@ class Renewer:
         heap = self._heap
         some = batch[0] if batch else cohorts[0].members[0]
         horizon = now + some.lease.timing.renew_interval / 2
-        later: list[tuple[float, int, int, _Item]] = []
+        later: list[tuple[float, int, int, Item]] = []
         while heap and heap[0][0] <= horizon:
             entry = heapq.heappop(heap)
             _, _, version, item = entry
             if version != item.version:
                 continue  # moved or forgotten since
             if (
-                isinstance(item, _Renewed)
+                isinstance(item, Renewed)
                 and not item.renewing
                 and item.next_at - now <= item.lease.timing.renew_interval / 2
                 and item.lease._lost_at(now) is None
@@ -639,7 +425,7 @@ class Renewer:
                 item.renewing = True  # its deadline is the batch's entry's to watch
                 renewing.add(item)
                 batch.append(item)
-            elif isinstance(item, _Cohort) and not item.in_flight:
+            elif isinstance(item, Cohort) and not item.in_flight:
                 cohorts.append(item)
             else:
                 later.append(entry)
@@ -647,22 +433,22 @@ class Renewer:
             heapq.heappush(heap, entry)
 
     @staticmethod
-    def _renewal_due(renewed: _Renewed, now: float) -> bool:
+    def _renewal_due(renewed: Renewed, now: float) -> bool:
         return (
             renewed.lease._lost_at(now) is None and not renewed.renewing and now >= renewed.next_at
         )
 
-    def _in_flight_due(self, in_flight: _Cohort, renewing: _Renewing, now: float) -> None:
+    def _in_flight_due(self, in_flight: Cohort, renewing: Renewing, now: float) -> None:
         """The earliest deadline of a batch still unanswered passed: end the leases
         whose deadline passed; watch the others' next."""
         if in_flight.ride is not None:
-            _unsteady(in_flight, renewing)
+            unsteady(in_flight, renewing)
         left = [r for r in in_flight.members if r.renewing and r.lease._lost_at(now) is None]
         if left:
             self._push(in_flight, min(r.lease._deadline for r in left))
 
     @staticmethod
-    def _cohort_due(cohort: _Cohort, renewing: _Renewing, now: float, batch: list[_Renewed]) -> int:
+    def _cohort_due(cohort: Cohort, renewing: Renewing, now: float, batch: list[Renewed]) -> int:
         """Add to ``batch`` the members of ``cohort`` still held and still in it; how many."""
         added = len(batch)
         append = batch.append
@@ -670,7 +456,7 @@ class Renewer:
             if renewed.cohort is not cohort:
                 continue  # ended, or on an entry of its own since
             renewed.cohort = None
-            _unride(renewed)
+            unride(renewed)
             lease = renewed.lease
             # lease._lost_at(now) is None, without a call while the deadline is ahead:
             if (lease._reason is None and now < lease._deadline) or lease._lost_at(now) is None:
@@ -680,8 +466,8 @@ class Renewer:
         cohort.ride = None
         return len(batch) - added
 
-    def _send_steady(self, tg: TaskGroup, cohort: _Cohort, renewing: _Renewing, now: float) -> None:
-        """Renew a steady cohort (:func:`_steady`) as a whole: its members are not
+    def _send_steady(self, tg: TaskGroup, cohort: Cohort, renewing: Renewing, now: float) -> None:
+        """Renew a steady cohort (:func:`steady`) as a whole: its members are not
         touched; its ride says that a renewal was sent."""
         ride = cohort.ride
         assert ride is not None
@@ -692,7 +478,7 @@ class Renewer:
         self._push(cohort, ride.deadline)  # ends them all if no answer comes by then
         tg.start_soon(self._renew_many, cohort, renewing, now)
 
-    def _group_due(self, group: _Group, now: float) -> None:
+    def _group_due(self, group: Group, now: float) -> None:
         deadline = group.clock.expires - group.margin
         if now < deadline:
             self._push(group, deadline)
@@ -705,10 +491,10 @@ class Renewer:
     def _lease_due(
         self,
         tg: TaskGroup | None,
-        renewing: _Renewing,
-        renewed: _Renewed,
+        renewing: Renewing,
+        renewed: Renewed,
         now: float,
-        batch: list[_Renewed] | None,
+        batch: list[Renewed] | None,
     ) -> None:
         """Start the renewal of ``renewed`` if due: in a task of its own, or as part of
         ``batch`` (a backend that :attr:`~Backend.renews_many`)."""
@@ -726,7 +512,7 @@ class Renewer:
         next_at = math.inf if renewed.renewing else renewed.next_at
         self._push(renewed, min(next_at, lease._deadline))
 
-    async def _renew(self, renewed: _Renewed, renewing: _Renewing) -> None:
+    async def _renew(self, renewed: Renewed, renewing: Renewing) -> None:
         lease = renewed.lease
         timing = lease.timing
         sent_at = current_time()
@@ -744,7 +530,7 @@ class Renewer:
                 lease._events._emit("renewed", (lease,), now - sent_at)
             self._settle(renewed, renewing, sent_at, result, now)
 
-    async def _renew_many(self, in_flight: _Cohort, renewing: _Renewing, sent_at: float) -> None:
+    async def _renew_many(self, in_flight: Cohort, renewing: Renewing, sent_at: float) -> None:
         """Renew every lease of the batch (one backend's) in one call, sent at ``sent_at``
         (the time the batch was made: no await comes in between)."""
         batch = in_flight.members
@@ -794,8 +580,8 @@ class Renewer:
 
     def _settle_batch(
         self,
-        in_flight: _Cohort,
-        renewing: _Renewing,
+        in_flight: Cohort,
+        renewing: Renewing,
         sent_at: float,
         results: Sequence[Grant | BaseException | None],
         now: float,
@@ -808,12 +594,12 @@ class Renewer:
         if in_flight.ride is not None:
             if as_asked and self._settle_steady(in_flight, renewing, sent_at, results, now):
                 return
-            _unsteady(in_flight, renewing)  # then settled as any batch
+            unsteady(in_flight, renewing)  # then settled as any batch
         if as_asked:
             assert type(results) is RenewedAsAsked
             self._settle_as_asked(in_flight, renewing, sent_at, results, now)
             return
-        cohorts: dict[float, list[_Renewed]] = {}
+        cohorts: dict[float, list[Renewed]] = {}
         # What a confirmation means depends only on the timing and the grant: worked
         # out once for the leases that share both (locks share equal timings).
         seen: tuple[Timing, float, float | None] | None = None
@@ -845,15 +631,15 @@ class Renewer:
                     members = cohorts[next_at] = []
                 members.append(renewed)
         for next_at, members in cohorts.items():
-            cohort = _Cohort(members, in_flight=False)
+            cohort = Cohort(members, in_flight=False)
             for renewed in members:
                 renewed.cohort = cohort
             self._push(cohort, next_at)
 
     def _settle_steady(
         self,
-        cohort: _Cohort,
-        renewing: _Renewing,
+        cohort: Cohort,
+        renewing: Renewing,
         sent_at: float,
         results: Sequence[Grant | BaseException | None],
         now: float,
@@ -880,8 +666,8 @@ class Renewer:
 
     def _settle_as_asked(
         self,
-        in_flight: _Cohort,
-        renewing: _Renewing,
+        in_flight: Cohort,
+        renewing: Renewing,
         sent_at: float,
         results: RenewedAsAsked,
         now: float,
@@ -893,13 +679,13 @@ class Renewer:
         batch = in_flight.members
         failed = results.failed
         grant_sent = results.sent_at
-        cohorts: dict[float, list[_Renewed]] = {}
+        cohorts: dict[float, list[Renewed]] = {}
         floors: dict[float, float] = {}  # per cohort, the earliest deadline given
         # Per cohort, the timing of its members if they share one (equal), else None:
         timings: dict[float, Timing | None] = {}
         timing: Timing | None = None
         deadline = renew_at = 0.0
-        members: list[_Renewed] = []
+        members: list[Renewed] = []
         for index, renewed in enumerate(batch):
             lease = renewed.lease
             if lease._reason is not None or (failed and index in failed):
@@ -931,7 +717,7 @@ class Renewer:
         for next_at, members in cohorts.items():
             if not members:
                 continue
-            cohort = _Cohort(members, in_flight=False)
+            cohort = Cohort(members, in_flight=False)
             cohort.floor = floors[next_at]
             if len(members) == len(batch):  # all of them, in order: the same renewals
                 cohort.renewals, cohort.bound = in_flight.renewals, in_flight.bound
@@ -947,8 +733,8 @@ class Renewer:
 
     def _settle(
         self,
-        renewed: _Renewed,
-        renewing: _Renewing,
+        renewed: Renewed,
+        renewing: Renewing,
         sent_at: float,
         result: Grant | BaseException | None,
         now: float | None = None,
@@ -978,7 +764,7 @@ class Renewer:
         if lease._lost_at(current_time() if now is None else now) is None:
             self._push(renewed, min(renewed.next_at, lease._deadline))
 
-    def _failed(self, renewed: _Renewed, exc: BaseException) -> None:
+    def _failed(self, renewed: Renewed, exc: BaseException) -> None:
         lease = renewed.lease
         renewed.counters.renew_failures += 1
         lease._note_error(exc)
