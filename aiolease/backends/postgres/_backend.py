@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..._checked import derived
@@ -24,7 +23,7 @@ from .._asyncio import now, wait_event
 from .._takers import Takers
 from ..sql._options import pool_size
 from ..sql._permits import by_kind
-from ..sql._pool import LeanPool, PoolStatistics
+from ..sql._pool import LeanPool
 from ..sql._renewals import Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import HOLDER_COLUMNS, row_holder
 from ..sql._running import finished
@@ -43,6 +42,7 @@ from ._statements import (
     grants_channel,
     literals_of,
 )
+from ._stats import PostgresStatistics
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_pooler, parse_url
 
 __all__ = ["PostgresBackend", "PostgresStatistics"]
@@ -69,30 +69,6 @@ WATCH_FOR = 60.0
 _WATCH_AGAIN = 3 * LISTEN_CHECK
 #: The most names remembered as watched (see ``_watched``).
 _MAX_WATCHED = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class PostgresStatistics:
-    """What one :class:`PostgresBackend` did so far.
-
-    :param renew_statements: renewal statements sent (each renews a whole batch)
-    :param renewals_shared: renew calls answered from a statement sent for the batch
-    :param listening: whether the listener connection is up now
-    :param listener_connects: how many times the listener (re)connected
-    :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
-    :param pool: the connections of a backend made from a URL (``None``: the user's)
-    :param acquire_statements: acquire statements sent
-    :param handoffs_taken: grants handed to a waiter and taken without a statement
-    """
-
-    renew_statements: int
-    renewals_shared: int
-    listening: bool
-    listener_connects: int
-    waiting: int
-    pool: PoolStatistics | None = None
-    acquire_statements: int = 0
-    handoffs_taken: int = 0
 
 
 def _no_watch() -> None:
