@@ -151,17 +151,21 @@ end
 
 -- After a change: with nothing left, the keys go (not the token counter); else, if
 -- `changed`, wake the waiters whose turn came (wake_next); keys written last `ttl` at
--- least.
-local function settle(k, channel, changed, ttl)
-  local queued = redis.call('ZCARD', k[3])
+-- least. `queued` and `held` are the queue's and the holders' sizes when the caller
+-- knows them (else nil: counted here); `fresh`, that the state hash was just written
+-- (it has no expiry yet: `ttl` is the longest).
+local function settle(k, channel, changed, ttl, queued, held, fresh)
+  queued = queued or redis.call('ZCARD', k[3])
   if changed and queued > 0 then wake_next(k, channel) end
-  if queued == 0 and redis.call('ZCARD', k[1]) == 0 then
+  if queued == 0 and (held or redis.call('ZCARD', k[1])) == 0 then
     redis.call('DEL', k[1], k[2], k[3], k[4], k[5])
     return
   end
   if ttl then
-    local keep = math.max(redis.call('PTTL', k[5]), ttl)
-    for i = 1, 5 do redis.call('PEXPIRE', k[i], keep) end
+    local keep = fresh and ttl or math.max(redis.call('PTTL', k[5]), ttl)
+    -- An empty queue has no keys (its entries and their expiries go together).
+    for i = 1, queued > 0 and 5 or 2 do redis.call('PEXPIRE', k[i], keep) end
+    if queued == 0 then redis.call('PEXPIRE', k[5], keep) end
   end
 end
 """
@@ -180,6 +184,7 @@ local limit, weight, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local now = now_ms()
 local changed = purge(k, now)
 local held_limit, used = state_of(k)
+local fresh = false  -- the state hash written here (no expiry yet)
 if not held_limit or (redis.call('ZCARD', k[1]) == 0 and redis.call('ZCARD', k[3]) == 0) then
   -- nothing live (or the state evicted): this request sets the limit
   local total = 0
@@ -188,8 +193,8 @@ if not held_limit or (redis.call('ZCARD', k[1]) == 0 and redis.call('ZCARD', k[3
     for _, e in ipairs(infos(k, owners)) do total = total + e.w end
     used = total
   end
-  redis.call('DEL', k[5])
-  redis.call('HSET', k[5], 'limit', limit, 'used', used)
+  redis.call('HSET', k[5], 'limit', limit, 'used', used)  -- (its only fields)
+  fresh = true
 elseif held_limit ~= limit then
   settle(k, channel, changed, nil)
   return {3, held_limit or 0}
@@ -215,15 +220,17 @@ if #queued > 0 then
   for i = 1, #entries do ahead = ahead + entries[i].w end
 end
 if used + ahead + weight <= limit then
+  local left = #queued
   if queued_here then
     redis.call('ZREM', k[3], owner)
     typed(k[4], 'permit waits sorted set', 'ZREM', k[4], owner)
+    left = left - 1
   end
   local token = next_token(k[6])
   redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = token, i = identity, m = metadata}))
   redis.call('ZADD', k[1], now + ttl, owner)
   add_used(k, weight)
-  settle(k, channel, changed, ttl)
+  settle(k, channel, changed, ttl, left, 1, fresh)
   return {1, token}
 end
 -- A new request goes behind the last; a queued one keeps its place and its entry (the
