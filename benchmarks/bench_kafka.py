@@ -40,8 +40,8 @@ Usage: ``python benchmarks/bench_kafka.py [--url kafka://127.0.0.1:9092] [--quic
 heartbeat interval, default the backend's, a tenth of the session; ``--failovers``
 the kills and resigns of aiolease, default 3; ``--raw-kills``, ``--raw-resigns`` the
 raw floors', default as many; ``--quick``: 1 s sessions, one rebalance measured, not
-two, one kill and one resign of aiolease, one raw leave floor and no raw kill floor
-(about 5 s more; ``--raw-kills N`` adds them), CPU over 2 s unless
+two, one kill and one resign of aiolease, one raw leave floor (about 4 s) and no
+raw kill floor (about 5 s each; ``--raw-kills N`` takes them), CPU over 2 s unless
 ``--cpu-seconds`` says otherwise). Needs ``pip install aiolease[kafka]``.
 """
 
