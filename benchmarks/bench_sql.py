@@ -82,6 +82,7 @@ from _common import (
     add_figure_arguments,
     close_processes,
     hold_in_tasks,
+    idle,
     quick_cut,
     record,
     run_processes,
@@ -531,13 +532,14 @@ async def held(
                 check = lambda: sum(lease.lost is not None for lease in leases)  # noqa: E731
                 if statistics_of(backend) is not None:
                     renewals = lambda: statistics_of(backend).renew_statements  # noqa: E731
-            await asyncio.sleep(SETTLE[0])  # settle: every renewal loop is running
-            before = await counter.statements()
-            renewed, cpu, wall = renewals(), time.process_time(), time.monotonic()
-            await asyncio.sleep(seconds)
-            after, after_renewed = await counter.statements(), renewals()
-            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
-            lost_now = check()
+            async with idle():
+                await asyncio.sleep(SETTLE[0])  # settle: every renewal loop is running
+                before = await counter.statements()
+                renewed, cpu, wall = renewals(), time.process_time(), time.monotonic()
+                await asyncio.sleep(seconds)
+                after, after_renewed = await counter.statements(), renewals()
+                cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+                lost_now = check()
     finally:
         await counter.close()
     ticks = wall / tick
@@ -575,7 +577,9 @@ async def print_handoffs(db: Db, args: argparse.Namespace, kinds: Sequence[str])
     for title, across in (("8 tasks", False), ("4 processes", True)):
         print(f"\n{'hand-offs, ' + title + ', one key, 1 ms':<40} {table}  target p50 <= 0.5 ms,")
         print(f"{'':<40} {'':>37}  max/min <= {TARGET_FAIRNESS}; p50 of each round")
-        contenders = [c for c in kinds if not (across and c == "tooz")]
+        contenders = [c for c in quick_cut(kinds, args.quick) if not (across and c == "tooz")]
+        if args.quick:
+            print(QUICK_NOTE)
         rounds: dict[str, list[list[list[Record]]]] = {c: [] for c in contenders}
         for turn in range(args.rounds):  # the contenders take turns; the order rotates
             shift = turn % len(contenders)
