@@ -14,7 +14,11 @@ tooz's ``pgsql`` / ``mysql`` drivers (synchronous, a new connection per acquire)
 in threads. Prints, as in issue 5's table, with ratios and a PASS/MISS column:
 
 * **uncontended acquire+release**: median per cycle (contenders take turns, one
-  cycle each), as a ratio to the lease-row floor and to the advisory floor;
+  cycle each), as a ratio to the lease-row floor and to the advisory floor
+  (``--quick``: 100 cycles, which spread more but are not biased: on PostgreSQL,
+  ``async with`` over the floor was 1.03-1.11x in six runs of 100 cycles and
+  1.07-1.12x in six of 500, taken alternately, median 1.08x both; the first fifth of
+  the cycles no slower than the rest);
 * **hand-offs**: 8 tasks in one process, then 4 processes, on one key, holding it
   1 ms: hand-offs per second; the *gap* p50/p95, from the releaser's release
   returning to the next holder's acquire returning (how long the name looks idle

@@ -5,26 +5,36 @@ Runs each ``bench_*.py`` of this directory (in a process of its own, one after t
 other, so that they do not measure each other) ``--runs`` times (default 3), collects
 the figures each prints (:func:`_common.record`), and writes one table with the
 median of the runs of each figure, the target it has (if any), and the verdict of the
-run that gave the median. ``--quick``: each benchmark's quick pass, once unless
-``--runs`` says otherwise: 3 min 2 s and 3 min 16 s in all (two runs) on a 2-core
-machine at load average 2-3.5 with other work running (5 min 15 s before at load
-average 5-10: 4 min 14 s at 3-4 in the session before). The issue's two minutes are
-missed: most of what is left is waiting that the figures measure or need (hold
-windows of whole renewal ticks, ttls and session timeouts to expire, Kafka's
-rebalances, 0.5-1 s per contender of each contended figure). The figures move more;
-the figures that start processes or wait for expiries keep only the floors, aiolease
-and the peers a target names (``_common.quick_cut``); failovers run with a 1 s ttl or
-session where the server allows it (etcd's shortest lease is 2 s), settles last one
-renewal tick, and the worker processes of a cross-process figure start once and serve
-each of its contenders in turn (``_common.run_processes``). Per benchmark, quick, at
-load average 2-3: core 3 s, embedded 12 s, scale 17-22 s, Redis 25-27 s, SQL
-39-44 s, etcd 28 s, Kafka 16 s, MongoDB 29-31 s, ZooKeeper 13 s.
+run that gave the median.
+
+``--quick``: each benchmark's quick pass, once unless ``--runs`` says otherwise,
+two benchmarks at a time (``--serial``: one after the other): QUICK_TIMES. Most of a
+pass is waiting: leases held through windows of whole renewal ticks, ttls and
+sessions to expire, Kafka's rebalances. So two benchmarks run at once and take
+turns (:data:`PAIRED`): each holds the turn (a file lock, ``_common.TURN_ENV``)
+while it measures, and gives it up only while it holds leases through a window
+whose figures are its own CPU and counts (``_common.idle``); the other measures
+meanwhile. No two figures are taken at once; a figure taken beside another's window
+shares the machine with that window's renewals (one batched call per tick, 0.001-0.01
+CPU s/s) and with Kafka's benchmark, which runs alongside without a turn (its
+figures are 1-2 s waits that the broker's timers set; its processes use about 1 s of
+CPU in all). Two benchmarks that use the same server never run at once. Beside
+that, the quick figures move more than the full ones (shorter windows, fewer
+cycles); the contended, failover and held figures keep only the floors, aiolease
+and the peers a target names (``_common.quick_cut``; the uncontended ones keep
+every peer); the in-process anyio floors of the permit figures run once (in
+``bench_embedded.py``'s memory figures); failovers run with a 1 s ttl or session
+where the server allows it (etcd's shortest lease is 2 s), settles last one renewal
+tick, and the worker processes of a cross-process figure start once and serve each
+of its contenders in turn (``_common.run_processes``). Each quick benchmark alone
+(``--serial``, load average about 3): core 3 s, embedded 10 s, scale 17 s, Redis
+21 s, SQL 36 s, etcd 25 s, Kafka 17 s, MongoDB 29 s, ZooKeeper 14 s.
 
 Usage::
 
     pip install -e '.[bench]'   # the peer libraries the benchmarks compare against
     bash scripts/services.sh start
-    python benchmarks/run_all.py [--quick] [--runs 3] [--only redis,sql] [--out FILE]
+    python benchmarks/run_all.py [--quick [--serial]] [--runs 3] [--only redis,sql] [--out FILE]
 
 Writes ``benchmarks/RESULTS.md`` unless ``--out`` says otherwise.
 """
