@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
 import os
 import random
@@ -14,11 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any, NoReturn
 
-import anyio.to_thread
+from _turn import TURN_ENV, idle
 
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
@@ -151,46 +150,6 @@ def record(
 def verdict(ok: bool | None) -> str:
     """``PASS`` or ``MISS`` for a figure with a target, ``""`` for one without."""
     return "" if ok is None else ("PASS" if ok else "MISS")
-
-
-#: The file whose lock (``flock``) a benchmark holds while it measures (``run_all.py
-#: --quick`` sets it: two benchmarks run at once, each in a lane of its own, and take
-#: turns with this lock). A benchmark takes it when it imports this module, before it
-#: does anything, and holds it to its end, except in :func:`idle` sections: so every
-#: figure but the waits of those sections runs alone. The variable is removed from the
-#: environment at once: the worker processes a benchmark starts do not take the lock.
-TURN_ENV = "AIOLEASE_BENCH_TURN"
-
-
-def _take_turn() -> int | None:
-    path = os.environ.pop(TURN_ENV, None)
-    if not path:
-        return None
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-_turn = _take_turn()
-
-
-@asynccontextmanager
-async def idle() -> AsyncIterator[None]:
-    """A wait whose figures nothing else running on the machine distorts: leases held
-    through a window whose CPU is this process's own (``time.process_time``), counted
-    in this process or on a server that no benchmark of the other lane uses (see
-    ``run_all.py``), a few requests per second. Under ``run_all.py --quick`` the
-    other lane's benchmark measures meanwhile (:data:`TURN_ENV`); this one waits for
-    its turn again at the end. Elsewhere nothing. Never around what starts, grants,
-    ends or times anything (acquires, hand-offs, expiries, process start-ups)."""
-    if _turn is None:
-        yield
-        return
-    fcntl.flock(_turn, fcntl.LOCK_UN)
-    try:
-        yield
-    finally:
-        await anyio.to_thread.run_sync(fcntl.flock, _turn, fcntl.LOCK_EX)
 
 
 #: In a worker process of a cross-process figure, what :func:`started` waits for (see

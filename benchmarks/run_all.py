@@ -13,9 +13,9 @@ average 0.6-1.2, 1 min 41-50 s at 2-4.5 (four runs on a 2-core machine with othe
 work running; 2 min 53 s and 2 min 56 s ``--serial`` at 3-4). Most of a
 pass is waiting: leases held through windows of whole renewal ticks, ttls and
 sessions to expire, Kafka's rebalances. So two benchmarks run at once and take
-turns (:data:`PAIRED`): each holds the turn (a file lock, ``_common.TURN_ENV``)
+turns (:data:`PAIRED`): each holds the turn (a file lock, ``_turn.TURN_ENV``)
 while it measures, and gives it up only while it holds leases through a window
-whose figures are its own CPU and counts (``_common.idle``); the other measures
+whose figures are its own CPU and counts (``_turn.idle``); the other measures
 meanwhile. No two figures are taken at once; a figure taken beside another's window
 shares the machine with that window's renewals (one batched call per tick, 0.001-0.01
 CPU s/s) and with Kafka's benchmark, which runs alongside without a turn (its
@@ -59,7 +59,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS_ENV, TURN_ENV
+from _common import RESULTS_ENV
+from _turn import TURN_ENV
 
 HERE = Path(__file__).resolve().parent
 #: When this run began (the times it prints are from then).
@@ -77,8 +78,8 @@ QUICK: dict[str, list[str]] = {
 }
 
 #: ``--quick`` runs two benchmarks at a time (:func:`run_paired`). Each one holds the
-#: turn (:data:`_common.TURN_ENV`) while it measures, except in its waits that nothing
-#: else distorts (:func:`_common.idle`: leases held through a window, their CPU this
+#: turn (:data:`_turn.TURN_ENV`) while it measures, except in its waits that nothing
+#: else distorts (:func:`_turn.idle`: leases held through a window, their CPU this
 #: process's own, counted in this process or on the server): no two figures are taken
 #: at once, and one benchmark measures while the other waits. Two benchmarks that use
 #: the same server never run at once (a window counts every client's requests on
@@ -138,6 +139,14 @@ def scripts(only: Sequence[str] | None) -> list[str]:
 _printing = threading.Lock()
 
 
+#: Runs ``sys.argv[1]`` as ``__main__`` with the rest of the arguments, once the turn
+#: is taken (``_turn`` takes it when imported).
+TAKE_TURN = (
+    sys.executable,
+    "-c",
+    "import runpy, sys, _turn; sys.argv = sys.argv[1:];"
+    " runpy.run_path(sys.argv[0], run_name='__main__')",
+)
 Rows = list[dict[str, Any]]
 Job = tuple[str, Sequence[str]]
 
@@ -160,8 +169,10 @@ def run_one(script: str, args: Sequence[str], turn: Path | None = None) -> tuple
             file=sys.stderr,
             flush=True,
         )
+        # With a turn, the script runs after _turn took it: its imports too wait.
+        command = [sys.executable, script] if turn is None else [*TAKE_TURN, script]
         done = subprocess.run(
-            [sys.executable, script, *args],
+            [*command, *args],
             cwd=HERE,
             env=env,
             check=False,
