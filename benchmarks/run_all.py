@@ -8,9 +8,9 @@ median of the runs of each figure, the target it has (if any), and the verdict o
 run that gave the median.
 
 ``--quick``: each benchmark's quick pass, once unless ``--runs`` says otherwise,
-two benchmarks at a time (``--serial``: one after the other): 1 min 47 s at load
-average 0.6-1.2, 1 min 41-50 s at 2-4.5 (four runs on a 2-core machine with other
-work running; 2 min 53 s and 2 min 56 s ``--serial`` at 3-4). Most of a
+two benchmarks at a time (``--serial``: one after the other): 1 min 40-52 s in six
+runs on a 2-core machine at load average 0.5-4.5 with other work running (1 min 51 s
+and 1 min 40 s at 0.5-1.2; 2 min 53 s and 2 min 56 s ``--serial`` at 3-4). Most of a
 pass is waiting: leases held through windows of whole renewal ticks, ttls and
 sessions to expire, Kafka's rebalances. So two benchmarks run at once and take
 turns (:data:`PAIRED`): each holds the turn (a file lock, ``_turn.TURN_ENV``)
