@@ -17,16 +17,20 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from typing import Any, NoReturn
 
+from _turn import TURN_ENV, idle
+
 from aiolease import AsyncLock, Lease
 from aiolease.abc import Backend
 
 __all__ = [
     "QUICK_NOTE",
     "RESULTS_ENV",
+    "TURN_ENV",
     "add_figure_arguments",
     "close_processes",
     "hold_blocks",
     "hold_in_tasks",
+    "idle",
     "quick_cut",
     "record",
     "run_processes",
@@ -305,16 +309,18 @@ async def take_turns(
     return {label: statistics.median(samples) for label, samples in found.items()}
 
 
-#: The contenders a ``--quick`` pass keeps in its figures that start processes or
-#: wait for expiries: the raw floors and aiolease (their names start so).
+#: The contenders a ``--quick`` pass keeps in its contended figures (hand-offs, in
+#: tasks or processes), its failovers and its held figures: the raw floors and
+#: aiolease (their names start so).
 OURS_AND_FLOORS = ("floor", "raw", "advisory", "aiolease")
 
 
 def quick_cut(kinds: Sequence[str], quick: bool, also: Sequence[str] = ()) -> list[str]:
-    """The contenders of a slow figure (processes started, expiries waited for): all of
-    ``kinds``, or with ``--quick`` only the floors and aiolease, and the peers of
-    ``also`` (those a target is measured against). A quick pass spends its minutes on
-    what the targets judge; the in-process figures keep every peer."""
+    """The contenders of a slow figure (hand-offs, processes started, expiries waited
+    for): all of ``kinds``, or with ``--quick`` only the floors and aiolease, and the
+    peers of ``also`` (those a target is measured against). A quick pass spends its
+    minutes on what the targets judge; the uncontended figures keep every peer, and
+    the full run every peer everywhere."""
     if not quick:
         return list(kinds)
     return [k for k in kinds if k.startswith(OURS_AND_FLOORS) or k in also]

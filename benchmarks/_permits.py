@@ -65,7 +65,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from _common import hold_blocks, record, take_turns, verdict
+from _common import hold_blocks, idle, record, take_turns, verdict
 
 from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, BackendError, Lease
 from aiolease.abc import Backend
@@ -162,10 +162,13 @@ async def permit_figures(
     counters: Mapping[str, Counter] | None = None,
     tick_target: str | None = None,
     notes: Sequence[str] = (),
+    machine_floors: bool = False,
 ) -> Summary:
     """Print and record the four figures for ``backend`` (``where`` names it in the
     table); ``tick_target`` names the counter of ``counters`` that must stay at
-    <= 1.2 per renew tick."""
+    <= 1.2 per renew tick. With ``--quick`` the in-process floors of the 16-task
+    figure (no backend in them: the same on every backend) run only where
+    ``machine_floors`` says so (``bench_embedded.py``'s memory figures)."""
     peers = peers or {}
     summary = Summary()
     print(f"\n-- semaphores and read-write locks ({where}; ratios from this run only)")
@@ -176,7 +179,13 @@ async def permit_figures(
     if sizes.quick and peers:
         print("  (--quick: the peers' locks in the uncontended figure only)")
     await _uncontended(where, backend, sizes, peers, summary)
-    await _contended(where, backend, sizes, peers, summary)
+    floors = machine_floors or not sizes.quick
+    if not floors:
+        print(
+            "  (--quick: the in-process anyio floors of the 16-task figure are measured once,"
+            " in bench_embedded.py's memory figures)"
+        )
+    await _contended(where, backend, sizes, peers, summary, floors)
     await _read_heavy(where, backend, sizes, summary)
     await _held(where, backend, sizes, counters or {}, tick_target, summary)
     return summary
@@ -284,6 +293,7 @@ async def _contended(
     sizes: PermitSizes,
     peers: Mapping[str, PeerLock],
     summary: Summary,
+    floors: bool = True,
 ) -> None:
     seconds = sizes.seconds
     lock = AsyncLock(backend, f"permit-handoff-lock-{RUN}", ttl=10)
@@ -319,9 +329,10 @@ async def _contended(
     runs: dict[str, Callable[[int], Awaitable[object]]] = {
         "aiolease lock (hand-off rate)": lock_once,
         f"aiolease semaphore, limit {LIMIT}": sem_once,
-        "floor: anyio.Lock, in-process": bare_lock_once,
-        f"floor: anyio.Semaphore({LIMIT}), in-process": bare_sem_once,
     }
+    if floors:
+        runs["floor: anyio.Lock, in-process"] = bare_lock_once
+        runs[f"floor: anyio.Semaphore({LIMIT}), in-process"] = bare_sem_once
     for label, peer in {} if sizes.quick else peers.items():
         name = f"permit-handoff-{label}-{RUN}"
 
@@ -340,8 +351,10 @@ async def _contended(
         " no error"
     )
     ours = sum(found["aiolease lock (hand-off rate)"]) / seconds
-    floor = sum(found["floor: anyio.Lock, in-process"]) / seconds
-    floor_ratio = sum(found[f"floor: anyio.Semaphore({LIMIT}), in-process"]) / seconds / floor
+    floor = floor_ratio = float("nan")
+    if floors:
+        floor = sum(found["floor: anyio.Lock, in-process"]) / seconds
+        floor_ratio = sum(found[f"floor: anyio.Semaphore({LIMIT}), in-process"]) / seconds / floor
     for label, counts in found.items():
         rate, fair = sum(counts) / seconds, _fairness(counts)
         base = floor if label.startswith("floor") else ours  # x its own kind's lock
@@ -379,7 +392,9 @@ async def _contended(
             summary.add(
                 figure,
                 f">= {TARGET_THROUGHPUT} x lock, max/min <= {TARGET_FAIRNESS}",
-                f"{rate:.0f}/s = {ratio:.2f}x lock (floor {floor_ratio:.2f}x), {fair:.2f}",
+                f"{rate:.0f}/s = {ratio:.2f}x lock"
+                + (f" (floor {floor_ratio:.2f}x)" if floors else "")
+                + f", {fair:.2f}",
                 bool(ok),
             )
         print(
@@ -518,19 +533,20 @@ async def _held(
                 [sem] * sizes.held, stack, return_exceptions=True, one_at_a_time=True
             )
             took = time.monotonic() - started
-            if sizes.quick:  # from the first call that renews them all, if it comes in time
-                with anyio.move_on_after(sizes.settle + tick / 2):
-                    await all_in_one.wait()
-                wall = time.monotonic() if all_in_one.is_set() else await after_a_call()
-            else:
-                await anyio.sleep(sizes.settle)
-                wall = await after_a_call()
-            before = {label: await _read(c) for label, c in every.items()}
-            cpu = time.process_time()
-            await anyio.sleep(max(sizes.held_seconds - tick / 2, 0))
-            wall = await after_a_call() - wall
-            after = {label: await _read(c) for label, c in every.items()}
-            cpu = time.process_time() - cpu
+            async with idle():  # only renewals run: the window is this process's CPU
+                if sizes.quick:  # from the first call that renews them all, if it comes in time
+                    with anyio.move_on_after(sizes.settle + tick / 2):
+                        await all_in_one.wait()
+                    wall = time.monotonic() if all_in_one.is_set() else await after_a_call()
+                else:
+                    await anyio.sleep(sizes.settle)
+                    wall = await after_a_call()
+                before = {label: await _read(c) for label, c in every.items()}
+                cpu = time.process_time()
+                await anyio.sleep(max(sizes.held_seconds - tick / 2, 0))
+                wall = await after_a_call() - wall
+                after = {label: await _read(c) for label, c in every.items()}
+                cpu = time.process_time() - cpu
             lost = sum(lease.lost is not None for lease in leases)
     finally:
         del backend.renew_many

@@ -142,7 +142,7 @@ async def main(args: argparse.Namespace) -> None:
             async with open_backend(f"sqlite:///{tmp}/permits.db") as sqlite_backend:
                 await permit_figures("sqlite", sqlite_backend, sizes, tick_target=None)
         async with open_backend("memory://") as memory_backend:
-            await permit_figures("memory", memory_backend, sizes)
+            await permit_figures("memory", memory_backend, sizes, machine_floors=True)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from _common import (
     add_figure_arguments,
     close_processes,
     hold_in_tasks,
+    idle,
     quick_cut,
     record,
     run_processes,
@@ -453,10 +454,11 @@ async def held(
         backend = await stack.enter_async_context(open_backend(bench_url(url, "held")))
         names = [f"held-{RUN}-{i}" for i in range(count)]
         leases = await hold_in_tasks(backend, names, ttl, stack)
-        await asyncio.sleep(settle)
-        before, wall = COMMANDS.count, time.monotonic()
-        await asyncio.sleep(seconds)
-        rate = (COMMANDS.count - before) / (time.monotonic() - wall)
+        async with idle():
+            await asyncio.sleep(settle)
+            before, wall = COMMANDS.count, time.monotonic()
+            await asyncio.sleep(seconds)
+            rate = (COMMANDS.count - before) / (time.monotonic() - wall)
         return rate, sum(lease.lost is not None for lease in leases)
 
 
@@ -493,10 +495,12 @@ async def waiting(
             for child in children:
                 assert child.stdout is not None
                 assert (await child.stdout.readline()).strip() == b"waiting"
-            await asyncio.sleep(settle)  # every waiter settled into its wait
-            before, wall = server_ops(url), time.monotonic()
-            await asyncio.sleep(seconds)
-            return (server_ops(url) - before - 1) / (time.monotonic() - wall)
+            async with idle():
+                await asyncio.sleep(settle)  # every waiter settled into its wait
+                before, wall = server_ops(url), time.monotonic()
+                await asyncio.sleep(seconds)
+                ops = (server_ops(url) - before - 1) / (time.monotonic() - wall)
+            return ops
         finally:
             for child in children:
                 child.kill()
@@ -580,7 +584,9 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"\n{'hand-offs, 8 tasks, one name, 1 ms':<36} {'per s':>8} {'max/min':>8} {'gap p50':>10}"
     )
-    for kind in kinds:
+    if args.quick:
+        print(QUICK_NOTE)
+    for kind in quick_cut(kinds, args.quick):
         gaps = Gaps()
         counts = await handoffs(kind, url, f"handoff-{kind}-{RUN}", 8, args.seconds, gaps)
         label = "postgres (aiolease, for the gap)" if kind == "postgres" else kind

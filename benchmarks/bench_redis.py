@@ -71,6 +71,7 @@ from _common import (
     add_figure_arguments,
     close_processes,
     hold_in_tasks,
+    idle,
     quick_cut,
     record,
     run_processes,
@@ -338,16 +339,17 @@ async def held(
         await contender.start()
         names = [f"held-{kind}-{RUN}-{i}" for i in range(count)]
         lost = await start_holding(contender, names, ttl, stack)
-        await asyncio.sleep(settle)  # every renewal loop is running
-        backend = getattr(contender, "backend", None)
-        stats = backend.statistics if isinstance(backend, RedisBackend) else None
-        batches = stats().batches if stats else 0
-        sends, reads = Sends.count, server_reads(url)
-        cpu, wall = time.process_time(), time.monotonic()
-        await asyncio.sleep(seconds)
-        sends, reads = Sends.count - sends, server_reads(url) - reads - 1
-        batches = stats().batches - batches if stats else sends
-        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        async with idle():
+            await asyncio.sleep(settle)  # every renewal loop is running
+            backend = getattr(contender, "backend", None)
+            stats = backend.statistics if isinstance(backend, RedisBackend) else None
+            batches = stats().batches if stats else 0
+            sends, reads = Sends.count, server_reads(url)
+            cpu, wall = time.process_time(), time.monotonic()
+            await asyncio.sleep(seconds)
+            sends, reads = Sends.count - sends, server_reads(url) - reads - 1
+            batches = stats().batches - batches if stats else sends
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
         return sends / wall, batches / wall, reads / wall, cpu / wall, await lost()
 
 
@@ -541,10 +543,9 @@ async def handoff_figures(args: argparse.Namespace, peers: Sequence[str], report
     for where, label in (("tasks", "8 tasks"), ("procs", "4 processes")):
         title = f"hand-offs, {label}, one key, 1 ms"
         print(f"\n{title:<36} {'per s':>8} {'max/min':>8} {'starved':>8}  rounds")
-        if where == "procs":
-            kinds = quick_cut(kinds, args.quick, ("python-redis-lock",))
-            if args.quick:
-                print(QUICK_NOTE)
+        kinds = quick_cut(kinds, args.quick, ("python-redis-lock",))
+        if args.quick:
+            print(QUICK_NOTE)
         rounds: dict[str, list[list[int]]] = {kind: [] for kind in kinds}
         for turn in range(args.rounds):
             for kind in kinds[turn % len(kinds) :] + kinds[: turn % len(kinds)]:

@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from _common import record, verdict
+from _common import idle, record, verdict
 
 from aiolease import AsyncLock, LeaseLostError, open_backend
 from aiolease.abc import Backend
@@ -188,10 +188,11 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
         gc_first = collected[fifth - 1] / fifth
         gc_last = (collected[-1] - collected[-fifth - 1]) / fifth
         calls.calls = 0
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(hold)
-        cpu = time.process_time() - cpu0
-        wall = time.perf_counter() - wall0
+        async with idle():
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            await asyncio.sleep(hold)
+            cpu = time.process_time() - cpu0
+            wall = time.perf_counter() - wall0
         renew_calls = calls.calls / wall
         ending = True
         stop.set()

@@ -54,6 +54,7 @@ from _common import (
     add_figure_arguments,
     close_processes,
     hold_in_tasks,
+    idle,
     quick_cut,
     record,
     run_processes,
@@ -361,11 +362,12 @@ async def held(kind: str, url: str, count: int, seconds: float) -> tuple[float, 
             for lock in locks:
                 assert lock.acquire(blocking=False)
             check = lambda: sum(not lock.is_acquired for lock in locks)  # noqa: E731
-        await asyncio.sleep(1.0)  # settle
-        requests, cpu, wall = server_requests(url), time.process_time(), time.monotonic()
-        await asyncio.sleep(seconds)
-        requests = server_requests(url) - requests
-        cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+        async with idle():
+            await asyncio.sleep(1.0)  # settle
+            requests, cpu, wall = server_requests(url), time.process_time(), time.monotonic()
+            await asyncio.sleep(seconds)
+            requests = server_requests(url) - requests
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
         return requests / wall, cpu / wall, check()
 
 
@@ -413,8 +415,10 @@ async def main(args: argparse.Namespace) -> None:
         f"\n{'hand-offs, 8 tasks, one name, 1 ms':<36} {'per s':>8} {'max/min':>8}"
         f" {'gap p50 ms':>11} {'hold p50 ms':>12}"
     )
+    if args.quick:
+        print(QUICK_NOTE)
     rates: dict[str, float] = {}
-    for kind in ("aiolease", "kazoo", "aiozk"):
+    for kind in quick_cut(("aiolease", "kazoo", "aiozk"), args.quick, ("kazoo",)):
         marks: Marks = []
         counts = await handoffs(kind, url, f"handoff-{kind}-{RUN}", 8, args.seconds, marks)
         rates[kind] = sum(counts) / args.seconds
