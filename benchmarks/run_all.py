@@ -188,9 +188,6 @@ def run_one(script: str, args: Sequence[str], turn: Path | None = None) -> tuple
     return rows, ended - started, done.returncode
 
 
-_printing = threading.Lock()
-
-
 def run_paired(order: Sequence[str], runs: int) -> list[tuple[Job, list[tuple[Rows, float, int]]]]:
     """``--quick``: the jobs of :data:`PAIRED` (of the scripts of ``order``), two at a
     time, none beside one that uses a server it uses, each taking turns; those of
