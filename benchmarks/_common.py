@@ -337,3 +337,14 @@ def add_figure_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--failovers", type=int, default=3, help="crash failovers each")
     parser.add_argument("--held", type=int, default=1000, help="leases held at once")
     parser.add_argument("--held-seconds", type=float, default=15.0)
+
+
+def fairness(counts: Sequence[int]) -> float:
+    """Max/min of the acquisitions per contender (a contender with none counts as one)."""
+    return max(counts) / max(min(counts), 1)
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    """The value ``share`` of the way up ``values`` (NaN for none)."""
+    ordered = sorted(values)
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")

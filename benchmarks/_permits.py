@@ -65,7 +65,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-from _common import hold_blocks, idle, record, take_turns, verdict
+from _common import fairness, hold_blocks, idle, percentile, record, take_turns, verdict
 
 from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, BackendError, Lease
 from aiolease.abc import Backend
@@ -283,10 +283,6 @@ LAST_CPU = [0.0]
 LAST_ERRORS: list[BackendError] = []
 
 
-def _fairness(counts: Sequence[int]) -> float:
-    return max(counts) / max(min(counts), 1)
-
-
 async def _contended(
     where: str,
     backend: Backend,
@@ -356,7 +352,7 @@ async def _contended(
         floor = sum(found["floor: anyio.Lock, in-process"]) / seconds
         floor_ratio = sum(found[f"floor: anyio.Semaphore({LIMIT}), in-process"]) / seconds / floor
     for label, counts in found.items():
-        rate, fair = sum(counts) / seconds, _fairness(counts)
+        rate, fair = sum(counts) / seconds, fairness(counts)
         base = floor if label.startswith("floor") else ours  # x its own kind's lock
         is_sem = label.startswith("aiolease semaphore")
         ok = (
@@ -409,11 +405,6 @@ async def _contended(
 # -- read-heavy mix ----------------------------------------------------------------------
 
 
-def _percentile(values: Sequence[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
-
-
 async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary: Summary) -> None:
     rw = AsyncReadWriteLock(backend, f"permit-mix-{RUN}", ttl=10)
     readers, writers, peak, overlaps = [0], [0], [0], [0]
@@ -442,8 +433,8 @@ async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary:
     counts = await _loop_tasks(RW_TASKS, sizes.seconds, lambda i: onces[i](i))
     failed = list(LAST_ERRORS)
     rate = sum(counts) / sizes.seconds
-    w50, w99 = _percentile(waits["write"], 0.5), _percentile(waits["write"], 0.99)
-    r99 = _percentile(waits["read"], 0.99)
+    w50, w99 = percentile(waits["write"], 0.5), percentile(waits["write"], 0.99)
+    r99 = percentile(waits["read"], 0.99)
     ok = peak[0] > 1 and overlaps[0] == 0 and not failed
     figure = f"read-heavy mix ({1 - WRITES:.0%} reads), {RW_TASKS} tasks, hold 1 ms"
     print(

@@ -52,6 +52,7 @@ from _common import (
     QUICK_NOTE,
     add_figure_arguments,
     close_processes,
+    fairness,
     idle,
     quick_cut,
     record,
@@ -577,10 +578,6 @@ async def held(
 
 
 # -- the run -------------------------------------------------------------------------------
-
-
-def fairness(counts: Sequence[int]) -> float:
-    return max(counts) / max(min(counts), 1)
 
 
 async def permit_section(args: argparse.Namespace) -> None:

@@ -51,6 +51,7 @@ from _common import (
     QUICK_NOTE,
     add_figure_arguments,
     close_processes,
+    fairness,
     hold_in_tasks,
     idle,
     quick_cut,
@@ -520,10 +521,6 @@ async def wait_forever(kind: str, url: str, name: str) -> None:
 
 
 # -- the run -------------------------------------------------------------------------------
-
-
-def fairness(counts: Sequence[int]) -> float:
-    return max(counts) / max(min(counts), 1)
 
 
 def p50_ms(gaps: Sequence[float]) -> str:

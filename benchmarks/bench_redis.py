@@ -70,6 +70,7 @@ from _common import (
     QUICK_NOTE,
     add_figure_arguments,
     close_processes,
+    fairness,
     hold_in_tasks,
     idle,
     quick_cut,
@@ -442,10 +443,6 @@ async def start_holding(
 
 
 # -- the run -------------------------------------------------------------------------------
-
-
-def fairness(counts: Sequence[int]) -> float:
-    return max(counts) / max(min(counts), 1)
 
 
 class Report:

@@ -85,8 +85,10 @@ from _common import (
     QUICK_NOTE,
     add_figure_arguments,
     close_processes,
+    fairness,
     hold_in_tasks,
     idle,
+    percentile,
     quick_cut,
     record,
     run_processes,
@@ -374,16 +376,6 @@ def body_gaps(records: Sequence[Sequence[Record]]) -> list[float]:
     return [b[0] - a[1] for a, b in zip(ordered, ordered[1:], strict=False)]
 
 
-def percentile(values: Sequence[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
-
-
-def fairness(records: Sequence[Sequence[Record]]) -> float:
-    counts = [len(task) for task in records]
-    return max(counts) / max(min(counts), 1)
-
-
 # -- crash failover --------------------------------------------------------------------------
 
 
@@ -599,7 +591,8 @@ async def print_handoffs(db: Db, args: argparse.Namespace, kinds: Sequence[str])
             runs = rounds[contender]
             p50s = [percentile(gaps(records), 0.5) for records in runs]
             median = sorted(range(len(runs)), key=p50s.__getitem__)[len(runs) // 2]
-            found, fair = gaps(runs[median]), max(fairness(records) for records in runs)
+            found = gaps(runs[median])
+            fair = max(fairness([len(task) for task in records]) for records in runs)
             p50 = p50s[median]
             ok = p50 <= TARGET_GAP and fair <= TARGET_FAIRNESS if contender == "aiolease" else None
             each = " ".join(f"{g * 1e3:.2f}" for g in p50s)

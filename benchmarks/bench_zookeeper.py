@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -53,6 +53,7 @@ from _common import (
     QUICK_NOTE,
     add_figure_arguments,
     close_processes,
+    fairness,
     hold_in_tasks,
     idle,
     quick_cut,
@@ -372,10 +373,6 @@ async def held(kind: str, url: str, count: int, seconds: float) -> tuple[float, 
 
 
 # -- the run -------------------------------------------------------------------------------
-
-
-def fairness(counts: Sequence[int]) -> float:
-    return max(counts) / max(min(counts), 1)
 
 
 async def main(args: argparse.Namespace) -> None:
