@@ -279,23 +279,17 @@ class Injector:
         if self.fault is Fault.SIGKILL and len(self._pids) < KILL_WHILE:
             return  # a kill now would leave fewer than two to contend
         pid = await self.find_holder()
-        if self.fault is Fault.SIGKILL:
+        if self.fault in (Fault.SIGKILL, Fault.SIGSTOP):
             started = time.monotonic()
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+            kill = self.fault is Fault.SIGKILL
+            if not _signalled(pid, signal.SIGKILL if kill else signal.SIGSTOP):
                 return  # it has just exited: nothing was injected
-            # Not reaped yet, a dead worker could still be "killed": aim at it no more.
-            self._pids.remove(pid)
-            self.killed[pid] = started
-            await self._window(pid, _nothing, _nothing, started=started)
-        elif self.fault is Fault.SIGSTOP:
-            started = time.monotonic()
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                return  # it has just exited: nothing was injected
-            await self._window(pid, _nothing, _signaller(pid, signal.SIGCONT), started=started)
+            if kill:
+                # Not reaped yet, a dead worker could still be "killed": aim at it no more.
+                self._pids.remove(pid)
+                self.killed[pid] = started
+            undo = _nothing if kill else _signaller(pid, signal.SIGCONT)
+            await self._window(pid, _nothing, undo, started=started)
         elif self.fault is Fault.BLACKHOLE:
             proxy = self._proxies[pid]
             await self._window(pid, proxy.blackhole, proxy.restore)
@@ -337,11 +331,17 @@ async def _nothing() -> None:
     pass
 
 
+def _signalled(pid: int, signum: signal.Signals) -> bool:
+    """Send ``signum`` to ``pid``; whether it was still there to get it."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _signaller(pid: int, signum: signal.Signals) -> Callable[[], Awaitable[None]]:
     async def send() -> None:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass  # it is gone: nothing left to undo
+        _signalled(pid, signum)  # gone: nothing left to undo
 
     return send

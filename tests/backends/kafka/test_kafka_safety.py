@@ -20,7 +20,7 @@ import pytest
 
 import aiolease
 from aiolease import Elector, Lease
-from aiolease.testing.safety import Fault, assert_safe, run_safety
+from aiolease.testing.safety import Fault, SafetyReport, assert_safe, run_safety
 from tests.backends.kafka.support import SESSION, opener
 from tests.backends.safety import restartable
 
@@ -41,19 +41,7 @@ async def test_safe_when_the_leader_is_stopped(
     """Each fault stops a leader right after it was elected for 1.5 sessions: the
     coordinator drops it and another member leads; on resuming, the stopped leader's
     term has ended (its deadline passed) and its work is cancelled."""
-    report = await run_safety(
-        f"{kafka_url}?session_timeout={SESSION:g}",
-        fault=Fault.SIGSTOP,
-        election=True,
-        processes=3,
-        duration=12.0,
-        ttl=SESSION,
-        margin=0.4,
-        fault_every=0.5,
-        fault_aim="fresh",
-        loop="trio" if anyio_backend == "trio" else "asyncio",
-        workdir=tmp_path,
-    )
+    report = await _election_run(kafka_url, Fault.SIGSTOP, 12.0, anyio_backend, tmp_path)
     assert_safe(report, min_acquisitions=2)
     assert report.losses >= 1, report.line()
 
@@ -67,19 +55,7 @@ async def test_safe_when_the_leader_is_killed(
     heartbeat, and a survivor leads. Its last body counts as running until the kill;
     no body of a survivor may start before that, tokens go on increasing, and the
     harness fails the run unless a survivor's body started after the kill."""
-    report = await run_safety(
-        f"{kafka_url}?session_timeout={SESSION:g}",
-        fault=Fault.SIGKILL,
-        election=True,
-        processes=3,  # a kill only while three live: one kill, two survivors contend
-        duration=14.0,
-        ttl=SESSION,
-        margin=0.4,
-        fault_every=0.5,
-        fault_aim="fresh",
-        loop="trio" if anyio_backend == "trio" else "asyncio",
-        workdir=tmp_path,
-    )
+    report = await _election_run(kafka_url, Fault.SIGKILL, 14.0, anyio_backend, tmp_path)
     assert_safe(report, min_acquisitions=2)
     assert report.faults == 1, report.line()
 
@@ -123,3 +99,23 @@ async def test_leadership_recovers_after_a_broker_restart(
             tg.cancel_scope.cancel()
     assert lost, "the term that outlived its broker did not end"
     assert tokens[1] > tokens[0], tokens
+
+
+async def _election_run(
+    kafka_url: str, fault: Fault, duration: float, loop: str, workdir: Path
+) -> SafetyReport:
+    """The harness's election form on Kafka: three processes (a kill only while three
+    live: one kill, two survivors contend), each fault aimed at a leader just elected."""
+    return await run_safety(
+        f"{kafka_url}?session_timeout={SESSION:g}",
+        fault=fault,
+        election=True,
+        processes=3,
+        duration=duration,
+        ttl=SESSION,
+        margin=0.4,
+        fault_every=0.5,
+        fault_aim="fresh",
+        loop="trio" if loop == "trio" else "asyncio",
+        workdir=workdir,
+    )
