@@ -208,12 +208,16 @@ class PermitTables:
         try:
             now = self._clock()
             p = self._params(name, now, owner=owner, token=token)
+            # Read, then delete: SQLite 3.40 answers the rule wrongly inside DELETE ...
+            # RETURNING for some readings (a ttl-600 permit taken with the clock at 500
+            # came back expired, so its release said False), never in a SELECT.
             deleted = conn.execute(
-                f"DELETE FROM {t} WHERE name = :name AND owner = :owner"
-                " AND (granted = 0 OR :token IS NULL OR token = :token)"
-                f" RETURNING granted, {PERMIT_LIVE}",
+                f"SELECT granted, {PERMIT_LIVE} FROM {t} WHERE name = :name"
+                " AND owner = :owner AND (granted = 0 OR :token IS NULL OR token = :token)",
                 p,
             ).fetchall()
+            if deleted:
+                conn.execute(f"DELETE FROM {t} WHERE name = :name AND owner = :owner", p)
             grants: list[tuple[str, int, float]] = []
             queued = (
                 deleted

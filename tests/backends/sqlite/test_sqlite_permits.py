@@ -102,6 +102,25 @@ async def test_permit_tokens_survive_a_reopen(tmp_path: Path) -> None:
             assert permit.token > first
 
 
+@pytest.mark.parametrize("booted_for", [50.0, 500.0, 834.0, 5000.0])
+@pytest.mark.parametrize("with_token", [True, False])
+async def test_a_live_permit_is_released_whatever_the_clock_reads(
+    tmp_path: Path, booted_for: float, with_token: bool
+) -> None:
+    # The clock is the host's monotonic one: seconds since boot. A release asked SQLite
+    # whether the permit was live inside DELETE ... RETURNING, which SQLite 3.40 got
+    # wrong for some readings: on a host booted 500 s or 834 s ago a ttl-600 permit's
+    # release said False (CI's fresh machine, and the model test, saw it).
+    async with SQLiteBackend(tmp_path / "leases.db") as backend:
+        backend._clock = lambda: booted_for
+        owner = permit_owner()
+        grant = await backend.try_acquire_permit("s", owner, 600.0, "p", {}, 2, 1)
+        assert isinstance(grant, Grant)
+        assert await backend.release("s", owner, grant.token if with_token else None)
+        assert await backend.read_permits("s") is None
+        assert not await backend.release("s", owner, None)  # released once only
+
+
 @pytest.mark.parametrize(
     ("column", "value"),
     [("owner", "'intruder'"), ("weight", "0"), ("metadata", "'not json'"), ("token", "'x'")],
