@@ -232,6 +232,7 @@ class PostgresBackend(Backend):
             pool=None if self._pool is None else self._pool.statistics(),
             acquire_statements=self._acquire_statements + self._permits.statements,
             handoffs_taken=self._handoffs_taken,
+            permit_statements_combined=self._permits.combiner.combined,
         )
 
     @property
@@ -357,6 +358,7 @@ class PostgresBackend(Backend):
             for routine, create in (
                 (self._permit_sql.routine, self._permit_sql.create_acquire),
                 (self._permit_sql.release_routine, self._permit_sql.create_release),
+                (self._permit_sql.batch_routine, self._permit_sql.create_batch),
             ):
                 if not await conn.fetchval(self._permit_sql.has_acquire, routine):
                     await conn.execute(create)
@@ -778,6 +780,7 @@ class PostgresBackend(Backend):
         self._wakeups.wake_all()
         self._queue.wake_all()
         try:
+            await self._permits.aclose()
             await self._listener.aclose()
         finally:
             if self._pool is not None:

@@ -5,7 +5,10 @@ operations to.
 
 An acquire is one statement (the function that the backend's setup installs, see
 :class:`~aiolease.backends.postgres._statements.PermitSql`), a release another (a
-function too), which grants the queue entries that then fit. A waiter of this backend
+function too), which grants the queue entries that then fit. The acquires and releases
+of a name that arrive while one of the name's is in flight go together in the next
+statement (:class:`~aiolease.backends.sql._combine.Combiner`: one transaction, in
+order, instead of one each, all waiting on the name's row). A waiter of this backend
 takes such a grant from the release's answer without a statement; one of another
 backend is told by ``NOTIFY`` (``'q'``: the owners granted), through its listener, and
 asks again (see :mod:`aiolease.backends.sql._handed`). Only the waiters granted wake.
@@ -14,15 +17,16 @@ Renewals go in the backend's batches, beside the locks'.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from ...abc import Grant, HolderInfo, PermitHolders
-from .._asyncio import now, wait_event
+from .._asyncio import Tasks, now, wait_event
+from ..sql._combine import Combiner
 from ..sql._handed import Handed, turn_key
 from ..sql._permits import PermitRow, acquired, permit_holders, permit_row
 from ..sql._renewals import RenewBatcher
-from ..sql._running import finished
 from ..sql._values import encode_metadata
 from ..sql._wakeups import Wakeups
 from ._listener import LISTEN_CHECK, Listener
@@ -35,6 +39,14 @@ _MAX_CONTENDED = 4096
 
 #: Runs one statement (with the backend's pool, errors mapped, tables made on first use).
 Fetch = Callable[..., Awaitable[list[Any]]]
+#: An acquire: (owner, weight, limit, identity, metadata, ttl).
+_Acquire = tuple[str, int, int, str, str, float]
+#: A release: (owner, token or ``None``).
+_Release = tuple[str, int | None]
+#: What answered an operation: whether it was the plain ``DELETE``, and its rows.
+_Answer = tuple[bool, list[Any]]
+
+logger = logging.getLogger("aiolease.backends.postgres")
 
 
 class Permits:
@@ -75,8 +87,48 @@ class Permits:
         self._contended: set[str] = set()
         #: Tasks in :meth:`wait_turn` now.
         self.waiting = 0
-        #: Acquire statements sent.
+        #: Acquires sent to the server (alone or with others in one statement).
         self.statements = 0
+        self._tasks = Tasks(logger)
+        self.combiner: Combiner[_Acquire | _Release, _Answer] = Combiner(
+            self._send_one, self._send_many, self._tasks
+        )
+
+    async def aclose(self) -> None:
+        """Stop sending the statements that gathered (their callers are told so)."""
+        await self._tasks.aclose()
+
+    async def _send_one(self, name: str, op: _Acquire | _Release) -> _Answer:
+        """One operation of ``name``, by its own statement."""
+        if len(op) == 6:
+            return False, await self._fetch(self._sql.acquire, name, *op)
+        owner, token = op
+        if name not in self._contended:
+            return True, await self._fetch(
+                self._sql.release_plain, name, owner, token, self._channel
+            )
+        return False, await self._fetch(self._sql.release, name, owner, token, self._channel)
+
+    async def _send_many(self, name: str, ops: Sequence[_Acquire | _Release]) -> list[_Answer]:
+        """Operations of ``name``, in order, by one statement (one transaction)."""
+        acquires = [op if len(op) == 6 else None for op in ops]
+        rows = await self._fetch(
+            self._sql.batch,
+            name,
+            "".join("r" if a is None else "a" for a in acquires),
+            [op[0] for op in ops],
+            [None if a is not None else op[1] for op, a in zip(ops, acquires, strict=True)],
+            [None if a is None else a[1] for a in acquires],
+            [None if a is None else a[2] for a in acquires],
+            [None if a is None else a[3] for a in acquires],
+            [None if a is None else a[4] for a in acquires],
+            [None if a is None else a[5] for a in acquires],
+            self._channel,
+        )
+        answers: list[_Answer] = [(False, []) for _ in ops]
+        for row in rows:
+            answers[row["i"] - 1][1].append(row)
+        return answers
 
     def _rows(self, name: str, rows: Sequence[Any]) -> list[PermitRow]:
         where = self._sql.where
@@ -100,10 +152,8 @@ class Permits:
         meta = encode_metadata(metadata) if metadata else "{}"
         self._handed.asking(name, owner)
         self.statements += 1
-        # Seen to its end even if the caller is cancelled (see ``finished``).
-        answer = await finished(
-            self._fetch(self._sql.acquire, name, owner, weight, limit, identity, meta, ttl)
-        )
+        # Seen to its end even if the caller is cancelled (see ``Combiner.run``).
+        _, answer = await self.combiner.run(name, (owner, weight, limit, identity, meta, ttl))
         first = answer[0] if answer else None
         act, token = (None, None) if first is None else (first["act"], first["tok"])
         rows = [] if token is not None else self._rows(name, answer)
@@ -153,11 +203,10 @@ class Permits:
         every waiter of the name elsewhere to ask again (``'p:'``), if any."""
         self._batcher.forget(name, owner, token)
         self._handed.forget(name, owner)
-        if name not in self._contended:
-            rows = await self._fetch(self._sql.release_plain, name, owner, token, self._channel)
-            return bool(rows and rows[0]["freed"])
         sent_at = now()
-        rows = await self._fetch(self._sql.release, name, owner, token, self._channel)
+        plain, rows = await self.combiner.run(name, (owner, token))
+        if plain:
+            return bool(rows and rows[0]["freed"])
         row = rows[0] if rows else None
         if row is None:
             return False

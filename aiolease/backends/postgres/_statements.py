@@ -394,9 +394,11 @@ class PermitSql:
         n = f'"{schema}"."{permit_names_table(table)}"'
         f = f'"{schema}"."{permit_routine(table, _LONGEST)}"'
         r = f'"{schema}"."{permit_routine(table, _LONGEST, "release")}"'
+        b = f'"{schema}"."{permit_routine(table, _LONGEST, "batch")}"'
         self.where = p  # as errors name the table
         self.routine = f
         self.release_routine = r
+        self.batch_routine = b
         # One row per held permit (granted, with its token) or queue entry (its place
         # ``seq``, no token), each with the weight and limit it asked for.
         self.create = (
@@ -417,6 +419,7 @@ class PermitSql:
         self.has_acquire = "SELECT to_regproc($1) IS NOT NULL AS present"
         self.create_acquire = _acquire_function(f, p, n)
         self.create_release = _release_function(r, p, n)
+        self.create_batch = _batch_function(b, f, r)
         # $1 name, $2 owner, $3 weight, $4 limit, $5 identity, $6 metadata, $7 ttl. One
         # row "grant" or "renew" (the token in "tok"); else the live rows of the name
         # in arrival order, as they were before the caller's queue entry was written,
@@ -454,6 +457,16 @@ class PermitSql:
         self.release = (
             "SELECT freed, deleted, still_queued, owners, tokens, ttls"
             f" FROM {r}($1, $2, $3::int8, $4)"
+        )
+        # $1 name, $2 kinds ("a" acquire, "r" release: one letter per operation), $3
+        # owners, $4 tokens (a release's, or NULL), $5 weights, $6 limits, $7 identities,
+        # $8 metadata, $9 ttls (an acquire's, else NULL), $10 channel: the operations of
+        # one name in order, in one transaction (``_batch_function``). Each answers the
+        # rows its own statement would, "i" its place (from 1).
+        self.batch = (
+            f"SELECT i, act, tok, {', '.join(PERMIT_COLUMNS)}, freed, deleted, still_queued,"
+            f" owners, tokens, ttls FROM {b}($1, $2, $3::text[], $4::int8[], $5::int8[],"
+            " $6::int8[], $7::text[], $8::text[], $9::float8[], $10)"
         )
         # $1 name, $2 owner, $3 token or NULL, $4 channel: the release of a backend that
         # saw nobody queue for the name: delete the caller's permit (of that token) or
@@ -717,6 +730,53 @@ BEGIN
   g_owners, g_tokens, g_ttls;
 END
 $aiolease$"""
+
+
+def _batch_function(b: str, f: str, r: str) -> str:
+    """``CREATE FUNCTION`` of a batch (see :class:`PermitSql`): the acquire function
+    ``f`` and the release function ``r`` called for each operation in order, in one
+    transaction, each answer tagged with its operation's place. The commit waits for
+    the WAL flush if any operation granted, renewed or deleted (as theirs would), and
+    not otherwise (theirs would not either: each says so, the last one would win)."""
+    nulls = ", ".join(["NULL::text, NULL::int8"] + [f"NULL::{t}" for t in _ROW_TYPES])
+    return f"""CREATE OR REPLACE FUNCTION {b}(a_name text, a_kinds text, a_owners text[],
+ a_tokens int8[], a_weights int8[], a_lims int8[], a_identities text[], a_metas text[],
+ a_ttls float8[], a_channel text)
+RETURNS TABLE (i int4, act text, tok int8, owner text, weight int8, lim int8, granted bool,
+ seq int8, token int8, identity text, metadata text, remaining float8, freed bool,
+ deleted bool, still_queued int8, owners text[], tokens int8[], ttls float8[])
+LANGUAGE plpgsql VOLATILE AS $aiolease$
+#variable_conflict use_column
+DECLARE
+ k int4;
+ durable bool := false;
+ keep text := current_setting('synchronous_commit');
+ x record;
+BEGIN
+ FOR k IN 1 .. cardinality(a_owners) LOOP
+  IF substr(a_kinds, k, 1) = 'a' THEN
+   FOR x IN SELECT * FROM {f}(a_name, a_owners[k], a_weights[k], a_lims[k], a_identities[k],
+     a_metas[k], a_ttls[k]) LOOP
+    durable := durable OR x.act IN ('grant', 'renew');
+    RETURN QUERY SELECT k, x.act, x.tok, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
+     x.identity, x.metadata, x.remaining, NULL::bool, NULL::bool, NULL::int8, NULL::text[],
+     NULL::int8[], NULL::float8[];
+   END LOOP;
+  ELSE
+   FOR x IN SELECT * FROM {r}(a_name, a_owners[k], a_tokens[k], a_channel) LOOP
+    durable := durable OR x.deleted;
+    RETURN QUERY SELECT k, {nulls}, x.freed, x.deleted, x.still_queued, x.owners, x.tokens,
+     x.ttls;
+   END LOOP;
+  END IF;
+ END LOOP;
+ PERFORM set_config('synchronous_commit', CASE WHEN durable THEN keep ELSE 'off' END, true);
+END
+$aiolease$"""
+
+
+#: The types of the permit columns after ``act`` and ``tok`` (``PERMIT_COLUMNS``).
+_ROW_TYPES = ("text", "int8", "int8", "bool", "int8", "int8", "text", "text", "float8")
 
 
 def _quoted(text: str) -> str:

@@ -21,6 +21,9 @@ class PostgresStatistics:
     :param pool: the connections of a backend made from a URL (``None``: the user's)
     :param acquire_statements: acquire statements sent
     :param handoffs_taken: grants handed to a waiter and taken without a statement
+    :param permit_statements_combined: statements that carried several permit acquires
+        and releases of one name (those that arrived while one of the name's was in
+        flight)
     """
 
     renew_statements: int
@@ -31,3 +34,4 @@ class PostgresStatistics:
     pool: PoolStatistics | None = None
     acquire_statements: int = 0
     handoffs_taken: int = 0
+    permit_statements_combined: int = 0
