@@ -86,7 +86,13 @@ def assert_pause_took_effect(report: SafetyReport) -> None:
 
     :raises AssertionError: no loss, or nobody ran during a pause
     """
-    assert report.losses >= 1 and report.paused_overlaps >= 1, report.line()
+    assert pause_took_effect(report), report.line()
+
+
+def pause_took_effect(report: SafetyReport) -> bool:
+    """Whether a frozen holder lost its lease (or permit) and another body ran while it
+    was frozen (see :func:`assert_pause_took_effect`)."""
+    return report.losses >= 1 and report.paused_overlaps >= 1
 
 
 def assert_fault_took_effect(report: SafetyReport, fault: Fault) -> None:
