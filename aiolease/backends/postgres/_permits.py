@@ -25,7 +25,7 @@ from ...abc import Grant, HolderInfo, PermitHolders
 from .._asyncio import Tasks, now, wait_event
 from ..sql._combine import Combiner
 from ..sql._handed import Handed, turn_key
-from ..sql._permits import PermitRow, acquired, permit_holders, permit_row
+from ..sql._permits import CheckedRows, PermitRow, acquired, permit_holders
 from ..sql._renewals import RenewBatcher
 from ..sql._values import encode_metadata
 from ..sql._wakeups import Wakeups
@@ -80,6 +80,7 @@ class Permits:
         self._poll_interval = poll_interval
         #: The grants that releases made to queue entries, until their waiters take them.
         self._handed = Handed(wakeups.wake, now)
+        self._checked = CheckedRows(sql.where)
         listener.permits_granted = self._handed.told
         listener.permits_released = self._handed.told_all
         #: Names with requests queued, as this backend last saw them (a refusal, or a
@@ -131,8 +132,8 @@ class Permits:
         return answers
 
     def _rows(self, name: str, rows: Sequence[Any]) -> list[PermitRow]:
-        where = self._sql.where
-        return [permit_row(where, name, *(row[c] for c in PERMIT_COLUMNS)) for row in rows]
+        check = self._checked.row
+        return [check(name, *(row[c] for c in PERMIT_COLUMNS)) for row in rows]
 
     async def try_acquire(
         self,

@@ -23,6 +23,7 @@ from ._rows import decode_metadata, foreign
 
 __all__ = [
     "Action",
+    "CheckedRows",
     "PermitRow",
     "acquired",
     "blocker",
@@ -157,6 +158,64 @@ def permit_row(
         )
     except ValueError as exc:
         raise foreign(table, name, f"a permit row: {exc}") from None
+
+
+#: The most rows :class:`CheckedRows` remembers (then it forgets them all).
+_MOST_CHECKED = 4096
+
+
+class CheckedRows:
+    """:func:`permit_row` with a memory: the rows checked lately, by their stored values
+    (a refusal answers the name's queue entries, mostly the same as the last refusal's,
+    and each check decodes the row's metadata), so that a row seen before is only
+    given its ``remaining``.
+
+    :param table: the table, as messages name it
+    """
+
+    def __init__(self, table: str) -> None:
+        self._table = table
+        self._seen: dict[tuple[object, ...], PermitRow] = {}
+
+    def row(
+        self,
+        name: str,
+        owner: object,
+        weight: object,
+        limit: object,
+        granted: object,
+        seq: object,
+        token: object,
+        identity: object,
+        metadata: object,
+        remaining: object,
+    ) -> PermitRow:
+        """:func:`permit_row` of these values.
+
+        :raises ForeignDataError: as :func:`permit_row`
+        """
+        key = (name, owner, weight, limit, granted, seq, token, identity, metadata)
+        try:
+            seen = self._seen.get(key)
+        except TypeError:  # a value that is not hashable: checked afresh, never kept
+            return permit_row(self._table, *key, remaining)
+        if seen is None or isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
+            row = permit_row(self._table, *key, remaining)
+            if len(self._seen) >= _MOST_CHECKED:
+                self._seen.clear()
+            self._seen[key] = row
+            return row
+        return PermitRow(
+            seen.owner,
+            seen.weight,
+            seen.limit,
+            seen.granted,
+            seen.seq,
+            seen.token,
+            seen.identity,
+            seen.metadata,
+            max(float(remaining), 0.0),
+        )
 
 
 def acquired(
