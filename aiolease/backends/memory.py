@@ -7,7 +7,8 @@ exact, instant and single-process; its clock is injectable (by default
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,11 @@ def _fits(state: _Permits, owner: str, weight: int) -> bool:
 #: the lock's: a name never holds NUL).
 PERMITS_KEY = "\x00permits:"
 
+
+def _turn_key(name: str, owner: str) -> str:
+    """The key of the event that wakes the waiter ``owner`` of ``name``'s permits."""
+    return f"{PERMITS_KEY}{name}\x00{owner}"
+
 #: The options :meth:`MemoryBackend.from_url` takes.
 OPTIONS = ("clock",)
 
@@ -120,6 +126,8 @@ class MemoryBackend(Backend):
         self._changed: dict[str, anyio.Event] = {}
         self._takers: dict[str, dict[object, tuple[str, int, Callable[[LossReason], object]]]] = {}
         self._permits: dict[str, _Permits] = {}
+        #: The owners in :meth:`wait_permit_turn` now, by name.
+        self._permit_waiting: dict[str, set[str]] = {}
         self._permit_tokens: dict[str, int] = {}
         self._permit_takers: dict[
             str, dict[object, tuple[str, int, Callable[[LossReason], object]]]
@@ -326,7 +334,24 @@ class MemoryBackend(Backend):
                     taken(LossReason.STOLEN)
 
     def _notify_permits(self, name: str) -> None:
-        self._notify(PERMITS_KEY + name)
+        """Wake the waiters of ``name`` whose requests fit now (in arrival order: the
+        first that does not fit stops it) or that are queued no more; the others sleep
+        on (each woken waiter asks again, and only one may fit)."""
+        waiting = self._permit_waiting.get(name)
+        if not waiting:
+            return
+        state = self._permits.get(name)
+        if state is not None:
+            used = sum(w for _, w in state.held.values())
+            for owner, queued in state.queue.items():
+                used += queued.weight
+                if used > state.limit:
+                    break
+                if owner in waiting:
+                    self._notify(_turn_key(name, owner))
+        for owner in list(waiting):
+            if state is None or owner not in state.queue:
+                self._notify(_turn_key(name, owner))
 
     def _on_permit_taken(
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
@@ -450,9 +475,27 @@ class MemoryBackend(Backend):
         if seconds is None:
             await anyio.lowlevel.checkpoint()
             return
-        event = self._changed.setdefault(PERMITS_KEY + name, anyio.Event())
-        with anyio.move_on_after(seconds):
-            await event.wait()
+        with self._waiting_turn(name, owner) as key:
+            event = self._changed.setdefault(key, anyio.Event())
+            try:
+                with anyio.move_on_after(seconds):
+                    await event.wait()
+            finally:
+                if self._changed.get(key) is event:
+                    del self._changed[key]  # not woken: no event left behind
+
+    @contextmanager
+    def _waiting_turn(self, name: str, owner: str) -> Iterator[str]:
+        """``owner`` waits for its turn on ``name``'s permits meanwhile; the key that
+        :meth:`_notify` wakes it by."""
+        waiting = self._permit_waiting.setdefault(name, set())
+        waiting.add(owner)
+        try:
+            yield _turn_key(name, owner)
+        finally:
+            waiting.discard(owner)
+            if not waiting and self._permit_waiting.get(name) is waiting:
+                del self._permit_waiting[name]
 
     def force_release_permits(self, name: str) -> None:
         """Drop every permit and queue entry of ``name`` as an operator would (tests)."""

@@ -18,7 +18,7 @@ from .._records import state_of
 from .._urls import redact
 from ..abc import Grant, HolderInfo, PermitHolders
 from ..backends._asyncio import now, timeout_after
-from ..backends.memory import PERMITS_KEY, MemoryBackend
+from ..backends.memory import MemoryBackend
 
 __all__ = ["AsyncioOnlyBackend"]
 
@@ -104,9 +104,13 @@ class AsyncioOnlyBackend(MemoryBackend):
         seconds = self._permit_wait(name, owner, ttl)
         if seconds is None:
             return
-        event = self._events.setdefault(PERMITS_KEY + name, asyncio.Event())
-        try:
-            async with timeout_after(seconds):
-                await event.wait()
-        except asyncio.TimeoutError:
-            pass
+        with self._waiting_turn(name, owner) as key:
+            event = self._events.setdefault(key, asyncio.Event())
+            try:
+                async with timeout_after(seconds):
+                    await event.wait()
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if self._events.get(key) is event:
+                    del self._events[key]  # not woken: no event left behind
