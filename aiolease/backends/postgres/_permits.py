@@ -205,7 +205,7 @@ class Permits:
         self._batcher.forget(name, owner, token)
         self._handed.forget(name, owner)
         sent_at = now()
-        plain, rows = await self.combiner.run(name, (owner, token))
+        plain, rows = await self.combiner.run(name, (owner, token), to_end=False)
         if plain:
             return bool(rows and rows[0]["freed"])
         row = rows[0] if rows else None

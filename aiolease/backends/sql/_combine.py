@@ -61,9 +61,12 @@ class Combiner(Generic[Op, R]):
         #: Statements that carried more than one operation (for tests and benchmarks).
         self.combined = 0
 
-    async def run(self, key: str, op: Op) -> R:
+    async def run(self, key: str, op: Op, *, to_end: bool = True) -> R:
         """Send ``op`` of ``key`` (now, or with the next statement of ``key``); its result.
 
+        :param to_end: an operation sent at once is seen to its end if the caller is
+            cancelled meanwhile (:func:`finished`: one that may grant); else the caller
+            shields it itself (a release)
         :raises BackendError: the statement that carried it failed
         """
         state = self._keys.get(key)
@@ -72,7 +75,7 @@ class Combiner(Generic[Op, R]):
         if state.flying < DEPTH and not state.waiting:
             state.flying += 1
             try:
-                return await finished(self._one(key, op))
+                return await (finished(self._one(key, op)) if to_end else self._one(key, op))
             finally:
                 state.flying -= 1
                 self._pump(key, state)
