@@ -82,6 +82,7 @@ def _turn_key(name: str, owner: str) -> str:
     """The key of the event that wakes the waiter ``owner`` of ``name``'s permits."""
     return f"{PERMITS_KEY}{name}\x00{owner}"
 
+
 #: The options :meth:`MemoryBackend.from_url` takes.
 OPTIONS = ("clock",)
 

@@ -48,6 +48,8 @@ __all__ = [
 _HEAD = "_c_"
 _SUFFIX = "%permits"
 _DIGITS = 10
+#: The most child nodes :class:`PermitLayout` remembers parsed (then it forgets them all).
+_MOST_PARSED = 4096
 
 
 @dataclass(frozen=True, order=True)
@@ -107,6 +109,9 @@ class PermitLayout:
 
     def __init__(self, base: str) -> None:
         self.base = base
+        #: The child nodes parsed lately (a queue's children are listed again and again,
+        #: and each parse unquotes the owner id twice).
+        self._parsed: dict[str, PermitNode] = {}
 
     def permits_node(self, name: str) -> str:
         """The container node of ``name``'s permits."""
@@ -120,37 +125,57 @@ class PermitLayout:
         """The full path of the child ``node`` of ``name``'s permits node."""
         return f"{self.permits_node(name)}/{node}"
 
-    @staticmethod
-    def parse(name: str, node: str) -> PermitNode:
-        """What the child ``node`` of ``name``'s permits node stands for.
+    def parse(self, name: str, node: str) -> PermitNode:
+        """What the child ``node`` of ``name``'s permits node stands for (what it stands
+        for does not depend on ``name``: a node parsed before is answered from memory).
 
         :raises ForeignDataError: it is not a node aiolease creates
         """
-        rest, _, digits = node.rpartition("-")
-        head, _, spec = rest.rpartition("-")
-        limit_text, cross, weight_text = spec[1:].partition("x")
-        quoted = head[len(_HEAD) :]
-        try:
-            if (
-                not head.startswith(_HEAD)
-                or not spec.startswith("p")
-                or not cross
-                or len(digits) != _DIGITS
-                or not digits.isdigit()
-                or _quote(unquote(quoted)) != quoted
-            ):
-                raise ValueError(node)
-            limit, weight = _number(limit_text), _number(weight_text)
-        except ValueError:
-            raise foreign_permit(name, node, "its name is not one aiolease gives") from None
-        return PermitNode(int(digits), node, unquote(quoted), limit, weight)
+        parsed = self._parsed.get(node)
+        if parsed is None:
+            parsed = _parse(name, node)
+            if len(self._parsed) >= _MOST_PARSED:
+                self._parsed.clear()
+            self._parsed[node] = parsed
+        return parsed
 
     def queue(self, name: str, children: Iterable[str]) -> list[PermitNode]:
         """The permit nodes of ``name`` in arrival order.
 
         :raises ForeignDataError: a child is not aiolease's
         """
-        return sorted(self.parse(name, child) for child in children)
+        # By sequence number alone (unique under one parent): the dataclass's order
+        # compares field tuples, several times dearer.
+        return sorted((self.parse(name, child) for child in children), key=_sequence)
+
+
+def _sequence(node: PermitNode) -> int:
+    return node.sequence
+
+
+def _parse(name: str, node: str) -> PermitNode:
+    """:meth:`PermitLayout.parse`, computed.
+
+    :raises ForeignDataError: it is not a node aiolease creates
+    """
+    rest, _, digits = node.rpartition("-")
+    head, _, spec = rest.rpartition("-")
+    limit_text, cross, weight_text = spec[1:].partition("x")
+    quoted = head[len(_HEAD) :]
+    try:
+        if (
+            not head.startswith(_HEAD)
+            or not spec.startswith("p")
+            or not cross
+            or len(digits) != _DIGITS
+            or not digits.isdigit()
+            or _quote(unquote(quoted)) != quoted
+        ):
+            raise ValueError(node)
+        limit, weight = _number(limit_text), _number(weight_text)
+    except ValueError:
+        raise foreign_permit(name, node, "its name is not one aiolease gives") from None
+    return PermitNode(int(digits), node, unquote(quoted), limit, weight)
 
 
 @dataclass(frozen=True)
