@@ -9,7 +9,13 @@ from dataclasses import dataclass
 
 from .._exceptions import LossReason
 
-__all__ = ["Takers"]
+__all__ = ["Takers", "no_watch"]
+
+
+def no_watch() -> None:
+    """Stops nothing: what ``on_taken`` returns when it set up no watch that needs
+    stopping, so that the core runs no watch task either (a permit, say: nobody but
+    its holder ends one before its expiry, and its renewals see it lost)."""
 
 
 @dataclass(eq=False, slots=True)

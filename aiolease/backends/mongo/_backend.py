@@ -23,7 +23,7 @@ from ..._urls import redact, scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
-from .._takers import Takers
+from .._takers import Takers, no_watch
 from ..sql._permits import by_kind
 from ..sql._running import finished
 from ..sql._values import check_owner
@@ -653,9 +653,13 @@ class MongoBackend(Backend):
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
     ) -> Callable[[], None] | None:
         """Call ``taken(STOLEN)`` when the change stream shows ``name``'s ``token``
-        released by somebody else, or a newer token granted; only while it is open."""
-        if not self._stream.up or self._closed or is_permit_owner(owner):
-            return None  # permits: no stream of their own (their loss shows at renewal)
+        released by somebody else, or a newer token granted; only while it is open.
+        A permit: no watch at all (nobody but its holder ends it before its expiry,
+        which its renewals find), and no watch task either."""
+        if is_permit_owner(owner):
+            return no_watch
+        if not self._stream.up or self._closed:
+            return None
         return self._takers.add(name, owner, token, taken)
 
     async def wait_taken(self, name: str, held: HolderInfo) -> None:

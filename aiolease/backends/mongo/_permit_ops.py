@@ -3,8 +3,10 @@
 :class:`~aiolease.backends.mongo.MongoBackend` hands every permit operation to.
 
 Each operation is one command on the name's permits document (see
-:mod:`aiolease.backends.mongo._permits`): the acquire one ``findAndModify`` upsert,
-the release one ``findAndModify``, the renewals one unordered ``bulk_write`` per tick.
+:mod:`aiolease.backends.mongo._permits`): the acquire one ``findAndModify`` upsert
+(or, of a name whose last release here left nobody in it, a short ``findAndModify``
+first), the release one ``findAndModify``, the renewals one unordered ``bulk_write``
+per tick.
 Waiters are woken by this backend object's own releases at once, and by other
 objects' releases through a change stream of the permits collection (opened by the
 first wait, on replica sets and sharded clusters); without one they look again every
@@ -100,6 +102,8 @@ class MongoPermits:
         self._losses = 0
         #: (name, owner) -> its latest refusal's :data:`Mark`.
         self._marks: dict[tuple[str, str], Mark] = {}
+        #: Names whose latest release here left no entry (see ``_take_free``).
+        self._free: set[str] = set()
         #: Acquire commands sent.
         self.commands = 0
         #: Tasks in :meth:`wait_turn` now.
@@ -179,10 +183,17 @@ class MongoPermits:
     ) -> Grant | HolderInfo:
         """One ``findAndModify`` upsert (see :func:`~._permits.acquire`); its outcome read
         from the document after it. Two first upserts that race: the loser (a duplicate
-        key) asks once more, and finds the winner's document."""
+        key) asks once more, and finds the winner's document. A name whose latest
+        release here left no entry is asked for with a short command first
+        (:meth:`_take_free`)."""
         from pymongo.errors import DuplicateKeyError
 
         ttl = float(ttl)
+        if name in self._free:
+            self._free.discard(name)
+            granted = await self._take_free(name, owner, ttl, identity, metadata, limit, weight)
+            if granted is not None:
+                return granted
         update = permits.acquire(
             owner, millis(ttl), identity, metadata, limit, weight, millis(ttl * _FRESH_SHARE)
         )
@@ -205,12 +216,49 @@ class MongoPermits:
                 raise LimitMismatchError(name, limit, rows[0].limit)
             mine = next((row for row in rows if row.owner == owner), None)
             if mine is not None and mine.granted:
-                self._marks.pop((name, owner), None)
-                self._early.discard((name, owner))
-                return Grant(mine.token, ttl, sent_at=sent_at)
+                return self._granted(name, owner, mine.token, ttl, sent_at)
             self._remember(name, owner, mark)
             return blocker(name, rows, owner)
         raise BackendTimeout(f"permits of {name!r}: first upserts kept racing; try again")
+
+    async def _take_free(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | None:
+        """The grant of a name whose document has no entry (:func:`~._permits.free_filter`):
+        one short ``findAndModify`` (not an upsert), which the server parses in a
+        fraction of the full acquire's time. ``None``: the document was not free after
+        all (or foreign, or gone): the full acquire decides.
+
+        Sent again by :class:`Writer` after a failover, it finds the permit of its first
+        try (the document is no longer free), and the full acquire answers as for a
+        retry: the same token."""
+        sent_at = now()
+        self.commands += 1
+        with self._mapped():
+            # Seen to its end even if the caller is cancelled (see ``finished``).
+            doc = await finished(
+                self._writer.find_and_modify(
+                    permits.free_filter(name),
+                    permits.take_free(owner, millis(ttl), identity, metadata, limit, weight),
+                    fields=permits.TAKEN,
+                    new=True,
+                )
+            )
+        if doc is None:
+            return None
+        return self._granted(name, owner, int(doc["token"]), ttl, sent_at)
+
+    def _granted(self, name: str, owner: str, token: int, ttl: float, sent_at: float) -> Grant:
+        self._marks.pop((name, owner), None)
+        self._early.discard((name, owner))
+        return Grant(token, ttl, sent_at=sent_at)
 
     async def read(self, name: str) -> PermitHolders | None:
         with self._mapped():
@@ -264,11 +312,20 @@ class MongoPermits:
             )
         if before is None:
             return False
+        if permits.emptied(before, owner, token):
+            self._seen_free(name)
         # Only the waiters here that the document now grants are woken (each would ask,
         # and all but those be refused); those of other backend objects by its change
         # event.
         self._fits(name, permits.fitting(before, owner))
         return permits.freed(before, owner, token)
+
+    def _seen_free(self, name: str) -> None:
+        """A release here left ``name``'s document without any entry: its next acquire
+        here tries the short command first (a hint only: the command's filter checks)."""
+        if len(self._free) >= _MAX_MARKS:
+            self._free.clear()
+        self._free.add(name)
 
     async def renew(self, renewals: Sequence[Renewal]) -> list[RenewResult]:
         """The permits of ``renewals`` in one unordered ``bulk_write``: one update per

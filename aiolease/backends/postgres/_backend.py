@@ -20,7 +20,7 @@ from ..._urls import scrub
 from ..._validate import check_seconds
 from ...abc import Backend, Capability, Grant, HolderInfo, Renewal, RenewResult
 from .._asyncio import now, wait_event
-from .._takers import Takers
+from .._takers import Takers, no_watch
 from ..sql._options import pool_size
 from ..sql._permits import by_kind
 from ..sql._pool import LeanPool
@@ -69,10 +69,6 @@ WATCH_FOR = 60.0
 _WATCH_AGAIN = 3 * LISTEN_CHECK
 #: The most names remembered as watched (see ``_watched``).
 _MAX_WATCHED = 4096
-
-
-def _no_watch() -> None:
-    """Ends no watch (see ``on_taken``)."""
 
 
 #: Stands for the pool that :meth:`PostgresBackend.from_url` is about to open.
@@ -692,7 +688,7 @@ class PostgresBackend(Backend):
         if is_permit_owner(owner):
             # Nobody but its holder ends a permit before its expiry, which its renewal
             # finds: no watch (a read per change of the lock of the name would be waste).
-            return _no_watch
+            return no_watch
         if not self._listener.up or self._closed:
             return None
         return self._takers.add(name, owner, token, taken)

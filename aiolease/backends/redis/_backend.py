@@ -39,6 +39,7 @@ from ...abc import (
     is_permit_owner,
 )
 from .._asyncio import now, wait_event
+from .._takers import no_watch
 from ._batch import RenewalBatcher
 from ._clients import (
     CLUSTER_SCHEMES,
@@ -95,10 +96,6 @@ WATCH_FOR = 60.0
 WATCH_AGAIN = 30.0
 #: Names whose watch marks a backend remembers before it drops the lapsed ones.
 MAX_WATCHED = 1024
-
-
-def _nothing() -> None:
-    """Stops a takeover report that has nothing to stop."""
 
 
 @final
@@ -648,9 +645,9 @@ class RedisBackend(RenewalOps, PermitOps):
         if self._closed:
             return None
         if is_permit_owner(owner):
-            return _nothing  # nobody takes a permit over: its renewals see it gone
+            return no_watch  # nobody takes a permit over: its renewals see it gone
         stop = self._followers.follow(name, owner, self._keys(name).channel, taken)
-        return _nothing if stop is None else stop
+        return no_watch if stop is None else stop
 
     async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """In fair mode, wait for the hand-off to this waiter announced on the name's

@@ -16,7 +16,7 @@ from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mongo import MongoBackend
 from tests.backends.mongo.conftest import DATABASE
 from tests.backends.mongo.support import inner, raw
-from tests.support import eventually, unique
+from tests.support import eventually, unique, with_query
 
 pytestmark = pytest.mark.anyio
 LONG = 30.0
@@ -119,12 +119,16 @@ class _Commands(monitoring.CommandListener):
         self.sent: list[str] = []
         #: The number of statements of each ``update`` command.
         self.updates: list[int] = []
+        #: The query of each ``findAndModify`` command.
+        self.queries: list[dict[str, Any]] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command.get(event.command_name) == self.collection:
             self.sent.append(event.command_name)
             if event.command_name == "update":
                 self.updates.append(len(event.command.get("updates", ())))
+            if event.command_name == "findAndModify":
+                self.queries.append(dict(event.command["query"]))
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -149,6 +153,105 @@ async def test_an_acquire_is_one_command(anyio_backend: str, mongo: str, collect
         await backend.aclose()
     finally:
         await client.close()
+
+
+def _short(query: dict[str, Any]) -> bool:
+    """Whether a ``findAndModify`` query is the short acquire's (a free name's)."""
+    return "entries" in query and "$expr" in query
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_a_name_left_free_here_is_taken_with_the_short_command(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """After a release here that left the permits document without an entry, the next
+    acquire is one short ``findAndModify`` (no upsert, a small pipeline), which writes
+    what the full acquire would: the next token and arrival, and the permit as the only
+    entry, read back by the full parser. A document that is not free any more (another
+    backend object took a permit meanwhile) gets the full acquire after it, which
+    decides as ever."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        async with (
+            MongoBackend(client, database=DATABASE, collection=collection) as backend,
+            aiolease.open_backend(with_query(mongo, collection=collection)) as other,
+        ):
+            name, owners = unique("permits"), [permit_owner() for _ in range(4)]
+            first = await backend.try_acquire_permit(name, owners[0], LONG, "me", {}, 2, 1)
+            assert isinstance(first, Grant) and await backend.release(name, owners[0], 1)
+            commands.queries.clear()
+            meta = {"k": "v"}
+            second = await backend.try_acquire_permit(name, owners[1], LONG, "you", meta, 3, 2)
+            assert isinstance(second, Grant) and second.token == 2
+            assert [_short(q) for q in commands.queries] == [True]
+            doc = permits_doc(mongo, collection, name)
+            (entry,) = doc["entries"]
+            assert (doc["token"], doc["seq"]) == (2, 2)
+            assert {k: v for k, v in entry.items() if k != "expires"} == {
+                "owner": owners[1],
+                "weight": 2,
+                "limit": 3,  # no live entry: this request sets the limit (rule 2)
+                "granted": True,
+                "seq": 2,
+                "token": 2,
+                "identity": "you",
+                "metadata": {"k": "v"},
+            }
+            holders = await backend.read_permits(name)
+            assert holders is not None and holders.limit == 3
+            assert [(h.owner, h.token) for h in holders.holders] == [(owners[1], 2)]
+            assert await backend.release(name, owners[1], 2)
+            # Taken elsewhere meanwhile: the short command finds it held, the full decides.
+            taken = await other.try_acquire_permit(name, owners[2], LONG, "", {}, 1, 1)
+            assert isinstance(taken, Grant) and taken.token == 3
+            commands.queries.clear()
+            with pytest.raises(aiolease.LimitMismatchError):
+                await backend.try_acquire_permit(name, owners[3], LONG, "", {}, 2, 1)
+            assert [_short(q) for q in commands.queries] == [True, False]
+            refused = await backend.try_acquire_permit(name, owners[3], LONG, "", {}, 1, 1)
+            assert isinstance(refused, HolderInfo) and refused.owner == owners[2]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_the_short_command_leaves_a_foreign_document_alone(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """A field aiolease does not write, added to a document a release here left free:
+    the short command does not match it, and the full acquire refuses it
+    (``ForeignDataError``); the document is left as it was."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        async with MongoBackend(client, database=DATABASE, collection=collection) as backend:
+            name, owner = unique("permits"), permit_owner()
+            granted = await backend.try_acquire_permit(name, owner, LONG, "", {}, 2, 1)
+            assert isinstance(granted, Grant)
+            assert await backend.release(name, owner, granted.token)
+            with raw(mongo) as sync:
+                permits = sync[DATABASE][f"{collection}_permits"]
+                permits.update_one({"_id": name}, {"$set": {"x": 1}})
+            before = permits_doc(mongo, collection, name)
+            commands.queries.clear()
+            with pytest.raises(ForeignDataError):
+                await backend.try_acquire_permit(name, permit_owner(), LONG, "", {}, 2, 1)
+            assert [_short(q) for q in commands.queries] == [True, False]
+            assert permits_doc(mongo, collection, name) == before
+    finally:
+        await client.close()
+
+
+async def test_a_held_permit_runs_no_takeover_watch(anyio_backend: str, mongo_url: str) -> None:
+    """Nothing but its own renewals ends a permit before its expiry: the backend answers
+    ``on_taken`` with a function for it, so the core starts no watch task per permit
+    (it started one that waited for the backend to close)."""
+    async with aiolease.open_backend(mongo_url) as backend:
+        assert aiolease.Capability.PUSH_WAKEUP in backend.capabilities
+        stop = backend.on_taken(unique("permits"), permit_owner(), 1, lambda reason: None)
+        assert stop is not None
+        stop()
 
 
 async def test_concurrent_first_acquires_never_pass_the_limit(
@@ -295,9 +398,8 @@ async def test_a_held_permit_sends_nothing_between_renewals(
     anyio_backend: str, mongo: str, collection: str
 ) -> None:
     """While a permit is held in ``async with`` (its renewal far off), the backend sends
-    nothing on the permits collection: the core's takeover watch waits, where it read
-    the permits document again and again (the lock document it compared was never the
-    permit's)."""
+    nothing on the permits collection: there is no takeover watch (one read the permits
+    document again and again: the lock document it compared was never the permit's)."""
     commands = _Commands(f"{collection}_permits")
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
     try:
