@@ -10,8 +10,12 @@ from aiolease import ForeignDataError
 from aiolease.abc import permit_owner
 from aiolease.backends.sql._permits import CheckedRows, permit_row
 
+#: A stored row's values but its ``remaining``: owner, weight, limit, granted, seq,
+#: token, identity, metadata.
+Values = tuple[object, object, object, object, object, object, object, object]
 
-def _values(owner: str, metadata: object = '{"k": "v"}') -> tuple[object, ...]:
+
+def _values(owner: str, metadata: object = '{"k": "v"}') -> Values:
     return (owner, 1, 4, True, 3, 7, "id", metadata)
 
 
@@ -22,7 +26,9 @@ def test_a_row_seen_again_is_the_same_row_with_its_new_remaining() -> None:
     assert first == permit_row('"t"', "n", *_values(owner), 10.0)
     assert again == permit_row('"t"', "n", *_values(owner), 4.5)
     assert again.holder("n").metadata == {"k": "v"}
-    again.holder("n").metadata["k"] = "changed"  # a holder's copy, not the row's
+    copy = again.holder("n").metadata
+    assert isinstance(copy, dict)
+    copy["k"] = "changed"  # a holder's copy, not the row's
     assert rows.row("n", *_values(owner), 1.0).metadata == {"k": "v"}
     assert rows.row("n", *_values(owner), -2.0).remaining == 0.0
 
@@ -36,9 +42,7 @@ def test_a_row_seen_again_is_the_same_row_with_its_new_remaining() -> None:
         (_values(permit_owner()), "soon"),
     ],
 )
-def test_foreign_values_are_refused_every_time(
-    values: tuple[object, ...], remaining: object
-) -> None:
+def test_foreign_values_are_refused_every_time(values: Values, remaining: object) -> None:
     rows = CheckedRows('"t"')
     for _ in range(2):
         with pytest.raises(ForeignDataError, match="not written by aiolease"):
