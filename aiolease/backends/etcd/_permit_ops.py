@@ -18,8 +18,9 @@ from ..._permits import PermitHolders
 from ...abc import Backend, Grant, HolderInfo
 from .._asyncio import now
 from ._keys import Layout, queue_slot
-from ._permit_turn import Turn, retrieved
+from ._permit_turn import Turn
 from ._permit_values import PermitKey, encode_permit, parse_permits
+from ._permit_watch import PermitWatches
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
 from ._takeover import Takeovers
 from ._wire import SessionGone, Wire
@@ -37,6 +38,7 @@ class PermitOps(Backend):
     _layout: Layout
     _sessions: Sessions
     _takeovers: Takeovers
+    _permit_watches: PermitWatches
     #: Per refused permit request: what its wait needs (see :class:`Turn`).
     _permit_seen: dict[tuple[str, str], Turn]
     #: The permit requests queued through this backend that wait for their turn (or
@@ -319,23 +321,23 @@ class PermitOps(Backend):
                 del self._permit_queued[next(iter(self._permit_queued))]
             self._permit_queued.setdefault(name, {})[owner] = turn
         turn.woken = asyncio.get_running_loop().create_future()
-        request = self._layout.watch_permits(name, turn.revision)
-        watch = asyncio.ensure_future(self._wire.watch(request, turn.accept))
+        # On the backend's one stream for permit waits, with the other waiters of the name
+        # (see :mod:`._permit_watch`): no stream, and most often no message, of its own.
+        waiter = self._permit_watches.wait(name, turn.revision, turn.accept)
         try:
             done, _ = await asyncio.wait(
-                (watch, turn.woken), timeout=ttl / 3, return_when=asyncio.FIRST_COMPLETED
+                (waiter.done, turn.woken), timeout=ttl / 3, return_when=asyncio.FIRST_COMPLETED
             )
             if turn.handing is not None and not turn.woken.done():
                 # The watch saw the hand-off (its queue key deleted) before its sender here
                 # got the reply: wait for that, and take the grant without a request.
                 await asyncio.wait((turn.handing,))
         finally:
-            watch.cancel()
-            watch.add_done_callback(retrieved)
+            self._permit_watches.leave(waiter)
             turn.woken.cancel()  # (no-op if a hand-off woke it)
             turn.asking = turn.woken.cancelled()  # it asks again: no hand-off to it now
-        if watch in done:
-            watch.result()  # what the watch raised
+        if waiter.done in done:
+            waiter.done.result()  # what the watch raised
             if turn.ready and turn.asking:
                 if len(self._permit_ready) >= SEEN_LIMIT:
                     del self._permit_ready[next(iter(self._permit_ready))]

@@ -11,13 +11,7 @@ from typing import Any
 
 from aetcd import rpc
 
-__all__ = ["Turn", "retrieved"]
-
-
-def retrieved(task: asyncio.Future[None]) -> None:
-    """A done callback: fetch what a task that nobody awaits raised."""
-    if not task.cancelled():
-        task.exception()  # retrieved: asyncio does not log it as lost
+__all__ = ["Turn"]
 
 
 @dataclass
