@@ -133,10 +133,12 @@ class PermitOps(Backend):
         kvs: Sequence[Any] = ()
         revision = 0
         if self._permit_queued.get(name):
-            # Requests of the name are queued here: its keys exist, the blind put would fail
-            # (a write, a consensus round); a read answers the same, cheaper.
-            reply = await self._wire.range(self._layout.permits(name))
-            kvs, revision = reply.kvs, int(reply.header.revision)
+            # Requests of the name are queued here: its keys exist, the blind put would fail.
+            # Queue it at once, behind a request queued here with its limit (every key
+            # created since that one's was checked against it), and read the keys in the
+            # same txn: a refusal is one round trip (it was a read, then the txn). The
+            # decision below is made from what it read, its own queue key among the keys.
+            kvs, revision = await self._enqueue_permit(name, owner, ttl, request, session, touched)
         lost = 0  # puts of a permit key that lost the race to another request's key
         for _ in range(8):
             self._check_open()
@@ -166,7 +168,7 @@ class PermitOps(Backend):
                 if not await self._keep_queued(name, owner, ttl, mine, session, touched):
                     return None
                 deficit = used + ahead + weight - limit
-                turn = Turn(revision, deficit, mine.token, owner, weight, held, ttl)
+                turn = Turn(revision, deficit, mine.token, owner, weight, held, ttl, limit=limit)
                 self._note_turn(name, owner, turn)
                 return _blocker(name, keys, owner)
             # Granted: no key may have come since the read (a new permit, or a queue key
@@ -201,12 +203,46 @@ class PermitOps(Backend):
             if not fits:
                 deficit = used + ahead + weight - limit
                 self._note_turn(
-                    name, owner, Turn(revision, deficit, token, owner, weight, held, ttl)
+                    name,
+                    owner,
+                    Turn(revision, deficit, token, owner, weight, held, ttl, limit=limit),
                 )
                 return _blocker(name, keys, owner)
             reply = await self._wire.range(self._layout.permits(name))  # its turn yet?
             kvs, revision = reply.kvs, int(reply.header.revision)
         return None
+
+    async def _enqueue_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        request: tuple[str, Mapping[str, str], int, int],
+        session: Session,
+        touched: float,
+    ) -> tuple[Sequence[Any], int]:
+        """Queue ``owner``'s request unless it has a key already, guarded on the newest
+        queue key of a request queued here with its limit (:meth:`Layout.permit_enqueue`);
+        the name's keys and the revision they were read at. Only a read when no such
+        request is queued here."""
+        identity, metadata, limit, weight = request
+        turns = [t for t in self._permit_queued.get(name, {}).values() if t.limit == limit]
+        if not turns:
+            reply = await self._wire.range(self._layout.permits(name))
+            return reply.kvs, int(reply.header.revision)
+        last = max(turns, key=lambda turn: turn.mine)
+        guard = (queue_slot(last.owner), last.mine)
+        value = encode_permit(identity, metadata, limit, weight, True)
+        put = await self._wire.txn(
+            self._layout.permit_enqueue(name, owner, value, session.lease_id, guard)
+        )
+        revision = int(put.header.revision)
+        if put.succeeded:
+            horizon = touched + QUEUE_HORIZON * ttl
+            slot = queue_slot(owner)
+            entry = Entry(name, owner, revision, session, horizon, queued=True, slot=slot)
+            self._sessions.attach(entry)
+        return put.responses[-1].response_range.kvs, revision
 
     async def _regrant_permit(
         self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float

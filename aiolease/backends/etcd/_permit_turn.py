@@ -37,6 +37,8 @@ class Turn:
     value: bytes = b""
     ttl: float = 0.0
     woken: asyncio.Future[None] | None = None
+    #: The limit it asked with.
+    limit: int = 0
     #: While a release here sends the transaction that hands it a place: done when
     #: the reply came.
     handing: asyncio.Future[None] | None = None

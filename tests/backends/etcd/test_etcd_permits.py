@@ -421,3 +421,49 @@ async def test_a_broken_watch_stream_fails_the_waits_on_it(
             assert inner(here).statistics().watch_streams == streams + 1
             for owner in owners:
                 await here.release(name, owner, None)
+
+
+async def test_a_request_queued_behind_a_waiter_here_is_one_txn(
+    anyio_backend: str, single_url: str
+) -> None:
+    """While a request of the name waits on this backend, another request is queued
+    behind it in one txn that also reads the keys (it was a read, then the txn): it is
+    refused, counted behind the waiter, and its turn comes after the waiter's."""
+    name = "behind"
+    first, second = permit_owner(), permit_owner()
+    open_backend = opener(single_url)
+    async with open_backend() as here, open_backend() as there:
+        holder = permit_owner()
+        held = await there.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        refusals = await _refuse(here, name, [first], 1)
+        woken: list[str] = []
+        turn = {owner: anyio.Event() for owner in (first, second)}
+
+        async def wait(owner: str) -> None:
+            await here.wait_permit_turn(name, owner, LONG, refusals[owner])
+            woken.append(owner)
+            turn[owner].set()
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait, first)
+                await anyio.wait_all_tasks_blocked()
+                sent = _count_requests(here)
+                refusals.update(await _refuse(here, name, [second], 1))
+                assert sent == {"txn": 1}, sent
+                permits = await there.read_permits(name)
+                assert permits is not None and permits.waiting == 2
+                tg.start_soon(wait, second)
+                await anyio.wait_all_tasks_blocked()
+                assert await there.release(name, holder, held.token)
+                await turn[first].wait()
+                assert woken == [first]
+                grant = await here.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
+                assert isinstance(grant, Grant)
+                assert await here.release(name, first, grant.token)
+            assert woken == [first, second]
+            grant = await here.try_acquire_permit(name, second, LONG, "w", {}, 1, 1)
+            assert isinstance(grant, Grant)
+            assert await here.release(name, second, grant.token)
+        assert await there.read_permits(name) is None
