@@ -31,6 +31,7 @@ from ._channel import open_channel, seconds
 from ._handoff import Handoffs
 from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
 from ._permit_ops import PermitOps
+from ._permit_watch import PermitWatches
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
 from ._stats import EtcdStatistics
 from ._takeover import Takeovers
@@ -131,6 +132,7 @@ class EtcdBackend(PermitOps):
         self._sessions.set_deleter(self._delete_expired)
         self._takeovers = Takeovers(wire, self._layout, self._sessions.spawn, self._taken)
         self._sessions.set_dropped(self._takeovers.unwatch)
+        self._permit_watches = PermitWatches(wire, self._layout, self._sessions.spawn)
         self._seen: dict[str, _Seen] = {}
         #: Non-fair mode: the slot (see :mod:`._keys`) of each attempt made here whose
         #: key may exist, until it is released; ``""``: the attempt was refused (wrote nothing).
@@ -213,6 +215,7 @@ class EtcdBackend(PermitOps):
             s.keepalive_failures,
             s.expired_entries,
             self._handoffs.count,
+            self._wire.watch_streams,
         )
 
     def _check_open(self) -> None:

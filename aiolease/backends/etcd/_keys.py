@@ -244,6 +244,29 @@ class Layout:
             failure=[rpc.RequestOp(request_range=_range(start, end))],
         )
 
+    def permit_enqueue(
+        self, name: str, owner: str, value: bytes, lease_id: int, guard: tuple[str, int]
+    ) -> Any:
+        """Txn: put ``owner``'s queue key (``value``, on ``lease_id``) unless it has a
+        queue key or a permit key already, and unless the key ``guard`` (slot, create
+        revision) is gone; then, or else, read every permit key of ``name`` (the last
+        response either way)."""
+        start = self.permit_start(name)
+        end = prefix_end(start)
+        waiting = self.key(name, queue_slot(owner))
+        return rpc.TxnRequest(
+            compare=[
+                _compare_create(waiting, 0),
+                _compare_create(self.key(name, owner), 0),
+                _compare_create(self.key(name, guard[0]), guard[1]),
+            ],
+            success=[
+                _put(waiting, value, lease_id),
+                rpc.RequestOp(request_range=_range(start, end)),
+            ],
+            failure=[rpc.RequestOp(request_range=_range(start, end))],
+        )
+
     def permit_grant(self, name: str, owner: str, queued: int, value: bytes, lease_id: int) -> Any:
         """Txn: if ``owner``'s queue key is ``queued`` and it has no permit key yet, delete
         the queue key and put the permit key (``value``, on ``lease_id``): its create

@@ -18,8 +18,9 @@ from ..._permits import PermitHolders
 from ...abc import Backend, Grant, HolderInfo
 from .._asyncio import now
 from ._keys import Layout, queue_slot
-from ._permit_turn import Turn, retrieved
+from ._permit_turn import Turn
 from ._permit_values import PermitKey, encode_permit, parse_permits
+from ._permit_watch import PermitWatches
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
 from ._takeover import Takeovers
 from ._wire import SessionGone, Wire
@@ -37,6 +38,7 @@ class PermitOps(Backend):
     _layout: Layout
     _sessions: Sessions
     _takeovers: Takeovers
+    _permit_watches: PermitWatches
     #: Per refused permit request: what its wait needs (see :class:`Turn`).
     _permit_seen: dict[tuple[str, str], Turn]
     #: The permit requests queued through this backend that wait for their turn (or
@@ -131,10 +133,12 @@ class PermitOps(Backend):
         kvs: Sequence[Any] = ()
         revision = 0
         if self._permit_queued.get(name):
-            # Requests of the name are queued here: its keys exist, the blind put would fail
-            # (a write, a consensus round); a read answers the same, cheaper.
-            reply = await self._wire.range(self._layout.permits(name))
-            kvs, revision = reply.kvs, int(reply.header.revision)
+            # Requests of the name are queued here: its keys exist, the blind put would fail.
+            # Queue it at once, behind a request queued here with its limit (every key
+            # created since that one's was checked against it), and read the keys in the
+            # same txn: a refusal is one round trip (it was a read, then the txn). The
+            # decision below is made from what it read, its own queue key among the keys.
+            kvs, revision = await self._enqueue_permit(name, owner, ttl, request, session, touched)
         lost = 0  # puts of a permit key that lost the race to another request's key
         for _ in range(8):
             self._check_open()
@@ -164,7 +168,7 @@ class PermitOps(Backend):
                 if not await self._keep_queued(name, owner, ttl, mine, session, touched):
                     return None
                 deficit = used + ahead + weight - limit
-                turn = Turn(revision, deficit, mine.token, owner, weight, held, ttl)
+                turn = Turn(revision, deficit, mine.token, owner, weight, held, ttl, limit=limit)
                 self._note_turn(name, owner, turn)
                 return _blocker(name, keys, owner)
             # Granted: no key may have come since the read (a new permit, or a queue key
@@ -199,12 +203,46 @@ class PermitOps(Backend):
             if not fits:
                 deficit = used + ahead + weight - limit
                 self._note_turn(
-                    name, owner, Turn(revision, deficit, token, owner, weight, held, ttl)
+                    name,
+                    owner,
+                    Turn(revision, deficit, token, owner, weight, held, ttl, limit=limit),
                 )
                 return _blocker(name, keys, owner)
             reply = await self._wire.range(self._layout.permits(name))  # its turn yet?
             kvs, revision = reply.kvs, int(reply.header.revision)
         return None
+
+    async def _enqueue_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        request: tuple[str, Mapping[str, str], int, int],
+        session: Session,
+        touched: float,
+    ) -> tuple[Sequence[Any], int]:
+        """Queue ``owner``'s request unless it has a key already, guarded on the newest
+        queue key of a request queued here with its limit (:meth:`Layout.permit_enqueue`);
+        the name's keys and the revision they were read at. Only a read when no such
+        request is queued here."""
+        identity, metadata, limit, weight = request
+        turns = [t for t in self._permit_queued.get(name, {}).values() if t.limit == limit]
+        if not turns:
+            reply = await self._wire.range(self._layout.permits(name))
+            return reply.kvs, int(reply.header.revision)
+        last = max(turns, key=lambda turn: turn.mine)
+        guard = (queue_slot(last.owner), last.mine)
+        value = encode_permit(identity, metadata, limit, weight, True)
+        put = await self._wire.txn(
+            self._layout.permit_enqueue(name, owner, value, session.lease_id, guard)
+        )
+        revision = int(put.header.revision)
+        if put.succeeded:
+            horizon = touched + QUEUE_HORIZON * ttl
+            slot = queue_slot(owner)
+            entry = Entry(name, owner, revision, session, horizon, queued=True, slot=slot)
+            self._sessions.attach(entry)
+        return put.responses[-1].response_range.kvs, revision
 
     async def _regrant_permit(
         self, name: str, owner: str, ttl: float, key: PermitKey, session: Session, touched: float
@@ -319,23 +357,23 @@ class PermitOps(Backend):
                 del self._permit_queued[next(iter(self._permit_queued))]
             self._permit_queued.setdefault(name, {})[owner] = turn
         turn.woken = asyncio.get_running_loop().create_future()
-        request = self._layout.watch_permits(name, turn.revision)
-        watch = asyncio.ensure_future(self._wire.watch(request, turn.accept))
+        # On the backend's one stream for permit waits, with the other waiters of the name
+        # (see :mod:`._permit_watch`): no stream, and most often no message, of its own.
+        waiter = self._permit_watches.wait(name, turn.revision, turn.accept)
         try:
             done, _ = await asyncio.wait(
-                (watch, turn.woken), timeout=ttl / 3, return_when=asyncio.FIRST_COMPLETED
+                (waiter.done, turn.woken), timeout=ttl / 3, return_when=asyncio.FIRST_COMPLETED
             )
             if turn.handing is not None and not turn.woken.done():
                 # The watch saw the hand-off (its queue key deleted) before its sender here
                 # got the reply: wait for that, and take the grant without a request.
                 await asyncio.wait((turn.handing,))
         finally:
-            watch.cancel()
-            watch.add_done_callback(retrieved)
+            self._permit_watches.leave(waiter)
             turn.woken.cancel()  # (no-op if a hand-off woke it)
             turn.asking = turn.woken.cancelled()  # it asks again: no hand-off to it now
-        if watch in done:
-            watch.result()  # what the watch raised
+        if waiter.done in done:
+            waiter.done.result()  # what the watch raised
             if turn.ready and turn.asking:
                 if len(self._permit_ready) >= SEEN_LIMIT:
                     del self._permit_ready[next(iter(self._permit_ready))]

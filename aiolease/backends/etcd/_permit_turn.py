@@ -11,13 +11,7 @@ from typing import Any
 
 from aetcd import rpc
 
-__all__ = ["Turn", "retrieved"]
-
-
-def retrieved(task: asyncio.Future[None]) -> None:
-    """A done callback: fetch what a task that nobody awaits raised."""
-    if not task.cancelled():
-        task.exception()  # retrieved: asyncio does not log it as lost
+__all__ = ["Turn"]
 
 
 @dataclass
@@ -43,6 +37,8 @@ class Turn:
     value: bytes = b""
     ttl: float = 0.0
     woken: asyncio.Future[None] | None = None
+    #: The limit it asked with.
+    limit: int = 0
     #: While a release here sends the transaction that hands it a place: done when
     #: the reply came.
     handing: asyncio.Future[None] | None = None

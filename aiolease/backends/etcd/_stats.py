@@ -22,6 +22,8 @@ class EtcdStatistics:
     :param expired_entries: grants dropped because nobody renewed them within their ttl
     :param local_handoffs: fair mode: releases that handed the name to a successor
         waiting on the same backend, which took it without a request
+    :param watch_streams: gRPC Watch streams opened so far (a lock's wait opens one;
+        takeover watches share one, and so do permit waits)
     """
 
     lease_ids: tuple[int, ...]
@@ -32,3 +34,4 @@ class EtcdStatistics:
     keepalive_failures: int
     expired_entries: int
     local_handoffs: int = 0
+    watch_streams: int = 0

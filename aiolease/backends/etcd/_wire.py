@@ -257,6 +257,8 @@ class Wire:
         self._token: str | None = None
         self._user: tuple[str, str] | None = None
         self._limiter = Limiter(MAX_IN_FLIGHT)
+        #: Watch streams opened so far (:meth:`watch` and :meth:`open_watch`).
+        self.watch_streams = 0
 
     @classmethod
     def of_client(cls, client: Any, timeout: float) -> Wire:
@@ -442,6 +444,7 @@ class Wire:
     async def _watch(self, create: Any, accept: Callable[[Sequence[Any]], bool]) -> None:
         stubs = await self._ready()
         call = stubs.watch.Watch(metadata=self._metadata(REQUIRE_LEADER))
+        self.watch_streams += 1
         try:
             with mapped("watch"):
                 await call.write(rpc.WatchRequest(create_request=create))
@@ -461,7 +464,9 @@ class Wire:
     async def open_watch(self) -> Any:
         """A Watch stream to put many watchers on (see :mod:`._takeover`)."""
         stubs = await self._ready()
-        return stubs.watch.Watch(metadata=self._metadata(REQUIRE_LEADER))
+        call = stubs.watch.Watch(metadata=self._metadata(REQUIRE_LEADER))
+        self.watch_streams += 1
+        return call
 
     async def write_watch(self, call: Any, request: Any) -> None:
         """Send one ``WatchRequest`` on a stream from :meth:`open_watch`.

@@ -13,9 +13,16 @@ from typing import Any
 import anyio
 import pytest
 
-from aiolease import AsyncSemaphore, ForeignDataError, LeaseLostError, LossReason
+from aiolease import (
+    AsyncSemaphore,
+    BackendUnavailable,
+    ForeignDataError,
+    LeaseLostError,
+    LossReason,
+)
 from aiolease.abc import Grant, HolderInfo, permit_owner
 from tests.backends.etcd.support import (
+    LOOK_AGAIN,
     WAIT,
     Gateway,
     inner,
@@ -307,3 +314,156 @@ async def test_a_request_that_does_not_wait_is_handed_nothing(
         granted = await backend.try_acquire_permit(name, reader, LONG, "r", {}, limit, 1)
         assert isinstance(granted, Grant) and granted.token > held.token
         assert await backend.release(name, reader, granted.token)
+
+
+async def _refuse(backend: Any, name: str, owners: list[str], limit: int) -> dict[str, HolderInfo]:
+    """Queue ``owners`` on ``name`` (each refused once), in that order."""
+    refusals = {}
+    for owner in owners:
+        refused = await backend.try_acquire_permit(name, owner, LONG, "w", {}, limit, 1)
+        assert isinstance(refused, HolderInfo)
+        refusals[owner] = refused
+    return refusals
+
+
+async def test_the_waiters_of_a_name_share_one_watch_stream(
+    anyio_backend: str, single_url: str
+) -> None:
+    """Three requests wait for their turn on one backend while another backend holds
+    every permit: their waits ride on one Watch stream (one watcher of the name on it),
+    not a stream each (3 gRPC operations per wait, and every change sent to the process
+    once per waiter); the release of the permits elsewhere wakes each of them. A request
+    whose read predates events that the name's watcher delivered already (the releases
+    it needs happened before it waits) is shown them: it returns at once, with no new
+    stream either, and its next attempt takes its grant without a read."""
+    name, limit = "shared", 4
+    waiters = [permit_owner() for _ in range(3)]
+    late = permit_owner()
+    open_backend = opener(single_url)
+    async with open_backend() as here, open_backend() as there:
+        held = []
+        for _ in range(limit):
+            owner = permit_owner()
+            grant = await there.try_acquire_permit(name, owner, LONG, "h", {}, limit, 1)
+            assert isinstance(grant, Grant)
+            held.append((owner, grant.token))
+        refusals = await _refuse(here, name, [*waiters, late], limit)
+        streams = inner(here).statistics().watch_streams  # (none: `here` holds nothing)
+        woken: list[str] = []
+
+        async def wait(owner: str) -> None:
+            await here.wait_permit_turn(name, owner, LONG, refusals[owner])
+            woken.append(owner)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for owner in waiters:
+                    tg.start_soon(wait, owner)
+                await anyio.wait_all_tasks_blocked()
+                assert woken == []
+                for owner, token in held:
+                    assert await there.release(name, owner, token)
+            assert sorted(woken) == sorted(waiters)
+            # `late` read before every release: the watcher delivered them already.
+            await wait(late)
+        assert inner(here).statistics().watch_streams - streams == 1
+        sent = _count_requests(here)
+        grant = await here.try_acquire_permit(name, late, LONG, "w", {}, limit, 1)
+        assert isinstance(grant, Grant) and sent == {"txn": 1}, sent
+        assert await here.release(name, late, grant.token)
+        for owner in waiters:
+            await here.release(name, owner, None)  # gives up its queued request
+        assert await there.read_permits(name) is None
+
+
+async def test_a_broken_watch_stream_fails_the_waits_on_it(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    """The server goes away while requests wait on the backend's shared permit watch:
+    each wait raises BackendUnavailable (the core tries again), none hangs; once the
+    server is back, a wait opens a new stream and the release elsewhere wakes it."""
+    name = "broken"
+    async with private_etcd(tmp_path / "etcd") as etcd:
+        open_backend = opener(etcd.url)
+        async with open_backend() as here, open_backend() as there:
+            holder = permit_owner()
+            held = await there.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+            assert isinstance(held, Grant)
+            owners = [permit_owner() for _ in range(3)]
+            refusals = await _refuse(here, name, owners, 1)
+            failed: list[str] = []
+
+            async def wait(owner: str) -> None:
+                with pytest.raises(BackendUnavailable):
+                    await here.wait_permit_turn(name, owner, LONG, refusals[owner])
+                failed.append(owner)
+
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tg:
+                    for owner in owners:
+                        tg.start_soon(wait, owner)
+                    await anyio.wait_all_tasks_blocked()
+                    await etcd.kill()
+            assert sorted(failed) == sorted(owners)
+            streams = inner(here).statistics().watch_streams
+            await etcd.start()
+            with anyio.fail_after(WAIT):
+                while True:  # the channel reconnects (no event says when): ask again
+                    try:
+                        refusals = await _refuse(here, name, owners[:1], 1)
+                        break
+                    except BackendUnavailable:
+                        await anyio.sleep(LOOK_AGAIN)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(here.wait_permit_turn, name, owners[0], LONG, refusals[owners[0]])
+                    await anyio.wait_all_tasks_blocked()
+                    assert await there.release(name, holder, held.token)
+            assert inner(here).statistics().watch_streams == streams + 1
+            for owner in owners:
+                await here.release(name, owner, None)
+
+
+async def test_a_request_queued_behind_a_waiter_here_is_one_txn(
+    anyio_backend: str, single_url: str
+) -> None:
+    """While a request of the name waits on this backend, another request is queued
+    behind it in one txn that also reads the keys (it was a read, then the txn): it is
+    refused, counted behind the waiter, and its turn comes after the waiter's."""
+    name = "behind"
+    first, second = permit_owner(), permit_owner()
+    open_backend = opener(single_url)
+    async with open_backend() as here, open_backend() as there:
+        holder = permit_owner()
+        held = await there.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        refusals = await _refuse(here, name, [first], 1)
+        woken: list[str] = []
+        turn = {owner: anyio.Event() for owner in (first, second)}
+
+        async def wait(owner: str) -> None:
+            await here.wait_permit_turn(name, owner, LONG, refusals[owner])
+            woken.append(owner)
+            turn[owner].set()
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait, first)
+                await anyio.wait_all_tasks_blocked()
+                sent = _count_requests(here)
+                refusals.update(await _refuse(here, name, [second], 1))
+                assert sent == {"txn": 1}, sent
+                permits = await there.read_permits(name)
+                assert permits is not None and permits.waiting == 2
+                tg.start_soon(wait, second)
+                await anyio.wait_all_tasks_blocked()
+                assert await there.release(name, holder, held.token)
+                await turn[first].wait()
+                assert woken == [first]
+                grant = await here.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
+                assert isinstance(grant, Grant)
+                assert await here.release(name, first, grant.token)
+            assert woken == [first, second]
+            grant = await here.try_acquire_permit(name, second, LONG, "w", {}, 1, 1)
+            assert isinstance(grant, Grant)
+            assert await here.release(name, second, grant.token)
+        assert await there.read_permits(name) is None
