@@ -33,7 +33,7 @@ from ..sql._values import check_identifier, check_owner, encode_metadata
 from ..sql._wakeups import Wakeups
 from ._bell import Bells
 from ._errors import answered, errno, mapped
-from ._exchange import STATEMENT_CACHE, exchange, statement_cache, usable
+from ._exchange import PS_MULTI_RESULTS, STATEMENT_CACHE, exchange, statement_cache, usable
 from ._permits import Permits
 from ._queue import REFRESH, Queue
 from ._statements import (
@@ -255,9 +255,13 @@ class MySQLBackend(Backend):
             if (key not in URL_OPTIONS and key not in KEYWORD_ONLY) or key in ours:
                 raise InvalidArgument(f"MySQL option {key!r} is unknown or given twice")
         ours.update(options)
-        if statement_cache(asyncmy):
+        prepared = statement_cache(asyncmy)
+        if prepared:
             connect["stmt_cache_size"] = STATEMENT_CACHE
         connect.update(ours.pop("connect_options", None) or {})
+        if prepared:
+            # A prepared ``CALL`` may answer a result set (the permits' acquire).
+            connect["client_flag"] = int(connect.get("client_flag", 0)) | PS_MULTI_RESULTS
         connect["connect_timeout"] = check_seconds(
             "connect_timeout", ours.pop("connect_timeout", 10.0)
         )
@@ -286,6 +290,7 @@ class MySQLBackend(Backend):
         backend._lean = lean
         backend._queue.bells = Bells(open_connection, f"{connect['database']}.{backend.table}")
         backend._permits.bells = backend._queue.bells  # one keeper, one cap on waits
+        backend._permits.prepared = prepared and bool(connect.get("stmt_cache_size"))
         return backend
 
     async def setup(self) -> None:

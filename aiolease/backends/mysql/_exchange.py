@@ -8,7 +8,7 @@ from typing import Any
 
 from ._statements import ID, ROWS, Prepared, Rendered
 
-__all__ = ["STATEMENT_CACHE", "exchange", "statement_cache", "usable"]
+__all__ = ["PS_MULTI_RESULTS", "STATEMENT_CACHE", "exchange", "statement_cache", "usable"]
 
 
 async def exchange(
@@ -41,8 +41,12 @@ async def exchange(
 
 
 #: Prepared statements kept per connection (of a backend made from a URL): acquire,
-#: take-over, holder, reserved, peek, the two releases, hand-off, mark, wait, leave.
-STATEMENT_CACHE = 12
+#: take-over, holder, reserved, peek, the two releases, hand-off, mark, wait, leave, and
+#: the permits' free and acquire.
+STATEMENT_CACHE = 14
+#: The client capability that lets a prepared ``CALL`` answer result sets (MySQL's and
+#: MariaDB's ``CLIENT_PS_MULTI_RESULTS``).
+PS_MULTI_RESULTS = 1 << 18
 
 
 def statement_cache(asyncmy: Any) -> bool:

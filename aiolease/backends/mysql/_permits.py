@@ -91,6 +91,9 @@ class Permits:
         #: The grants that releases here made to queue entries, until their waiters take
         #: them.
         self._handed = Handed(wakeups.wake, now)
+        #: Whether the backend's connections may run the acquire ``CALL`` as a prepared
+        #: statement (they ask for ``PS_MULTI_RESULTS``: a backend made from a URL).
+        self.prepared = False
         #: Names with requests queued, as this backend last saw them (a refusal, or a
         #: release that left some): their releases go to the procedure at once.
         self._contended: set[str] = set()
@@ -135,7 +138,8 @@ class Permits:
             "us": micros(ttl),
         }
         # Seen to its end even if the caller is cancelled (see ``finished``).
-        answer = await finished(self._execute(self._sql.acquire, params, ROWS))
+        sql = self._sql.acquire_prepared if self.prepared else self._sql.acquire
+        answer = await finished(self._execute(sql, params, ROWS))
         act, token = (_text(answer[0][0]), answer[0][1]) if answer else (None, None)
         rows = [] if token is not None else self._rows(name, [row[2:] for row in answer])
         outcome = acquired(self._sql.where, name, owner, ttl, limit, act, token, rows)

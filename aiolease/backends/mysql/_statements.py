@@ -389,13 +389,18 @@ class PermitSql:
         # Made once (error 1304, "already exists", from a second maker is no error).
         self.create_acquire = _acquire_procedure(f, p, n)
         self.create_release = _release_procedure(r, p, n)
-        # One result set: "act" (see ``acquired``), "tok" (a grant's token), then the
-        # columns of a permit row (NULL for a grant); for a refusal, the live rows of
-        # the name in arrival order, one per row.
+        # One result set: "act" (see ``acquired``) and "tok" (the token of a grant or a
+        # renewal, answered after the commit: nothing is reported granted before it is
+        # durable); for a refusal ("tok" NULL), then the columns of a permit row: the
+        # live rows of the name in arrival order, one per row.
         self.acquire = (
             f"CALL {f}(%(name)s, %(owner)s, %(weight)s, %(lim)s, %(identity)s,"
             " %(metadata)s, %(ttl)s, %(us)s)"
         )
+        # The same as a prepared statement, for connections that may have a prepared
+        # ``CALL`` answer result sets (``PS_MULTI_RESULTS``: a backend made from a URL
+        # asks for it): parsed once per connection, its parameters sent as binary.
+        self.acquire_prepared = Prepared.of(self.acquire)
         # A wait on the bell of the permit or queue entry that blocks a waiter (see
         # ``_bell``): 1 when it was let go (or was free), else 0; nothing else to look at.
         self.ring = Prepared.of(
@@ -431,7 +436,7 @@ class PermitSql:
         # deleted nothing) the release procedure: one round trip, which answers one row
         # per grant it made ("freed", "deleted", entries left queued, then owner, token,
         # ttl; NULL if none).
-        self.free = (
+        self.free = Prepared.of(
             f"DELETE FROM {p} WHERE name = %(name)s AND owner = %(owner)s AND granted = 1"
             f" AND token = %(token)s AND waited = 0 AND expires_at > {_NOW}"
         )
@@ -479,7 +484,6 @@ def _acquire_procedure(f: str, p: str, n: str) -> str:
     refresh = (
         f"UPDATE {p} SET ttl = a_ttl, expires_at = {expiry} WHERE name = a_name AND owner = a_owner"
     )
-    nothing = "NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"
     # A grant marks its permit ``waited`` if requests stay queued behind it.
     grant = upsert.format(
         granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata", waited="others > 0"
@@ -529,8 +533,8 @@ body: BEGIN
   END IF;
   IF used + ahead + a_weight <= a_lim THEN
    {grant};
-   SELECT 'grant' AS act, got AS tok, {nothing};
    COMMIT;
+   SELECT 'grant' AS act, got AS tok;
    LEAVE body;
   ELSEIF my_seq IS NULL THEN
    UPDATE {n} SET token = token - 1, seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
@@ -548,12 +552,13 @@ body: BEGIN
   UPDATE {n} SET token = token - 1 WHERE name = a_name;
  END IF;
  IF decision = 'renew' THEN
-  SELECT decision AS act, my_token AS tok, {nothing};
+  COMMIT;
+  SELECT decision AS act, my_token AS tok;
  ELSE
   SELECT decision AS act, NULL AS tok, owner, weight, lim, granted, seq, token, identity,
    metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq;
+  COMMIT;
  END IF;
- COMMIT;
 END"""
 
 

@@ -64,7 +64,9 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
 #: ``docs/internals/semaphores.md``), and a queue entry keeps its metadata for that.
 #: Version 3: PostgreSQL's acquire commits a refusal without waiting for the WAL
 #: flush (``synchronous_commit`` off for that transaction).
-ROUTINE_VERSION = 3
+#: Version 4: MySQL's acquire answers a grant or a renewal after its ``COMMIT``, in two
+#: columns (``act``, ``tok``); the rows of the name only with a refusal.
+ROUTINE_VERSION = 4
 
 
 def permit_routine(table: str, longest: int, kind: str = "acquire") -> str:

@@ -27,9 +27,10 @@ from aiolease import (
     Capability,
     InvalidArgument,
     LeaseLostError,
+    LimitMismatchError,
     NotOwnerError,
 )
-from aiolease.abc import Backend, Grant, permit_owner
+from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.faults import FaultyBackend
@@ -351,6 +352,62 @@ async def test_a_users_pool_is_used_and_never_closed(
             async with pool.acquire() as conn, conn.cursor() as cur:
                 await cur.execute("SELECT 1")
                 assert [tuple(row) for row in await cur.fetchall()] == [(1,)]
+        finally:
+            pool.close()
+            await pool.wait_closed()
+
+    await on_asyncio(run)
+
+
+async def _permit_answers(b: Backend) -> None:
+    """A grant, a renewal, a refusal (with the blocker's identity and metadata) and a
+    limit mismatch, each answered as the acquire procedure means it."""
+    name, first, second = unique("sem"), permit_owner(), permit_owner()
+    granted = await b.try_acquire_permit(name, first, 30.0, "me", {"k": "v"}, 1, 1)
+    assert isinstance(granted, Grant)
+    again = await b.try_acquire_permit(name, first, 30.0, "me", {"k": "v"}, 1, 1)
+    assert isinstance(again, Grant) and again.token == granted.token
+    blocked = await b.try_acquire_permit(name, second, 30.0, "you", {}, 1, 1)
+    assert isinstance(blocked, HolderInfo)
+    assert (blocked.owner, blocked.identity, blocked.token) == (first, "me", granted.token)
+    assert blocked.metadata == {"k": "v"} and 0 < blocked.remaining <= 30
+    with pytest.raises(LimitMismatchError):
+        await b.try_acquire_permit(name, permit_owner(), 30.0, "", {}, 2, 1)
+    assert await b.release(name, second, None) is False  # its queue entry, dropped
+    assert await b.release(name, first, granted.token)
+    later = await b.try_acquire_permit(name, second, 30.0, "you", {}, 1, 1)
+    assert isinstance(later, Grant) and later.token > granted.token
+
+
+async def test_permit_answers_from_the_prepared_acquire(my_url: str) -> None:
+    # A backend made from a URL runs the acquire CALL as a prepared statement (its
+    # connections ask for PS_MULTI_RESULTS): its answers, grant or rows, are decoded
+    # from the binary protocol.
+    async def run() -> None:
+        async with backend(my_url, table=unique("leases")) as b:
+            assert isinstance(b, MySQLBackend) and b._permits.prepared
+            await _permit_answers(b)
+
+    await on_asyncio(run)
+
+
+async def test_permits_on_a_users_pool_with_a_statement_cache(my_url: str, database: str) -> None:
+    # A user's pool that prepares statements but never asked for PS_MULTI_RESULTS: a
+    # prepared CALL that answers a result set would fail there (error 1312), so the
+    # acquire goes as text.
+    async def run() -> None:
+        pool = await asyncmy.create_pool(
+            minsize=1,
+            maxsize=2,
+            db=database,
+            charset="utf8mb4",
+            stmt_cache_size=16,
+            **connect_args(my_url),
+        )
+        try:
+            async with MySQLBackend(pool, table=unique("leases")) as b:
+                assert not b._permits.prepared
+                await _permit_answers(b)
         finally:
             pool.close()
             await pool.wait_closed()
