@@ -370,7 +370,8 @@ async def _permit_answers(b: Backend) -> None:
     blocked = await b.try_acquire_permit(name, second, 30.0, "you", {}, 1, 1)
     assert isinstance(blocked, HolderInfo)
     assert (blocked.owner, blocked.identity, blocked.token) == (first, "me", granted.token)
-    assert blocked.metadata == {"k": "v"} and 0 < blocked.remaining <= 30
+    assert blocked.metadata == {"k": "v"}
+    assert blocked.remaining is not None and 0 < blocked.remaining <= 30
     with pytest.raises(LimitMismatchError):
         await b.try_acquire_permit(name, permit_owner(), 30.0, "", {}, 2, 1)
     assert await b.release(name, second, None) is False  # its queue entry, dropped
