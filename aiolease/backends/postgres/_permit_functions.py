@@ -1,0 +1,241 @@
+"""The PL/pgSQL functions that the PostgreSQL backend's setup installs for permits
+(the SQL text only, no driver): the acquire, the release, and the batch that calls
+both for several operations of a name in one transaction. See
+:class:`~aiolease.backends.postgres._statements.PermitSql` for how each is called."""
+
+from __future__ import annotations
+
+from ..._permits import PERMIT_PREFIX, RW_LIMIT
+
+__all__ = ["acquire_function", "batch_function", "release_function"]
+
+
+def acquire_function(f: str, p: str, n: str) -> str:
+    """``CREATE FUNCTION`` of the acquire (see :class:`PermitSql`): the rules of
+    ``docs/internals/semaphores.md``, as :mod:`aiolease.backends.sql._permits` states them,
+    in one transaction that locks the name's row first (made if missing: every acquire
+    of the name waits for the one before to commit)."""
+    columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
+    expiry = "clock_timestamp() + make_interval(secs => a_ttl)"
+    live = "x.name = a_name AND x.expires_at > t"
+    upsert = (
+        f"INSERT INTO {p} AS x ({columns}) VALUES"
+        " (a_name, a_owner, a_weight, a_lim, {granted}, {seq}, {token}, a_identity, {meta},"
+        f" a_ttl, {expiry}) ON CONFLICT (name, owner) DO UPDATE SET weight = excluded.weight,"
+        " lim = excluded.lim, granted = excluded.granted, seq = excluded.seq,"
+        " token = excluded.token, identity = excluded.identity,"
+        " metadata = excluded.metadata, ttl = excluded.ttl, expires_at = excluded.expires_at"
+    )
+    # What aiolease writes (permit_row checks the same, and the metadata, in Python).
+    sane = (
+        f"left(x.owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}'"
+        f" AND x.lim BETWEEN 1 AND {RW_LIMIT} AND x.weight BETWEEN 1 AND x.lim"
+        " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
+    )
+    nothing = "NULL::text, NULL::int8, NULL::int8, NULL::bool, NULL::int8, NULL::int8"
+    return f"""CREATE OR REPLACE FUNCTION {f}(a_name text, a_owner text, a_weight int8,
+ a_lim int8, a_identity text, a_metadata text, a_ttl float8)
+RETURNS TABLE (act text, tok int8, owner text, weight int8, lim int8, granted bool, seq int8,
+ token int8, identity text, metadata text, remaining float8)
+LANGUAGE plpgsql VOLATILE AS $aiolease$
+#variable_conflict use_column
+DECLARE
+ t timestamptz;
+ first_lim int8;
+ all_sane bool;
+ used int8;
+ ahead int8;
+ my_granted bool;
+ my_seq int8;
+ my_token int8;
+ got int8;
+ expired int8;
+ decision text;
+BEGIN
+ -- Locks the name's row, and takes its next token (given back unless granted).
+ INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 1, 0)
+  ON CONFLICT (name) DO UPDATE SET token = x.token + 1 RETURNING x.token INTO got;
+ t := clock_timestamp();
+ -- One read of the name's rows (each statement here sees every commit before it),
+ -- which keeps them from being deleted (a release) until the commit, so that the rows
+ -- a refusal answers are those it was decided on; renewals are not held up.
+ SELECT (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
+  coalesce(bool_and({sane}) FILTER (WHERE x.expires_at > t), true),
+  coalesce(sum(x.weight) FILTER (WHERE x.granted AND x.expires_at > t), 0)::int8,
+  bool_or(x.granted) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  max(x.seq) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+  count(*) FILTER (WHERE x.expires_at <= t)
+  INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired
+  FROM (SELECT * FROM {p} r WHERE r.name = a_name FOR KEY SHARE) x;
+ IF expired > 0 THEN
+  DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
+ END IF;
+ IF first_lim IS NOT NULL AND NOT all_sane THEN
+  decision := 'foreign';
+ ELSIF first_lim IS NOT NULL AND first_lim <> a_lim THEN
+  decision := 'mismatch';
+ ELSE
+  IF my_granted THEN
+   UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+   UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
+   RETURN QUERY SELECT 'renew'::text, my_token, {nothing}, NULL::text, NULL::text, NULL::float8;
+   RETURN;
+  END IF;
+  ahead := 0;
+  IF first_lim IS NOT NULL THEN
+   SELECT coalesce(sum(x.weight), 0)::int8 INTO ahead FROM {p} x WHERE {live}
+    AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
+  END IF;
+  IF used + ahead + a_weight <= a_lim THEN
+   {upsert.format(granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata")};
+   RETURN QUERY SELECT 'grant'::text, got, {nothing}, NULL::text, NULL::text, NULL::float8;
+   RETURN;
+  END IF;
+  decision := CASE WHEN my_seq IS NULL THEN 'queue' ELSE 'refresh' END;
+ END IF;
+ -- Granted nothing: a queue entry (or nothing) lost in a crash is written again by
+ -- its waiter's next ask, so this commit need not wait for the WAL flush (and
+ -- holds the name's row that much shorter); a later grant's commit flushes it.
+ PERFORM set_config('synchronous_commit', 'off', true);
+ RETURN QUERY SELECT decision, NULL::int8, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
+  x.identity, x.metadata, extract(epoch FROM x.expires_at - t)::float8
+  FROM {p} x WHERE {live} ORDER BY x.seq;
+ IF decision = 'queue' THEN
+  UPDATE {n} x SET token = x.token - 1, seq = x.seq + 1 WHERE x.name = a_name
+   RETURNING x.seq INTO got;
+  {upsert.format(granted="false", seq="got", token="NULL", meta="a_metadata")};
+ ELSE
+  UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
+  IF decision = 'refresh' THEN
+   UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
+  END IF;
+ END IF;
+END
+$aiolease$"""
+
+
+def release_function(r: str, p: str, n: str) -> str:
+    """``CREATE FUNCTION`` of the release (see :class:`PermitSql`): in one transaction
+    that locks the name's row first (as an acquire does, so that neither waits for the
+    other while holding what the other needs), delete the caller's permit (of that
+    token) or queue entry; then, if live queue entries are left, grant those that fit
+    in arrival order (rule 3: the first entries whose weights, with the held weight,
+    fit the limit; the first that does not fit stops it), each with the name's next
+    token and an expiry of its own ttl from now, and ``NOTIFY`` their owners
+    (``'q'`` + the length of the owners joined by ``","`` + ``':'`` + owners + name,
+    several notifications if they would pass the payload's limit). A grant is the
+    queue entry's own: the identity and metadata of its request, kept for that."""
+    sane = (
+        f"left(x.owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}'"
+        f" AND x.lim BETWEEN 1 AND {RW_LIMIT} AND x.weight BETWEEN 1 AND x.lim"
+        " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
+    )
+    return f"""CREATE OR REPLACE FUNCTION {r}(a_name text, a_owner text, a_token int8,
+ a_channel text)
+RETURNS TABLE (freed bool, deleted bool, still_queued int8, owners text[], tokens int8[],
+ ttls float8[])
+LANGUAGE plpgsql VOLATILE AS $aiolease$
+#variable_conflict use_column
+DECLARE
+ t timestamptz;
+ tok int8;
+ was_live bool;
+ low_lim int8;
+ high_lim int8;
+ all_sane bool;
+ used int8;
+ queued int8;
+ g_owners text[];
+ g_tokens int8[];
+ g_ttls float8[];
+ joined text := '';
+ o text;
+BEGIN
+ SELECT x.token INTO tok FROM {n} x WHERE x.name = a_name FOR NO KEY UPDATE;
+ DELETE FROM {p} x WHERE x.name = a_name AND x.owner = a_owner
+  AND (NOT x.granted OR a_token IS NULL OR x.token = a_token)
+  RETURNING x.granted AND x.expires_at > clock_timestamp() INTO was_live;
+ IF NOT FOUND THEN
+  PERFORM set_config('synchronous_commit', 'off', true);  -- wrote nothing
+  RETURN QUERY SELECT false, false, 0::int8, NULL::text[], NULL::int8[], NULL::float8[];
+  RETURN;
+ END IF;
+ t := clock_timestamp();
+ SELECT min(x.lim), max(x.lim), coalesce(bool_and({sane}), true),
+  coalesce(sum(x.weight) FILTER (WHERE x.granted), 0)::int8, count(*) FILTER (WHERE NOT x.granted)
+  INTO low_lim, high_lim, all_sane, used, queued
+  FROM {p} x WHERE x.name = a_name AND x.expires_at > t;
+ IF queued > 0 AND tok IS NOT NULL AND all_sane AND low_lim = high_lim AND used < low_lim THEN
+  WITH q AS (SELECT x.owner, sum(x.weight) OVER w AS run, row_number() OVER w AS k
+    FROM {p} x WHERE x.name = a_name AND NOT x.granted AND x.expires_at > t
+    WINDOW w AS (ORDER BY x.seq ROWS UNBOUNDED PRECEDING)),
+   g AS (UPDATE {p} x SET granted = true, token = tok + q.k,
+    metadata = coalesce(x.metadata, '{{}}'), expires_at = t + make_interval(secs => x.ttl)
+    FROM q WHERE x.name = a_name AND x.owner = q.owner AND used + q.run <= low_lim
+    RETURNING x.owner, x.token, x.ttl)
+  SELECT array_agg(g.owner ORDER BY g.token), array_agg(g.token ORDER BY g.token),
+   array_agg(g.ttl ORDER BY g.token) INTO g_owners, g_tokens, g_ttls FROM g;
+  IF g_owners IS NOT NULL THEN
+   UPDATE {n} x SET token = tok + cardinality(g_owners) WHERE x.name = a_name;
+   FOREACH o IN ARRAY g_owners LOOP
+    IF joined <> '' AND octet_length(joined) + octet_length(o) + octet_length(a_name) > 7000 THEN
+     PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
+     joined := '';
+    END IF;
+    joined := CASE WHEN joined = '' THEN o ELSE joined || ',' || o END;
+   END LOOP;
+   PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
+  END IF;
+ END IF;
+ RETURN QUERY SELECT coalesce(was_live, false), true, queued - coalesce(cardinality(g_owners), 0),
+  g_owners, g_tokens, g_ttls;
+END
+$aiolease$"""
+
+
+def batch_function(b: str, f: str, r: str) -> str:
+    """``CREATE FUNCTION`` of a batch (see :class:`PermitSql`): the acquire function
+    ``f`` and the release function ``r`` called for each operation in order, in one
+    transaction, each answer tagged with its operation's place. The commit waits for
+    the WAL flush if any operation granted, renewed or deleted (as theirs would), and
+    not otherwise (theirs would not either: each says so, the last one would win)."""
+    nulls = ", ".join(["NULL::text, NULL::int8"] + [f"NULL::{t}" for t in _ROW_TYPES])
+    return f"""CREATE OR REPLACE FUNCTION {b}(a_name text, a_kinds text, a_owners text[],
+ a_tokens int8[], a_weights int8[], a_lims int8[], a_identities text[], a_metas text[],
+ a_ttls float8[], a_channel text)
+RETURNS TABLE (i int4, act text, tok int8, owner text, weight int8, lim int8, granted bool,
+ seq int8, token int8, identity text, metadata text, remaining float8, freed bool,
+ deleted bool, still_queued int8, owners text[], tokens int8[], ttls float8[])
+LANGUAGE plpgsql VOLATILE AS $aiolease$
+#variable_conflict use_column
+DECLARE
+ k int4;
+ durable bool := false;
+ keep text := current_setting('synchronous_commit');
+ x record;
+BEGIN
+ FOR k IN 1 .. cardinality(a_owners) LOOP
+  IF substr(a_kinds, k, 1) = 'a' THEN
+   FOR x IN SELECT * FROM {f}(a_name, a_owners[k], a_weights[k], a_lims[k], a_identities[k],
+     a_metas[k], a_ttls[k]) LOOP
+    durable := durable OR x.act IN ('grant', 'renew');
+    RETURN QUERY SELECT k, x.act, x.tok, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
+     x.identity, x.metadata, x.remaining, NULL::bool, NULL::bool, NULL::int8, NULL::text[],
+     NULL::int8[], NULL::float8[];
+   END LOOP;
+  ELSE
+   FOR x IN SELECT * FROM {r}(a_name, a_owners[k], a_tokens[k], a_channel) LOOP
+    durable := durable OR x.deleted;
+    RETURN QUERY SELECT k, {nulls}, x.freed, x.deleted, x.still_queued, x.owners, x.tokens,
+     x.ttls;
+   END LOOP;
+  END IF;
+ END LOOP;
+ PERFORM set_config('synchronous_commit', CASE WHEN durable THEN keep ELSE 'off' END, true);
+END
+$aiolease$"""
+
+
+#: The types of the permit columns after ``act`` and ``tok`` (``PERMIT_COLUMNS``).
+_ROW_TYPES = ("text", "int8", "int8", "bool", "int8", "int8", "text", "text", "float8")
