@@ -153,7 +153,8 @@ class Permits:
         meta = encode_metadata(metadata) if metadata else "{}"
         self._handed.asking(name, owner)
         self.statements += 1
-        # Seen to its end even if the caller is cancelled (see ``Combiner.run``).
+        # Sent at once: seen to its end even if the caller is cancelled; gathered with
+        # others: sent before whatever the caller sends next (see ``Combiner.run``).
         _, answer = await self.combiner.run(name, (owner, weight, limit, identity, meta, ttl))
         first = answer[0] if answer else None
         act, token = (None, None) if first is None else (first["act"], first["tok"])
