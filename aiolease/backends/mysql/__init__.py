@@ -83,6 +83,7 @@ connection, not per call. Its bells take connections outside the pool, opened on
 first contention: one that holds them, one per wait in flight.
 """
 
-from ._backend import MySQLBackend, MySQLStatistics
+from ._backend import MySQLBackend
+from ._stats import MySQLStatistics
 
 __all__ = ["MySQLBackend", "MySQLStatistics"]

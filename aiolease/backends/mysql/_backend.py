@@ -25,7 +25,7 @@ from ..sql._options import pool_size
 from ..sql._permits import (
     by_kind,
 )
-from ..sql._pool import LeanPool, PoolStatistics
+from ..sql._pool import LeanPool
 from ..sql._renewals import Held, Key, RenewBatcher, renew_held, renew_many_held
 from ..sql._rows import row_holder
 from ..sql._running import finished
@@ -49,6 +49,7 @@ from ._statements import (
     Sql,
     micros,
 )
+from ._stats import MySQLStatistics
 from ._turns import Turn, Turns
 from ._url import KEYWORD_ONLY, URL_OPTIONS, parse_url
 
@@ -110,35 +111,6 @@ class _Held(Held):
 def _granted_to(turn: Turn) -> bool:
     """Whether a hand-off here granted ``turn`` the name (not just claimed it)."""
     return turn.grant is not None and bool(turn.grant[0])
-
-
-@dataclass(frozen=True, slots=True)
-class MySQLStatistics:
-    """What one :class:`MySQLBackend` did so far.
-
-    :param renew_statements: renewal statements sent (each renews a whole batch)
-    :param renewals_shared: renew calls answered from a statement sent for the batch
-    :param hand_offs: releases that granted the name to a waiter in the same statement
-    :param waiting: tasks blocked in ``wait_changed`` or ``wait_turn`` now
-    :param pool: the connections of a backend made from a URL (``None``: the user's)
-    :param polls: acquire statements sent by waiters polling for their turn
-    :param queue_writes: statements that wrote waiters' entries (join, refresh, leave,
-        sweep)
-    :param bell_waits: waits sent on the bell of the entry ahead (:mod:`._bell`)
-    :param rings: those that returned because the bell was let go (or was free)
-    :param deadlocks: statements the server chose as a deadlock's victim, sent again
-    """
-
-    renew_statements: int
-    renewals_shared: int
-    hand_offs: int
-    waiting: int
-    pool: PoolStatistics | None = None
-    polls: int = 0
-    queue_writes: int = 0
-    bell_waits: int = 0
-    rings: int = 0
-    deadlocks: int = 0
 
 
 class MySQLBackend(Backend):
