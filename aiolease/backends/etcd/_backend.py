@@ -216,6 +216,7 @@ class EtcdBackend(PermitOps):
             s.expired_entries,
             self._handoffs.count,
             self._wire.watch_streams,
+            self._wire.delete_batches,
         )
 
     def _check_open(self) -> None:

@@ -24,6 +24,8 @@ class EtcdStatistics:
         waiting on the same backend, which took it without a request
     :param watch_streams: gRPC Watch streams opened so far (a lock's wait opens one;
         takeover watches share one, and so do permit waits)
+    :param delete_batches: ``Txn`` requests that carried the deletes of several releases
+        (sent while every place for requests in flight was taken)
     """
 
     lease_ids: tuple[int, ...]
@@ -35,3 +37,4 @@ class EtcdStatistics:
     expired_entries: int
     local_handoffs: int = 0
     watch_streams: int = 0
+    delete_batches: int = 0

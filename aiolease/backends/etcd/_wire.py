@@ -41,6 +41,7 @@ from aetcd import rpc
 from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
 from .._asyncio import now
 from ._aio import await_unary, cancellable
+from ._deletes import DeleteBatches
 
 __all__ = [
     "MAX_IN_FLIGHT",
@@ -257,6 +258,7 @@ class Wire:
         self._token: str | None = None
         self._user: tuple[str, str] | None = None
         self._limiter = Limiter(MAX_IN_FLIGHT)
+        self._deletes = DeleteBatches(self._place, self._give_back, self._placed_txn)
         #: Watch streams opened so far (:meth:`watch` and :meth:`open_watch`).
         self.watch_streams = 0
 
@@ -368,19 +370,37 @@ class Wire:
         if not limiter.take():
             await limiter.wait()
         try:
-            stubs = self._stubs
-            if stubs is not None and self._plain:
-                try:  # the hot path: a channel of our own, no token, not refused
-                    return await await_unary(pick(stubs)(request, timeout=self.timeout))
-                except rpc.AioRpcError as exc:
-                    if not is_busy(exc):
-                        raise map_rpc_error(exc, what) from exc
-                except (grpc.aio.UsageError, OSError) as exc:
-                    raise BackendUnavailable(f"etcd {what}: {exc!r}") from exc
-                await asyncio.sleep(BUSY_RETRY_MIN * (0.5 + random.random()))
-            return await self.unary(what, pick, request)
+            return await self._placed(what, pick, request)
         finally:
-            limiter.give_back()
+            self._limiter.give_back()
+
+    async def _place(self) -> None:
+        """Take a place among :data:`MAX_IN_FLIGHT` (in line, if none is free)."""
+        limiter = self._limiter
+        if not limiter.take():
+            await limiter.wait()
+
+    def _give_back(self) -> None:
+        """Give back a place taken by :meth:`_place`."""
+        self._limiter.give_back()
+
+    async def _placed_txn(self, request: Any) -> Any:
+        """A ``Txn`` round trip for a caller that holds a place already."""
+        return await self._placed("delete", _txn, request)
+
+    async def _placed(self, what: str, pick: Callable[[_Stubs], Any], request: Any) -> Any:
+        """A KV request, its place taken by the caller."""
+        stubs = self._stubs
+        if stubs is not None and self._plain:
+            try:  # the hot path: a channel of our own, no token, not refused
+                return await await_unary(pick(stubs)(request, timeout=self.timeout))
+            except rpc.AioRpcError as exc:
+                if not is_busy(exc):
+                    raise map_rpc_error(exc, what) from exc
+            except (grpc.aio.UsageError, OSError) as exc:
+                raise BackendUnavailable(f"etcd {what}: {exc!r}") from exc
+            await asyncio.sleep(BUSY_RETRY_MIN * (0.5 + random.random()))
+        return await self.unary(what, pick, request)
 
     async def txn(self, request: Any) -> Any:
         """One ``Txn`` round trip."""
@@ -391,8 +411,12 @@ class Wire:
         return await self._kv("range", _range, request)
 
     async def delete(self, request: Any) -> Any:
-        """One ``DeleteRange`` round trip."""
-        return await self._kv("delete", _delete, request)
+        """One ``DeleteRange`` round trip; or, while every place is taken, a place in
+        the next ``Txn`` of deletes (:mod:`._deletes`). Its ``DeleteRangeResponse``."""
+        limiter = self._limiter
+        if limiter.free > 0 and not limiter.waiters:
+            return await self._kv("delete", _delete, request)
+        return await self._deletes.delete(request)
 
     async def lease_grant(self, ttl: int, lease_id: int, timeout: float) -> int:
         """Grant lease ``lease_id`` for ``ttl`` seconds; the TTL the server granted.
@@ -490,8 +514,14 @@ class Wire:
             raise BackendUnavailable("etcd watch: the stream ended")
         return reply
 
+    @property
+    def delete_batches(self) -> int:
+        """``Txn`` requests sent so far that carried several deletes."""
+        return self._deletes.batches
+
     async def aclose(self) -> None:
         """Close the channel if it is ours. Idempotent."""
+        await self._deletes.aclose()
         stubs, self._stubs = self._stubs, None
         if stubs is not None and self.owns_channel:
             with mapped("close"):
