@@ -15,6 +15,7 @@ is larger than every earlier grant's of the name (etcd's revision never goes bac
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -80,14 +81,17 @@ class PermitKey:
         return encode_permit(self.identity, self.metadata, self.limit, self.weight, queued)
 
 
-def _parse(name: str, start: bytes, kv: Any) -> PermitKey:
-    key = bytes(kv.key)
+@functools.lru_cache(maxsize=4096)
+def _parse(name: str, start: bytes, key: bytes, value: bytes, token: int, lease: int) -> PermitKey:
+    """One key, parsed. Remembered by everything it depends on, its value included: a
+    waiter's every read answers the same keys again. The :class:`PermitKey` answered
+    is shared: its metadata must not be changed."""
     owner = key[len(start) :].decode(errors="replace")
     queued_key = owner.startswith(QUEUE_SLOT)
     if queued_key:
         owner = owner[len(QUEUE_SLOT) :]
     try:
-        document = json.loads(kv.value)
+        document = json.loads(value)
     except ValueError:
         document = None
     ok = isinstance(document, dict) and is_permit_owner(owner)
@@ -106,14 +110,14 @@ def _parse(name: str, start: bytes, kv: Any) -> PermitKey:
     if not ok:
         raise ForeignDataError(
             f"etcd permit key {key!r} of {name!r} holds a value aiolease did not write"
-            f" ({bytes(kv.value)[:80]!r}); it was left unchanged, and nothing is granted"
+            f" ({value[:80]!r}); it was left unchanged, and nothing is granted"
             " over it: another program seems to write under the key prefix",
             name=name,
         )
     return PermitKey(
         owner,
-        int(kv.create_revision),
-        int(kv.lease),
+        token,
+        lease,
         identity,
         dict(metadata),
         limit,
@@ -127,6 +131,6 @@ def parse_permits(name: str, start: bytes, kvs: Sequence[Any]) -> list[PermitKey
 
     :raises ForeignDataError: a value aiolease does not write
     """
-    keys = [_parse(name, start, kv) for kv in kvs]
+    keys = [_parse(name, start, kv.key, kv.value, kv.create_revision, kv.lease) for kv in kvs]
     keys.sort(key=lambda k: k.token)
     return keys
