@@ -73,7 +73,10 @@ class DeleteBatches:
         """Delete as ``request`` asks, with the next batch; its ``DeleteRangeResponse``.
 
         :raises BackendError: the batch's request failed (mapped)
+        :raises BackendUnavailable: the wire is closed
         """
+        if self._tasks.closed:
+            raise BackendUnavailable("the backend closed before the delete was sent")
         batch = self._open
         if batch is None or len(batch.waiting) >= self._most or request.key in batch.keys:
             batch = self._open = _Batch()

@@ -142,3 +142,6 @@ async def test_deletes_still_waiting_when_the_backend_closes_are_told_so(
         await asyncio.sleep(0)
     with pytest.raises(BackendUnavailable, match="closed"):
         await waiting
+    # Its places are all still taken: a delete would wait for one, on a closed wire.
+    with pytest.raises(BackendUnavailable, match="closed"):
+        await wire.delete(_request("never-sent-either"))
