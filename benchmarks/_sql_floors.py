@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 import warnings
+from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from aiolease import open_backend
+from aiolease.abc import Backend
 from aiolease.backends._asyncio import timeout_after
 
 TABLE = "aiolease_bench"
@@ -393,3 +396,14 @@ def tooz_coordinator(db: Db) -> Any:
         coordinator = coordination.get_coordinator(db.tooz_url(), uuid.uuid4().hex.encode())
     coordinator.start()
     return coordinator
+
+
+async def opened_backend(stack: AsyncExitStack, db: Db) -> Backend:
+    """An aiolease backend on ``db``'s server, open until ``stack`` closes."""
+    backend: Backend = await stack.enter_async_context(open_backend(db.aiolease_url()))
+    return backend
+
+
+def kind_of(db: Db) -> str:
+    """``--db``'s name for ``db``: ``postgres`` or ``mysql``."""
+    return "postgres" if isinstance(db, Postgres) else "mysql"

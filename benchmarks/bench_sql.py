@@ -70,9 +70,7 @@ import asyncio
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -100,18 +98,19 @@ from _common import (
     verdict,
 )
 from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
+from _sql_failover import failover, hold_forever
 from _sql_floors import (
-    FLOOR_TABLE,
-    TABLE,
     TTL,
     Db,
     Postgres,
     bench_database,
+    kind_of,
     make_db,
+    opened_backend,
     tooz_coordinator,
 )
 
-from aiolease import AsyncLock, open_backend
+from aiolease import AsyncLock
 from aiolease.abc import Backend
 
 RUN = uuid.uuid4().hex[:8]
@@ -139,11 +138,6 @@ DEFAULT_URLS = {
 
 #: (acquire returned, body ended: release called, release returned), time.monotonic()
 Record = tuple[float, float, float]
-
-
-async def opened_backend(stack: AsyncExitStack, db: Db) -> Backend:
-    backend: Backend = await stack.enter_async_context(open_backend(db.aiolease_url()))
-    return backend
 
 
 def statistics_of(backend: Backend) -> Any:
@@ -341,16 +335,12 @@ async def handoffs_across_processes(
 ) -> list[list[Record]]:
     """Records per process, ``processes`` processes of one task each."""
     name = f"procs-{kind}-{uuid.uuid4().hex[:6]}"
-    command = [sys.executable, __file__, "--url", db.url, "--db", _kind(db)]
+    command = [sys.executable, __file__, "--url", db.url, "--db", kind_of(db)]
     command += ["--worker", "serve", "--seconds", repr(seconds)]
     return [
         [(a, e, r) for a, e, r in json.loads(line)]
         for line in await run_processes(command, processes, kind, name)
     ]
-
-
-def _kind(db: Db) -> str:
-    return "postgres" if isinstance(db, Postgres) else "mysql"
 
 
 async def worker(kind: str, db: Db, name: str, seconds: float) -> str:
@@ -379,110 +369,6 @@ def body_gaps(records: Sequence[Sequence[Record]]) -> list[float]:
 # -- crash failover --------------------------------------------------------------------------
 
 
-async def hold_forever(kind: str, db: Db, name: str, ttl: float) -> None:
-    """The holder process of a failover: acquire, say so, and wait to be killed."""
-    async with AsyncExitStack() as stack:
-        if kind == "aiolease":
-            lock = AsyncLock(await opened_backend(stack, db), name, ttl=ttl)
-            await stack.enter_async_context(lock)
-        elif kind == "floor":
-            await db.open()
-            await db.floor_acquire(name, uuid.uuid4().hex, ttl)
-        elif kind == "advisory":
-            advisory = await db.advisory()  # kept: its connection holds the lock
-            assert await advisory.try_lock(name)
-        else:
-            coordinator = tooz_coordinator(db)
-            lock = coordinator.get_lock(name.encode())
-            assert lock.acquire(blocking=False)
-        print("held", flush=True)
-        await asyncio.sleep(3600)
-
-
-async def expiry_at(db: Db, name: str, table: str) -> float | None:
-    """When the killed holder's row expires by the server's clock, on this host's
-    ``time.monotonic()`` (the best of a few reads: the one with the shortest round
-    trip); ``None`` if it holds no row (session locks)."""
-    best: tuple[float, float] | None = None
-    for _ in range(5):
-        sent = time.monotonic()
-        remaining = await db.floor_remaining(name, table)
-        answered = time.monotonic()
-        if remaining is None:
-            return None
-        if best is None or answered - sent < best[0]:
-            best = (answered - sent, (sent + answered) / 2 + remaining)
-    assert best is not None
-    return best[1]
-
-
-async def failover(kind: str, db: Db, ttl: float) -> tuple[float | None, float]:
-    """One crash failover: (seconds from the server-side expiry of the holder's row to
-    the waiter's acquire, or ``None`` for session locks; seconds from the kill)."""
-    name = f"failover-{kind}-{uuid.uuid4().hex[:6]}"
-    command = [sys.executable, __file__, "--url", db.url, "--db", _kind(db)]
-    command += ["--worker", f"hold-{kind}", "--name", name, "--ttl", repr(ttl)]
-    holder = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
-    assert holder.stdout is not None
-    assert (await holder.stdout.readline()).strip() == b"held"
-    async with AsyncExitStack() as stack:
-        acquired = asyncio.ensure_future(wait_and_acquire(kind, db, name, ttl, stack))
-        await asyncio.sleep(0.3)  # the waiter is waiting
-        killed = time.monotonic()
-        holder.send_signal(signal.SIGKILL)
-        await holder.wait()
-        expiry = None
-        if kind in ("aiolease", "floor"):
-            # The row as the killed holder left it (aiolease's and the floor's rows
-            # have the same shape; read through the floor's pool).
-            probe = make_db(_kind(db), db.url)
-            await probe.open()
-            expiry = await expiry_at(probe, name, TABLE if kind == "aiolease" else FLOOR_TABLE)
-            await probe.close()
-        got = await acquired
-    return (None if expiry is None else got - expiry), got - killed
-
-
-async def wait_and_acquire(
-    kind: str, db: Db, name: str, ttl: float, stack: AsyncExitStack
-) -> float:
-    """Wait for ``name`` as contender ``kind``; ``time.monotonic()`` once it is ours."""
-    if kind == "aiolease":
-        lease = await AsyncLock(await opened_backend(stack, db), name, ttl=ttl).acquire()
-        got = time.monotonic()
-        await lease.release()
-        return got
-    if kind == "floor":
-        waiter = make_db(_kind(db), db.url)
-        await waiter.open(listen=True)
-        stack.push_async_callback(waiter.close)
-        owner = uuid.uuid4().hex
-        token = await waiter.floor_lock(name, owner, ttl)
-        got = time.monotonic()
-        await waiter.floor_unlock(name, owner, token)
-        return got
-    if kind == "advisory":
-        advisory = await db.advisory()
-        stack.push_async_callback(advisory.close)
-        await advisory.lock(name)
-        got = time.monotonic()
-        await advisory.unlock(name)
-        return got
-
-    def blocking() -> float:
-        coordinator = tooz_coordinator(db)
-        try:
-            lock = coordinator.get_lock(name.encode())
-            assert lock.acquire(blocking=True)
-            got = time.monotonic()
-            lock.release()
-            return got
-        finally:
-            coordinator.stop()
-
-    return await asyncio.to_thread(blocking)
-
-
 # -- many leases held ------------------------------------------------------------------------
 
 
@@ -494,7 +380,7 @@ async def held(
     them, CPU seconds per second, leases lost)."""
     ttl = 3.0
     tick = ttl / 3
-    counter = make_db(_kind(db), db.url)
+    counter = make_db(kind_of(db), db.url)
     await counter.open()
     renewals: Callable[[], int | None] = lambda: None  # noqa: E731
     try:
@@ -633,7 +519,10 @@ async def print_failover(db: Db, args: argparse.Namespace, kinds: Sequence[str])
     if args.quick:
         print(QUICK_NOTE)
     for contender in quick_cut(kinds, args.quick):
-        runs = [await failover(contender, db, args.failover_ttl) for _ in range(args.failovers)]
+        runs = [
+            await failover(__file__, contender, db, args.failover_ttl)
+            for _ in range(args.failovers)
+        ]
         total = statistics.median(r[1] for r in runs)
         after = [r[0] for r in runs if r[0] is not None]
         gap = f"{statistics.median(after) * 1e3:>13.1f} ms" if after else f"{'n/a (no ttl)':>16}"
@@ -710,7 +599,7 @@ async def print_permits(db: Db, args: argparse.Namespace) -> None:
     """Issue 23's figures (``_permits.py``) on one aiolease backend, with grelmicro's
     lock beside ours on PostgreSQL where it installs."""
     sizes = PermitSizes.of(args, SETTLE[0])
-    counter = make_db(_kind(db), db.url)
+    counter = make_db(kind_of(db), db.url)
     await counter.open()
     try:
         async with AsyncExitStack() as stack:
