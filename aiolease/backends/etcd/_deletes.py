@@ -92,7 +92,9 @@ class DeleteBatches:
     async def _send(self, batch: _Batch) -> None:
         try:
             await self._place()
-        except BaseException:
+        except BaseException:  # cancelled: the wire closes
+            if self._open is batch:
+                self._open = None
             _fail(batch, asyncio.CancelledError())
             raise
         try:

@@ -372,7 +372,7 @@ class Wire:
         try:
             return await self._placed(what, pick, request)
         finally:
-            self._limiter.give_back()
+            limiter.give_back()
 
     async def _place(self) -> None:
         """Take a place among :data:`MAX_IN_FLIGHT` (in line, if none is free)."""
