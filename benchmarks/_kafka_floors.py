@@ -146,24 +146,26 @@ async def new_topic(url: str) -> str:
     return topic
 
 
-async def raw_resign(url: str, session: float, heartbeat: float) -> float:
-    """Seconds from the leading member's ``stop()`` (its LeaveGroup) to the follower's
+async def raw_resign(url: str, session: float, heartbeat: float, phase: float = 0.0) -> float:
+    """Seconds from the leading member's ``stop()`` (its LeaveGroup), ``phase`` seconds
+    after the follower's sync (where its heartbeat cycle starts), to the follower's
     assignment of partition 0."""
     topic = await new_topic(url)
     async with AsyncExitStack() as stack:
         first, first_seat = await member(url, topic, session, heartbeat, stack)
         await first_seat.next(leads=True)
         _, second_seat = await member(url, topic, session, heartbeat, stack)
-        await second_seat.next(leads=False)
+        synced = await second_seat.next(leads=False)
         await first_seat.next(leads=True)  # the first leads again, in the new generation
+        await asyncio.sleep(max(0.0, synced + phase - time.monotonic()))
         left = time.monotonic()
         await first.stop()
         return await second_seat.next(leads=True) - left
 
 
-async def raw_kill(url: str, session: float, heartbeat: float) -> float:
-    """Seconds from the SIGKILL of the leading member's process to the follower's
-    assignment of partition 0."""
+async def raw_kill(url: str, session: float, heartbeat: float, phase: float = 0.0) -> float:
+    """Seconds from the SIGKILL of the leading member's process, ``phase`` seconds
+    after the follower's sync, to the follower's assignment of partition 0."""
     topic = await new_topic(url)
     command = [sys.executable, __file__, url, topic, repr(session), repr(heartbeat)]
     leader = await asyncio.create_subprocess_exec(*command, stdout=subprocess.PIPE)
@@ -171,8 +173,9 @@ async def raw_kill(url: str, session: float, heartbeat: float) -> float:
         await lead(leader)
         async with AsyncExitStack() as stack:
             _, seat = await member(url, topic, session, heartbeat, stack)
-            await seat.next(leads=False)
+            synced = await seat.next(leads=False)
             await lead(leader)  # it leads again, in the new generation
+            await asyncio.sleep(max(0.0, synced + phase - time.monotonic()))
             killed = time.monotonic()
             leader.send_signal(signal.SIGKILL)
             await leader.wait()
