@@ -124,39 +124,52 @@ local function purge(k, now)
   return #expired + #lapsed > 0
 end
 
--- Wake the requests whose turn came: from the queue's head, each entry that fits in
+-- Grant the requests whose turn came: from the queue's head, each entry that fits in
 -- what the live permits leave, with those before it (first come, first served: none
--- after one that does not fit), is named on `channel` (its owner id as the payload).
--- Only those waiters ask again; the others sleep on. Nothing is granted here: a
--- request is granted by its own attempt (rule 3).
-local function wake_next(k, channel)
+-- after one that does not fit), takes the name's next token and becomes a permit that
+-- lasts what was left of its queue entry (a waiter that is gone loses it then; one
+-- that gave up releases it), and is announced on `channel`:
+-- "<owner>\n<token>:<ms it lasts>" (the waiter takes its grant from the message:
+-- see _permit_ops). The waiters behind hear of grants to others only.
+local function grant_next(k, channel)
   local limit, used = state_of(k)
   if not limit then  -- the state was lost: every waiter asks (an acquire rebuilds it)
     redis.call('PUBLISH', channel, '')
     return
   end
-  local from = 0
-  while true do  -- in chunks: most releases wake one waiter of a long queue
-    local part = typed(k[3], 'permit queue', 'ZRANGE', k[3], from, from + 15)
+  local now = now_ms()
+  while true do  -- in chunks: most releases grant one waiter of a long queue
+    local part = typed(k[3], 'permit queue', 'ZRANGE', k[3], 0, 15)
     if #part == 0 then return end
     local entries = infos(k, part)
     for j = 1, #part do
-      used = used + entries[j].w
-      if used > limit then return end
-      redis.call('PUBLISH', channel, part[j])
+      local owner, e = part[j], entries[j]
+      if used + e.w > limit then return end
+      local expiry = tonumber(typed(k[4], 'permit waits sorted set', 'ZSCORE', k[4], owner))
+      if not expiry or expiry <= now then  -- no expiry of its own: let it ask
+        redis.call('PUBLISH', channel, owner)
+        return
+      end
+      used = used + e.w
+      e.t = next_token(k[6])
+      redis.call('ZREM', k[3], owner)
+      redis.call('ZREM', k[4], owner)
+      redis.call('HSET', k[2], owner, cjson.encode(e))
+      redis.call('ZADD', k[1], expiry, owner)
+      add_used(k, e.w)
+      redis.call('PUBLISH', channel, owner .. '\n' .. e.t .. ':' .. (expiry - now))
     end
-    from = from + 16
   end
 end
 
 -- After a change: with nothing left, the keys go (not the token counter); else, if
--- `changed`, wake the waiters whose turn came (wake_next); keys written last `ttl` at
+-- `changed`, grant the requests whose turn came (grant_next); keys written last `ttl` at
 -- least. `queued` and `held` are the queue's and the holders' sizes when the caller
 -- knows them (else nil: counted here); `fresh`, that the state hash was just written
 -- (it has no expiry yet: `ttl` is the longest).
 local function settle(k, channel, changed, ttl, queued, held, fresh)
   queued = queued or redis.call('ZCARD', k[3])
-  if changed and queued > 0 then wake_next(k, channel) end
+  if changed and queued > 0 then grant_next(k, channel) end
   if queued == 0 and (held or redis.call('ZCARD', k[1])) == 0 then
     redis.call('DEL', k[1], k[2], k[3], k[4], k[5])
     return
@@ -176,8 +189,9 @@ PERMIT_ACQUIRE = Script(
     _PERMITS
     + r"""
 -- ARGV: owner, ttl ms, identity, metadata, limit, weight, channel
--- Reply: {1, token} granted; {0, owner, identity, token, metadata, pttl} refused (and
--- queued), who blocks; {3, held limit} another limit is held.
+-- Reply: {1, token} granted; {0, owner, identity, token, metadata, pttl, last} refused
+-- (and queued), who blocks, and the name's last token (a grant announced later with a
+-- greater one came after this attempt); {3, held limit} another limit is held.
 local k = KEYS
 local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local limit, weight, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
@@ -245,14 +259,15 @@ else
 end
 typed(k[4], 'permit waits sorted set', 'ZADD', k[4], now + ttl, owner)
 settle(k, channel, changed, ttl)
+local last = tonumber(redis.call('GET', k[6]) or '0') or 0
 local holders = redis.call('ZRANGE', k[1], 0, 0, 'WITHSCORES')
 if holders[1] then  -- the permit that expires first
   local first = decode(k, redis.call('HGET', k[2], holders[1]))
-  return {0, holders[1], first.i, first.t, first.m, tonumber(holders[2]) - now}
+  return {0, holders[1], first.i, first.t, first.m, tonumber(holders[2]) - now, last}
 end
 -- only the queue blocks: its first entry (ahead of this one)
 local expiry = tonumber(redis.call('ZSCORE', k[4], queued[1]))
-return {0, queued[1], head.i, 0, '{}', expiry - now}
+return {0, queued[1], head.i, 0, '{}', expiry - now, last}
 """,
 )
 
