@@ -5,11 +5,13 @@ The rules are ``docs/internals/semaphores.md``'s. Every script reads the server'
 clock (``TIME``) and judges expiry by it: a permit's score in the holders' sorted set
 and a queue entry's score in the waits' sorted set are ``TIME`` + ttl in
 milliseconds. Each script first drops what has expired (``purge``). A release, or a
-purge that dropped something, names on the name's permit channel each queued request
-whose turn came (from the queue's head, those that fit: ``wake_next``), one message
-per owner id: only those waiters' :meth:`~RedisBackend.wait_permit_turn` ends, and
-their next attempt is granted; the waiters behind sleep on. A release that nobody
-waits for, or that frees too little for the queue's head, publishes nothing.
+purge that dropped something, grants the queued requests whose turn came (from the
+queue's head, those that fit: ``grant_next``), each with the name's next token and
+its queue entry's expiry, and announces each grant on the name's permit channel
+(``<owner>\\n<token>:<ms>``, the lock's hand-off format): the waiter's
+:meth:`~RedisBackend.wait_permit_turn` keeps it, and its next attempt is answered
+without a script. A release that nobody waits for, or that frees too little for
+the queue's head, grants and publishes nothing.
 
 Foreign values are refused as the lock scripts refuse them (an error starting with
 :data:`~aiolease.backends.redis._scripts.FOREIGN`), never overwritten.

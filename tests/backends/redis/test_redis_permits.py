@@ -223,3 +223,30 @@ async def test_a_release_grants_the_waiter_whose_turn_came(
                 assert woken == [first, second, third]
                 assert await waiting.release(name, third, last.token)
         assert await holding.read_permits(name) is None
+
+
+async def test_a_grant_to_a_waiter_that_is_gone_expires_with_its_queue_entry(
+    anyio_backend: str, open_redis: Opener
+) -> None:
+    """A release grants the queue's head even if its waiter is gone (a process that
+    died, or stopped): the grant lasts what was left of the queue entry, never longer
+    than the ttl the waiter asked, and then frees its weight for the next request."""
+    name = new_name()
+    holder, gone, later = (permit_owner() for _ in range(3))
+    async with open_redis() as backend:
+        held = await backend.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        refused = await backend.try_acquire_permit(name, gone, 0.5, "g", {}, 1, 1)
+        assert isinstance(refused, HolderInfo)
+        assert await backend.release(name, holder, held.token)
+        permits = await backend.read_permits(name)
+        assert permits is not None and [h.owner for h in permits.holders] == [gone]
+        granted = permits.holders[0]
+        assert granted.token > held.token and granted.remaining is not None
+        assert granted.remaining <= 0.5
+        blocked = await backend.try_acquire_permit(name, later, LONG, "l", {}, 1, 1)
+        assert isinstance(blocked, HolderInfo) and blocked.owner == gone
+        await anyio.sleep(granted.remaining + 0.05)  # the server's expiry: nothing to await
+        last = await backend.try_acquire_permit(name, later, LONG, "l", {}, 1, 1)
+        assert isinstance(last, Grant) and last.token > granted.token
+        assert await backend.release(name, later, last.token)
