@@ -470,8 +470,10 @@ class RedisBackend(RenewalOps, PermitOps):
         """:meth:`release`, its request written before returning (where the transport
         can write at once); ``None`` in a subclass that has a release of its own."""
         own = type(self).release is RedisBackend.release
-        if not self._wire.writes_now or self._closed or not own or is_permit_owner(owner):
+        if not self._wire.writes_now or self._closed or not own:
             return None
+        if is_permit_owner(owner):
+            return self._permit_release_now(name, owner, token)
         keys, args, riders, first = self._releasing(name, owner, token)
         request = self._send_release(name, keys, args, riders, first)
         self._forget(name, owner)  # after the write: nothing is read before the await

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..._exceptions import BackendUnavailable, LimitMismatchError
+from redis.exceptions import NoScriptError
+
+from ..._exceptions import BackendError, BackendUnavailable, LimitMismatchError
 from ...abc import Backend, Grant, HolderInfo, PermitHolders
 from ...abc import Renewal as LeaseRenewal
 from .._asyncio import now
@@ -29,6 +31,7 @@ from ._pubsub import Mark, Subscriptions
 from ._replies import holder_from
 from ._scripts import Script, ms
 from ._tickets import Turn
+from ._transport import Transport
 
 __all__ = ["PermitOps"]
 
@@ -69,6 +72,7 @@ class PermitOps(Backend):
     _replication: Replication
     _subscriptions: Subscriptions
     _batcher: RenewalBatcher
+    _wire: Transport
     #: Refused permit requests, for :meth:`wait_permit_turn`.
     _permit_marks: dict[tuple[str, str], Attempt]
     #: Grants to waiters heard by :meth:`wait_permit_turn`, for their next attempt.
@@ -89,6 +93,8 @@ class PermitOps(Backend):
         ) -> AbstractAsyncContextManager[asyncio.Event]: ...
 
         def _unreplicated(self, acked: int) -> BackendUnavailable: ...
+
+        def _mapped(self, name: str | None, exc: BaseException) -> BackendError: ...
 
         def _turn_timeout(self, ttl: float, seen: HolderInfo) -> float: ...
 
@@ -144,14 +150,41 @@ class PermitOps(Backend):
                 del marks[old]
         return holder_from(name, reply[:6], f"Redis key {keys.held!r}")
 
-    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
-        """One PERMIT_RELEASE script: ``owner``'s permit freed, or its queue entry dropped."""
+    def _permit_releasing(
+        self, name: str, owner: str, token: int | None
+    ) -> tuple[PermitKeys, tuple[Any, ...]]:
+        """Forget ``owner``'s permit here; the keys and arguments of its PERMIT_RELEASE."""
         self._batcher.forget(name, owner)
         self._permit_marks.pop((name, owner), None)
         self._permit_tickets.pop((name, owner), None)
         keys = self._permit_keys(name)
-        args = (owner, "" if token is None else token, keys.channel)
+        return keys, (owner, "" if token is None else token, keys.channel)
+
+    async def _release_permit(self, name: str, owner: str, token: int | None) -> bool:
+        """One PERMIT_RELEASE script: ``owner``'s permit freed, or its queue entry dropped."""
+        keys, args = self._permit_releasing(name, owner, token)
         return int(await self._eval(name, PERMIT_RELEASE, keys.all, *args)) == 1
+
+    def _permit_release_now(self, name: str, owner: str, token: int) -> Awaitable[bool] | None:
+        """:meth:`_release_permit`, its script written before returning (the core's
+        ``release_now``: the waiter it grants to is served sooner, and the releaser's
+        bookkeeping runs while the server works); ``None`` if the transport cannot."""
+        keys, args = self._permit_releasing(name, owner, token)
+        sent = self._wire.batch_now([("EVALSHA", PERMIT_RELEASE.sha, 6, *keys.all, *args)])
+        return None if sent is None else self._permit_released(name, sent, keys, args)
+
+    async def _permit_released(
+        self, name: str, sent: Awaitable[list[Any]], keys: PermitKeys, args: tuple[Any, ...]
+    ) -> bool:
+        try:
+            reply = (await sent)[0]
+        except Exception as exc:  # only the driver runs here: map all it raises
+            raise self._mapped(name, exc) from exc
+        if isinstance(reply, NoScriptError):  # (the server lost its scripts)
+            reply = await self._eval(name, PERMIT_RELEASE, keys.all, *args)
+        elif isinstance(reply, BaseException):
+            raise self._mapped(name, reply) from reply
+        return int(reply) == 1
 
     async def read_permits(self, name: str) -> PermitHolders | None:
         keys = self._permit_keys(name)

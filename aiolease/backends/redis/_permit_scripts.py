@@ -200,23 +200,30 @@ local limit, weight, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local now = now_ms()
 local changed = purge(k, now)
 local held_limit, used = state_of(k)
-local fresh = false  -- the state hash written here (no expiry yet)
+-- `fresh`: the state hash is written by this script (no expiry yet), with the weight
+-- held once the request is judged (a grant's included: no HINCRBY); `holders`, that
+-- some permit may be live (else no ZSCORE of the owner's).
+local fresh, holders = false, true
 if not held_limit or (redis.call('ZCARD', k[1]) == 0 and redis.call('ZCARD', k[3]) == 0) then
   -- nothing live (or the state evicted): this request sets the limit
-  local total = 0
-  if held_limit then used = 0 else  -- evicted: what the live permits hold
+  if held_limit then used, holders = 0, false else  -- evicted: what the live permits hold
     local owners = redis.call('ZRANGE', k[1], 0, -1)
+    local total = 0
     for _, e in ipairs(infos(k, owners)) do total = total + e.w end
-    used = total
+    used, holders = total, #owners > 0
   end
-  redis.call('HSET', k[5], 'limit', limit, 'used', used)  -- (its only fields)
   fresh = true
 elseif held_limit ~= limit then
   settle(k, channel, changed, nil)
   return {3, held_limit or 0}
 end
-local mine = redis.call('ZSCORE', k[1], owner)
-if mine then  -- a retry by the holder: its grant, its expiry reset
+local function write_state(weight)  -- (its only fields)
+  if fresh then redis.call('HSET', k[5], 'limit', limit, 'used', used + weight)
+  elseif weight > 0 then add_used(k, weight) end
+end
+if holders and redis.call('ZSCORE', k[1], owner) then
+  -- a retry by the holder: its grant, its expiry reset
+  write_state(0)
   local e = decode(k, typed(k[2], 'permit hash', 'HGET', k[2], owner))
   redis.call('ZADD', k[1], now + ttl, owner)
   settle(k, channel, changed, ttl)
@@ -245,10 +252,11 @@ if used + ahead + weight <= limit then
   local token = next_token(k[6])
   redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = token, i = identity, m = metadata}))
   redis.call('ZADD', k[1], now + ttl, owner)
-  add_used(k, weight)
+  write_state(weight)
   settle(k, channel, changed, ttl, left, 1, fresh)
   return {1, token}
 end
+write_state(0)
 -- A new request goes behind the last; a queued one keeps its place and its entry (the
 -- weight it first asked with, which those behind count: rule 4), only its expiry reset.
 local entry = cjson.encode({w = weight, t = 0, i = identity, m = metadata})
@@ -301,22 +309,24 @@ PERMIT_RELEASE = Script(
 -- drops its queue entry (0: the undo of a cancelled wait); 0 if neither.
 local k = KEYS
 local owner, token, channel = ARGV[1], ARGV[2], ARGV[3]
-local changed = purge(k, now_ms())
-local freed = 0
-if typed(k[1], 'permits sorted set', 'ZSCORE', k[1], owner) then
-  local e = info_of(k, owner)
-  if token == '' or (e and e.t == tonumber(token)) then
-    redis.call('ZREM', k[1], owner)
+local changed = purge(k, now_ms())  -- (which checks the types of the sorted sets)
+local freed, held = 0, nil
+local e = info_of(k, owner)
+if e and e.t > 0 then  -- a permit's entry (a queued one has token 0), live: purged else
+  if (token == '' or e.t == tonumber(token)) and redis.call('ZREM', k[1], owner) == 1 then
     redis.call('HDEL', k[2], owner)
-    if e then add_used(k, -e.w) end
+    -- no weight left: no permit left (each holds one at least), no ZCARD to settle
+    if redis.call('HINCRBY', k[5], 'used', -e.w) == 0 then held = 0 end
     freed, changed = 1, true
   end
 elseif typed(k[3], 'permit queue', 'ZREM', k[3], owner) == 1 then
-  typed(k[4], 'permit waits sorted set', 'ZREM', k[4], owner)
-  typed(k[2], 'permit hash', 'HDEL', k[2], owner)
+  redis.call('ZREM', k[4], owner)
+  redis.call('HDEL', k[2], owner)
   changed = true
+elseif not e and token == '' and redis.call('ZREM', k[1], owner) == 1 then
+  freed, changed = 1, true  -- a permit listed without its entry
 end
-if changed then settle(k, channel, true, nil) end
+if changed then settle(k, channel, true, nil, nil, held) end
 return freed
 """,
 )
