@@ -17,7 +17,7 @@ from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError, NotOw
 from aiolease._checked import HeldRenewals
 from aiolease.abc import Grant, HolderInfo, permit_owner
 from aiolease.backends.redis._keys import PermitKeys
-from tests.backends.redis.support import Opener, new_name, requests, sync_client
+from tests.backends.redis.support import Opener, inner, new_name, requests, sync_client
 
 pytestmark = pytest.mark.anyio
 LONG = 30.0
@@ -250,3 +250,21 @@ async def test_a_grant_to_a_waiter_that_is_gone_expires_with_its_queue_entry(
         last = await backend.try_acquire_permit(name, later, LONG, "l", {}, 1, 1)
         assert isinstance(last, Grant) and last.token > granted.token
         assert await backend.release(name, later, last.token)
+
+
+async def test_a_permits_release_is_written_at_once(anyio_backend: str, open_redis: Opener) -> None:
+    """``release_now`` writes a permit's release before returning, as a lock's (it
+    returned ``None``, and the core sent the release after its bookkeeping)."""
+    if anyio_backend != "asyncio":
+        pytest.skip("release_now of the RedisBackend itself (a bridge under trio)")
+    name = new_name()
+    owner = permit_owner()
+    async with open_redis() as backend:
+        redis = inner(backend)
+        assert redis._wire.writes_now
+        held = await backend.try_acquire_permit(name, owner, LONG, "h", {}, 2, 1)
+        assert isinstance(held, Grant)
+        sent = redis.release_now(name, owner, held.token)
+        assert sent is not None
+        assert await sent is True
+        assert await backend.read_permits(name) is None
