@@ -11,14 +11,22 @@ from aiolease.testing.model import make_model_machine
 __all__ = ["agrees_with_the_model"]
 
 
-def agrees_with_the_model(factory: BackendFactory, loop: str, examples: int, steps: int) -> None:
+def agrees_with_the_model(
+    factory: BackendFactory,
+    loop: str,
+    examples: int,
+    steps: int,
+    *,
+    grants_on_release: bool = False,
+) -> None:
     """Run the model's state machine on ``factory``'s backends under ``loop``.
 
     :param examples: hypothesis's ``max_examples``
     :param steps: its ``stateful_step_count``
+    :param grants_on_release: the backend's release grants the queue entries that fit
     """
     run_state_machine_as_test(
-        make_model_machine(factory, anyio_backend=loop),
+        make_model_machine(factory, anyio_backend=loop, grants_on_release=grants_on_release),
         settings=settings(
             max_examples=examples,
             stateful_step_count=steps,

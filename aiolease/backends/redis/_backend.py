@@ -54,8 +54,8 @@ from ._clients import (
 )
 from ._errors import mapped_error
 from ._keys import DEFAULT_PREFIX, Keys, check_prefix, keys_of
-from ._permit_ops import PermitOps
-from ._pubsub import Mark, Subscriptions, Wire
+from ._permit_ops import Attempt, PermitOps, Ticket
+from ._pubsub import Subscriptions, Wire
 from ._renewal_ops import RenewalOps
 from ._replies import config_pairs, holder_from, text
 from ._riders import Rider, Riders, send_with, sent_with
@@ -193,7 +193,8 @@ class RedisBackend(RenewalOps, PermitOps):
         self._contended: dict[str, None] = {}
         #: Refused permit requests: where their name's permit channel stood before the
         #: attempt (``None``: not subscribed then), for wait_permit_turn.
-        self._permit_marks: dict[tuple[str, str], Mark | None] = {}
+        self._permit_marks: dict[tuple[str, str], Attempt] = {}
+        self._permit_tickets: dict[tuple[str, str], Ticket] = {}
 
     async def _subscriber(self) -> Wire:
         """A pub/sub connection of the backend's transport."""
@@ -469,8 +470,10 @@ class RedisBackend(RenewalOps, PermitOps):
         """:meth:`release`, its request written before returning (where the transport
         can write at once); ``None`` in a subclass that has a release of its own."""
         own = type(self).release is RedisBackend.release
-        if not self._wire.writes_now or self._closed or not own or is_permit_owner(owner):
+        if not self._wire.writes_now or self._closed or not own:
             return None
+        if is_permit_owner(owner):
+            return self._permit_release_now(name, owner, token)
         keys, args, riders, first = self._releasing(name, owner, token)
         request = self._send_release(name, keys, args, riders, first)
         self._forget(name, owner)  # after the write: nothing is read before the await

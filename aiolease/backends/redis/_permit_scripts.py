@@ -5,11 +5,13 @@ The rules are ``docs/internals/semaphores.md``'s. Every script reads the server'
 clock (``TIME``) and judges expiry by it: a permit's score in the holders' sorted set
 and a queue entry's score in the waits' sorted set are ``TIME`` + ttl in
 milliseconds. Each script first drops what has expired (``purge``). A release, or a
-purge that dropped something, names on the name's permit channel each queued request
-whose turn came (from the queue's head, those that fit: ``wake_next``), one message
-per owner id: only those waiters' :meth:`~RedisBackend.wait_permit_turn` ends, and
-their next attempt is granted; the waiters behind sleep on. A release that nobody
-waits for, or that frees too little for the queue's head, publishes nothing.
+purge that dropped something, grants the queued requests whose turn came (from the
+queue's head, those that fit: ``grant_next``), each with the name's next token and
+its queue entry's expiry, and announces each grant on the name's permit channel
+(``<owner>\\n<token>:<ms>``, the lock's hand-off format): the waiter's
+:meth:`~RedisBackend.wait_permit_turn` keeps it, and its next attempt is answered
+without a script. A release that nobody waits for, or that frees too little for
+the queue's head, grants and publishes nothing.
 
 Foreign values are refused as the lock scripts refuse them (an error starting with
 :data:`~aiolease.backends.redis._scripts.FOREIGN`), never overwritten.
@@ -124,39 +126,52 @@ local function purge(k, now)
   return #expired + #lapsed > 0
 end
 
--- Wake the requests whose turn came: from the queue's head, each entry that fits in
+-- Grant the requests whose turn came: from the queue's head, each entry that fits in
 -- what the live permits leave, with those before it (first come, first served: none
--- after one that does not fit), is named on `channel` (its owner id as the payload).
--- Only those waiters ask again; the others sleep on. Nothing is granted here: a
--- request is granted by its own attempt (rule 3).
-local function wake_next(k, channel)
+-- after one that does not fit), takes the name's next token and becomes a permit that
+-- lasts what was left of its queue entry (a waiter that is gone loses it then; one
+-- that gave up releases it), and is announced on `channel`:
+-- "<owner>\n<token>:<ms it lasts>" (the waiter takes its grant from the message:
+-- see _permit_ops). The waiters behind hear of grants to others only.
+local function grant_next(k, channel)
   local limit, used = state_of(k)
   if not limit then  -- the state was lost: every waiter asks (an acquire rebuilds it)
     redis.call('PUBLISH', channel, '')
     return
   end
-  local from = 0
-  while true do  -- in chunks: most releases wake one waiter of a long queue
-    local part = typed(k[3], 'permit queue', 'ZRANGE', k[3], from, from + 15)
+  local now = now_ms()
+  while true do  -- in chunks: most releases grant one waiter of a long queue
+    local part = typed(k[3], 'permit queue', 'ZRANGE', k[3], 0, 15)
     if #part == 0 then return end
     local entries = infos(k, part)
     for j = 1, #part do
-      used = used + entries[j].w
-      if used > limit then return end
-      redis.call('PUBLISH', channel, part[j])
+      local owner, e = part[j], entries[j]
+      if used + e.w > limit then return end
+      local expiry = tonumber(typed(k[4], 'permit waits sorted set', 'ZSCORE', k[4], owner))
+      if not expiry or expiry <= now then  -- no expiry of its own: let it ask
+        redis.call('PUBLISH', channel, owner)
+        return
+      end
+      used = used + e.w
+      e.t = next_token(k[6])
+      redis.call('ZREM', k[3], owner)
+      redis.call('ZREM', k[4], owner)
+      redis.call('HSET', k[2], owner, cjson.encode(e))
+      redis.call('ZADD', k[1], expiry, owner)
+      add_used(k, e.w)
+      redis.call('PUBLISH', channel, owner .. '\n' .. e.t .. ':' .. (expiry - now))
     end
-    from = from + 16
   end
 end
 
 -- After a change: with nothing left, the keys go (not the token counter); else, if
--- `changed`, wake the waiters whose turn came (wake_next); keys written last `ttl` at
+-- `changed`, grant the requests whose turn came (grant_next); keys written last `ttl` at
 -- least. `queued` and `held` are the queue's and the holders' sizes when the caller
 -- knows them (else nil: counted here); `fresh`, that the state hash was just written
 -- (it has no expiry yet: `ttl` is the longest).
 local function settle(k, channel, changed, ttl, queued, held, fresh)
   queued = queued or redis.call('ZCARD', k[3])
-  if changed and queued > 0 then wake_next(k, channel) end
+  if changed and queued > 0 then grant_next(k, channel) end
   if queued == 0 and (held or redis.call('ZCARD', k[1])) == 0 then
     redis.call('DEL', k[1], k[2], k[3], k[4], k[5])
     return
@@ -176,31 +191,39 @@ PERMIT_ACQUIRE = Script(
     _PERMITS
     + r"""
 -- ARGV: owner, ttl ms, identity, metadata, limit, weight, channel
--- Reply: {1, token} granted; {0, owner, identity, token, metadata, pttl} refused (and
--- queued), who blocks; {3, held limit} another limit is held.
+-- Reply: {1, token} granted; {0, owner, identity, token, metadata, pttl, last} refused
+-- (and queued), who blocks, and the name's last token (a grant announced later with a
+-- greater one came after this attempt); {3, held limit} another limit is held.
 local k = KEYS
 local owner, ttl, identity, metadata = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local limit, weight, channel = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local now = now_ms()
 local changed = purge(k, now)
 local held_limit, used = state_of(k)
-local fresh = false  -- the state hash written here (no expiry yet)
+-- `fresh`: the state hash is written by this script (no expiry yet), with the weight
+-- held once the request is judged (a grant's included: no HINCRBY); `holders`, that
+-- some permit may be live (else no ZSCORE of the owner's).
+local fresh, holders = false, true
 if not held_limit or (redis.call('ZCARD', k[1]) == 0 and redis.call('ZCARD', k[3]) == 0) then
   -- nothing live (or the state evicted): this request sets the limit
-  local total = 0
-  if held_limit then used = 0 else  -- evicted: what the live permits hold
+  if held_limit then used, holders = 0, false else  -- evicted: what the live permits hold
     local owners = redis.call('ZRANGE', k[1], 0, -1)
+    local total = 0
     for _, e in ipairs(infos(k, owners)) do total = total + e.w end
-    used = total
+    used, holders = total, #owners > 0
   end
-  redis.call('HSET', k[5], 'limit', limit, 'used', used)  -- (its only fields)
   fresh = true
 elseif held_limit ~= limit then
   settle(k, channel, changed, nil)
   return {3, held_limit or 0}
 end
-local mine = redis.call('ZSCORE', k[1], owner)
-if mine then  -- a retry by the holder: its grant, its expiry reset
+local function write_state(weight)  -- (its only fields)
+  if fresh then redis.call('HSET', k[5], 'limit', limit, 'used', used + weight)
+  elseif weight > 0 then add_used(k, weight) end
+end
+if holders and redis.call('ZSCORE', k[1], owner) then
+  -- a retry by the holder: its grant, its expiry reset
+  write_state(0)
   local e = decode(k, typed(k[2], 'permit hash', 'HGET', k[2], owner))
   redis.call('ZADD', k[1], now + ttl, owner)
   settle(k, channel, changed, ttl)
@@ -229,10 +252,11 @@ if used + ahead + weight <= limit then
   local token = next_token(k[6])
   redis.call('HSET', k[2], owner, cjson.encode({w = weight, t = token, i = identity, m = metadata}))
   redis.call('ZADD', k[1], now + ttl, owner)
-  add_used(k, weight)
+  write_state(weight)
   settle(k, channel, changed, ttl, left, 1, fresh)
   return {1, token}
 end
+write_state(0)
 -- A new request goes behind the last; a queued one keeps its place and its entry (the
 -- weight it first asked with, which those behind count: rule 4), only its expiry reset.
 local entry = cjson.encode({w = weight, t = 0, i = identity, m = metadata})
@@ -245,14 +269,15 @@ else
 end
 typed(k[4], 'permit waits sorted set', 'ZADD', k[4], now + ttl, owner)
 settle(k, channel, changed, ttl)
+local last = tonumber(redis.call('GET', k[6]) or '0') or 0
 local holders = redis.call('ZRANGE', k[1], 0, 0, 'WITHSCORES')
 if holders[1] then  -- the permit that expires first
   local first = decode(k, redis.call('HGET', k[2], holders[1]))
-  return {0, holders[1], first.i, first.t, first.m, tonumber(holders[2]) - now}
+  return {0, holders[1], first.i, first.t, first.m, tonumber(holders[2]) - now, last}
 end
 -- only the queue blocks: its first entry (ahead of this one)
 local expiry = tonumber(redis.call('ZSCORE', k[4], queued[1]))
-return {0, queued[1], head.i, 0, '{}', expiry - now}
+return {0, queued[1], head.i, 0, '{}', expiry - now, last}
 """,
 )
 
@@ -284,22 +309,24 @@ PERMIT_RELEASE = Script(
 -- drops its queue entry (0: the undo of a cancelled wait); 0 if neither.
 local k = KEYS
 local owner, token, channel = ARGV[1], ARGV[2], ARGV[3]
-local changed = purge(k, now_ms())
-local freed = 0
-if typed(k[1], 'permits sorted set', 'ZSCORE', k[1], owner) then
-  local e = info_of(k, owner)
-  if token == '' or (e and e.t == tonumber(token)) then
-    redis.call('ZREM', k[1], owner)
+local changed = purge(k, now_ms())  -- (which checks the types of the sorted sets)
+local freed, held = 0, nil
+local e = info_of(k, owner)
+if e and e.t > 0 then  -- a permit's entry (a queued one has token 0), live: purged else
+  if (token == '' or e.t == tonumber(token)) and redis.call('ZREM', k[1], owner) == 1 then
     redis.call('HDEL', k[2], owner)
-    if e then add_used(k, -e.w) end
+    -- no weight left: no permit left (each holds one at least), no ZCARD to settle
+    if redis.call('HINCRBY', k[5], 'used', -e.w) == 0 then held = 0 end
     freed, changed = 1, true
   end
 elseif typed(k[3], 'permit queue', 'ZREM', k[3], owner) == 1 then
-  typed(k[4], 'permit waits sorted set', 'ZREM', k[4], owner)
-  typed(k[2], 'permit hash', 'HDEL', k[2], owner)
+  redis.call('ZREM', k[4], owner)
+  redis.call('HDEL', k[2], owner)
   changed = true
+elseif not e and token == '' and redis.call('ZREM', k[1], owner) == 1 then
+  freed, changed = 1, true  -- a permit listed without its entry
 end
-if changed then settle(k, channel, true, nil) end
+if changed then settle(k, channel, true, nil, nil, held) end
 return freed
 """,
 )

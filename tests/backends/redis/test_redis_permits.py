@@ -17,7 +17,7 @@ from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError, NotOw
 from aiolease._checked import HeldRenewals
 from aiolease.abc import Grant, HolderInfo, permit_owner
 from aiolease.backends.redis._keys import PermitKeys
-from tests.backends.redis.support import Opener, new_name, requests, sync_client
+from tests.backends.redis.support import Opener, inner, new_name, requests, sync_client
 
 pytestmark = pytest.mark.anyio
 LONG = 30.0
@@ -167,13 +167,15 @@ async def test_a_lost_state_key_is_rebuilt_from_the_holders(
         assert permits is not None and (permits.limit, permits.used) == (3, 3)
 
 
-async def test_a_release_wakes_only_the_waiter_whose_turn_came(
+async def test_a_release_grants_the_waiter_whose_turn_came(
     anyio_backend: str, open_redis: Opener
 ) -> None:
-    """A release names on the channel the queued request whose turn came (the queue's
-    head, which then fits): only its wait ends, and its next attempt is granted; the
-    waiters behind it sleep on (no request of theirs) until their turn comes, also when
-    the one ahead gives up its place."""
+    """A release grants the queued request whose turn came (the queue's head, which
+    then fits) and announces it on the channel: only its wait ends, and its next
+    attempt takes the grant from the message, without a request (it used to ask
+    again: one more round trip per contended acquisition); the waiters behind it sleep
+    on until their turn comes, also when the one ahead gives up its grant (a
+    cancelled acquire's undo releases it)."""
     name = new_name()
     first, second, third, holder = (permit_owner() for _ in range(4))
     async with open_redis() as holding, open_redis() as waiting:
@@ -204,16 +206,65 @@ async def test_a_release_wakes_only_the_waiter_whose_turn_came(
                 await turn[first].wait()
                 granted = await waiting.try_acquire_permit(name, first, LONG, "w", {}, 1, 1)
                 assert isinstance(granted, Grant) and granted.token > held.token
-                assert woken == [first] and sent["requests"] == 1, (woken, sent)
+                assert granted.ttl <= LONG and granted.sent_at is not None
+                assert woken == [first] and sent["requests"] == 0, (woken, sent)
+                permits = await holding.read_permits(name)
+                assert permits is not None and [h.owner for h in permits.holders] == [first]
+                assert permits.holders[0].token == granted.token and permits.waiting == 2
                 # The first frees its permit: the second's turn. The second gives up its
-                # place instead (a cancelled acquire's undo): the third's turn.
+                # grant instead (a cancelled acquire's undo): the third's turn.
                 assert await waiting.release(name, first, granted.token)
                 await turn[second].wait()
                 assert woken == [first, second]
-                assert await waiting.release(name, second, None) is False
+                assert await waiting.release(name, second, None) is True
                 await turn[third].wait()
                 last = await waiting.try_acquire_permit(name, third, LONG, "w", {}, 1, 1)
-                assert isinstance(last, Grant) and last.token > granted.token
+                assert isinstance(last, Grant) and last.token > granted.token + 1
                 assert woken == [first, second, third]
                 assert await waiting.release(name, third, last.token)
         assert await holding.read_permits(name) is None
+
+
+async def test_a_grant_to_a_waiter_that_is_gone_expires_with_its_queue_entry(
+    anyio_backend: str, open_redis: Opener
+) -> None:
+    """A release grants the queue's head even if its waiter is gone (a process that
+    died, or stopped): the grant lasts what was left of the queue entry, never longer
+    than the ttl the waiter asked, and then frees its weight for the next request."""
+    name = new_name()
+    holder, gone, later = (permit_owner() for _ in range(3))
+    async with open_redis() as backend:
+        held = await backend.try_acquire_permit(name, holder, LONG, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        refused = await backend.try_acquire_permit(name, gone, 0.5, "g", {}, 1, 1)
+        assert isinstance(refused, HolderInfo)
+        assert await backend.release(name, holder, held.token)
+        permits = await backend.read_permits(name)
+        assert permits is not None and [h.owner for h in permits.holders] == [gone]
+        granted = permits.holders[0]
+        assert granted.token > held.token and granted.remaining is not None
+        assert granted.remaining <= 0.5
+        blocked = await backend.try_acquire_permit(name, later, LONG, "l", {}, 1, 1)
+        assert isinstance(blocked, HolderInfo) and blocked.owner == gone
+        await anyio.sleep(granted.remaining + 0.05)  # the server's expiry: nothing to await
+        last = await backend.try_acquire_permit(name, later, LONG, "l", {}, 1, 1)
+        assert isinstance(last, Grant) and last.token > granted.token
+        assert await backend.release(name, later, last.token)
+
+
+async def test_a_permits_release_is_written_at_once(anyio_backend: str, open_redis: Opener) -> None:
+    """``release_now`` writes a permit's release before returning, as a lock's (it
+    returned ``None``, and the core sent the release after its bookkeeping)."""
+    if anyio_backend != "asyncio":
+        pytest.skip("release_now of the RedisBackend itself (a bridge under trio)")
+    name = new_name()
+    owner = permit_owner()
+    async with open_redis() as backend:
+        redis = inner(backend)
+        assert redis._wire.writes_now
+        held = await backend.try_acquire_permit(name, owner, LONG, "h", {}, 2, 1)
+        assert isinstance(held, Grant)
+        sent = redis.release_now(name, owner, held.token)
+        assert sent is not None
+        assert await sent is True
+        assert await backend.read_permits(name) is None
