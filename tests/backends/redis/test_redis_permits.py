@@ -252,11 +252,11 @@ async def test_a_grant_to_a_waiter_that_is_gone_expires_with_its_queue_entry(
         assert await backend.release(name, later, last.token)
 
 
+# release_now of the RedisBackend itself, which runs on asyncio (a bridge under trio).
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_permits_release_is_written_at_once(anyio_backend: str, open_redis: Opener) -> None:
     """``release_now`` writes a permit's release before returning, as a lock's (it
     returned ``None``, and the core sent the release after its bookkeeping)."""
-    if anyio_backend != "asyncio":
-        pytest.skip("release_now of the RedisBackend itself (a bridge under trio)")
     name = new_name()
     owner = permit_owner()
     async with open_redis() as backend:
