@@ -19,6 +19,7 @@ from aiolease import BackendUnavailable
 from aiolease.backends.etcd import _deletes
 from aiolease.backends.etcd._wire import MAX_IN_FLIGHT, Wire
 from tests.backends.etcd.support import Gateway, inner, opener
+from tests.support import Opener
 
 pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
@@ -47,21 +48,35 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-async def test_deletes_that_wait_for_a_place_share_a_txn(
-    anyio_backend: str, single_url: str
-) -> None:
+async def _present(single_url: str, count: int) -> tuple[Opener, str, Gateway, list[str]]:
+    """An opener under a fresh prefix, its prefix, the gateway, and ``count`` keys put
+    under it."""
     open_ = opener(single_url)
     prefix: str = open_.prefix  # type: ignore[attr-defined]
     gateway = Gateway(single_url)
-    present = [f"{prefix}k{i}" for i in range(200)]
-    await _put(gateway, present)
+    keys = [f"{prefix}k{i}" for i in range(count)]
+    await _put(gateway, keys)
+    return open_, prefix, gateway, keys
+
+
+async def _waiting(wire: Wire, keys: list[str]) -> list[asyncio.Task[Any]]:
+    """Deletes of ``keys`` started while every place of ``wire`` is taken, gathered
+    (one loop pass); the caller gives the places back."""
+    _take_every_place(wire)
+    deletes = [asyncio.ensure_future(wire.delete(_request(k))) for k in keys]
+    await asyncio.sleep(0)
+    assert not any(d.done() for d in deletes)  # waiting for a place, gathered
+    return deletes
+
+
+async def test_deletes_that_wait_for_a_place_share_a_txn(
+    anyio_backend: str, single_url: str
+) -> None:
+    open_, prefix, gateway, present = await _present(single_url, 200)
     async with open_() as backend:
         wire = inner(backend)._wire
-        _take_every_place(wire)
         keys = [*present, f"{prefix}missing", present[0]]  # the last deletes a key again
-        deletes = [asyncio.ensure_future(wire.delete(_request(k))) for k in keys]
-        await asyncio.sleep(0)
-        assert not any(d.done() for d in deletes)  # waiting for a place, gathered
+        deletes = await _waiting(wire, keys)
         _give_every_place_back(wire)
         answers = await asyncio.gather(*deletes)
         # 128, then the other 72 and the missing key; the repeated key opens a third
@@ -83,25 +98,17 @@ async def test_a_server_that_allows_fewer_ops_per_txn_gets_them_one_by_one(
     before applying any: every delete of it is sent on its own, and later batches
     are smaller."""
     monkeypatch.setattr(_deletes, "MOST", 200)
-    open_ = opener(single_url)
-    prefix: str = open_.prefix  # type: ignore[attr-defined]
-    gateway = Gateway(single_url)
-    keys = [f"{prefix}k{i}" for i in range(150)]
-    await _put(gateway, keys)
+    open_, prefix, gateway, keys = await _present(single_url, 150)
     async with open_() as backend:
         wire = inner(backend)._wire
-        _take_every_place(wire)
-        deletes = [asyncio.ensure_future(wire.delete(_request(k))) for k in keys]
-        await asyncio.sleep(0)
+        deletes = await _waiting(wire, keys)
         _give_every_place_back(wire)
         answers = await asyncio.gather(*deletes)
         assert [a.deleted for a in answers] == [1] * 150
         assert wire.delete_batches == 0  # the server refused the one batch of 150
         assert await gateway.keys(prefix) == []
         await _put(gateway, keys)
-        _take_every_place(wire)
-        deletes = [asyncio.ensure_future(wire.delete(_request(k))) for k in keys]
-        await asyncio.sleep(0)
+        deletes = await _waiting(wire, keys)
         _give_every_place_back(wire)
         assert [a.deleted for a in await asyncio.gather(*deletes)] == [1] * 150
         assert wire.delete_batches == 2  # 75 and 75: half of what was refused
@@ -112,16 +119,10 @@ async def test_a_server_that_allows_fewer_ops_per_txn_gets_them_one_by_one(
 async def test_a_caller_that_stops_waiting_leaves_the_batch_whole(
     anyio_backend: str, single_url: str
 ) -> None:
-    open_ = opener(single_url)
-    prefix: str = open_.prefix  # type: ignore[attr-defined]
-    gateway = Gateway(single_url)
-    keys = [f"{prefix}k{i}" for i in range(3)]
-    await _put(gateway, keys)
+    open_, prefix, gateway, keys = await _present(single_url, 3)
     async with open_() as backend:
         wire = inner(backend)._wire
-        _take_every_place(wire)
-        deletes = [asyncio.ensure_future(wire.delete(_request(k))) for k in keys]
-        await asyncio.sleep(0)
+        deletes = await _waiting(wire, keys)
         deletes[0].cancel()
         _give_every_place_back(wire)
         answers = await asyncio.gather(*deletes[1:])
