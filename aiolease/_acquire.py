@@ -10,7 +10,8 @@ from collections.abc import Mapping
 import anyio
 
 from ._bridge import adapt
-from ._clock import current_time
+from ._checked import within_ttl
+from ._clock import current_time, move_on_after
 from ._exceptions import BackendTimeout, InvalidArgument, LeaseHeldError
 from ._holding import Counters
 from ._lease import Lease, Timing, release_shielded
@@ -106,10 +107,11 @@ async def acquire_lease(
                 # A driver may swallow a cancellation that arrived while it awaited the
                 # reply (redis-py's asyncio client can): never hand a cancelled caller a lease.
                 await anyio.lowlevel.checkpoint_if_cancelled()
-                if timing._deadline_after(sent_at, result) > current_time():
+                deadline = timing._deadline_after(sent_at, result)
+                if deadline > current_time():
                     counters.acquisitions += 1
                     lease: Lease = Lease._create(
-                        backend, name, owner, identity, metadata, timing, sent_at, result
+                        backend, name, owner, identity, metadata, timing, sent_at, result, deadline
                     )
                     tenancy.track(lease)
                     if lease._events.observers:
@@ -128,11 +130,12 @@ async def acquire_lease(
             # hand-off in the release statement): a wait that ends by an exception
             # must give back what it may have been given.
             maybe_held = True
-            with anyio.move_on_after(timing.ttl):
-                if permit is None:
-                    await backend.wait_turn(name, owner, timing.ttl, result)
-                else:
-                    await backend.wait_permit_turn(name, owner, timing.ttl, result)
+            wait = backend.wait_turn if permit is None else backend.wait_permit_turn
+            if within_ttl(wait):
+                await wait(name, owner, timing.ttl, result)
+            else:
+                with move_on_after(timing.ttl):  # a retry within the ttl keeps a place
+                    await wait(name, owner, timing.ttl, result)
     except BaseException as exc:
         events = backend.events
         if events.observers and started is not None:

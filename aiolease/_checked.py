@@ -15,11 +15,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
 from ._exceptions import InvalidArgument
-from ._permits import check_limit, check_weight
+from ._permits import RW_LIMIT, check_limit, check_weight
 from ._records import Renewal
 from ._validate import check_metadata, check_name, check_ttl
 
-__all__ = ["HeldRenewals", "check_arguments", "derived", "install"]
+__all__ = [
+    "HeldRenewals",
+    "check_arguments",
+    "derived",
+    "install",
+    "returns_within_ttl",
+    "within_ttl",
+]
 
 #: Which positional argument (after ``self``) of each method is checked, and how.
 _Spec = tuple[tuple[int, str, Callable[[object], object]], ...]
@@ -105,6 +112,26 @@ SPECS: dict[str, _Spec] = {
 #: Set on a wrapped method, so that it is not wrapped twice.
 _MARK = "__aiolease_checked__"
 
+#: Set on a wait (``wait_turn``, ``wait_permit_turn``) that returns well within the
+#: ``ttl`` it is given by itself: the core then waits on it without a cancel scope of
+#: its own to make sure of that (one scope less per wait, which a contended
+#: acquisition may do many times). Kept by the wrapping (``functools.wraps`` copies
+#: the function's attributes); an override in a subclass has it only if marked too.
+_WITHIN_TTL = "__aiolease_within_ttl__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def returns_within_ttl(fn: F) -> F:
+    """Mark the wait ``fn`` as returning well within its ``ttl`` by itself."""
+    setattr(fn, _WITHIN_TTL, True)
+    return fn
+
+
+def within_ttl(wait: Callable[..., Any]) -> bool:
+    """Whether the wait ``wait`` (a bound method) is marked :func:`returns_within_ttl`."""
+    return getattr(wait, _WITHIN_TTL, False) is True
+
 
 def check_arguments(method: str, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Check the arguments of a call of the contract method ``method``.
@@ -135,7 +162,23 @@ def _checker(method: str) -> Callable[[Sequence[Any], dict[str, Any]], None]:
     """:func:`check_arguments` for ``method``, made for it once: a call passes every
     checked argument by position (as the core does) with no loop over its specs."""
     spec = SPECS.get(method, ())
-    if method == "try_acquire_permit" or not spec or spec[0][0] != 0:
+    if method == "try_acquire_permit":
+
+        def check_permit(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+            if len(args) < 7:  # (not all by position: the general way)
+                check_arguments(method, args, kwargs)
+                return
+            _name(args[0])
+            _ttl(args[2])
+            limit, weight = args[5], args[6]
+            # check_limit and check_weight, for the ints the core passes:
+            if type(limit) is not int or type(weight) is not int or not 1 <= limit <= RW_LIMIT:
+                check_weight(weight, check_limit(limit))
+            elif not 1 <= weight <= limit:
+                check_weight(weight, limit)
+
+        return check_permit
+    if not spec or spec[0][0] != 0:
         return functools.partial(check_arguments, method)
     if len(spec) == 1:  # the name alone
 
@@ -159,6 +202,21 @@ def _checker(method: str) -> Callable[[Sequence[Any], dict[str, Any]], None]:
     return check_two
 
 
+async def _raise(exc: Exception) -> Any:
+    """A coroutine that raises ``exc`` when awaited."""
+    try:
+        raise exc
+    finally:
+        del exc  # (no reference cycle through the traceback)
+
+
+def _mark_coroutine_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, marked for ``inspect.iscoroutinefunction`` where Python can (3.12+): it
+    returns a coroutine, as the method it wraps."""
+    mark = getattr(inspect, "markcoroutinefunction", None)
+    return fn if mark is None else cast(Callable[..., Any], mark(fn))
+
+
 def _wrap(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     check = _checker("release" if method == "release_now" else method)
     if method == "release_now":
@@ -174,13 +232,19 @@ def _wrap(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
         wrapped: Callable[..., Any] = release_now
     elif inspect.iscoroutinefunction(fn):
-
+        # Not a coroutine function itself: it checks, then returns the backend's own
+        # coroutine (awaited by the caller), so a call is one coroutine, not two run
+        # through on every step. What a call raises is raised where it was: at the
+        # await of what the call returned.
         @functools.wraps(fn)
-        async def checked(self: object, *args: Any, **kwargs: Any) -> Any:
-            check(args, kwargs)
-            return await fn(self, *args, **kwargs)
+        def checked(self: object, *args: Any, **kwargs: Any) -> Any:
+            try:
+                check(args, kwargs)
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                return _raise(exc)
 
-        wrapped = checked
+        wrapped = _mark_coroutine_function(checked)
     else:
 
         @functools.wraps(fn)

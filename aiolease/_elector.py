@@ -16,6 +16,7 @@ import anyio
 
 from ._acquire import acquire_lease, default_identity, validate_backend
 from ._bridge import adapt
+from ._clock import move_on_after
 from ._exceptions import (
     BackendError,
     LeaseLostError,
@@ -387,7 +388,7 @@ class Elector:
             if key != last:
                 last = key
                 yield None if holder is None else LeaderInfo._from_holder(holder)
-            with anyio.move_on_after(self._timing.ttl):
+            with move_on_after(self._timing.ttl):
                 try:
                     await backend.wait_changed(self._name, holder)
                 except BackendError as exc:

@@ -37,7 +37,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._bounds import Bounds
-from ._clock import cancel_scope, current_time
+from ._clock import cancel_scope, checkpoint, current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError, lost_error
 from ._lease import (
     Lease,
@@ -154,6 +154,10 @@ async def watch_health(lease: Lease, policy: HealthPolicy) -> None:
             lease._end(LossReason.UNHEALTHY)
 
 
+#: :meth:`Backend.hold` of every backend that keeps no grant itself: it returns ``None``.
+_NO_HOLD = Backend.hold
+_NO_RELEASE_NOW = Backend.release_now
+
 #: How a lease of a lock with ``min_hold`` may end and still be kept for it (not lost to
 #: anyone; ``None``: the block ended).
 _KEPT = (None, LossReason.RELEASED, LossReason.MAX_HOLD)
@@ -213,12 +217,15 @@ class Holding:
     def _hold(self) -> SessionClock | None:
         """Hand the lease to a session backend that keeps it (``None``: renew it)."""
         lease = self.lease
+        backend = lease._backend
+        if type(backend).hold is _NO_HOLD:  # (the default: no call, no argument checks)
+            return None
         try:
-            clock = lease._backend.hold(lease._name, lease._owner, lease._token, lease._end)
+            clock = backend.hold(lease._name, lease._owner, lease._token, lease._end)
         except NotOwnerError:
             # Gone before the block took it up: with the backend closing (its grants
             # ended first), or taken.
-            lease._end(LossReason.SHUTDOWN if closing(lease._backend) else LossReason.STOLEN)
+            lease._end(LossReason.SHUTDOWN if closing(backend) else LossReason.STOLEN)
             return None
         if clock is not None:
             lease._follow(clock)
@@ -246,9 +253,11 @@ class Holding:
         return watches
 
     def _guard(self, clock: SessionClock | None, watches: list[_Watch]) -> None:
-        assert self._renewer is not None
+        renewer = self._renewer
+        assert renewer is not None
         tg = self._tg
-        self._renewer.add(None if tg is None else self, self.lease, self._counters, clock)
+        if tg is not None or not renewer.add_soon(self.lease, self._counters, clock):
+            renewer.add(None if tg is None else self, self.lease, self._counters, clock)
         for fn, args in watches:
             assert tg is not None
             tg.start_soon(fn, *args)
@@ -298,7 +307,8 @@ class Holding:
         self._renewer = Renewer.of(lease._backend)
         clock = self._hold()
         watches = self._watches(clock)
-        if watches or not self._renewer.served:
+        served = self._renewer.serve_here()
+        if watches or not served:
             # For the watches, and to run the renewer's task when it is this block's turn
             # (a backend from open_backend() runs it in a task group of its own).
             self._tg = anyio.create_task_group()
@@ -348,7 +358,7 @@ class Holding:
             # As in __aexit__: the other blocks ready to leave judge their leases first
             # (the body's scope shields this checkpoint).
             try:
-                await anyio.lowlevel.checkpoint()
+                await checkpoint()
             except BaseException as error:  # (a native cancel): raised after the release
                 failure = error
         if batch is not None:
@@ -415,6 +425,8 @@ class Holding:
             batch = None
         elif batch is not None and lost is None:
             joined = batch.add(lease._name, lease._owner, lease._token)
+        elif type(lease._backend).release_now is _NO_RELEASE_NOW:
+            batch = None  # (the default, which returns None: no call, no argument checks)
         else:
             batch = None
             try:

@@ -206,7 +206,10 @@ class Lease(metaclass=_NoPublicConstructor):
         timing: Timing,
         sent_at: float,
         grant: Grant,
+        deadline: float,
     ) -> None:
+        """``deadline``: ``timing._deadline_after(sent_at, grant)``, which the caller
+        worked out to judge the grant."""
         self._backend = backend
         self._name = name
         self._owner = owner
@@ -217,7 +220,7 @@ class Lease(metaclass=_NoPublicConstructor):
         )
         self._timing = timing
         self._token = grant.token
-        self._deadline = timing._deadline_after(sent_at, grant)
+        self._deadline = deadline
         self._renew_at = timing._renewal_after(sent_at, grant)
         self._clock: SessionClock | None = None
         self._acquired_at = sent_at

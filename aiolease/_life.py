@@ -31,6 +31,7 @@ from ._clock import current_time
 from ._exceptions import LossReason, ReentrantAcquireError
 from ._lease import Lease
 from ._permits import is_permit_owner
+from ._renewer import stop_own_service
 from .abc import Backend
 
 __all__ = [
@@ -163,6 +164,13 @@ async def end_leases(backend: Backend) -> None:
     backend itself (released on its own loop).
     """
     _closing.add(backend)
+    try:
+        await _end_tenancy(backend)
+    finally:
+        stop_own_service(backend)
+
+
+async def _end_tenancy(backend: Backend) -> None:
     tenancy = _tenancies.get(backend.inner if type(backend) is AsyncioBridge else backend)
     if tenancy is None or not tenancy.leases:
         return

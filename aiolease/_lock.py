@@ -77,7 +77,7 @@ class _Acquirer(Protocol):
 
     async def acquire(self, *, timeout: float | None = None) -> Lease: ...
 
-    async def _acquire(self, *, blocking: bool) -> Lease: ...
+    def _acquire(self, *, blocking: bool) -> Coroutine[Any, Any, Lease]: ...
 
 
 class _Acquisition(AbstractAsyncContextManager[Lease]):
@@ -139,7 +139,7 @@ class _Blocks:
 
         async def acquire(self, *, timeout: float | None = None) -> Lease: ...
 
-        async def _acquire(self, *, blocking: bool) -> Lease: ...
+        def _acquire(self, *, blocking: bool) -> Coroutine[Any, Any, Lease]: ...
 
     def __aenter__(self) -> Coroutine[Any, Any, Lease]:
         return _Acquisition(self, None, opened=True).__aenter__()
@@ -285,8 +285,10 @@ class AsyncLock(_Blocks):
         """
         return await self._acquire(blocking=False)
 
-    async def _acquire(self, *, blocking: bool) -> Lease:
-        lease = await acquire_lease(
+    def _acquire(self, *, blocking: bool) -> Coroutine[Any, Any, Lease]:
+        """The acquire loop's coroutine, to be awaited (this is not a coroutine of its
+        own: one less to run through on every step of a contended acquire)."""
+        acquiring = acquire_lease(
             self._backend,
             self._name,
             self._timing,
@@ -295,7 +297,13 @@ class AsyncLock(_Blocks):
             self._counters,
             blocking=blocking,
         )
-        return lease if self._limits is None else self._limits.apply(lease)
+        return acquiring if self._limits is None else self._limited(acquiring)
+
+    async def _limited(self, acquiring: Coroutine[Any, Any, Lease]) -> Lease:
+        """The lease ``acquiring`` grants, with this lock's ``max_hold`` / ``min_hold``."""
+        lease = await acquiring
+        assert self._limits is not None
+        return self._limits.apply(lease)
 
     def hold(self, *, timeout: float | None = None) -> AbstractAsyncContextManager[Lease]:
         """``async with lock.hold(timeout=5) as lease:``: ``async with lock`` with a timeout

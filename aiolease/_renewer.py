@@ -44,7 +44,7 @@ from anyio.abc import TaskGroup
 from ._checked import HeldRenewals
 from ._clock import current_time
 from ._exceptions import BackendError, LossReason, NotOwnerError
-from ._lease import Lease, Ride, Timing, log_fields
+from ._lease import Lease, log_fields
 from ._renewal_state import (
     AsyncioTasks,
     Cohort,
@@ -60,14 +60,23 @@ from ._renewal_state import (
     unride,
     unsteady,
 )
+from ._settling import settle_batch
 from .abc import Backend, Grant, RenewedAsAsked, SessionClock
 
-__all__ = ["Renewer"]
+__all__ = ["Renewer", "stop_own_service"]
 
 logger = logging.getLogger("aiolease.renewer")
 
 
 _renewers: weakref.WeakKeyDictionary[Backend, Renewer] = weakref.WeakKeyDictionary()
+
+
+def stop_own_service(backend: Backend) -> None:
+    """``backend`` closes: stop the service :meth:`Renewer.serve_here` gave its
+    scheduler, if any."""
+    renewer = _renewers.get(backend)
+    if renewer is not None:
+        renewer.stop_own_service()
 
 
 class Renewer:
@@ -93,6 +102,15 @@ class Renewer:
         self._renewals = 0
         self._host_count = 0
         self._leases: dict[Lease, None] = {}
+        #: The loop of the service :meth:`serve_here` started (``None``: none, or one
+        #: given to :meth:`serve`), and the function that stops it.
+        self._own_loop: asyncio.AbstractEventLoop | None = None
+        self._own_stop: Callable[[], None] | None = None
+        #: Leases to add at the loop's next step (:meth:`add_soon`), and that step's
+        #: callback (``None``: none scheduled).
+        self._soon: list[tuple[Lease, Counters, SessionClock | None]] = []
+        self._soon_handle: asyncio.Handle | None = None
+        self._soon_loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def of(cls, backend: Backend) -> Renewer:
@@ -115,6 +133,44 @@ class Renewer:
         """Whether a service task group runs the scheduler (holdings need host nothing)."""
         return self._service is not None
 
+    def serve_here(self) -> bool:
+        """Whether the scheduler is served, once this has served it under asyncio with
+        plain tasks of the running loop when nothing did (a backend made from its
+        class and used without :func:`~aiolease.open_backend`): each block then needs
+        no task group of its own (about a third of a block's bookkeeping). Until the
+        backend closes (:func:`stop_own_service`), or the loop is not the running one
+        any more (its tasks went with it: served again on this one). ``False`` under
+        trio, which has no task that outlives its nursery."""
+        loop = asyncio._get_running_loop()
+        if loop is None or asyncio.current_task(loop) is None:
+            return self._service is not None
+        if self._service is not None:
+            if self._own_loop is None or self._own_loop is loop:
+                return True
+            self._forget_own_service()  # of a loop that has ended
+        self._own_loop = loop
+        self._own_stop = self.serve(AsyncioTasks())
+        return True
+
+    def _forget_own_service(self) -> None:
+        """Drop the service :meth:`serve_here` started on a loop that is not running
+        any more, and the task it ran there (gone with its loop)."""
+        service, self._service = self._service, None
+        if self._host is service and service is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._host = self._scope = self._wake = self._timer = None
+            self._lazy = False
+            self._wake_at = -math.inf
+            self._renewing = set()
+        self._own_loop = self._own_stop = None
+
+    def stop_own_service(self) -> None:
+        """The backend closes: stop the service :meth:`serve_here` started, if any."""
+        stop, self._own_stop, self._own_loop = self._own_stop, None, None
+        if stop is not None:
+            stop()
+
     def serve(self, task_group: TaskGroup | AsyncioTasks) -> Callable[[], None]:
         """Run the scheduler's task in ``task_group`` (open as long as the backend is)
         from now on, rather than in the holdings' task groups.
@@ -130,7 +186,8 @@ class Renewer:
         def stop() -> None:
             if self._service is service:
                 self._service = None
-                for lease in list(self._leases):
+                soon, self._soon = self._soon, []
+                for lease in [*self._leases, *(lease for lease, _, _ in soon)]:
                     lease._end(LossReason.SHUTDOWN)
             if self._host is service:
                 self._stop()
@@ -160,6 +217,37 @@ class Renewer:
                 self._join(lease, clock)
         if self._host is None:
             self._move()
+
+    def add_soon(self, lease: Lease, counters: Counters, clock: SessionClock | None) -> bool:
+        """:meth:`add` a lease (to renew, or riding on a session's ``clock``) at the
+        loop's next step, when the scheduler has a service and runs under asyncio (else
+        ``False``: add it now).
+
+        A block's body that awaits anything lets the step come at once (the lease is
+        then added while the body waits, off the way between the grant and the body);
+        one that ends first ends its lease before: nothing to add, nothing to forget.
+        Its deadline still holds meanwhile (:attr:`Lease.lost` reads it), and nothing
+        is due so soon after a grant (a renewal comes a renew interval later).
+        """
+        if self._service is None:
+            return False
+        loop = asyncio._get_running_loop()
+        # (trio-asyncio's ``_get_running_loop`` answers in trio's tasks too, which have
+        # no asyncio task: there, as under trio, add at once)
+        if loop is None or asyncio.current_task(loop) is None:
+            return False
+        self._soon.append((lease, counters, clock))
+        if self._soon_handle is None or self._soon_loop is not loop:  # (a loop gone)
+            self._soon_loop = loop
+            self._soon_handle = loop.call_soon(self._add_soon)
+        return True
+
+    def _add_soon(self) -> None:
+        self._soon_handle = None
+        soon, self._soon = self._soon, []
+        for lease, counters, clock in soon:
+            if lease._reason is None:
+                self.add(None, lease, counters, clock)
 
     def remove(self, host: Host) -> None:
         """``host``'s lease has ended and its block is being left: it can host no more."""
@@ -576,160 +664,7 @@ class Renewer:
                     ]
                 if confirmed:
                     events._emit("renewed", confirmed, now - sent_at)
-            self._settle_batch(in_flight, renewing, sent_at, results, now)
-
-    def _settle_batch(
-        self,
-        in_flight: Cohort,
-        renewing: Renewing,
-        sent_at: float,
-        results: Sequence[Grant | BaseException | None],
-        now: float,
-    ) -> None:
-        """Apply the answers to one batch; the leases confirmed alike form a cohort
-        (one heap entry) due at their next renewal time, the others get entries of
-        their own (:meth:`_settle`)."""
-        batch = in_flight.members
-        as_asked = type(results) is RenewedAsAsked and results.renewals is in_flight.renewals
-        if in_flight.ride is not None:
-            if as_asked and self._settle_steady(in_flight, renewing, sent_at, results, now):
-                return
-            unsteady(in_flight, renewing)  # then settled as any batch
-        if as_asked:
-            assert type(results) is RenewedAsAsked
-            self._settle_as_asked(in_flight, renewing, sent_at, results, now)
-            return
-        cohorts: dict[float, list[Renewed]] = {}
-        # What a confirmation means depends only on the timing and the grant: worked
-        # out once for the leases that share both (locks share equal timings).
-        seen: tuple[Timing, float, float | None] | None = None
-        deadline = renew_at = 0.0
-        for renewed, result in zip(batch, results, strict=True):
-            lease = renewed.lease
-            if type(result) is not Grant or lease._reason is not None:
-                self._settle(renewed, renewing, sent_at, result, now)
-                continue
-            renewed.counters.renewals += 1
-            timing = lease._timing
-            if (
-                seen is None
-                or seen[0] is not timing
-                or seen[1] != result.ttl
-                or seen[2] != result.sent_at
-            ):
-                seen = (timing, result.ttl, result.sent_at)
-                deadline = timing._deadline_after(sent_at, result)
-                renew_at = timing._renewal_after(sent_at, result)
-            lease._confirm_at(deadline, renew_at)
-            renewed.backoff = renewed.first_backoff
-            renewed.next_at = next_at = lease._renew_at
-            renewed.renewing = False
-            renewing.discard(renewed)
-            if lease._lost_at(now) is None:
-                members = cohorts.get(next_at)
-                if members is None:
-                    members = cohorts[next_at] = []
-                members.append(renewed)
-        for next_at, members in cohorts.items():
-            cohort = Cohort(members, in_flight=False)
-            for renewed in members:
-                renewed.cohort = cohort
-            self._push(cohort, next_at)
-
-    def _settle_steady(
-        self,
-        cohort: Cohort,
-        renewing: Renewing,
-        sent_at: float,
-        results: Sequence[Grant | BaseException | None],
-        now: float,
-    ) -> bool:
-        """Settle a steady cohort renewed as asked, all of it, by updating its ride alone;
-        ``False`` (and nothing done) if it is not that simple: a renewal failed, a member
-        ended meanwhile, or their deadline passed before the answer came."""
-        ride, timing = cohort.ride, cohort.timing
-        assert type(results) is RenewedAsAsked and ride is not None and timing is not None
-        if results.failed or cohort.gone:
-            return False
-        grant = Grant(cohort.members[0].lease._token, timing.ttl, results.sent_at)
-        deadline = max(ride.deadline, timing._deadline_after(sent_at, grant))
-        if now >= deadline:
-            return False
-        ride.deadline = cohort.floor = deadline
-        ride.renew_at = renew_at = timing._renewal_after(sent_at, grant)
-        ride.unconfirmed = False
-        ride.renewals += 1
-        cohort.in_flight = False
-        renewing.discard(cohort)
-        self._push(cohort, renew_at)
-        return True
-
-    def _settle_as_asked(
-        self,
-        in_flight: Cohort,
-        renewing: Renewing,
-        sent_at: float,
-        results: RenewedAsAsked,
-        now: float,
-    ) -> None:
-        """:meth:`_settle_batch` for an answer that says "all renewed as asked, but
-        these": no :class:`Grant` per lease. Each renewal asked its lease's own ttl (the
-        core made them), so a confirmation means the same for all the leases of one
-        timing: worked out once per timing."""
-        batch = in_flight.members
-        failed = results.failed
-        grant_sent = results.sent_at
-        cohorts: dict[float, list[Renewed]] = {}
-        floors: dict[float, float] = {}  # per cohort, the earliest deadline given
-        # Per cohort, the timing of its members if they share one (equal), else None:
-        timings: dict[float, Timing | None] = {}
-        timing: Timing | None = None
-        deadline = renew_at = 0.0
-        members: list[Renewed] = []
-        for index, renewed in enumerate(batch):
-            lease = renewed.lease
-            if lease._reason is not None or (failed and index in failed):
-                self._settle(renewed, renewing, sent_at, results[index], now)
-                continue
-            renewed.counters.renewals += 1
-            if lease._timing is not timing:
-                timing = lease._timing
-                grant = Grant(lease._token, timing.ttl, grant_sent)
-                deadline = timing._deadline_after(sent_at, grant)
-                renew_at = timing._renewal_after(sent_at, grant)
-                members = cohorts.setdefault(renew_at, [])
-                floors[renew_at] = min(floors.get(renew_at, deadline), deadline)
-                shared = timings.setdefault(renew_at, timing)
-                if shared is not None and shared is not timing and shared != timing:
-                    timings[renew_at] = None
-            # lease._confirm_at(deadline, renew_at), inlined (once per lease per tick):
-            if deadline > lease._deadline:
-                lease._deadline = deadline
-            lease._renew_at = renew_at
-            lease._unconfirmed = False
-            lease._renewals += 1
-            renewed.backoff = renewed.first_backoff
-            renewed.next_at = renew_at
-            renewed.renewing = False
-            if now < lease._deadline or lease._lost_at(now) is None:
-                members.append(renewed)
-        renewing.difference_update(batch)  # settled, all of them: in one call
-        for next_at, members in cohorts.items():
-            if not members:
-                continue
-            cohort = Cohort(members, in_flight=False)
-            cohort.floor = floors[next_at]
-            if len(members) == len(batch):  # all of them, in order: the same renewals
-                cohort.renewals, cohort.bound = in_flight.renewals, in_flight.bound
-            shared = timings[next_at]
-            ride = None if shared is None else Ride(cohort.floor, next_at)
-            cohort.ride, cohort.timing = ride, shared
-            for renewed in members:
-                renewed.cohort = cohort
-                if ride is not None:  # from now on, it reads its renewal state there
-                    renewed.lease._ride = ride
-                    renewed.counters._ride(ride)
-            self._push(cohort, next_at)
+            settle_batch(in_flight, renewing, sent_at, results, now, self._push, self._settle)
 
     def _settle(
         self,

@@ -11,11 +11,11 @@ one renewer, cancel-on-loss, release), so only what differs lives here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import final
+from typing import Any, final
 
 import anyio
 
@@ -168,9 +168,10 @@ class _Permits(_Blocks):
         """
         return await self._acquire(blocking=False)
 
-    async def _acquire(self, *, blocking: bool) -> Lease:
+    def _acquire(self, *, blocking: bool) -> Coroutine[Any, Any, Lease]:
+        """The acquire loop's coroutine, to be awaited (as :class:`AsyncLock`'s)."""
         s = self._settings
-        return await acquire_lease(
+        return acquire_lease(
             s.backend,
             s.name,
             s.timing,

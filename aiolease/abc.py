@@ -97,7 +97,7 @@ from typing import Any, ClassVar, overload
 
 import anyio
 
-from ._checked import install
+from ._checked import install, returns_within_ttl
 from ._events import Events
 from ._exceptions import (
     BackendError,
@@ -504,6 +504,7 @@ class Backend(abc.ABC):
         """
         raise UnsupportedCapability(f"{self!r} does not serve semaphores")
 
+    @returns_within_ttl
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Wait, as the refused permit request ``owner``, until trying again may
         succeed: :meth:`wait_turn` for permits (``seen`` is what the refusal reported).
@@ -538,7 +539,8 @@ class Backend(abc.ABC):
     ) -> SessionClock | None:
         """Take over keeping ``owner``'s grant ``token`` of ``name`` alive, for the core.
 
-        The core calls this once when it starts holding a lease. A session backend
+        The core calls this once when it starts holding a lease, where the backend's
+        class overrides this default (which it does not call). A session backend
         whose :meth:`renew` is only local bookkeeping returns the clock of the session
         the grant rides on; the core then never calls :meth:`renew` for that lease, and
         its local deadline is ``clock.expires - margin``. From then until

@@ -80,6 +80,11 @@ class Db:
         """One statement renewing every live row of ``owner``; how many it renewed."""
         raise NotImplementedError
 
+    async def floor_renew_names(self, names: list[str], ttl: float) -> int:
+        """One statement renewing every live row of ``names`` (issue 18's floor: ``UPDATE
+        ... WHERE name = ANY($1)``, no owner or token checked); how many it renewed."""
+        raise NotImplementedError
+
     async def advisory(self) -> Advisory:
         raise NotImplementedError
 
@@ -163,6 +168,10 @@ class Postgres(Db):
             f"UPDATE {t} SET expires_at = clock_timestamp() + make_interval(secs => $2)"
             " WHERE owner = $1 AND expires_at > clock_timestamp()"
         )
+        self.renew_names = (
+            f"UPDATE {t} SET expires_at = clock_timestamp() + make_interval(secs => $2)"
+            " WHERE name = ANY($1) AND expires_at > clock_timestamp()"
+        )
         self.pool: Any = None
         self.listener: Any = None
 
@@ -195,6 +204,10 @@ class Postgres(Db):
 
     async def floor_renew_all(self, owner: str, ttl: float) -> int:
         status = await self.pool.execute(self.renew_all, owner, ttl)
+        return int(status.split()[-1])
+
+    async def floor_renew_names(self, names: list[str], ttl: float) -> int:
+        status = await self.pool.execute(self.renew_names, names, ttl)
         return int(status.split()[-1])
 
     async def advisory(self) -> Advisory:
@@ -296,6 +309,13 @@ class MySQL(Db):
             f"UPDATE {t} SET expires_at = {expiry}"
             f" WHERE owner = %(owner)s AND expires_at > {_MY_NOW}"
         )
+        self.renew_names = (
+            f"UPDATE {t} SET expires_at = {expiry}"
+            f" WHERE name IN ({{names}}) AND expires_at > {_MY_NOW}"
+        )
+        #: The names statement rendered (escaped) once per count of names: the list
+        #: only grows, so each text is rendered once, as a careful raw client would.
+        self._rendered: dict[int, str] = {}
         self.pool: Any = None
 
     def connect_args(self) -> dict[str, Any]:
@@ -343,6 +363,20 @@ class MySQL(Db):
     async def floor_renew_all(self, owner: str, ttl: float) -> int:
         params = {"owner": owner, "us": round(ttl * 1e6)}
         return int(await self._run(self.renew_all, params))
+
+    async def floor_renew_names(self, names: list[str], ttl: float) -> int:
+        count = len(names)
+        if not count:
+            return 0
+        text = self._rendered.get(count)
+        async with self.pool.acquire() as conn, conn.cursor() as cur:
+            if text is None:
+                self._rendered.clear()
+                inner = ", ".join(["%s"] * count)
+                sql = self.renew_names.replace("{names}", inner).replace("%(us)s", "%s")
+                args = [round(ttl * 1e6), *names]  # the expiry's, then the names
+                text = self._rendered[count] = cur.mogrify(sql, args)
+            return int(await cur.execute(text))
 
     async def advisory(self) -> Advisory:
         import asyncmy

@@ -22,9 +22,9 @@ from typing import Any
 from .._exceptions import ForeignDataError, LimitMismatchError
 from .._permits import PermitHolders
 from ..abc import Grant, HolderInfo
-from .sql._permits import permit_row
+from .sql._permits import CheckedRows
 
-__all__ = ["PERMIT_LIVE", "PermitTables"]
+__all__ = ["PERMIT_LIVE", "PermitTables", "QueuedHere"]
 
 #: A permit's row (held or queued) is live when written in this boot, not expired, and
 #: no further ahead than its ttl.
@@ -47,6 +47,13 @@ class PermitTables:
         self._names = f"{table}_permit_names"
         self._boot_id = boot_id
         self._clock = clock
+        #: How many tokens the statements here issued (rolled back or not): a group
+        #: that runs without a sync is run again with one if it moved
+        #: (:mod:`._sqlite_group`).
+        self.issued = 0
+        #: The rows checked lately (the name's queue, mostly the same from one
+        #: statement to the next, is not decoded again).
+        self._checked = CheckedRows(repr(self.permits))
         self.create = (
             f"CREATE TABLE IF NOT EXISTS {self.permits} ("
             " name TEXT NOT NULL, owner TEXT NOT NULL, weight INTEGER NOT NULL,"
@@ -71,16 +78,35 @@ class PermitTables:
             f" WHERE name = :name AND {PERMIT_LIVE} ORDER BY seq",
             self._params(name, now),
         ).fetchall()
-        for owner, weight, lim, granted, seq, token, identity, metadata, expires in found:
-            left = expires - now if isinstance(expires, (int, float)) else expires
-            permit_row(
-                repr(self.permits), name, owner, weight, lim, granted, seq, token, identity,
-                metadata, left,
-            )  # fmt: skip
+        self._check(name, found, now)
         return found
+
+    def _check(self, name: str, rows: list[tuple[Any, ...]], now: float) -> None:
+        check = self._checked.row
+        for owner, weight, lim, granted, seq, token, identity, metadata, expires in rows:
+            left = expires - now if isinstance(expires, (int, float)) else expires
+            check(name, owner, weight, lim, granted, seq, token, identity, metadata, left)
+
+    def _live_rows(self, conn: sqlite3.Connection, name: str, now: float) -> list[tuple[Any, ...]]:
+        """:meth:`rows`, once the expired rows of ``name`` are deleted (one statement when
+        none has: the rows are read with their liveness, and deleted only if some is 0)."""
+        found = conn.execute(
+            f"SELECT {_COLUMNS}, {PERMIT_LIVE} FROM {self.permits} WHERE name = :name ORDER BY seq",
+            self._params(name, now),
+        ).fetchall()
+        if any(row[-1] == 0 for row in found):
+            conn.execute(
+                f"DELETE FROM {self.permits} WHERE name = :name AND NOT ({PERMIT_LIVE})",
+                self._params(name, now),
+            )
+        live = [row[:-1] for row in found if row[-1]]
+        self._check(name, live, now)
+        return live
 
     def _next(self, conn: sqlite3.Connection, name: str, column: str) -> int:
         """The next value of ``name``'s token counter or queue sequence (``column``)."""
+        if column == "token":
+            self.issued += 1
         row = conn.execute(
             f"INSERT INTO {self._names} (name, token, seq) VALUES (:name, 1, 1)"
             f" ON CONFLICT (name) DO UPDATE SET {column} = {column} + 1 RETURNING {column}",
@@ -118,8 +144,7 @@ class PermitTables:
         try:
             now = self._clock()  # read only now that the write lock is ours
             p = self._params(name, now, owner=owner, ttl=ttl)
-            conn.execute(f"DELETE FROM {t} WHERE name = :name AND NOT ({PERMIT_LIVE})", p)
-            rows = self.rows(conn, name, now)
+            rows = self._live_rows(conn, name, now)
             if rows and rows[0][2] != limit:
                 conn.execute("COMMIT")
                 raise LimitMismatchError(name, limit, rows[0][2])
@@ -210,25 +235,22 @@ class PermitTables:
             p = self._params(name, now, owner=owner, token=token)
             # Read, then delete: SQLite 3.40 answers the rule wrongly inside DELETE ...
             # RETURNING for some readings (a ttl-600 permit taken with the clock at 500
-            # came back expired, so its release said False), never in a SELECT.
-            deleted = conn.execute(
-                f"SELECT granted, {PERMIT_LIVE} FROM {t} WHERE name = :name"
-                " AND owner = :owner AND (granted = 0 OR :token IS NULL OR token = :token)",
+            # came back expired, so its release said False), never in a SELECT. The
+            # name's rows are read at once: the queue entries left are among them.
+            found = conn.execute(
+                f"SELECT {_COLUMNS}, {PERMIT_LIVE} FROM {t} WHERE name = :name ORDER BY seq",
                 p,
             ).fetchall()
+            deleted = [
+                (row[3], row[-1])
+                for row in found
+                if row[0] == owner and (row[3] == 0 or token is None or row[5] == token)
+            ]
+            grants: list[tuple[str, int, float]] = []
             if deleted:
                 conn.execute(f"DELETE FROM {t} WHERE name = :name AND owner = :owner", p)
-            grants: list[tuple[str, int, float]] = []
-            queued = (
-                deleted
-                and conn.execute(
-                    f"SELECT 1 FROM {t} WHERE name = :name AND granted = 0 AND {PERMIT_LIVE}"
-                    " LIMIT 1",
-                    p,
-                ).fetchone()
-            )
-            if queued:
-                grants = self._grant_queued(conn, name, now)
+                left = [row[:-1] for row in found if row[0] != owner and row[-1]]
+                grants = self._grant_queued(conn, name, left, now)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -237,15 +259,16 @@ class PermitTables:
         return any(granted and live for granted, live in deleted), grants
 
     def _grant_queued(
-        self, conn: sqlite3.Connection, name: str, now: float
+        self, conn: sqlite3.Connection, name: str, rows: list[tuple[Any, ...]], now: float
     ) -> list[tuple[str, int, float]]:
-        """Grant the live queue entries of ``name`` that fit, in arrival order (none over
-        a row aiolease would not have written: the next acquire reports it)."""
+        """Grant the live queue entries among ``rows`` (the live rows of ``name``, in
+        arrival order) that fit, in arrival order (none over a row aiolease would not
+        have written: the next acquire reports it)."""
+        if not any(not row[3] for row in rows) or any(row[2] != rows[0][2] for row in rows):
+            return []  # nobody queued, or limits that differ
         try:
-            rows = self.rows(conn, name, now)
+            self._check(name, rows, now)
         except ForeignDataError:
-            return []
-        if not rows or any(row[2] != rows[0][2] for row in rows):
             return []
         free = rows[0][2] - sum(row[1] for row in rows if row[3])
         grants: list[tuple[str, int, float]] = []
@@ -279,3 +302,32 @@ class PermitTables:
             tuple(row[1] for row in held),
             sum(1 for row in rows if not row[3]),
         )
+
+
+#: The most names :class:`QueuedHere` remembers (past it, it forgets them all).
+_MAX_QUEUED_NAMES = 4096
+
+
+class QueuedHere:
+    """Per name, the permit requests that one backend object saw refused (so queued)
+    and not yet granted or released. A request of a name that has some is expected to
+    be queued behind them: its call is light (:mod:`._sqlite_group`). A guess only: a
+    request granted after all makes its group run again, with a sync."""
+
+    def __init__(self) -> None:
+        self._owners: dict[str, set[str]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._owners
+
+    def add(self, name: str, owner: str) -> None:
+        if len(self._owners) >= _MAX_QUEUED_NAMES and name not in self._owners:
+            self._owners.clear()  # names whose requests never came back (a safety net)
+        self._owners.setdefault(name, set()).add(owner)
+
+    def discard(self, name: str, owner: str) -> None:
+        owners = self._owners.get(name)
+        if owners is not None:
+            owners.discard(owner)
+            if not owners:
+                del self._owners[name]

@@ -7,15 +7,14 @@ exact, instant and single-process; its clock is injectable (by default
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from .._checked import derived
-from .._clock import current_time
+from .._checked import derived, returns_within_ttl
+from .._clock import checkpoint, current_time, event, move_on_after
 from .._exceptions import InvalidArgument, LimitMismatchError, LossReason, NotOwnerError
 from .._records import state_of
 from .._urls import redact, split_url
@@ -64,13 +63,15 @@ class _Permits:
 def _fits(state: _Permits, owner: str, weight: int) -> bool:
     """Rule 3: the held weight, the weight queued ahead of ``owner`` and ``weight`` fit
     in the limit."""
-    used = sum(w for _, w in state.held.values())
-    ahead = 0
+    # (Plain loops: this runs on every request and every wait of a permit.)
+    used = weight
+    for _, held in state.held.values():
+        used += held
     for other, entry in state.queue.items():
         if other == owner:
             break
-        ahead += entry.weight
-    return used + ahead + weight <= state.limit
+        used += entry.weight
+    return used <= state.limit
 
 
 #: What the wake-ups of a name's permits are keyed by, before the name (apart from
@@ -169,9 +170,9 @@ class MemoryBackend(Backend):
                     taken(LossReason.STOLEN)
 
     def _notify(self, name: str) -> None:
-        event = self._changed.pop(name, None)
-        if event is not None:
-            event.set()
+        changed = self._changed.pop(name, None)
+        if changed is not None:
+            changed.set()
 
     def on_taken(
         self, name: str, owner: str, token: int, taken: Callable[[LossReason], object]
@@ -204,7 +205,7 @@ class MemoryBackend(Backend):
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         record = self._live(name)
         if record is not None and record.owner != owner:
             return self._holder(name, record)
@@ -216,7 +217,7 @@ class MemoryBackend(Backend):
         return Grant(record.token, ttl)
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         if is_permit_owner(owner):
             return self._renew_permit(name, owner, token, ttl)
         record = self._live(name)
@@ -227,7 +228,7 @@ class MemoryBackend(Backend):
 
     async def renew_many(self, renewals: Sequence[Renewal]) -> Sequence[RenewResult]:
         """Every lease due, in one call (as a server would answer one batch)."""
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         now = self._clock()
         records = self._records
         failed: dict[int, NotOwnerError] = {}
@@ -258,7 +259,7 @@ class MemoryBackend(Backend):
         return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         if is_permit_owner(owner):
             return self._release_permit(name, owner, token)
         record = self._live(name)
@@ -271,7 +272,7 @@ class MemoryBackend(Backend):
     async def update_metadata(
         self, name: str, owner: str, token: int, metadata: Mapping[str, str]
     ) -> None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         record = self._live(name)
         if record is None or record.owner != owner or record.token != token:
             raise NotOwnerError(name)
@@ -279,7 +280,7 @@ class MemoryBackend(Backend):
         self._notify(name)  # the holder is the same: no takeover to report
 
     async def read(self, name: str) -> HolderInfo | None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         record = self._live(name)
         return None if record is None else self._holder(name, record)
 
@@ -287,14 +288,16 @@ class MemoryBackend(Backend):
         record = self._live(name)
         current = None if record is None else self._holder(name, record)
         if state_of(current) != state_of(seen):
-            await anyio.lowlevel.checkpoint()
+            await checkpoint()
             return
-        event = self._changed.setdefault(name, anyio.Event())
+        changed = self._changed.get(name)
+        if changed is None:
+            changed = self._changed[name] = event()
         if record is None:
-            await event.wait()
+            await changed.wait()
             return
-        with anyio.move_on_at(record.expires_at - self._clock() + anyio.current_time()):
-            await event.wait()
+        with move_on_after(record.expires_at - self._clock()):
+            await changed.wait()
 
     def force_release(self, name: str) -> None:
         """Drop ``name``'s record as an operator would (tests and tools)."""
@@ -310,6 +313,17 @@ class MemoryBackend(Backend):
         if state is None:
             return None
         now = self._clock()
+        gone = False  # (loops, not lists: nothing has expired, nearly always)
+        for record, _ in state.held.values():
+            if record.expires_at <= now:
+                gone = True
+                break
+        for queued in state.queue.values():
+            if queued.expires_at <= now:
+                gone = True
+                break
+        if not gone and (state.held or state.queue):
+            return state
         expired = [owner for owner, (record, _) in state.held.items() if record.expires_at <= now]
         lapsed = [owner for owner, queued in state.queue.items() if queued.expires_at <= now]
         for owner in expired:
@@ -343,7 +357,9 @@ class MemoryBackend(Backend):
             return
         state = self._permits.get(name)
         if state is not None:
-            used = sum(w for _, w in state.held.values())
+            used = 0
+            for _, weight in state.held.values():
+                used += weight
             for owner, queued in state.queue.items():
                 used += queued.weight
                 if used > state.limit:
@@ -391,7 +407,7 @@ class MemoryBackend(Backend):
     ) -> Grant | HolderInfo:
         """Grant if the held weight, the weight queued ahead and ``weight`` fit in
         ``limit``; else queue ``owner`` (in arrival order) and report who blocks."""
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         state = self._live_permits(name)
         if state is not None and state.limit != limit:
             raise LimitMismatchError(name, limit, state.limit)
@@ -414,7 +430,11 @@ class MemoryBackend(Backend):
         else:
             queued.expires_at = now + ttl
         if state.held:
-            first = min(state.held.values(), key=lambda held: held[0].expires_at)[0]
+            first: _Record | None = None  # the first to expire
+            for record, _ in state.held.values():
+                if first is None or record.expires_at < first.expires_at:
+                    first = record
+            assert first is not None
             return self._permit_holder(name, first.owner, first)
         first_owner, head = next(iter(state.queue.items()))
         return HolderInfo(name, first_owner, head.identity, 0, {}, max(head.expires_at - now, 0.0))
@@ -443,7 +463,7 @@ class MemoryBackend(Backend):
         return freed
 
     async def read_permits(self, name: str) -> PermitHolders | None:
-        await anyio.lowlevel.checkpoint()
+        await checkpoint()
         state = self._live_permits(name)
         if state is None:
             return None
@@ -464,38 +484,51 @@ class MemoryBackend(Backend):
         now = self._clock()
         until = now + ttl / 3
         for record, _ in state.held.values():
-            until = min(until, record.expires_at)
+            if record.expires_at < until:
+                until = record.expires_at
         for queued in state.queue.values():
-            until = min(until, queued.expires_at)
+            if queued.expires_at < until:
+                until = queued.expires_at
         return until - now
 
+    @returns_within_ttl  # (at most a third of it)
     async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
         """Return when a permit or queue entry of ``name`` is gone, or the first of them
         expires, or after a third of ``ttl`` (so that the retry keeps the place)."""
         seconds = self._permit_wait(name, owner, ttl)
         if seconds is None:
-            await anyio.lowlevel.checkpoint()
+            await checkpoint()
             return
-        with self._waiting_turn(name, owner) as key:
-            event = self._changed.setdefault(key, anyio.Event())
-            try:
-                with anyio.move_on_after(seconds):
-                    await event.wait()
-            finally:
-                if self._changed.get(key) is event:
-                    del self._changed[key]  # not woken: no event left behind
-
-    @contextmanager
-    def _waiting_turn(self, name: str, owner: str) -> Iterator[str]:
-        """``owner`` waits for its turn on ``name``'s permits meanwhile; the key that
-        :meth:`_notify` wakes it by."""
-        waiting = self._permit_waiting.setdefault(name, set())
-        waiting.add(owner)
+        key = self._start_waiting(name, owner)
         try:
-            yield _turn_key(name, owner)
+            changed = self._changed.get(key)
+            if changed is None:
+                changed = self._changed[key] = event()
+            try:
+                with move_on_after(seconds):
+                    await changed.wait()
+            finally:
+                if self._changed.get(key) is changed:
+                    del self._changed[key]  # not woken: no event left behind
         finally:
+            self._stop_waiting(name, owner)
+
+    def _start_waiting(self, name: str, owner: str) -> str:
+        """``owner`` waits for its turn on ``name``'s permits from now on (until
+        :meth:`_stop_waiting`): the key that :meth:`_notify` wakes it by. (Not a context
+        manager: this runs on every wait of a permit.)"""
+        waiting = self._permit_waiting.get(name)
+        if waiting is None:
+            waiting = self._permit_waiting[name] = set()
+        waiting.add(owner)
+        return _turn_key(name, owner)
+
+    def _stop_waiting(self, name: str, owner: str) -> None:
+        """``owner`` waits for its turn on ``name``'s permits no more."""
+        waiting = self._permit_waiting.get(name)
+        if waiting is not None:
             waiting.discard(owner)
-            if not waiting and self._permit_waiting.get(name) is waiting:
+            if not waiting:
                 del self._permit_waiting[name]
 
     def force_release_permits(self, name: str) -> None:

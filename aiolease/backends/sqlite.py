@@ -32,10 +32,19 @@ a committed token survives a crash and a power cut.
 its ``token`` column, which every new grant increments. Tokens therefore
 strictly increase across release, expiry and restarts.
 
-**Wake-ups.** Acquire and release set an in-process event per (file, name), so
-waiters in this process wake at once; changes made by other processes are found
-by polling every ``poll_interval`` (and never later than the seen holder's
-expiry). Renewals wake nobody. This is why the backend lacks ``PUSH_WAKEUP``.
+**Wake-ups and hand-offs.** A release through this backend object hands the name to
+the first of its waiters, in the release's own transaction, and wakes that waiter
+alone (:mod:`._sqlite_turns`); acquire and release set an in-process event per
+(file, name), which observers and each name's first waiter watch. Changes made by
+other processes are found by polling every ``poll_interval`` (and never later than
+the seen holder's expiry). Renewals wake nobody. This is why the backend lacks
+``PUSH_WAKEUP``; waiters of different processes are not queued together (no
+``FAIR_QUEUE``).
+
+**One transaction for the calls that wait.** The backend has one connection; calls
+that wait for it run together, in one transaction with one commit, whichever caller
+gets it first running them all (:mod:`._sqlite_group`); a group of permit requests
+expected to be queued commits without a sync, unless it issues a token.
 
 SQLite on a network file system is not safe (its locking is unreliable there),
 and several hosts do not share a monotonic clock: use one host.
@@ -45,16 +54,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote
 
 import anyio
 import anyio.to_thread
@@ -68,7 +73,6 @@ from .._exceptions import (
     NotOwnerError,
 )
 from .._records import state_of
-from .._urls import redact, split_url
 from .._validate import check_seconds
 from ..abc import (
     Backend,
@@ -82,7 +86,15 @@ from ..abc import (
     is_permit_owner,
 )
 from ._priority import PriorityLock
-from ._sqlite_permits import PERMIT_LIVE, PermitTables
+from ._sqlite_group import MOST, Call, run_group
+from ._sqlite_permits import PERMIT_LIVE, PermitTables, QueuedHere
+from ._sqlite_turns import Ask, LockTurns
+from ._sqlite_turns import notify as _notify
+from ._sqlite_turns import watching as _watching
+from ._sqlite_url import URL_OPTIONS as _URL_OPTIONS
+from ._sqlite_url import check_path as _check_path
+from ._sqlite_url import check_table as _check_table
+from ._sqlite_url import parse_url as _parse_url
 from .sql._handed import Handed, turn_key
 from .sql._rows import check_token, foreign, row_holder
 
@@ -95,12 +107,9 @@ __all__ = ["SQLiteBackend", "host_boot_id"]
 
 T = TypeVar("T")
 
-_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_HEADER = b"SQLite format 3\x00"
 _BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 _SQLITE_BUSY = 5
 _SQLITE_LOCKED = 6
-_URL_OPTIONS = {"table": str, "busy_timeout": float, "poll_interval": float}
 
 #: A row is live when it has an owner, was written in this boot, has not expired,
 #: and its expiry is no further ahead than its ttl (else it is from another clock epoch).
@@ -175,86 +184,6 @@ def host_boot_id() -> str:
         return ""
 
 
-def _check_table(table: object) -> str:
-    """:raises InvalidArgument: unless ``table`` is a plain SQL identifier of at most 63 chars"""
-    if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
-        raise InvalidArgument(
-            f"table name must match {_TABLE_RE.pattern} (letters, digits, _), got {table!r}"
-        )
-    return table
-
-
-def _check_path(path: object) -> str:
-    """Resolve ``path`` to an absolute path of a usable database file, creating nothing.
-
-    :raises InvalidArgument: ``path`` is a directory, its directory is missing or is
-        not a directory, or the file exists and is not a SQLite database
-    """
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidArgument(f"SQLite path must be a str or path, not {type(path).__name__}")
-    raw = os.fspath(path)
-    if not isinstance(raw, str) or raw in ("", ":memory:") or "\x00" in raw:
-        raise InvalidArgument(
-            f"SQLite path must name a file (use 'memory://' for an in-process store), got {raw!r}"
-        )
-    full = os.path.abspath(raw)
-    parent = os.path.dirname(full)
-    if os.path.isdir(full):
-        raise InvalidArgument(f"SQLite path {full!r} is a directory, not a database file")
-    if not os.path.exists(parent):
-        raise InvalidArgument(f"SQLite path {full!r}: directory {parent!r} does not exist")
-    if not os.path.isdir(parent):
-        raise InvalidArgument(f"SQLite path {full!r}: {parent!r} is not a directory")
-    if os.path.exists(full):
-        _check_header(full)
-    return full
-
-
-def _check_header(path: str) -> None:
-    if not os.path.isfile(path):
-        raise InvalidArgument(f"SQLite path {path!r} is not a regular file")
-    try:
-        with open(path, "rb") as f:
-            header = f.read(len(_HEADER))
-    except OSError as exc:
-        raise InvalidArgument(f"SQLite database {path!r} cannot be read: {exc}") from exc
-    # An empty file is a valid, empty database.
-    if header and header != _HEADER:
-        raise InvalidArgument(f"{path!r} exists and is not a SQLite database")
-
-
-def _parse_url(url: str) -> tuple[str, dict[str, Any]]:
-    """Split a ``sqlite:///`` URL into a path and options.
-
-    :raises InvalidArgument: wrong scheme, a host, no path, or an unknown option
-    """
-    parts = split_url(url, "SQLite")
-    if parts.scheme.lower() != "sqlite" or parts.netloc or parts.fragment:
-        raise InvalidArgument(
-            "a SQLite URL is 'sqlite:///relative.db' or 'sqlite:////absolute.db',"
-            f" got {redact(url)!r}"
-        )
-    if not parts.path.startswith("/") or len(parts.path) < 2:
-        raise InvalidArgument(f"SQLite URL {redact(url)!r} names no file")
-    options: dict[str, Any] = {}
-    try:
-        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError as exc:
-        raise InvalidArgument(f"SQLite URL {redact(url)!r} has a malformed query: {exc}") from None
-    for key, value in query:
-        convert = _URL_OPTIONS.get(key)
-        if convert is None or key in options:
-            known = ", ".join(_URL_OPTIONS)
-            raise InvalidArgument(
-                f"SQLite URL option {key!r} is unknown or repeated (known: {known})"
-            )
-        try:
-            options[key] = convert(value)
-        except ValueError:
-            raise InvalidArgument(f"SQLite URL option {key}={value!r} is malformed") from None
-    return unquote(parts.path[1:]), options
-
-
 def _is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
     if code is not None:
@@ -270,36 +199,24 @@ def _map_error(exc: sqlite3.Error) -> BackendError:
     return BackendUnavailable(f"SQLite error: {exc}")
 
 
-@dataclass
-class _Waiters:
-    event: anyio.Event
-    count: int = 0
+class _Release(Call):
+    """A release waiting to be sent, and the waiter here it may hand the name to."""
+
+    __slots__ = ("handed", "name", "next", "owner", "token")
+
+    def __init__(
+        self, release: Callable[[Any, _Release], bool], name: str, owner: str, token: int | None
+    ) -> None:
+        super().__init__(lambda conn: release(conn, self))
+        self.name, self.owner, self.token = name, owner, token
+        #: The waiter here that the release hands the name to, if it frees it.
+        self.next: Ask | None = None
+        #: The token it handed the name on with.
+        self.handed: int | None = None
 
 
-#: In-process wake-ups, keyed by (thread of the event loop, file, name). The thread
-#: keeps an event from being set by another thread's event loop.
-_wakeups: dict[tuple[int, str, str], _Waiters] = {}
-
-
-@contextmanager
-def _watching(path: str, name: str) -> Iterator[anyio.Event]:
-    key = (threading.get_ident(), path, name)
-    entry = _wakeups.get(key)
-    if entry is None:
-        entry = _wakeups[key] = _Waiters(anyio.Event())
-    entry.count += 1
-    try:
-        yield entry.event
-    finally:
-        entry.count -= 1
-        if entry.count == 0 and _wakeups.get(key) is entry:
-            del _wakeups[key]
-
-
-def _notify(path: str, name: str) -> None:
-    entry = _wakeups.pop((threading.get_ident(), path, name), None)
-    if entry is not None:
-        entry.event.set()
+#: The "limit" of a lock waiter's grants in :class:`Handed` (a permit's is at least 1).
+_LOCK = 0
 
 
 class SQLiteBackend(Backend):
@@ -341,14 +258,23 @@ class SQLiteBackend(Backend):
         self.poll_interval = check_seconds("poll_interval", poll_interval)
         self._path = _check_path(path)
         self._lock = PriorityLock()
+        #: Calls waiting for the connection (urgent ones apart): the next caller to get
+        #: it runs them all, in one transaction (see :mod:`._sqlite_group`).
+        self._calls: list[Call] = []
+        self._urgent_calls: list[Call] = []
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         # Host time; tests replace these to move time or simulate a reboot.
         self._clock: Callable[[], float] = time.monotonic
         self._boot_id = host_boot_id()
         self._permits = PermitTables(self._table, lambda: self._boot_id, lambda: self._clock())
-        #: The grants that releases here made to queue entries, until their waiters take them.
+        #: The grants that releases here made to queue entries (of permits) or to lock
+        #: waiters, until their waiters take them.
         self._handed = Handed(lambda key: _notify(self._path, key), anyio.current_time)
+        #: This backend's lock waiters, which its releases hand the name to.
+        self._turns = LockTurns()
+        #: The permit requests refused here, not yet granted or released.
+        self._queued = QueuedHere()
 
     def __repr__(self) -> str:
         return f"<SQLiteBackend {self._path!r} table={self._table!r}>"
@@ -425,15 +351,87 @@ class SQLiteBackend(Backend):
             raise
         return conn
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T], *, urgent: bool = False) -> T:
-        """Run ``fn`` on the connection in a worker thread, one call at a time; an
-        ``urgent`` call (a renewal) goes before the calls waiting without it."""
-        async with self._lock.hold(urgent=urgent):
-            conn = await self._connection()
-            try:
-                return await anyio.to_thread.run_sync(fn, conn)
-            except sqlite3.Error as exc:
-                raise _map_error(exc) from exc
+    async def _run(
+        self, fn: Callable[[sqlite3.Connection], T], *, urgent: bool = False, light: bool = False
+    ) -> T:
+        """Run ``fn`` on the connection in a worker thread; an ``urgent`` call (a
+        renewal) goes before the calls waiting without it. Calls that wait for the
+        connection run together, in one transaction (:mod:`._sqlite_group`); a
+        ``light`` one's commit needs no sync unless it issues a token."""
+        result: T = await self._call(Call(fn, light=light), urgent)
+        return result
+
+    async def _call(self, call: Call, urgent: bool = False) -> Any:
+        queue = self._urgent_calls if urgent else self._calls
+        queue.append(call)
+        try:
+            async with self._lock.hold(urgent=urgent):
+                if not call.done:
+                    await self._send_calls()
+        finally:
+            if not call.done and call in queue:  # cancelled, or failed, before it was sent
+                queue.remove(call)
+        error = call.error
+        if error is not None:
+            if isinstance(error, sqlite3.Error):
+                raise _map_error(error) from error
+            raise error
+        return call.result
+
+    async def _send_calls(self) -> None:
+        """Run every call waiting (the connection is held), as one transaction; the
+        releases among them hand the names they free to their first waiters here
+        (:mod:`._sqlite_turns`)."""
+        conn = await self._connection()
+        urgent, others = self._urgent_calls, self._calls
+        n = min(len(urgent), MOST)
+        m = min(len(others), MOST - n)
+        batch = urgent[:n] + others[:m]
+        del urgent[:n], others[:m]
+        releases = [call for call in batch if isinstance(call, _Release)]
+        self._pick_next(releases)
+        sent_at = anyio.current_time()
+        try:
+            # Shielded: once sent, the group's outcome is every caller's (a cancel of the
+            # sender is raised after it, at the next checkpoint).
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(run_group, conn, batch, self._issued)
+        except BaseException as exc:
+            for entry in releases:
+                if entry.next is not None:
+                    self._turns.put_back(entry.name, entry.next)
+                    entry.next = None
+            if not isinstance(exc, sqlite3.Error):
+                urgent[:0], others[:0] = batch[:n], batch[n:]  # the next holder sends them
+                raise
+            for call in batch:
+                call.error, call.done = exc, True
+            return
+        for call in batch:
+            call.done = True
+        for entry in releases:
+            ask = entry.next
+            if ask is None:
+                continue
+            if entry.handed is None:
+                self._turns.put_back(entry.name, ask)
+            else:
+                self._turns.handed(entry.name, ask)
+                self._handed.granted(entry.name, [ask.owner], [entry.handed], [ask.ttl], sent_at)
+
+    def _issued(self) -> int:
+        return self._permits.issued
+
+    def _pick_next(self, releases: Sequence[_Release]) -> None:
+        """For each release, the first waiter here of its name, to hand it to (a name
+        once per group; never to an owner that releases in it)."""
+        releasing = {entry.owner for entry in releases}
+        handing: set[str] = set()
+        for entry in releases:
+            if entry.name not in handing:
+                entry.next = self._turns.take_next(entry.name, releasing)
+                if entry.next is not None:
+                    handing.add(entry.name)
 
     def _params(self, name: str, now: float, **extra: object) -> dict[str, object]:
         return {"name": name, "now": now, "boot": self._boot_id, **extra}
@@ -553,15 +551,27 @@ class SQLiteBackend(Backend):
             raise
         return renewed
 
-    def _release_sync(
-        self, conn: sqlite3.Connection, name: str, owner: str, token: int | None
-    ) -> bool:
+    def _release_sync(self, conn: sqlite3.Connection, entry: _Release) -> bool:
+        """Free the name if ``entry.owner`` holds it, or hand it to ``entry.next`` (the
+        waiter's grant: the next token, its ttl, identity and metadata)."""
+        ask = entry.next
+        if ask is None:
+            sets = "owner = NULL, identity = NULL, metadata = NULL, expires_at = NULL"
+            extra: dict[str, object] = {}
+        else:
+            sets = (
+                "token = token + 1, owner = :next, identity = :identity,"
+                " metadata = :metadata, ttl = :ttl, expires_at = :now + :ttl"
+            )
+            extra = {"next": ask.owner, "identity": ask.identity, "metadata": ask.metadata}
+            extra["ttl"] = ask.ttl
         rows = conn.execute(
-            f"UPDATE {self._table} SET owner = NULL, identity = NULL, metadata = NULL,"
-            " expires_at = NULL WHERE name = :name AND owner = :owner"
+            f"UPDATE {self._table} SET {sets} WHERE name = :name AND owner = :owner"
             f" AND (:token IS NULL OR token = :token) AND {_LIVE} RETURNING token",
-            self._params(name, self._clock(), owner=owner, token=token),
+            self._params(entry.name, self._clock(), owner=entry.owner, token=entry.token, **extra),
         ).fetchall()
+        if rows and ask is not None:
+            entry.handed = int(rows[0][0])
         return bool(rows)
 
     def _update_metadata_sync(
@@ -599,16 +609,20 @@ class SQLiteBackend(Backend):
         none for a grant that a release through this backend made."""
         handed = self._handed.take(name, owner, float(ttl), limit)
         if handed is not None:
+            self._queued.discard(name, owner)
             return handed
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
         result = await self._run(
             lambda conn: self._permits.acquire(
                 conn, name, owner, ttl, identity, meta, limit, weight
-            )
+            ),
+            light=name in self._queued,  # expected to be queued: no sync (._sqlite_group)
         )
         if isinstance(result, Grant):
+            self._queued.discard(name, owner)
             self._handed.forget(name, owner)
         else:
+            self._queued.add(name, owner)
             self._handed.refused(name, owner, limit)
         return result
 
@@ -617,6 +631,7 @@ class SQLiteBackend(Backend):
         then fit (see :meth:`PermitTables.release`): their waiters here take the grants
         without a call, and only they wake."""
         self._handed.forget(name, owner)
+        self._queued.discard(name, owner)
         sent_at = anyio.current_time()
         freed, grants = await self._run(
             lambda conn: self._permits.release(conn, name, owner, token)
@@ -647,14 +662,39 @@ class SQLiteBackend(Backend):
     async def try_acquire(
         self, name: str, owner: str, ttl: float, identity: str, metadata: Mapping[str, str]
     ) -> Grant | HolderInfo:
+        handed = self._handed.take(name, owner, float(ttl), _LOCK)
+        if handed is not None:  # handed over by a release here while it waited
+            self._turns.leave(name, owner)
+            return handed
         meta = json.dumps(dict(metadata), ensure_ascii=False, sort_keys=True)
         result = await self._run(
             lambda conn: self._try_acquire_sync(conn, name, owner, ttl, identity, meta)
         )
         if isinstance(result, Grant):
+            self._turns.leave(name, owner)
+            self._handed.forget(name, owner)
             # A retry by the holder changes nothing a waiter cares about; waking is harmless.
             _notify(self._path, name)
+        else:
+            self._turns.refused(name, owner, ttl, identity, meta)
+            self._handed.refused(name, owner, _LOCK)
         return result
+
+    async def wait_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        """Return when a release here hands the name to the caller, or, for the first
+        waiter of the name here, when the name changes in this process; and after
+        :attr:`poll_interval` (changes by other processes), when ``seen`` expires,
+        never later than a third of ``ttl`` (see :mod:`._sqlite_turns`)."""
+        first = self._turns.join(name, owner)
+        timeout = min(self.poll_interval, ttl / 3)
+        if seen.remaining is not None:
+            timeout = min(timeout, max(seen.remaining, 0.001))
+        key = name if first else turn_key(name, owner)
+        with _watching(self._path, key) as event:
+            if self._handed.waiting(name, owner):
+                return  # handed over after the refusal
+            with anyio.move_on_after(timeout):
+                await event.wait()
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
         renew = self._permits.renew if is_permit_owner(owner) else self._renew_sync
@@ -687,11 +727,18 @@ class SQLiteBackend(Backend):
         return RenewedAsAsked(renewals, failed=failed)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Free ``name`` if ``owner`` holds it, handing it to the first waiter here if
+        any (:mod:`._sqlite_turns`). Like every call, one that waits for the connection
+        goes with the others waiting, in one transaction (:mod:`._sqlite_group`); one
+        cancelled before its turn is not sent (the lease runs out at its expiry, as if
+        the release timed out)."""
         if is_permit_owner(owner):
             return await self._release_permit(name, owner, token)
-        freed = await self._run(lambda conn: self._release_sync(conn, name, owner, token))
+        self._handed.forget(name, owner)  # (one handed to a waiter that gave up: freed here)
+        self._turns.leave(name, owner)
+        freed: bool = await self._call(_Release(self._release_sync, name, owner, token))
         if freed:
-            _notify(self._path, name)
+            _notify(self._path, name)  # observers, and the first waiter of the name
         return freed
 
     async def update_metadata(

@@ -104,13 +104,14 @@ class AsyncioOnlyBackend(MemoryBackend):
         seconds = self._permit_wait(name, owner, ttl)
         if seconds is None:
             return
-        with self._waiting_turn(name, owner) as key:
-            event = self._events.setdefault(key, asyncio.Event())
-            try:
-                async with timeout_after(seconds):
-                    await event.wait()
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                if self._events.get(key) is event:
-                    del self._events[key]  # not woken: no event left behind
+        key = self._start_waiting(name, owner)
+        event = self._events.setdefault(key, asyncio.Event())
+        try:
+            async with timeout_after(seconds):
+                await event.wait()
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if self._events.get(key) is event:
+                del self._events[key]  # not woken: no event left behind
+            self._stop_waiting(name, owner)

@@ -34,8 +34,10 @@ WAIT = 30.0
 
 async def test_a_block_held_past_max_hold_is_cancelled_and_released() -> None:
     backend = MemoryBackend()
-    # Renewed every 0.1 s, stopped at 0.4 s: the loss is the limit, not an expiry.
-    lock = AsyncLock(backend, "job", ttl=1.0, renew_interval=0.1, max_hold=0.4)
+    # Renewed every 0.05 s, stopped at 1 s: the loss is the limit, not an expiry. (The
+    # ttl is long: only a stall of nearly a minute could let the deadline pass first, as
+    # a stall of half a second did with a ttl of 1 s on a loaded machine.)
+    lock = AsyncLock(backend, "job", ttl=60, renew_interval=0.05, max_hold=1.0)
     with pytest.raises(LeaseLostError) as info, anyio.fail_after(WAIT):
         async with lock as lease:
             await anyio.sleep_forever()

@@ -26,7 +26,7 @@ from aiolease import (
     LossReason,
     open_backend,
 )
-from aiolease._renewer import Renewer
+from aiolease._renewer import Renewer, stop_own_service
 from aiolease.abc import Backend, Grant, HolderInfo, Renewal, RenewResult
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.faults import FaultyBackend
@@ -122,19 +122,47 @@ async def test_the_renewer_moves_when_its_host_leaves(anyio_backend: str) -> Non
                 while backend.renewed.get("second", 0) < before + 2:
                     await backend.renewed_event.wait()
                 assert second.lost is None
-                assert Renewer.of(backend).statistics().hosts == 2
+                # Under asyncio the scheduler of a backend made from its class runs in
+                # a service of its own from the first block on: one task, which no
+                # block's leaving moves (Renewer.serve_here). Under trio it moves.
+                assert Renewer.of(backend).statistics().hosts == (
+                    1 if anyio_backend == "asyncio" else 2
+                )
     assert second.lost is LossReason.RELEASED
 
 
-async def test_a_short_block_starts_no_renewer_task_under_asyncio(anyio_backend: str) -> None:
-    backend = Quiet()  # (no open_backend: each block may host the scheduler's task)
+def test_a_backend_used_on_a_second_event_loop_is_served_there_again() -> None:
+    """The service an asyncio loop gave a backend made from its class went with that
+    loop (its task was cancelled when ``asyncio.run`` ended): a block on the next loop
+    serves the backend there, and its lease is renewed (not left to expire with a
+    dead task as its scheduler)."""
+    backend = Quiet()
+
+    async def hold_until_renewed(name: str) -> None:
+        backend.renewed_event = anyio.Event()  # of this loop
+        with anyio.fail_after(10):
+            async with AsyncLock(backend, name, ttl=0.3) as lease:
+                while backend.renewed.get(name, 0) < 2:
+                    await backend.renewed_event.wait()
+                assert lease.lost is None
+
+    asyncio.run(hold_until_renewed("first"))
+    asyncio.run(hold_until_renewed("second"))
+    assert Renewer.of(backend).statistics().hosts == 2  # one task per loop
+
+
+async def test_short_blocks_share_one_renewer_task_under_asyncio(anyio_backend: str) -> None:
+    backend = Quiet()  # (no open_backend: under trio each block hosts the task)
     lock = AsyncLock(backend, "short", ttl=10)
     for _ in range(3):
         async with lock:
             await anyio.lowlevel.checkpoint()
-    # Nothing was due while they were held: under asyncio the task's start, put off
-    # until then (a timer of the loop's), never came; trio has no such timer.
-    assert Renewer.of(backend).statistics().hosts == (0 if anyio_backend == "asyncio" else 3)
+    # Under asyncio the first block served the scheduler with a task of the loop's,
+    # which the later blocks share (no task group per block); trio has no task that
+    # outlives its nursery: a task per block.
+    assert Renewer.of(backend).statistics().hosts == (1 if anyio_backend == "asyncio" else 3)
+    await backend.aclose()  # stops that service
+    assert not Renewer.of(backend).served
 
 
 async def test_a_put_off_start_comes_sooner_for_a_lease_due_sooner(anyio_backend: str) -> None:
@@ -218,6 +246,49 @@ async def test_a_backend_opened_by_one_task_may_be_closed_by_another(anyio_backe
         assert lease.lost is None and lease.renewals >= 3
     await asyncio.create_task(stack.aclose())
     assert not Renewer.of(backend).served
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_block_is_added_to_the_renewer_at_the_loops_next_step(anyio_backend: str) -> None:
+    # Under asyncio, with a served scheduler: a body that ends before the loop's next
+    # step costs the scheduler nothing; one that awaits is added while it waits, and
+    # renewed as any other.
+    async with aiolease.open_backend("memory://") as backend:
+        renewer = Renewer.of(backend)
+        async with AsyncLock(backend, "short", ttl=3):
+            assert renewer.statistics().leases == 0
+        await anyio.lowlevel.checkpoint()
+        assert renewer.statistics().leases == 0 and renewer.statistics().entries == 0
+        async with AsyncLock(backend, "long", ttl=0.3) as lease:
+            await anyio.lowlevel.checkpoint()
+            assert renewer.statistics().leases == 1
+            await anyio.sleep(0.5)  # past its ttl: kept by renewals
+            assert lease.lost is None and lease.renewals >= 1
+        assert renewer.statistics().leases == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_under_trio_asyncio_a_block_is_added_to_the_renewer_at_once(
+    anyio_backend: str,
+) -> None:
+    # trio-asyncio's loop answers asyncio._get_running_loop() in trio's tasks too: the
+    # block is still trio's, and adds its lease at once (a callback of that loop would
+    # run the scheduler from asyncio's side).
+    import trio_asyncio
+
+    async with trio_asyncio.open_loop(), aiolease.open_backend("memory://") as backend:
+        async with AsyncLock(backend, "n", ttl=3):
+            assert Renewer.of(backend).statistics().leases == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_lease_not_yet_added_ends_when_the_service_stops(anyio_backend: str) -> None:
+    backend = MemoryBackend()  # served by its first block, stopped by stop_own_service
+    with pytest.raises(LeaseLostError) as info:
+        async with AsyncLock(backend, "n", ttl=30) as lease:
+            stop_own_service(backend)  # before the loop's next step
+    assert info.value.reason is LossReason.SHUTDOWN and lease.lost is LossReason.SHUTDOWN
+    await backend.aclose()
 
 
 async def test_closing_the_backend_ends_the_leases_held_through_it(anyio_backend: str) -> None:

@@ -54,7 +54,9 @@ def test_not_a_backend_is_refused() -> None:
         AsyncSemaphore(object(), "s", limit=2, ttl=1)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("limit", "weight"), [(2, 0), (2, 3), (2, True), (0, 1)])
+@pytest.mark.parametrize(
+    ("limit", "weight"), [(2, 0), (2, 3), (2, True), (0, 1), (True, 1), ("2", 1), (2**31, 1)]
+)
 async def test_the_contract_checks_limit_and_weight(limit: int, weight: int) -> None:
     backend = MemoryBackend()
     with pytest.raises(InvalidArgument):

@@ -19,7 +19,7 @@ import pytest
 
 from aiolease import AsyncLock, Capability, Elector, Lease, LeaseLostError, LossReason
 from aiolease._bridge import call_asyncio, running_trio
-from aiolease._holding import Counters, Holding
+from aiolease._holding import Counters, HealthPolicy, Holding
 from aiolease.abc import Backend, HolderInfo
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.asyncio_only import AsyncioOnlyBackend
@@ -226,8 +226,10 @@ async def test_the_loss_crosses_the_bridge(anyio_backend: str) -> None:
 async def test_a_cancelled_entry_into_the_block_releases(anyio_backend: str) -> None:
     backend = MemoryBackend()
     lease = await AsyncLock(backend, "n", ttl=30).acquire()
+    # A health probe to run: the block enters a task group, where a cancel can land.
+    health = HealthPolicy(lambda: True, interval=10, failures=1, timeout=1)
     with anyio.CancelScope() as scope:
         scope.cancel()
-        await Holding(lease, Counters()).__aenter__()
+        await Holding(lease, Counters(), health).__aenter__()
     assert scope.cancelled_caught
     assert await backend.read("n") is None

@@ -6,9 +6,11 @@ from collections.abc import Mapping
 
 import anyio
 import pytest
+from trio.testing import MockClock
 
-from aiolease import AsyncLock
+from aiolease import AsyncLock, AsyncSemaphore
 from aiolease._bridge import adapt
+from aiolease._checked import within_ttl
 from aiolease.abc import Grant, HolderInfo
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.asyncio_only import AsyncioOnlyBackend
@@ -119,3 +121,49 @@ async def test_a_grant_that_swallowed_the_cancellation_is_undone() -> None:
         backend.cancelled.set()
     assert returned == []
     assert await backend.read("x") is None
+
+
+class _Overrunning(MemoryBackend):
+    """Its wait for a permit's turn never returns by itself (a contract breach), and it
+    counts the requests: the core's own scope must still end each wait at the ttl."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests = 0
+
+    async def try_acquire_permit(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        identity: str,
+        metadata: Mapping[str, str],
+        limit: int,
+        weight: int,
+    ) -> Grant | HolderInfo:
+        self.requests += 1
+        return await super().try_acquire_permit(name, owner, ttl, identity, metadata, limit, weight)
+
+    async def wait_permit_turn(self, name: str, owner: str, ttl: float, seen: HolderInfo) -> None:
+        await anyio.sleep_forever()
+
+
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [pytest.param(("trio", {"clock": MockClock(autojump_threshold=0)}), id="trio-mockclock")],
+)
+async def test_a_wait_not_marked_as_bounded_is_cut_at_the_ttl(anyio_backend: object) -> None:
+    """Only a wait marked ``returns_within_ttl`` is awaited without the core's scope:
+    an override that is not marked (as this one, which breaks the contract) is cut at
+    the ttl, and the request asked again (which keeps its place in the queue)."""
+    backend = _Overrunning()
+    assert within_ttl(MemoryBackend().wait_permit_turn)  # the memory model's own is
+    assert not within_ttl(backend.wait_permit_turn)
+    holder = await AsyncSemaphore(backend, "s", limit=1, ttl=60).acquire()
+    sem = AsyncSemaphore(backend, "s", limit=1, ttl=5)
+    started = anyio.current_time()
+    with anyio.move_on_after(12):  # (mock time) two cuts at 5 s, then this
+        await sem.acquire()
+    assert backend.requests == 1 + 3  # the holder's, then one per ttl
+    assert anyio.current_time() - started == 12
+    await holder.release()

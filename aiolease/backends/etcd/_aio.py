@@ -22,6 +22,7 @@ __all__ = [
     "await_unary",
     "cancellable",
     "finishing",
+    "read_owned",
     "shielded",
     "unshielded",
 ]
@@ -126,6 +127,25 @@ async def cancellable(call: Awaitable[T]) -> T:
             raise CallCancelled("etcd call cancelled: the connection was closed") from None
         task.cancel()
         task.add_done_callback(retrieve)
+        raise
+
+
+async def read_owned(call: Any) -> Any:
+    """The next message of the gRPC stream ``call``, read by a background task of the
+    backend (:func:`unshielded`): cancelled only by the backend's close, whose
+    cancellation needs no message, so the read is awaited as it is, without the task and
+    shield :func:`cancellable` makes per read (a watch stream reads one per change).
+
+    :raises CallCancelled: the call was cancelled, but not by the caller (the stream was
+        closed)
+    """
+    current = asyncio.current_task()
+    before = _cancelling(current)
+    try:
+        return await call.read()
+    except asyncio.CancelledError:
+        if _cancelling(current) == before:
+            raise CallCancelled("etcd call cancelled: the connection was closed") from None
         raise
 
 

@@ -21,15 +21,16 @@ the key is what makes a retry after a lost reply find its own key.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, TypeVar
 
 from aetcd import rpc
 
 from ..._exceptions import ForeignDataError
 from ..._permits import PERMIT_PREFIX
 from ...abc import HolderInfo
+from . import _encoded as encoded
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -51,6 +52,10 @@ PERMITS = b"%permits/"
 QUEUE_SLOT = PERMIT_PREFIX + "q"
 #: How many names' request templates a :class:`Layout` keeps.
 CACHED_NAMES = 1024
+#: How many serialized pieces of hand-offs a :class:`Layout` keeps (a few per waiter).
+CACHED_PIECES = 4096
+
+T = TypeVar("T")
 
 
 def queue_slot(owner: str) -> str:
@@ -146,6 +151,11 @@ def _compare_create(key: bytes, revision: int, range_end: bytes = b"") -> Any:
     return compare
 
 
+def _absent(key: bytes) -> Callable[[], bytes]:
+    """Makes the serialized compare that ``key`` does not exist."""
+    return lambda: encoded.compare(_compare_create(key, 0))
+
+
 def _range(key: bytes, range_end: bytes = b"", *, limit: int = 0, newest: bool = False) -> Any:
     order = rpc.RangeRequest.DESCEND if newest else rpc.RangeRequest.ASCEND
     return rpc.RangeRequest(
@@ -168,10 +178,11 @@ def _put(key: bytes, value: bytes, lease_id: int) -> Any:
 class _Name:
     """One name's key range, and templates of its most frequent requests."""
 
-    __slots__ = ("acquire", "delete", "start")
+    __slots__ = ("acquire", "delete", "permit_start", "start")
 
-    def __init__(self, layout: Layout, start: bytes) -> None:
+    def __init__(self, layout: Layout, start: bytes, permit_start: bytes) -> None:
         self.start = start
+        self.permit_start = permit_start
         end = prefix_end(start)
         self.acquire = rpc.TxnRequest(
             compare=[_compare_create(start, 0, end)],
@@ -188,14 +199,17 @@ class Layout:
 
     prefix: bytes
     _names: dict[str, _Name] = field(default_factory=dict, compare=False, repr=False)
+    #: Serialized compares and operations of hand-offs (:meth:`permit_handoff`).
+    _pieces: dict[tuple[Any, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def _name(self, name: str) -> _Name:
         cached = self._names.get(name)
         if cached is None:
             if len(self._names) >= CACHED_NAMES:
                 del self._names[next(iter(self._names))]
-            start = self.prefix + _escape(name).encode() + b"/"
-            cached = self._names[name] = _Name(self, start)
+            escaped = _escape(name).encode() + b"/"
+            start, permit_start = self.prefix + escaped, self.prefix + PERMITS + escaped
+            cached = self._names[name] = _Name(self, start, permit_start)
         return cached
 
     def start(self, name: str) -> bytes:
@@ -211,7 +225,7 @@ class Layout:
 
     def permit_start(self, name: str) -> bytes:
         """``<prefix>%permits/<escaped name>/``: every permit key of ``name`` starts with it."""
-        return self.prefix + PERMITS + _escape(name).encode() + b"/"
+        return self._name(name).permit_start
 
     def permits(self, name: str) -> Any:
         """Range: every permit key of ``name``, oldest first."""
@@ -301,9 +315,10 @@ class Layout:
         lease_id: int,
         ranges: Sequence[tuple[bytes, bytes, bool]] = (),
         gone: Sequence[bytes] = (),
-    ) -> Any:
-        """Txn: release the permit key ``held`` (its slot and token) and grant its place
-        to ``owner``'s queue key in the same revision: if the held key is still that
+    ) -> bytes:
+        """A branch of a hand-off's txn (serialized: :func:`._encoded.cascade` nests
+        branches): release the permit key ``held`` (its slot and token) and grant its
+        place to ``owner``'s queue key in the same revision: if the held key is still that
         grant, ``owner``'s queue key is ``queued`` and no queue key of ``name`` is older
         (the first in line), and ``owner`` has no permit key yet, delete both keys and
         put ``owner``'s permit key (``value``, on ``lease_id``).
@@ -312,40 +327,72 @@ class Layout:
         older than ``queued`` must not be: ``(low, high, known)``, where ``known`` says
         that a key newer than them lies in the range. etcd compares an empty range as
         one key of create revision 0, so a range not ``known`` to hold a key must be
-        empty instead. The keys ``gone`` must not exist."""
-        holder, waiting, key = (
-            self.key(name, held[0]),
-            self.queue_key(name, owner),
-            self.key(name, owner),
+        empty instead. The keys ``gone`` must not exist. Its compares and operations
+        are serialized once per holder and per waiter, and remembered."""
+        holder_compare, holder_delete = self._encoded(
+            ("held", name, held),
+            lambda: (
+                encoded.compare(_compare_create(self.key(name, held[0]), held[1])),
+                encoded.success(_delete(self.key(name, held[0]))),
+            ),
         )
-        first = [
-            rpc.Compare(
+        mine, default_first, mine_ops = self._encoded(
+            ("waiter", name, owner, queued, value, lease_id),
+            lambda: self._waiter_pieces(name, owner, queued, value, lease_id),
+        )
+        first = (
+            b"".join(
+                encoded.compare(self._older_queued(low, high, known, queued))
+                for low, high, known in ranges
+            )
+            if ranges
+            else default_first
+        )
+        others = b"".join(self._encoded(("gone", other), _absent(other)) for other in gone)
+        return holder_compare + mine + first + others + holder_delete + mine_ops
+
+    def _waiter_pieces(
+        self, name: str, owner: str, queued: int, value: bytes, lease_id: int
+    ) -> tuple[bytes, bytes, bytes]:
+        """A hand-off's pieces about the waiter ``owner``: the compares on its own keys,
+        the default compare on the queue keys before it, and its operations."""
+        waiting, key = self.queue_key(name, owner), self.key(name, owner)
+        return (
+            encoded.compare(_compare_create(waiting, queued))
+            + encoded.compare(_compare_create(key, 0)),
+            encoded.compare(self._older_queued(*self.queue_ranges(name)[0], True, queued)),
+            encoded.success(_delete(waiting)) + encoded.success(_put(key, value, lease_id)),
+        )
+
+    @staticmethod
+    def _older_queued(low: bytes, high: bytes, known: bool, queued: int) -> Any:
+        """The compare that no queue key in ``[low, high)`` is older than ``queued``
+        (see :meth:`permit_handoff`)."""
+        if known:
+            return rpc.Compare(
                 key=low,
                 range_end=high,
                 target=rpc.Compare.CREATE,
                 result=rpc.Compare.GREATER,
                 create_revision=queued - 1,
             )
-            if known
-            else rpc.Compare(
-                key=low,
-                range_end=high,
-                target=rpc.Compare.VERSION,
-                result=rpc.Compare.EQUAL,
-                version=0,
-            )
-            for low, high, known in ranges or [(*self.queue_ranges(name)[0], True)]
-        ]
-        return rpc.TxnRequest(
-            compare=[
-                _compare_create(holder, held[1]),
-                _compare_create(waiting, queued),
-                _compare_create(key, 0),
-                *first,
-                *(_compare_create(other, 0) for other in gone),
-            ],
-            success=[_delete(holder), _delete(waiting), _put(key, value, lease_id)],
+        return rpc.Compare(
+            key=low,
+            range_end=high,
+            target=rpc.Compare.VERSION,
+            result=rpc.Compare.EQUAL,
+            version=0,
         )
+
+    def _encoded(self, key: tuple[Any, ...], make: Callable[[], T]) -> T:
+        """``make()``, remembered under ``key`` (at most :data:`CACHED_PIECES`)."""
+        pieces = self._pieces
+        found = pieces.get(key)
+        if found is None:
+            if len(pieces) >= CACHED_PIECES:
+                del pieces[next(iter(pieces))]
+            found = pieces[key] = make()
+        return found
 
     def permit_give_up(self, name: str, owner: str) -> Any:
         """Txn: delete the permit request ``owner``'s queue key and permit key, whichever

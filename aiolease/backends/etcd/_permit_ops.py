@@ -17,6 +17,7 @@ from ..._exceptions import BackendUnavailable, LimitMismatchError, LossReason
 from ..._permits import PermitHolders
 from ...abc import Backend, Grant, HolderInfo
 from .._asyncio import now
+from . import _encoded as encoded
 from ._keys import Layout, queue_slot
 from ._permit_turn import Turn
 from ._permit_values import PermitKey, encode_permit, parse_permits
@@ -28,6 +29,13 @@ from ._wire import SessionGone, Wire
 __all__ = ["PermitOps"]
 
 T = TypeVar("T")
+
+#: Requests a release's hand-off may go to, one after the other (see
+#: :meth:`PermitOps._hand_permit`): more than the hand-offs of a name under way at once.
+HANDOFF_BRANCHES = 6
+#: Compares a hand-off's cascade may hold (etcd refuses a txn of more than 128
+#: operations at any level, nested ones counted with those around them).
+HANDOFF_COMPARES = 96
 
 
 class PermitOps(Backend):
@@ -364,10 +372,11 @@ class PermitOps(Backend):
             done, _ = await asyncio.wait(
                 (waiter.done, turn.woken), timeout=ttl / 3, return_when=asyncio.FIRST_COMPLETED
             )
-            if turn.handing is not None and not turn.woken.done():
+            while turn.handing and not turn.woken.done():
                 # The watch saw the hand-off (its queue key deleted) before its sender here
-                # got the reply: wait for that, and take the grant without a request.
-                await asyncio.wait((turn.handing,))
+                # got the reply: wait for the hand-offs that may have granted it, and take
+                # the grant without a request.
+                await asyncio.wait(tuple(turn.handing))
         finally:
             self._permit_watches.leave(waiter)
             turn.woken.cancel()  # (no-op if a hand-off woke it)
@@ -381,9 +390,8 @@ class PermitOps(Backend):
 
     async def _hand_permit(self, entry: Entry) -> bool:
         """Release the held permit ``entry`` by handing its place to the oldest request
-        queued here that waits for its turn, in one transaction
-        (:meth:`Layout.permit_handoff`); whether it was done (else nothing changed: the
-        caller deletes the key).
+        queued here that waits for its turn, in one transaction; whether it was done
+        (else nothing changed: the caller deletes the key).
 
         Only when that request is the first in the name's queue and asks for no more
         weight than ``entry`` frees: the weight held then never grows, so it stays within
@@ -391,97 +399,103 @@ class PermitOps(Backend):
         watch, that they fit (and now ask for their grant) are passed: they still fit
         afterwards, since the weight held did not grow, so the grant obeys the rule
         (``held + queued_ahead + weight <= limit``), and waiting for them would make the
-        next waiter's turn come by its watch instead of by this hand-off, and so on. So
-        are those that another release is handing a place to, on condition that their
-        queue key is gone when this transaction applies (else it fails, and is tried
-        again once theirs is over): grants stay in queue order. The new key's create
-        revision, the grant's token, is newer than every earlier grant's. The waiter's
-        next attempt takes the grant without a request; should it give up instead, its
-        release deletes whichever of its two keys exists
-        (:meth:`Layout.permit_give_up`)."""
+        next waiter's turn come by its watch instead of by this hand-off, and so on.
+
+        Releases of the name here go in parallel, and etcd may apply their transactions
+        in any order: so each is a cascade (:meth:`Layout.permit_handoff`, nested), to
+        the first waiting request if it is still queued, else to the second if the first
+        is gone, and so on (up to :data:`HANDOFF_BRANCHES`): whichever applies first
+        grants the first request, the next the second, and none fails for having been
+        applied before another (one in two did, and was sent again once the other was
+        over). Grants stay in queue order, each in a revision of its own: its token, newer
+        than every earlier grant's. The waiter's next attempt takes the grant without a
+        request; should it give up instead, its release deletes whichever of its two keys
+        exists (:meth:`Layout.permit_give_up`)."""
         queued_here = self._permit_queued.get(entry.name)
         if not queued_here or entry.weight < 1:
             return False
-        for _ in range(3):
-            done = await self._hand_once(entry, queued_here)
-            if done is not None:
-                return done
-        return False
-
-    async def _hand_once(self, entry: Entry, queued_here: dict[str, Turn]) -> bool | None:
-        """One try of :meth:`_hand_permit`; ``None``: try again (a hand-off of the name
-        to a request ahead was under way, and applied after this one's compare: this
-        one failed, the other is over now)."""
+        name, layout, touched = entry.name, self._layout, now()
         line = sorted(queued_here.values(), key=lambda waiting: waiting.mine)
-        passing: list[Turn] = []
-        ahead: list[asyncio.Future[None]] = []  # hand-offs under way to requests ahead
-        for turn in line:
-            if turn.handing is not None:
-                # Passed too, on condition that its queue key is gone when this applies:
-                # hand-offs go through in queue order, and in parallel.
-                passing.append(turn)
-                ahead.append(turn.handing)
+        keys = [layout.queue_key(name, turn.owner) for turn in line]
+        # Enough branches for the hand-offs of the name under way here, and one more.
+        under_way = len({sent for turn in line for sent in turn.handing})
+        branches = min(HANDOFF_BRANCHES, under_way + 2)
+        passing: list[bytes] = []  # the keys of those that ask for a grant they found fit
+        targets: list[tuple[Turn, Entry]] = []
+        earlier: list[bytes] = []  # the keys of the targets so far
+        requests: list[bytes] = []  # each branch serialized
+        compares = 0
+        for index, turn in enumerate(line):
+            if turn.asking:
+                if not turn.ready:
+                    break  # asking again, maybe not fitting: not to be passed
+                passing.append(keys[index])
                 continue
-            if not turn.asking:
+            queued = self._sessions.entries.get((name, turn.owner))
+            if (
+                turn.weight > entry.weight
+                or queued is None
+                or not queued.queued
+                or queued.token != turn.mine
+                or queued.reason is not None
+                or not queued.session.usable(touched)
+            ):
                 break
-            if not turn.ready:
-                return False  # asking again, maybe not fitting: not to be passed
-            passing.append(turn)
-        else:
+            # Handed to ``turn`` if the requests before it are gone (granted by another
+            # release, or given up: ``earlier``, compared one by one) or passed.
+            # (None passed: the default, every queue key, its own among them.)
+            behind = keys[index:]
+            ranges = [
+                (low, high, any(low <= key < high for key in behind))
+                for low, high in (layout.queue_ranges(name, passing) if passing else ())
+            ]
+            request = layout.permit_handoff(
+                name,
+                (entry.slot, entry.token),
+                turn.owner,
+                turn.mine,
+                turn.value,
+                queued.session.lease_id,
+                ranges,
+                earlier,
+            )
+            compares += 3 + max(len(ranges), 1) + len(earlier)
+            if compares > HANDOFF_COMPARES:
+                break
+            targets.append((turn, queued))
+            requests.append(request)
+            earlier = [*earlier, keys[index]]
+            if len(targets) >= branches:
+                break
+        if not targets:
             return False
-        queued = self._sessions.entries.get((entry.name, turn.owner))
-        touched = now()
-        if (
-            turn.weight > entry.weight
-            or queued is None
-            or not queued.queued
-            or queued.token != turn.mine
-            or queued.reason is not None
-            or not queued.session.usable(touched)
-        ):
-            return False
-        layout = self._layout
-        ranges: list[tuple[bytes, bytes, bool]] = []
-        gone = [layout.queue_key(entry.name, t.owner) for t in passing if t.handing is not None]
-        if passing:
-            passed = [layout.queue_key(entry.name, other.owner) for other in passing]
-            behind = [layout.queue_key(entry.name, t.owner) for t in line if t.mine >= turn.mine]
-            for low, high in layout.queue_ranges(entry.name, passed):
-                ranges.append((low, high, any(low <= key < high for key in behind)))
-        session = queued.session
-        request = layout.permit_handoff(
-            entry.name,
-            (entry.slot, entry.token),
-            turn.owner,
-            turn.mine,
-            turn.value,
-            session.lease_id,
-            ranges,
-            gone,
-        )
-        turn.handing = sending = asyncio.get_running_loop().create_future()
+        sending: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for turn, _ in targets:
+            turn.handing.append(sending)
         try:
-            reply = await self._wire.txn(request)
+            reply = await self._wire.txn(encoded.cascade(requests))
         finally:
-            turn.handing = None
+            for turn, _ in targets:
+                turn.handing.remove(sending)
             sending.set_result(None)
-        if not reply.succeeded:
-            if not ahead:
+        level, branch = reply, 0
+        while not level.succeeded:
+            branch += 1
+            if branch >= len(targets):
                 return False
-            await asyncio.wait(ahead)
-            return None
+            level = level.responses[0].response_txn
+        turn, queued = targets[branch]
         if queued_here.get(turn.owner) is turn:
-            self._forget_queued(entry.name, turn.owner)
-        if self._sessions.entries.get((entry.name, turn.owner)) is queued:
+            self._forget_queued(name, turn.owner)
+        if self._sessions.entries.get((name, turn.owner)) is queued:
             token = int(reply.header.revision)
             self._sessions.end(queued, LossReason.RELEASED)  # its queue key is deleted
-            granted = Entry(
-                entry.name, turn.owner, token, session, touched + turn.ttl, weight=turn.weight
-            )
+            session, expiry = queued.session, touched + turn.ttl
+            granted = Entry(name, turn.owner, token, session, expiry, weight=turn.weight)
             self._sessions.attach(granted)
             if len(self._permit_handed) >= SEEN_LIMIT:
                 del self._permit_handed[next(iter(self._permit_handed))]
-            self._permit_handed[(entry.name, turn.owner)] = token
+            self._permit_handed[(name, turn.owner)] = token
         # (Else the request's own attempt moved or replaced its entry meanwhile: that
         # attempt, or the next, finds its permit key on the server; a release deletes it.)
         if turn.woken is not None and not turn.woken.done():

@@ -4,14 +4,43 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from aetcd import rpc
 
-__all__ = ["Turn"]
+__all__ = ["Change", "Turn", "decode"]
+
+
+class Change(NamedTuple):
+    """One watch event on a name's permit keys, as every waiter of the name counts it
+    (:func:`decode`: once per reply, not once per waiter)."""
+
+    #: The revision it happened at.
+    revision: int
+    #: The key's create revision (a deleted key's: its last version's).
+    created: int
+    deleted: bool
+    #: A put of a key that existed already (moved to another lease, or refreshed).
+    rewritten: bool
+    #: The key's weight and whether it is queued; ``None``: not a value aiolease writes.
+    counted: tuple[int, bool] | None
+
+
+def decode(events: Sequence[Any]) -> tuple[Change, ...]:
+    """The :class:`Change` of each of one watch reply's ``events`` (each with its
+    previous key-value)."""
+    changes = []
+    for event in events:
+        deleted: bool = event.type == rpc.Event.DELETE
+        kv = event.prev_kv if deleted else event.kv
+        created, revision = int(kv.create_revision), int(event.kv.mod_revision)
+        rewritten = not deleted and created != revision
+        changes.append(Change(revision, created, deleted, rewritten, _weight(kv.value)))
+    return tuple(changes)
 
 
 @dataclass
@@ -39,9 +68,9 @@ class Turn:
     woken: asyncio.Future[None] | None = None
     #: The limit it asked with.
     limit: int = 0
-    #: While a release here sends the transaction that hands it a place: done when
-    #: the reply came.
-    handing: asyncio.Future[None] | None = None
+    #: While releases here send transactions that may hand it a place: each done when
+    #: its reply came.
+    handing: list[asyncio.Future[None]] = field(default_factory=list)
     #: The watch found that it fits (every event since the read counted, each a value
     #: aiolease writes): its next attempt may grant it without a read.
     ready: bool = False
@@ -50,29 +79,32 @@ class Turn:
     #: Its queue key is live (not being deleted after an expiry here).
     queued: bool = True
 
-    def accept(self, events: Sequence[Any]) -> bool:
-        """Whether ``events`` (those of one watch reply, each with its previous
-        key-value) end the wait; :attr:`ready` if only because the request fits now."""
+    def accept(self, changes: Sequence[Change]) -> bool:
+        """Whether ``changes`` (those of one watch reply) end the wait; :attr:`ready` if
+        only because the request fits now."""
         ended = False
-        for event in events:
-            ended = self._count(event) or ended
-        self.ready = not ended and self.deficit <= 0
-        return ended or self.deficit <= 0
+        mine, deficit = self.mine, self.deficit
+        for _, created, deleted, rewritten, counted in changes:
+            if created == mine:
+                ended = ended or deleted  # its own queue key: gone (ask again), or its put
+            elif rewritten:
+                pass  # a key moved to another lease, or refreshed: no weight changed
+            elif counted is None:
+                ended = True  # not a value aiolease writes: let the next try report it
+            elif not counted[1] or created < mine:  # (a queue key behind it: no change)
+                deficit += -counted[0] if deleted else counted[0]
+        self.deficit = deficit
+        self.ready = not ended and deficit <= 0
+        return ended or deficit <= 0
 
-    def _count(self, event: Any) -> bool:
-        """Count ``event`` in the deficit; ``True`` if it ends the wait by itself."""
-        deleted: bool = event.type == rpc.Event.DELETE
-        kv = event.prev_kv if deleted else event.kv
-        if kv.create_revision == self.mine:
-            return deleted  # its own queue key: gone (ask again), or its own put
-        if not deleted and kv.create_revision != kv.mod_revision:
-            return False  # a key moved to another lease, or refreshed: no weight changed
-        try:
-            document = json.loads(kv.value)
-            weight, queued = int(document["weight"]), bool(document["queued"])
-        except (ValueError, KeyError, TypeError):
-            return True  # not a value aiolease writes: let the next try report it
-        if queued and kv.create_revision > self.mine:
-            return False  # behind it
-        self.deficit += -weight if deleted else weight
-        return False
+
+@functools.lru_cache(maxsize=4096)
+def _weight(value: bytes) -> tuple[int, bool] | None:
+    """The weight of a permit key's ``value`` and whether it is queued (``None``: not a
+    value aiolease writes). Remembered: every waiter of a name is shown the same events,
+    each a few values written again and again."""
+    try:
+        document = json.loads(value)
+        return int(document["weight"]), bool(document["queued"])
+    except (ValueError, KeyError, TypeError):
+        return None

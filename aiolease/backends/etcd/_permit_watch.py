@@ -36,6 +36,7 @@ from aetcd import rpc
 
 from ..._exceptions import BackendError, BackendUnavailable
 from ._keys import Layout
+from ._permit_turn import Change, decode
 from ._wire import Wire
 
 __all__ = ["PermitWaiter", "PermitWatches"]
@@ -43,7 +44,7 @@ __all__ = ["PermitWaiter", "PermitWatches"]
 logger = logging.getLogger("aiolease.backends.etcd")
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
-Accept = Callable[[Sequence[Any]], bool]
+Accept = Callable[[Sequence[Change]], bool]
 
 #: Replies a feed keeps for the waiters that come after them.
 FEED_HISTORY = 64
@@ -65,13 +66,14 @@ class PermitWaiter:
         self.feed = feed
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def offer(self, events: Sequence[Any]) -> bool:
-        """Show it ``events`` (one reply's), those after its read; whether it is done."""
-        if int(events[-1].kv.mod_revision) <= self.after:
+    def offer(self, changes: Sequence[Change]) -> bool:
+        """Show it ``changes`` (one reply's), those after its read; whether it is done."""
+        after = self.after
+        if changes[-1].revision <= after:
             return False
-        if int(events[0].kv.mod_revision) <= self.after:
-            events = [event for event in events if int(event.kv.mod_revision) > self.after]
-        if self.accept(events):
+        if changes[0].revision <= after:
+            changes = [change for change in changes if change.revision > after]
+        if self.accept(changes):
             self.done.set_result(None)
             return True
         return False
@@ -88,7 +90,7 @@ class _Feed:
         self.watch_id = watch_id
         #: Every event of revision ``>= since`` that the feed delivered is in ``history``.
         self.since = after + 1
-        self.history: collections.deque[Sequence[Any]] = collections.deque()
+        self.history: collections.deque[Sequence[Change]] = collections.deque()
         self.waiters: dict[PermitWaiter, None] = {}
         self.linger: asyncio.TimerHandle | None = None
 
@@ -96,13 +98,13 @@ class _Feed:
         """Whether a waiter that read at revision ``after`` can wait on it."""
         return self.since <= after + 1
 
-    def deliver(self, events: Sequence[Any]) -> None:
-        """One reply's events: keep them, and wake the waiters they end."""
+    def deliver(self, changes: Sequence[Change]) -> None:
+        """One reply's changes: keep them, and wake the waiters they end."""
         if len(self.history) >= FEED_HISTORY:
             dropped = self.history.popleft()
-            self.since = int(dropped[-1].kv.mod_revision) + 1
-        self.history.append(events)
-        for waiter in [w for w in self.waiters if w.offer(events)]:
+            self.since = dropped[-1].revision + 1
+        self.history.append(changes)
+        for waiter in [w for w in self.waiters if w.offer(changes)]:
             del self.waiters[waiter]
 
 
@@ -152,7 +154,7 @@ class PermitWatches:
         waiter = PermitWaiter(after, accept, feed)
         history = feed.history
         first = len(history)  # the first kept reply with an event after its read
-        while first and int(history[first - 1][-1].kv.mod_revision) > after:
+        while first and history[first - 1][-1].revision > after:
             first -= 1
         for index in range(first, len(history)):
             if waiter.offer(history[index]):
@@ -299,4 +301,4 @@ class PermitWatches:
         elif reply.canceled:
             self._end(feed, BackendUnavailable(f"etcd watch canceled: {reply.cancel_reason}"))
         elif reply.events:
-            feed.deliver(reply.events)
+            feed.deliver(decode(reply.events))  # once, for every waiter of the feed

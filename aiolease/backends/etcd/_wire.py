@@ -40,7 +40,7 @@ from aetcd import rpc
 
 from ..._exceptions import BackendError, BackendTimeout, BackendUnavailable, InvalidArgument
 from .._asyncio import now
-from ._aio import await_unary, cancellable
+from ._aio import await_unary, cancellable, read_owned
 from ._deletes import DeleteBatches
 
 __all__ = [
@@ -226,10 +226,16 @@ class _Stubs:
     kv: Any
     lease: Any
     watch: Any
+    #: ``KV.Txn`` for a request serialized already (:mod:`._encoded`).
+    txn_encoded: Any
 
 
 def _txn(stubs: _Stubs) -> Any:
     return stubs.kv.Txn
+
+
+def _txn_encoded(stubs: _Stubs) -> Any:
+    return stubs.txn_encoded
 
 
 def _range(stubs: _Stubs) -> Any:
@@ -241,7 +247,12 @@ def _delete(stubs: _Stubs) -> Any:
 
 
 def _stubs(channel: Any) -> _Stubs:
-    return _Stubs(channel, rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel))
+    encoded = channel.unary_unary(  # no request serializer: the bytes go as they are
+        "/etcdserverpb.KV/Txn", response_deserializer=rpc.TxnResponse.FromString
+    )
+    return _Stubs(
+        channel, rpc.KVStub(channel), rpc.LeaseStub(channel), rpc.WatchStub(channel), encoded
+    )
 
 
 class Wire:
@@ -403,8 +414,8 @@ class Wire:
         return await self.unary(what, pick, request)
 
     async def txn(self, request: Any) -> Any:
-        """One ``Txn`` round trip."""
-        return await self._kv("txn", _txn, request)
+        """One ``Txn`` round trip (``request``: a ``TxnRequest``, or one serialized)."""
+        return await self._kv("txn", _txn_encoded if isinstance(request, bytes) else _txn, request)
 
     async def range(self, request: Any) -> Any:
         """One ``Range`` round trip."""
@@ -504,12 +515,13 @@ class Wire:
                 raise BackendUnavailable(f"etcd watch: {exc}") from exc
 
     async def read_watch(self, call: Any) -> Any:
-        """The next ``WatchResponse`` on a stream from :meth:`open_watch`.
+        """The next ``WatchResponse`` on a stream from :meth:`open_watch`, read by a
+        background task of the backend (:func:`._aio.read_owned`).
 
         :raises BackendUnavailable: the stream ended or broke
         """
         with mapped("watch"):
-            reply = await cancellable(call.read())  # CallCancelled if the stream was
+            reply = await read_owned(call)  # CallCancelled if the stream was
         if not isinstance(reply, rpc.WatchResponse):
             raise BackendUnavailable("etcd watch: the stream ended")
         return reply

@@ -5,9 +5,12 @@
 Each operation is one command on the name's permits document (see
 :mod:`aiolease.backends.mongo._permits`): the acquire one ``findAndModify`` upsert
 (or, of a name whose last release here left nobody in it, a short ``findAndModify``
-first), the release one ``findAndModify``, the renewals one unordered ``bulk_write``
-per tick.
-Waiters are woken by this backend object's own releases at once, and by other
+first), the release one ``findAndModify`` that also grants the queue entries that then
+fit, the renewals one unordered ``bulk_write`` per tick; the acquires and releases of a
+name asked while one of its commands is in flight go together in the next
+(:class:`~aiolease.backends._combine.Combiner`).
+A refused request here that a release here granted takes its grant from the release's
+reply without a command, and only its waiter is woken; waiters are woken by other
 objects' releases through a change stream of the permits collection (opened by the
 first wait, on replica sets and sharded clusters); without one they look again every
 ``poll_interval``.
@@ -16,13 +19,15 @@ first wait, on replica sets and sharded clusters); without one they look again e
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..._exceptions import BackendTimeout, LimitMismatchError, NotOwnerError
 from ...abc import Grant, HolderInfo, PermitHolders, Renewal, RenewResult
-from .._asyncio import now, wait_event
+from .._asyncio import Tasks, now, wait_event
+from .._combine import Combiner
 from ..sql._permits import blocker, permit_holders
 from ..sql._running import finished
 from . import _permits as permits
@@ -32,6 +37,8 @@ from ._stream import Stream, freed_name, permit_watch_pipeline
 from ._writes import Writer
 
 __all__ = ["MongoPermits"]
+
+logger = logging.getLogger("aiolease.backends.mongo")
 
 #: A waiter asks again at most this share of its ttl after its latest refusal (its
 #: queue entry lasts its ttl from the latest ask that wrote it).
@@ -50,6 +57,24 @@ _MAX_MARKS = 4096
 #: Where a name's wake-ups stood when a refused request was sent: (the name's count of
 #: releases seen, the count of lost streams, the stream's opens if it was open, else -1).
 Mark = tuple[int, int, int]
+#: The most operations of one name in one command (the acquire's pipeline is 6 kB).
+_MOST = 16
+
+
+class _Acquire(NamedTuple):
+    """The full acquire's pipeline (:func:`~._permits.acquire`)."""
+
+    update: list[dict[str, Any]]
+
+
+class _Release(NamedTuple):
+    owner: str
+    token: int | None
+
+
+#: A command's reply: the document (after an acquire, before a release) and the
+#: releases (owner, token) that the command carried; or the error that failed it.
+_Answer = tuple[Mapping[str, Any] | None, tuple[tuple[str, int | None], ...]] | Exception
 
 
 class MongoPermits:
@@ -102,10 +127,24 @@ class MongoPermits:
         self._losses = 0
         #: (name, owner) -> its latest refusal's :data:`Mark`.
         self._marks: dict[tuple[str, str], Mark] = {}
+        #: (name, owner) -> the limit of its latest request refused here (its queue
+        #: entry's), until it is granted or released.
+        self._refused: dict[tuple[str, str], int] = {}
+        #: (name, owner) -> (token, limit, seconds left, send time of the release): a
+        #: release here granted its queue entry (see ``_hand``).
+        self._handed: dict[tuple[str, str], tuple[int, int, float, float]] = {}
         #: Names whose latest release here left no entry (see ``_take_free``).
         self._free: set[str] = set()
         #: Acquire commands sent.
         self.commands = 0
+        #: Grants taken from a release's reply, without a command.
+        self.handed = 0
+        self._tasks = Tasks(logger)
+        #: A name's acquires and releases here: one command of the name in flight at
+        #: once; those asked meanwhile go together in the next (see :meth:`_send_many`).
+        self.combiner: Combiner[_Acquire | _Release, _Answer] = Combiner(
+            self._send_one, self._send_many, self._tasks, most=_MOST
+        )
         #: Tasks in :meth:`wait_turn` now.
         self.waiting = 0
 
@@ -133,11 +172,9 @@ class MongoPermits:
             event.set()
 
     def _fits(self, name: str, owners: Collection[str]) -> None:
-        """A release here after which the permits document grants ``owners``' queued
-        requests (:func:`~._permits.fitting`): only their waiters are woken, or, if not
-        waiting yet, return at once when they do. The others stay asleep: the release
-        changed nothing for them (their refusals, before it or after, were right;
-        every queue entry of a refusal before it is in its reply)."""
+        """A release here granted ``owners``' queued requests (see :meth:`_hand`): only
+        their waiters are woken, or, if not waiting yet, return at once when they do.
+        The others stay asleep: the release granted them nothing."""
         waiters = self._waiters.get(name, {})
         for owner in owners:
             event = waiters.get(owner)
@@ -189,6 +226,14 @@ class MongoPermits:
         from pymongo.errors import DuplicateKeyError
 
         ttl = float(ttl)
+        handed = self._handed.pop((name, owner), None)
+        if handed is not None:
+            token, asked, left, sent_at = handed
+            # Only with the limit of its queue entry (else the command raises
+            # LimitMismatchError), and while fresh (else the command renews it).
+            if asked == limit and now() - sent_at < ttl * _FRESH_SHARE:
+                self.handed += 1
+                return self._granted(name, owner, token, min(ttl, left), sent_at)
         if name in self._free:
             self._free.discard(name)
             granted = await self._take_free(name, owner, ttl, identity, metadata, limit, weight)
@@ -200,17 +245,14 @@ class MongoPermits:
         mark = self._mark(name)
         for _ in range(2):
             sent_at = now()
-            self.commands += 1
             with self._mapped():
-                try:
-                    # Seen to its end even if the caller is cancelled (see ``finished``).
-                    doc = await finished(
-                        self._writer.find_and_modify(
-                            {"_id": name}, update, fields=permits.READ, upsert=True, new=True
-                        )
-                    )
-                except DuplicateKeyError:
+                # Seen to its end even if the caller is cancelled (see ``Combiner.run``).
+                answer = await self.combiner.run(name, _Acquire(update))
+                if isinstance(answer, DuplicateKeyError):
                     continue
+                if isinstance(answer, Exception):
+                    raise answer
+            doc = answer[0]
             rows = permits.parse(self._where, name, doc)
             if rows and rows[0].limit != limit:  # first, as the pipeline decides
                 raise LimitMismatchError(name, limit, rows[0].limit)
@@ -218,6 +260,9 @@ class MongoPermits:
             if mine is not None and mine.granted:
                 return self._granted(name, owner, mine.token, ttl, sent_at)
             self._remember(name, owner, mark)
+            if len(self._refused) >= _MAX_MARKS:
+                self._refused.clear()  # requests that never came back (a safety net)
+            self._refused[name, owner] = limit
             return blocker(name, rows, owner)
         raise BackendTimeout(f"permits of {name!r}: first upserts kept racing; try again")
 
@@ -258,6 +303,8 @@ class MongoPermits:
     def _granted(self, name: str, owner: str, token: int, ttl: float, sent_at: float) -> Grant:
         self._marks.pop((name, owner), None)
         self._early.discard((name, owner))
+        self._refused.pop((name, owner), None)
+        self._handed.pop((name, owner), None)
         return Grant(token, ttl, sent_at=sent_at)
 
     async def read(self, name: str) -> PermitHolders | None:
@@ -302,23 +349,94 @@ class MongoPermits:
         was freed."""
         self._marks.pop((name, owner), None)
         self._early.discard((name, owner))
+        self._refused.pop((name, owner), None)
+        self._handed.pop((name, owner), None)
+        sent_at = now()
         with self._mapped():
-            before = await whole(
-                self._writer.find_and_modify(
-                    permits.release_filter(name, owner, token),
-                    permits.release_update(owner, token, self._stamp()),
-                    fields=permits.RELEASED,
-                )
-            )
-        if before is None:
+            answer = await self.combiner.run(name, _Release(owner, token), to_end=False)
+            if isinstance(answer, Exception):
+                raise answer
+        after, released = answer
+        if after is None:
             return False
-        if permits.emptied(before, owner, token):
+        if after.get("entries") == []:
             self._seen_free(name)
-        # Only the waiters here that the document now grants are woken (each would ask,
-        # and all but those be refused); those of other backend objects by its change
-        # event.
-        self._fits(name, permits.fitting(before, owner))
-        return permits.freed(before, owner, token)
+        self._hand(name, after, sent_at)
+        index = released.index((owner, token))
+        flags = permits.freed_flags(after)
+        return len(flags) == len(released) and flags[index] == "1"
+
+    def _hand(self, name: str, after: Mapping[str, Any], sent_at: float) -> None:
+        """The release sent at ``sent_at`` left ``after``: the refused requests here that
+        it shows granted (the release grants the queue entries that fit) take their
+        grants without a command (:meth:`try_acquire`), and only their waiters are
+        woken. The others stay asleep: the release changed nothing for them."""
+        granted = permits.granted_in(after)
+        owners = []
+        for owner, (token, limit, left) in granted.items():
+            asked = self._refused.get((name, owner))
+            if asked is not None:
+                if len(self._handed) >= _MAX_MARKS:
+                    self._handed.clear()  # grants nobody took (a safety net)
+                self._handed[name, owner] = (token, limit, left, sent_at)
+                owners.append(owner)
+        self._fits(name, owners)
+
+    # -- one command per name in flight ---------------------------------------------------
+
+    async def _send_one(self, name: str, op: _Acquire | _Release) -> _Answer:
+        """``op`` alone."""
+        return (await self._send_many(name, [op]))[0]
+
+    async def _send_many(self, name: str, ops: Sequence[_Acquire | _Release]) -> list[_Answer]:
+        """``ops`` in the order asked, each run of acquires, and each of releases, in
+        one command: the acquires' pipelines one after the other in one upsert (each
+        reads its outcome from the document after), the releases' likewise, on the
+        document that one of them matches, then the grants of the queue entries that fit
+        (each reads the document after: what it freed, whom the write granted). A command
+        that fails answers its error to its operations only: those of the runs before
+        it were done."""
+        answers: list[_Answer] = []
+        start = 0
+        while start < len(ops):
+            end = start + 1
+            kind = type(ops[start])
+            while end < len(ops) and type(ops[end]) is kind:
+                end += 1
+            run = ops[start:end]
+            try:
+                if kind is _Acquire:
+                    answer: _Answer = (await self._acquire_run(name, run), ())
+                else:
+                    released = tuple((op.owner, op.token) for op in run)  # type: ignore[union-attr]
+                    answer = (await self._release_run(name, released), released)
+            except Exception as exc:
+                answer = exc
+            answers += [answer] * len(run)
+            start = end
+        return answers
+
+    async def _acquire_run(self, name: str, run: Sequence[_Acquire | _Release]) -> Any:
+        self.commands += 1
+        stages = [stage for op in run for stage in op.update]  # type: ignore[union-attr]
+        return await self._writer.find_and_modify(
+            {"_id": name}, stages, fields=permits.READ, upsert=True, new=True
+        )
+
+    async def _release_run(self, name: str, released: tuple[tuple[str, int | None], ...]) -> Any:
+        if len(released) == 1:
+            owner, token = released[0]
+            query = permits.release_filter(name, owner, token)
+        else:
+            query = permits.release_many_filter(name, released)
+        return await whole(
+            self._writer.find_and_modify(
+                query,
+                permits.release_pipeline(released, self._stamp()),
+                fields=permits.RELEASED_AFTER,
+                new=True,
+            )
+        )
 
     def _seen_free(self, name: str) -> None:
         """A release here left ``name``'s document without any entry: its next acquire
@@ -386,4 +504,5 @@ class MongoPermits:
         """Stop the stream; wake every waiter."""
         self._closing.set()
         self._wake_all()
+        await self._tasks.aclose()
         await self._stream.aclose()

@@ -23,7 +23,7 @@ server's clock only. No driver is imported here.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..._permits import PERMIT_PREFIX, RW_LIMIT, is_permit_owner
@@ -33,15 +33,17 @@ from ._docs import foreign
 __all__ = [
     "FREED",
     "READ",
-    "RELEASED",
+    "RELEASED_AFTER",
     "TAKEN",
     "acquire",
-    "emptied",
     "free_filter",
-    "freed",
+    "freed_flags",
+    "granted_in",
     "live_expr",
     "parse",
     "release_filter",
+    "release_many_filter",
+    "release_pipeline",
     "release_update",
     "renew_update",
     "take_free",
@@ -155,77 +157,6 @@ READ: Doc = {
     "_extra": _EXTRA,
     "_lefts": _LEFTS,
 }
-#: What a release's reply shows (the document before it): the entries, and the
-#: milliseconds left of each.
-RELEASED: Doc = {"entries": 1, "_lefts": _LEFTS}
-
-
-def freed(before: Mapping[str, Any], owner: str, token: int | None) -> bool:
-    """Whether the document ``before`` a release (read with :data:`RELEASED`) held a
-    live permit of ``owner`` (``token``, if given)."""
-    entries, lefts = before.get("entries"), before.get("_lefts")
-    if not isinstance(entries, list) or not isinstance(lefts, list):
-        return False
-    return any(
-        isinstance(entry, Mapping)
-        and entry.get("owner") == owner
-        and entry.get("granted") is True
-        and (token is None or entry.get("token") == token)
-        and isinstance(left, (int, float))
-        and left > 0
-        for entry, left in zip(entries, lefts, strict=False)
-    )
-
-
-def _dropped(entry: object, left: object, owner: str, token: int | None) -> bool:
-    """Whether the release of ``owner`` (``token``) drops ``entry`` (with ``left``
-    milliseconds): its own (as :func:`_mine` says) or expired."""
-    if isinstance(left, (int, float)) and left <= 0:
-        return True
-    return (
-        isinstance(entry, Mapping)
-        and entry.get("owner") == owner
-        and (token is None or entry.get("granted") is not True or entry.get("token") == token)
-    )
-
-
-def emptied(before: Mapping[str, Any], owner: str, token: int | None) -> bool:
-    """Whether the release of ``owner`` (``token``) that read ``before`` (with
-    :data:`RELEASED`) left the document without any entry: its next acquire may then
-    try :func:`free_filter` first. Only a hint: that filter checks it again."""
-    entries, lefts = before.get("entries"), before.get("_lefts")
-    if not isinstance(entries, list) or not isinstance(lefts, list) or len(entries) != len(lefts):
-        return False
-    return all(_dropped(e, left, owner, token) for e, left in zip(entries, lefts, strict=True))
-
-
-def fitting(before: Mapping[str, Any], owner: str) -> set[str]:
-    """The owners of the queue entries that an acquire would grant once ``owner``'s
-    entries are gone from the document ``before`` a release (read with
-    :data:`RELEASED`): rule 3 of :func:`acquire`, on the live entries (the weight of
-    the permits held, and of the entries queued before each, plus its own, within
-    the limit). Its waiters are the ones worth waking; anybody else would be refused."""
-    entries, lefts = before.get("entries"), before.get("_lefts")
-    if not isinstance(entries, list) or not isinstance(lefts, list):
-        return set()
-    live = [
-        entry
-        for entry, left in zip(entries, lefts, strict=False)
-        if isinstance(entry, Mapping)
-        and entry.get("owner") != owner
-        and isinstance(left, (int, float))
-        and left > 0
-        and _int(entry.get("weight"), 1, _MAX)
-        and _int(entry.get("limit"), 1, _MAX)
-        and _int(entry.get("seq"), 0, _MAX)
-    ]
-    taken = sum(entry["weight"] for entry in live if entry.get("granted") is True)
-    found: set[str] = set()
-    for entry in sorted((e for e in live if e.get("granted") is False), key=lambda e: e["seq"]):
-        if taken + entry["weight"] <= entry["limit"]:
-            found.add(str(entry.get("owner")))
-        taken += entry["weight"]  # counted before every later entry, fitting or not
-    return found
 
 
 def _long(value: Any) -> Doc:
@@ -605,14 +536,33 @@ def release_filter(name: str, owner: str, token: int | None) -> Doc:
     return {"_id": name, "entries": {"$elemMatch": match}}
 
 
-def release_update(owner: str, token: int | None, stamp: str) -> list[Doc]:
+def release_update(owner: str, token: int | None, stamp: str, first: bool = True) -> list[Doc]:
     """Drop ``owner``'s queue entry, its permit (if it is ``token``, or any if
-    ``None``) and expired entries, and set :data:`FREED` to ``stamp`` (its change event
-    wakes the name's waiters)."""
+    ``None``) and expired entries, and set :data:`FREED` to ``stamp`` followed by
+    ``/1`` if a live permit of ``owner`` (``token``) was dropped, else ``/0`` (its
+    change event wakes the name's waiters). A release after the ``first`` in one
+    command appends its ``1`` or ``0`` instead: the reply tells each what it freed."""
+    live_mine = {
+        "$anyElementTrue": [
+            {
+                "$map": {
+                    "input": "$entries",
+                    "in": {
+                        "$and": [
+                            _mine(owner, token),
+                            {"$eq": ["$$this.granted", True]},
+                            {"$gt": ["$$this.expires", NOW]},
+                        ]
+                    },
+                }
+            }
+        ]
+    }
+    prefix = {"$literal": stamp + "/"} if first else "$" + FREED
     return [
         {
             "$set": {
-                FREED: {"$literal": stamp},
+                FREED: {"$concat": [prefix, {"$cond": [live_mine, "1", "0"]}]},
                 "entries": {
                     "$filter": {
                         "input": "$entries",
@@ -627,3 +577,143 @@ def release_update(owner: str, token: int | None, stamp: str) -> list[Doc]:
             }
         }
     ]
+
+
+def _value(taken: Any, token: Any, out: Any) -> Doc:
+    return {"taken": taken, "token": token, "out": out}
+
+
+#: After the releases of one command: the queue entries that then fit are granted, in
+#: arrival order (queue entries stay in the array in the order they came), each with
+#: the next token: rule 3 (the weight of the permits held, and of the entries queued
+#: before each, plus its own, within the limit). Their expiry stays that of the queue
+#: entry (set by its latest ask, within its ttl).
+GRANT_FITTING: list[Doc] = [
+    {
+        "$set": {
+            "_grants": {
+                "$reduce": {
+                    "input": "$entries",
+                    "initialValue": _value(
+                        {
+                            "$sum": {
+                                "$map": {
+                                    "input": "$entries",
+                                    "in": {"$cond": ["$$this.granted", "$$this.weight", 0]},
+                                }
+                            }
+                        },
+                        "$token",
+                        [],
+                    ),
+                    "in": {
+                        "$cond": [
+                            "$$this.granted",
+                            _value(
+                                "$$value.taken",
+                                "$$value.token",
+                                {"$concatArrays": ["$$value.out", ["$$this"]]},
+                            ),
+                            {
+                                "$cond": [
+                                    {
+                                        "$lte": [
+                                            {"$add": ["$$value.taken", "$$this.weight"]},
+                                            "$$this.limit",
+                                        ]
+                                    },
+                                    _value(
+                                        {"$add": ["$$value.taken", "$$this.weight"]},
+                                        _long({"$add": ["$$value.token", 1]}),
+                                        {
+                                            "$concatArrays": [
+                                                "$$value.out",
+                                                [
+                                                    {
+                                                        "$mergeObjects": [
+                                                            "$$this",
+                                                            {
+                                                                "granted": True,
+                                                                "token": _long(
+                                                                    {"$add": ["$$value.token", 1]}
+                                                                ),
+                                                            },
+                                                        ]
+                                                    }
+                                                ],
+                                            ]
+                                        },
+                                    ),
+                                    _value(
+                                        {"$add": ["$$value.taken", "$$this.weight"]},
+                                        "$$value.token",
+                                        {"$concatArrays": ["$$value.out", ["$$this"]]},
+                                    ),
+                                ]
+                            },
+                        ]
+                    },
+                }
+            }
+        }
+    },
+    {"$set": {"entries": "$_grants.out", "token": "$_grants.token"}},
+    {"$unset": "_grants"},
+]
+
+#: What a release's reply shows (the document after it): the entries, the token, the
+#: stamp with what each release freed, and the milliseconds left of each entry.
+RELEASED_AFTER: Doc = {"entries": 1, "token": 1, FREED: 1, "_lefts": _LEFTS}
+
+
+def release_pipeline(released: Sequence[tuple[str, int | None]], stamp: str) -> list[Doc]:
+    """The releases ``released`` (owner, token), one after the other, then the grants
+    of the queue entries that fit (:data:`GRANT_FITTING`)."""
+    stages = [
+        stage
+        for i, (owner, token) in enumerate(released)
+        for stage in release_update(owner, token, stamp, first=i == 0)
+    ]
+    return stages + GRANT_FITTING
+
+
+def freed_flags(after: Mapping[str, Any] | None) -> str:
+    """What each release of a command freed (``1``: a live permit), from the document
+    after it: the flags after the stamp's ``/``."""
+    if after is None or not isinstance(after.get(FREED), str):
+        return ""
+    return str(after[FREED]).rpartition("/")[2]
+
+
+def granted_in(after: Mapping[str, Any]) -> dict[str, tuple[int, int, float]]:
+    """owner -> (token, limit, seconds left) of each live permit in the document after
+    a release (read with :data:`RELEASED_AFTER`)."""
+    entries, lefts = after.get("entries"), after.get("_lefts")
+    found: dict[str, tuple[int, int, float]] = {}
+    if not isinstance(entries, list) or not isinstance(lefts, list):
+        return found
+    for entry, left in zip(entries, lefts, strict=False):
+        if (
+            isinstance(entry, Mapping)
+            and entry.get("granted") is True
+            and _int(entry.get("token"), 1, _MAX)
+            and _int(entry.get("limit"), 1, _MAX)
+            and isinstance(left, (int, float))
+            and left > 0
+        ):
+            found[str(entry.get("owner"))] = (entry["token"], entry["limit"], left / 1000.0)
+    return found
+
+
+def release_many_filter(name: str, released: Sequence[tuple[str, int | None]]) -> Doc:
+    """The permits document of ``name`` with an entry that one of the releases
+    ``released`` (owner, token) drops (see :func:`release_filter`): their updates
+    (:func:`release_update`, one after the other in one pipeline) then run in one
+    write; each drops nothing but its own entries and expired ones."""
+    matches: list[Doc] = []
+    for owner, token in released:
+        match: Doc = {"owner": owner}
+        if token is not None:
+            match["$or"] = [{"granted": {"$ne": True}}, {"token": token}]
+        matches.append(match)
+    return {"_id": name, "entries": {"$elemMatch": {"$or": matches}}}

@@ -203,6 +203,7 @@ class MySQLBackend(Backend):
             polls=self._queue.polls,
             queue_writes=self._queue.writes,
             deadlocks=self._deadlocks,
+            permit_statements_combined=self._permits.combiner.combined,
             **self._queue.bell_statistics(),
         )
 
@@ -307,7 +308,8 @@ class MySQLBackend(Backend):
                 except Exception as exc:
                     if errno(exc) != _DUPLICATE_COLUMN:  # (another process was first)
                         raise
-            for create in (self._permit_sql.create_acquire, self._permit_sql.create_release):
+            permits = self._permit_sql
+            for create in (permits.create_acquire, permits.create_release, *permits.create_batch):
                 try:
                     await cur.execute(create)
                 except Exception as exc:
@@ -771,6 +773,7 @@ class MySQLBackend(Backend):
         self._closed = True
         self._wakeups.wake_all()
         self._turns.wake_all()
+        await self._permits.aclose()
         await self._queue.aclose()
         if self._lean is not None:
             await self._lean.aclose()

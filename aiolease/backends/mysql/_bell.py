@@ -81,6 +81,8 @@ class Bells:
         self._scope = scope
         self._keeper: Any = None
         self._keeper_lock = asyncio.Lock()
+        #: Calls for the keeper not sent yet (a bell call, the bell, its answer).
+        self._calls: list[tuple[str, str, asyncio.Future[int]]] = []
         #: The bells the keeper holds.
         self._held: set[str] = set()
         self._idle: list[Any] = []
@@ -128,7 +130,7 @@ class Bells:
     async def hold(self, name: str, seq: int) -> bool:
         """Take the bell of this backend's new entry ``seq``; whether it is held."""
         bell = self.bell(name, seq)
-        got = await finished(self._on_keeper("SELECT GET_LOCK(%s, 0)", bell))
+        got = await finished(self._on_keeper("GET_LOCK(%s, 0)", bell))
         if got:
             self._held.add(bell)
         return bool(got)
@@ -138,29 +140,46 @@ class Bells:
         bell = self.bell(name, seq)
         if bell in self._held:
             self._held.discard(bell)
-            await finished(self._on_keeper("SELECT RELEASE_LOCK(%s)", bell))
+            await finished(self._on_keeper("RELEASE_LOCK(%s)", bell))
 
-    async def _on_keeper(self, sql: str, bell: str) -> int:
-        """Run ``sql`` on the keeper (opened on first use); 0 when it fails (closed,
-        which frees its bells: their waiters look, and poll)."""
+    async def _on_keeper(self, call: str, bell: str) -> int:
+        """Run ``call`` (of one bell) on the keeper (opened on first use): with the calls
+        that came while the keeper was busy, in one ``SELECT`` (each bell's calls come
+        from one task, one after the other: never two of one bell in one statement); 0
+        when it fails (closed, which frees its bells: their waiters look, and poll)."""
+        answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._calls.append((call, bell, answer))
         async with self._keeper_lock:
-            if self._closed:
-                return 0
+            if answer.done():  # sent with an earlier statement
+                return answer.result()
+            calls, self._calls = self._calls, []
             try:
+                if self._closed:
+                    raise ConnectionError("closed")
                 if self._keeper is None:
                     self._keeper = await self._open()
                 self.kept += 1
                 async with self._keeper.cursor() as cur:
-                    await cur.execute(sql, (bell,))
+                    sql = "SELECT " + ", ".join(c for c, _, _ in calls)
+                    bells = [b for _, b, _ in calls]
+                    if len(calls) == 1:  # prepared (its text is one of two)
+                        await cur.execute(sql, bells)
+                    else:  # as text: a prepared one of each length would push the
+                        # connection's others out of its statement cache
+                        await cur.execute(cur.mogrify(sql, bells))
                     rows = await cur.fetchall()
-                return int(rows[0][0] or 0) if rows else 0
+                for (_, _, future), got in zip(calls, rows[0], strict=True):
+                    future.set_result(int(got or 0))
             except BaseException as exc:
-                if not isinstance(exc, asyncio.CancelledError):
+                if not isinstance(exc, asyncio.CancelledError) and not self._closed:
                     logger.debug("bell keeper failed: %r", exc)
                 self._close_keeper()
-                if isinstance(exc, Exception):
-                    return 0
-                raise
+                for _, _, future in calls:
+                    if not future.done():
+                        future.set_result(0)
+                if not isinstance(exc, Exception):
+                    raise
+            return answer.result()
 
     def _close_keeper(self) -> None:
         if self._keeper is not None:

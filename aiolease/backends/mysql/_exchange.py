@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ._statements import ID, ROWS, Prepared, Rendered
+from ._statements import ID, ROWS, SETS, Prepared, Rendered
 
 __all__ = ["PS_MULTI_RESULTS", "STATEMENT_CACHE", "exchange", "statement_cache", "usable"]
 
@@ -15,7 +15,8 @@ async def exchange(
     conn: Any, sql: Prepared | Rendered | str, params: Any, want: str, then: Prepared | None
 ) -> Any:
     """Run ``sql`` (and ``then``) on ``conn``; what ``want`` asks for (``ID``: the insert
-    id, ``ROWS``: the rows, else the affected row count).
+    id, ``ROWS``: the rows, ``SETS``: the rows of every result set, read to the end of
+    the statement's answer, else the affected row count).
 
     A :class:`~aiolease.backends.mysql._statements.Prepared` statement takes its parameters from
     the mapping ``params``; a plain one (a batch, whose text differs with its size, so
@@ -28,8 +29,15 @@ async def exchange(
             count = await cur.execute(sql.text(cur, conn))
         else:
             count = await cur.execute(cur.mogrify(sql, params))
-        if want == ID:
-            result: Any = cur.lastrowid
+        if want == SETS:
+            result: Any = []
+            while True:
+                if cur.description is not None:
+                    result.append(await cur.fetchall())
+                if not await cur.nextset():
+                    break
+        elif want == ID:
+            result = cur.lastrowid
         else:
             result = await cur.fetchall() if want == ROWS else count
         if then is not None and not result:

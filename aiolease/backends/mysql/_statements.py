@@ -5,12 +5,13 @@ See :mod:`aiolease.backends.mysql` for what each statement guarantees.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ..._permits import PERMIT_PREFIX, RW_LIMIT
 from ..sql._permits import permit_routine, permit_tables
+from ._procedures import acquire_procedure, batch_procedure, release_procedure
 
 __all__ = [
     "COUNT",
@@ -18,15 +19,18 @@ __all__ = [
     "ID",
     "MAX_RENEWALS",
     "ROWS",
+    "SETS",
     "WAITERS_SUFFIX",
     "PermitSql",
     "Prepared",
     "Sql",
+    "batch_ops",
     "micros",
 ]
 
-#: What the backend's ``_execute`` returns: the insert id, the rows, the row count.
-ID, ROWS, COUNT = "id", "rows", "count"
+#: What the backend's ``_execute`` returns: the insert id, the rows, the row count, or
+#: the rows of each result set (of a ``CALL``, read to its end).
+ID, ROWS, COUNT, SETS = "id", "rows", "count", "sets"
 #: The most leases one renew statement renews: 5 parameters each (of leases with
 #: different ttls) stay under the 65,535 placeholders a MySQL statement may have.
 MAX_RENEWALS = 10_000
@@ -365,6 +369,8 @@ class PermitSql:
         p, n = f"`{permits}`", f"`{names}`"
         f = f"`{permit_routine(table, 64)}`"
         r = f"`{permit_routine(table, 64, 'release')}`"
+        b = f"`{permit_routine(table, 64, 'batch')}`"
+        take = f"`{permit_routine(table, 64, 'take')}`"
         self.where = p  # as errors name the table
         self._permits = p
         self.create = (
@@ -387,12 +393,20 @@ class PermitSql:
         )
         self.add_waited = f"ALTER TABLE {p} ADD COLUMN waited TINYINT NOT NULL DEFAULT 0"
         # Made once (error 1304, "already exists", from a second maker is no error).
-        self.create_acquire = _acquire_procedure(f, p, n)
-        self.create_release = _release_procedure(r, p, n)
+        self.create_acquire = acquire_procedure(f, p, n)
+        self.create_release = release_procedure(r, p, n)
+        # The batch: the acquire's step (the same rules, without a transaction of its
+        # own), and the procedure that runs several acquires and releases, in order, in
+        # one transaction (see ``batch``).
+        self.create_batch = (
+            acquire_procedure(take, p, n, step=True),
+            batch_procedure(b, take, p, n),
+        )
         # One result set: "act" (see ``acquired``) and "tok" (the token of a grant or a
         # renewal, answered after the commit: nothing is reported granted before it is
         # durable); for a refusal ("tok" NULL), then the columns of a permit row: the
-        # live rows of the name in arrival order, one per row.
+        # live permits, the caller's entry and the first entry of another ("foreign" and
+        # "mismatch": every live row), in arrival order, one per row.
         self.acquire = (
             f"CALL {f}(%(name)s, %(owner)s, %(weight)s, %(lim)s, %(identity)s,"
             " %(metadata)s, %(ttl)s, %(us)s)"
@@ -441,6 +455,12 @@ class PermitSql:
             f" AND token = %(token)s AND waited = 0 AND expires_at > {_NOW}"
         )
         self.release = f"CALL {r}(%(name)s, %(owner)s, %(token)s)"
+        # Several acquires and releases of one name, in order, in one transaction (one
+        # round trip): ``ops``, a JSON array (see :func:`batch_ops`). One result set per
+        # acquire (as its own procedure answers it), then what the releases did and the
+        # grants they made, all read before the batch's ``COMMIT`` is answered (nothing
+        # is taken as granted before it is durable).
+        self.batch = f"CALL {b}(%(name)s, %(ops)s)"
 
     def renew(self, count: int) -> str:
         """Renew ``count`` permits of one ttl: params ttl, microseconds, then a (name,
@@ -460,171 +480,28 @@ class PermitSql:
         )
 
 
-def _acquire_procedure(f: str, p: str, n: str) -> str:
-    """``CREATE PROCEDURE`` of the acquire (see :class:`PermitSql`): the rules of
-    ``docs/internals/semaphores.md`` in one transaction (rolled back, and the error
-    raised again, if a statement fails: a deadlock's victim is asked again whole)."""
-    live = "name = a_name AND expires_at > t"
-    now = "UTC_TIMESTAMP(6)"  # one value per statement: the read's own ``t``
-    alive_now = f"expires_at > {now}"
-    expiry = "UTC_TIMESTAMP(6) + INTERVAL a_us MICROSECOND"
-    columns = "name, owner, weight, lim, granted, seq, token, identity, metadata, ttl, expires_at"
-    upsert = (
-        f"INSERT INTO {p} ({columns}, waited) VALUES (a_name, a_owner, a_weight, a_lim,"
-        f" {{granted}}, {{seq}}, {{token}}, a_identity, {{meta}}, a_ttl, {expiry}, {{waited}})"
-        " ON DUPLICATE KEY UPDATE weight = a_weight, lim = a_lim, granted = {granted},"
-        " seq = {seq}, token = {token}, identity = a_identity, metadata = {meta}, ttl = a_ttl,"
-        f" expires_at = {expiry}, waited = {{waited}}"
-    )
-    # What aiolease writes (permit_row checks the same, and the text, in Python).
-    sane = (
-        f"LEFT(owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}' AND lim BETWEEN 1 AND {RW_LIMIT}"
-        " AND weight BETWEEN 1 AND lim AND (granted = 0 OR IFNULL(token >= 1, FALSE))"
-    )
-    refresh = (
-        f"UPDATE {p} SET ttl = a_ttl, expires_at = {expiry} WHERE name = a_name AND owner = a_owner"
-    )
-    # A grant marks its permit ``waited`` if requests stay queued behind it.
-    grant = upsert.format(
-        granted="1", seq="IFNULL(my_seq, 0)", token="got", meta="a_metadata", waited="others > 0"
-    )
-    # The name's next token is taken by the statement that locks its row, and given back
-    # (the row still locked) unless the request is granted: the uncontended grant is
-    # then one write of the name's row, one read of its permits and one write of them.
-    return f"""CREATE PROCEDURE {f}(a_name VARBINARY(255), a_owner VARBINARY(255),
- a_weight BIGINT, a_lim BIGINT, a_identity VARBINARY(1024), a_metadata BLOB, a_ttl DOUBLE,
- a_us BIGINT UNSIGNED)
-MODIFIES SQL DATA SQL SECURITY INVOKER
-body: BEGIN
- DECLARE t DATETIME(6);
- DECLARE all_sane, my_granted INT DEFAULT NULL;
- DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
- DECLARE used, ahead, expired, others, unwaited BIGINT DEFAULT 0;
- DECLARE my_seq, my_token, got BIGINT UNSIGNED DEFAULT NULL;
- DECLARE decision VARCHAR(8) CHARACTER SET ascii DEFAULT NULL;
- DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
- START TRANSACTION;
- INSERT INTO {n} (name, token, seq) VALUES (a_name, LAST_INSERT_ID(1), 0)
-  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);
- SELECT {now}, LAST_INSERT_ID(), MIN(IF({alive_now}, {sane}, NULL)),
-  MIN(IF({alive_now}, lim, NULL)), MAX(IF({alive_now}, lim, NULL)),
-  IFNULL(SUM(IF({alive_now} AND granted = 1, weight, 0)), 0),
-  MAX(IF({alive_now} AND owner = a_owner, granted, NULL)),
-  MAX(IF({alive_now} AND owner = a_owner, seq, NULL)),
-  MAX(IF({alive_now} AND owner = a_owner, token, NULL)), IFNULL(SUM(expires_at <= {now}), 0),
-  IFNULL(SUM({alive_now} AND granted = 0 AND owner <> a_owner), 0),
-  IFNULL(SUM({alive_now} AND granted = 1 AND waited = 0), 0)
-  INTO t, got, all_sane, low_lim, high_lim, used, my_granted, my_seq, my_token, expired, others,
-  unwaited FROM {p} WHERE name = a_name FOR UPDATE;
- IF expired > 0 THEN
-  DELETE FROM {p} WHERE name = a_name AND expires_at <= t;
- END IF;
- IF low_lim IS NOT NULL AND (NOT all_sane OR low_lim <> high_lim) THEN
-  SET decision = 'foreign';
- ELSEIF low_lim IS NOT NULL AND low_lim <> a_lim THEN
-  SET decision = 'mismatch';
- ELSEIF my_granted = 1 THEN
-  {refresh};
-  SET decision = 'renew';
- ELSE
-  IF low_lim IS NOT NULL THEN
-   SELECT IFNULL(SUM(weight), 0) INTO ahead FROM {p} WHERE {live} AND granted = 0
-    AND owner <> a_owner AND (my_seq IS NULL OR seq < my_seq);
-  END IF;
-  IF used + ahead + a_weight <= a_lim THEN
-   {grant};
-   COMMIT;
-   SELECT 'grant' AS act, got AS tok;
-   LEAVE body;
-  ELSEIF my_seq IS NULL THEN
-   UPDATE {n} SET token = token - 1, seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;
-   SET got = LAST_INSERT_ID(), decision = 'queue';
-   {upsert.format(granted="0", seq="got", token="NULL", meta="a_metadata", waited="0")};
-  ELSE
-   {refresh};
-   SET decision = 'refresh';
-  END IF;
-  IF unwaited > 0 THEN
-   UPDATE {p} SET waited = 1 WHERE name = a_name AND granted = 1 AND waited = 0;
-  END IF;
- END IF;
- IF decision <> 'queue' THEN
-  UPDATE {n} SET token = token - 1 WHERE name = a_name;
- END IF;
- IF decision = 'renew' THEN
-  COMMIT;
-  SELECT decision AS act, my_token AS tok;
- ELSE
-  SELECT decision AS act, NULL AS tok, owner, weight, lim, granted, seq, token, identity,
-   metadata, TIMESTAMPDIFF(MICROSECOND, t, expires_at) FROM {p} WHERE {live} ORDER BY seq;
-  COMMIT;
- END IF;
-END"""
-
-
-def _release_procedure(r: str, p: str, n: str) -> str:
-    """``CREATE PROCEDURE`` of the release (see :class:`PermitSql`), in one transaction
-    that locks the name's row first, as an acquire does: delete the caller's permit (of
-    that token) or queue entry; then, if live queue entries are left, grant those that
-    fit in arrival order (rule 3: the first entries whose weights, with the held weight,
-    fit the limit; the first that does not fit stops it), each with the name's next
-    token, an expiry of its own ttl from now, and its request's identity and metadata;
-    mark the live permits ``waited`` while entries stay queued. One result set: a row
-    per grant (``freed``, ``deleted``, the entries left queued, owner, token, ttl), or
-    one row without a grant (owner, token and ttl NULL)."""
-    sane = (
-        f"LEFT(owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}' AND lim BETWEEN 1 AND {RW_LIMIT}"
-        " AND weight BETWEEN 1 AND lim AND (granted = 0 OR IFNULL(token >= 1, FALSE))"
-    )
-    mine = (
-        "name = a_name AND owner = a_owner AND (granted = 0 OR a_token IS NULL OR token = a_token)"
-    )
-    return f"""CREATE PROCEDURE {r}(a_name VARBINARY(255), a_owner VARBINARY(255),
- a_token BIGINT UNSIGNED)
-MODIFIES SQL DATA SQL SECURITY INVOKER
-body: BEGIN
- DECLARE t DATETIME(6);
- DECLARE tok BIGINT UNSIGNED DEFAULT NULL;
- DECLARE was_live, gone, all_sane INT DEFAULT NULL;
- DECLARE low_lim, high_lim BIGINT DEFAULT NULL;
- DECLARE used, queued, granted_now BIGINT DEFAULT 0;
- DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
- START TRANSACTION;
- SELECT MAX(token), UTC_TIMESTAMP(6) INTO tok, t FROM {n} WHERE name = a_name FOR UPDATE;
- SELECT MAX(granted = 1 AND expires_at > t), COUNT(*) INTO was_live, gone
-  FROM {p} WHERE {mine} FOR UPDATE;
- IF gone = 0 THEN
-  COMMIT;
-  SELECT 0 AS freed, 0 AS deleted, NULL AS queued, NULL AS owner, NULL AS token, NULL AS ttl;
-  LEAVE body;
- END IF;
- DELETE FROM {p} WHERE {mine};
- SELECT MIN({sane}), MIN(lim), MAX(lim), IFNULL(SUM(IF(granted = 1, weight, 0)), 0),
-  IFNULL(SUM(granted = 0), 0) INTO all_sane, low_lim, high_lim, used, queued
-  FROM {p} WHERE name = a_name AND expires_at > t FOR UPDATE;
- IF queued > 0 AND tok IS NOT NULL AND all_sane AND low_lim = high_lim AND used < low_lim THEN
-  UPDATE {p} x JOIN (SELECT owner,
-    SUM(weight) OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING) AS run,
-    ROW_NUMBER() OVER (ORDER BY seq) AS k
-    FROM {p} WHERE name = a_name AND granted = 0 AND expires_at > t) q
-   ON x.name = a_name AND x.owner = q.owner
-   SET x.granted = 1, x.token = tok + q.k, x.metadata = IFNULL(x.metadata, '{{}}'),
-    x.expires_at = t + INTERVAL ROUND(x.ttl * 1000000) MICROSECOND
-   WHERE used + q.run <= low_lim;
-  SET granted_now = ROW_COUNT();
-  IF granted_now > 0 THEN
-   UPDATE {n} SET token = tok + granted_now WHERE name = a_name;
-  END IF;
-  IF granted_now < queued THEN
-   UPDATE {p} SET waited = 1 WHERE name = a_name AND granted = 1 AND waited = 0;
-  END IF;
- END IF;
- IF granted_now > 0 THEN
-  SELECT IFNULL(was_live, 0) AS freed, 1 AS deleted, queued - granted_now AS queued, owner,
-   token, ttl FROM {p} WHERE name = a_name AND granted = 1 AND token > tok ORDER BY token;
- ELSE
-  SELECT IFNULL(was_live, 0) AS freed, 1 AS deleted, queued, NULL AS owner, NULL AS token,
-   NULL AS ttl;
- END IF;
- COMMIT;
-END"""
+def batch_ops(ops: Sequence[tuple[Any, ...]]) -> str:
+    """The ``ops`` of :attr:`PermitSql.batch`: an acquire as ``(owner, weight, limit,
+    identity, metadata, ttl)``, a release as ``(owner, token or None)``; the texts go
+    as hexadecimal (bytes whatever the connection's character set), a release's missing
+    token as 0 (no token is 0)."""
+    items: list[list[Any]] = []
+    for op in ops:
+        if len(op) == 6:
+            owner, weight, limit, identity, metadata, ttl = op
+            items.append(
+                [
+                    "a",
+                    owner.encode().hex(),
+                    weight,
+                    limit,
+                    identity.encode().hex(),
+                    metadata.encode().hex(),
+                    float(ttl),
+                    micros(ttl),
+                ]
+            )
+        else:
+            owner, token = op
+            items.append(["r", owner.encode().hex(), token or 0])
+    return json.dumps(items, separators=(",", ":"))

@@ -24,6 +24,8 @@ class MySQLStatistics:
     :param bell_waits: waits sent on the bell of the entry ahead (:mod:`._bell`)
     :param rings: those that returned because the bell was let go (or was free)
     :param deadlocks: statements the server chose as a deadlock's victim, sent again
+    :param permit_statements_combined: statements that carried several permit acquires
+        and releases of one name (the batch procedure: one transaction)
     """
 
     renew_statements: int
@@ -36,3 +38,4 @@ class MySQLStatistics:
     bell_waits: int = 0
     rings: int = 0
     deadlocks: int = 0
+    permit_statements_combined: int = 0

@@ -9,6 +9,9 @@ from ..._permits import PERMIT_PREFIX, RW_LIMIT
 
 __all__ = ["acquire_function", "batch_function", "release_function"]
 
+#: Greater than every ``seq``.
+_LAST = "9223372036854775807"
+
 
 def acquire_function(f: str, p: str, n: str) -> str:
     """``CREATE FUNCTION`` of the acquire (see :class:`PermitSql`): the rules of
@@ -33,6 +36,13 @@ def acquire_function(f: str, p: str, n: str) -> str:
         " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
     )
     nothing = "NULL::text, NULL::int8, NULL::int8, NULL::bool, NULL::int8, NULL::int8"
+    grant = upsert.format(
+        granted="true", seq="coalesce(my_seq, 0)", token="last_token + 1", meta="a_metadata"
+    )
+    report = (
+        "x.owner, x.weight, x.lim, x.granted, x.seq, x.token, x.identity, x.metadata,"
+        " extract(epoch FROM x.expires_at - t)::float8"
+    )
     return f"""CREATE OR REPLACE FUNCTION {f}(a_name text, a_owner text, a_weight int8,
  a_lim int8, a_identity text, a_metadata text, a_ttl float8)
 RETURNS TABLE (act text, tok int8, owner text, weight int8, lim int8, granted bool, seq int8,
@@ -48,68 +58,97 @@ DECLARE
  my_granted bool;
  my_seq int8;
  my_token int8;
- got int8;
+ last_token int8;
+ last_seq int8;
  expired int8;
+ rows_now int8;
  decision text;
 BEGIN
- -- Locks the name's row, and takes its next token (given back unless granted).
- INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 1, 0)
-  ON CONFLICT (name) DO UPDATE SET token = x.token + 1 RETURNING x.token INTO got;
- t := clock_timestamp();
- -- One read of the name's rows (each statement here sees every commit before it),
- -- which keeps them from being deleted (a release) until the commit, so that the rows
- -- a refusal answers are those it was decided on; renewals are not held up.
- SELECT (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
-  coalesce(bool_and({sane}) FILTER (WHERE x.expires_at > t), true),
-  coalesce(sum(x.weight) FILTER (WHERE x.granted AND x.expires_at > t), 0)::int8,
-  bool_or(x.granted) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
-  max(x.seq) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
-  max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
-  count(*) FILTER (WHERE x.expires_at <= t)
-  INTO first_lim, all_sane, used, my_granted, my_seq, my_token, expired
-  FROM (SELECT * FROM {p} r WHERE r.name = a_name FOR KEY SHARE) x;
- IF expired > 0 THEN
-  DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
+ -- Locks the name's row (made if missing), writing it only for what it changes: a
+ -- grant's token or a new queue entry's place.
+ SELECT x.token, x.seq INTO last_token, last_seq FROM {n} x WHERE x.name = a_name
+  FOR NO KEY UPDATE;
+ IF NOT FOUND THEN
+  INSERT INTO {n} AS x (name, token, seq) VALUES (a_name, 0, 0)
+   ON CONFLICT (name) DO UPDATE SET token = x.token RETURNING x.token, x.seq
+   INTO last_token, last_seq;
  END IF;
- IF first_lim IS NOT NULL AND NOT all_sane THEN
-  decision := 'foreign';
- ELSIF first_lim IS NOT NULL AND first_lim <> a_lim THEN
-  decision := 'mismatch';
- ELSE
-  IF my_granted THEN
+ LOOP
+  t := clock_timestamp();
+  -- One read of the name's rows, the caller's own among them (one snapshot). Only a
+  -- plain release (no lock on the name's row) may delete one meanwhile, which only
+  -- frees weight: a refusal may be stale, never a grant over the limit (grants all
+  -- lock the name's row). The row lock taken above makes every other acquire of the
+  -- name wait, and this read sees every commit before it.
+  SELECT count(*), (array_agg(x.lim ORDER BY x.seq) FILTER (WHERE x.expires_at > t))[1],
+   coalesce(bool_and({sane}) FILTER (WHERE x.expires_at > t), true),
+   coalesce(sum(x.weight) FILTER (WHERE x.granted AND x.expires_at > t), 0)::int8,
+   coalesce(sum(x.weight) FILTER (WHERE x.expires_at > t AND NOT x.granted
+    AND x.owner <> a_owner AND x.seq < coalesce((SELECT r.seq FROM {p} r
+     WHERE r.name = a_name AND r.owner = a_owner AND r.expires_at > t), {_LAST})), 0)::int8,
+   bool_or(x.granted) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+   max(x.seq) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+   max(x.token) FILTER (WHERE x.owner = a_owner AND x.expires_at > t),
+   count(*) FILTER (WHERE x.expires_at <= t)
+   INTO rows_now, first_lim, all_sane, used, ahead, my_granted, my_seq, my_token, expired
+   FROM {p} x WHERE x.name = a_name;
+  -- No row of the name at all (the uncontended case, and every first permit): nothing
+  -- to count, mismatch, renew or queue behind (the weight fits: 1 <= weight <= limit
+  -- is checked before the call), so grant at once.
+  IF rows_now = 0 THEN
+   INSERT INTO {p} ({columns}) VALUES (a_name, a_owner, a_weight, a_lim, true, 0,
+    last_token + 1, a_identity, a_metadata, a_ttl, {expiry});
+   UPDATE {n} x SET token = last_token + 1 WHERE x.name = a_name;
+   RETURN QUERY SELECT 'grant'::text, last_token + 1, {nothing}, NULL::text, NULL::text,
+    NULL::float8;
+   RETURN;
+  END IF;
+  IF expired > 0 THEN
+   DELETE FROM {p} x WHERE x.name = a_name AND x.expires_at <= t;
+  END IF;
+  IF first_lim IS NOT NULL AND NOT all_sane THEN
+   decision := 'foreign';
+  ELSIF first_lim IS NOT NULL AND first_lim <> a_lim THEN
+   decision := 'mismatch';
+  ELSIF my_granted THEN
    UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
-   UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
    RETURN QUERY SELECT 'renew'::text, my_token, {nothing}, NULL::text, NULL::text, NULL::float8;
    RETURN;
-  END IF;
-  ahead := 0;
-  IF first_lim IS NOT NULL THEN
-   SELECT coalesce(sum(x.weight), 0)::int8 INTO ahead FROM {p} x WHERE {live}
-    AND NOT x.granted AND x.owner <> a_owner AND (my_seq IS NULL OR x.seq < my_seq);
-  END IF;
-  IF used + ahead + a_weight <= a_lim THEN
-   {upsert.format(granted="true", seq="coalesce(my_seq, 0)", token="got", meta="a_metadata")};
-   RETURN QUERY SELECT 'grant'::text, got, {nothing}, NULL::text, NULL::text, NULL::float8;
+  ELSIF used + ahead + a_weight <= a_lim THEN
+   {grant};
+   UPDATE {n} x SET token = last_token + 1 WHERE x.name = a_name;
+   RETURN QUERY SELECT 'grant'::text, last_token + 1, {nothing}, NULL::text, NULL::text,
+    NULL::float8;
    RETURN;
+  ELSE
+   decision := CASE WHEN my_seq IS NULL THEN 'queue' ELSE 'refresh' END;
   END IF;
-  decision := CASE WHEN my_seq IS NULL THEN 'queue' ELSE 'refresh' END;
- END IF;
- -- Granted nothing: a queue entry (or nothing) lost in a crash is written again by
- -- its waiter's next ask, so this commit need not wait for the WAL flush (and
- -- holds the name's row that much shorter); a later grant's commit flushes it.
+  -- Granted nothing. Reported: every live row if one is foreign; the first (whose
+  -- limit the name has) on a mismatch; else the blocker only, the live permit that
+  -- expires first or, if none, the first queue entry of another owner (the client
+  -- reads no more). Read anew: a plain release may have deleted it since (then decide
+  -- again, on what is left).
+  IF decision = 'foreign' THEN
+   RETURN QUERY SELECT decision, NULL::int8, {report} FROM {p} x WHERE {live} ORDER BY x.seq;
+  ELSIF decision = 'mismatch' THEN
+   RETURN QUERY SELECT decision, NULL::int8, {report} FROM {p} x WHERE {live} ORDER BY x.seq
+    LIMIT 1;
+  ELSE
+   RETURN QUERY SELECT decision, NULL::int8, {report} FROM {p} x WHERE {live}
+    AND x.owner <> a_owner ORDER BY x.granted DESC,
+    CASE WHEN x.granted THEN x.expires_at END, x.seq LIMIT 1;
+  END IF;
+  EXIT WHEN FOUND;
+ END LOOP;
+ -- A queue entry (or nothing) lost in a crash is written again by its waiter's next
+ -- ask, so this commit need not wait for the WAL flush (and holds the name's row that
+ -- much shorter); a later grant's commit flushes it.
  PERFORM set_config('synchronous_commit', 'off', true);
- RETURN QUERY SELECT decision, NULL::int8, x.owner, x.weight, x.lim, x.granted, x.seq, x.token,
-  x.identity, x.metadata, extract(epoch FROM x.expires_at - t)::float8
-  FROM {p} x WHERE {live} ORDER BY x.seq;
  IF decision = 'queue' THEN
-  UPDATE {n} x SET token = x.token - 1, seq = x.seq + 1 WHERE x.name = a_name
-   RETURNING x.seq INTO got;
-  {upsert.format(granted="false", seq="got", token="NULL", meta="a_metadata")};
- ELSE
-  UPDATE {n} x SET token = x.token - 1 WHERE x.name = a_name;
-  IF decision = 'refresh' THEN
-   UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
-  END IF;
+  UPDATE {n} x SET seq = last_seq + 1 WHERE x.name = a_name;
+  {upsert.format(granted="false", seq="last_seq + 1", token="NULL", meta="a_metadata")};
+ ELSIF decision = 'refresh' THEN
+  UPDATE {p} x SET ttl = a_ttl, expires_at = {expiry} WHERE x.name = a_name AND x.owner = a_owner;
  END IF;
 END
 $aiolease$"""
@@ -122,9 +161,11 @@ def release_function(r: str, p: str, n: str) -> str:
     token) or queue entry; then, if live queue entries are left, grant those that fit
     in arrival order (rule 3: the first entries whose weights, with the held weight,
     fit the limit; the first that does not fit stops it), each with the name's next
-    token and an expiry of its own ttl from now, and ``NOTIFY`` their owners
-    (``'q'`` + the length of the owners joined by ``","`` + ``':'`` + owners + name,
-    several notifications if they would pass the payload's limit). A grant is the
+    token and an expiry of its own ttl from now, and ``NOTIFY`` their owners but those
+    of ``a_local`` (waiting through the caller's backend object, which hands them their
+    grants from the answer) (``'q'`` + the length of the owners joined by ``","`` +
+    ``':'`` + owners + name, several notifications if they would pass the payload's
+    limit). A grant is the
     queue entry's own: the identity and metadata of its request, kept for that."""
     sane = (
         f"left(x.owner, {len(PERMIT_PREFIX)}) = '{PERMIT_PREFIX}'"
@@ -132,7 +173,7 @@ def release_function(r: str, p: str, n: str) -> str:
         " AND x.seq >= 0 AND (NOT x.granted OR coalesce(x.token >= 1, false))"
     )
     return f"""CREATE OR REPLACE FUNCTION {r}(a_name text, a_owner text, a_token int8,
- a_channel text)
+ a_channel text, a_local text[])
 RETURNS TABLE (freed bool, deleted bool, still_queued int8, owners text[], tokens int8[],
  ttls float8[])
 LANGUAGE plpgsql VOLATILE AS $aiolease$
@@ -179,13 +220,16 @@ BEGIN
   IF g_owners IS NOT NULL THEN
    UPDATE {n} x SET token = tok + cardinality(g_owners) WHERE x.name = a_name;
    FOREACH o IN ARRAY g_owners LOOP
+    CONTINUE WHEN o = ANY(a_local);
     IF joined <> '' AND octet_length(joined) + octet_length(o) + octet_length(a_name) > 7000 THEN
      PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
      joined := '';
     END IF;
     joined := CASE WHEN joined = '' THEN o ELSE joined || ',' || o END;
    END LOOP;
-   PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
+   IF joined <> '' THEN
+    PERFORM pg_notify(a_channel, 'q' || length(joined) || ':' || joined || a_name);
+   END IF;
   END IF;
  END IF;
  RETURN QUERY SELECT coalesce(was_live, false), true, queued - coalesce(cardinality(g_owners), 0),
@@ -203,7 +247,7 @@ def batch_function(b: str, f: str, r: str) -> str:
     nulls = ", ".join(["NULL::text, NULL::int8"] + [f"NULL::{t}" for t in _ROW_TYPES])
     return f"""CREATE OR REPLACE FUNCTION {b}(a_name text, a_kinds text, a_owners text[],
  a_tokens int8[], a_weights int8[], a_lims int8[], a_identities text[], a_metas text[],
- a_ttls float8[], a_channel text)
+ a_ttls float8[], a_channel text, a_local text[])
 RETURNS TABLE (i int4, act text, tok int8, owner text, weight int8, lim int8, granted bool,
  seq int8, token int8, identity text, metadata text, remaining float8, freed bool,
  deleted bool, still_queued int8, owners text[], tokens int8[], ttls float8[])
@@ -225,7 +269,7 @@ BEGIN
      NULL::int8[], NULL::float8[];
    END LOOP;
   ELSE
-   FOR x IN SELECT * FROM {r}(a_name, a_owners[k], a_tokens[k], a_channel) LOOP
+   FOR x IN SELECT * FROM {r}(a_name, a_owners[k], a_tokens[k], a_channel, a_local) LOOP
     durable := durable OR x.deleted;
     RETURN QUERY SELECT k, {nulls}, x.freed, x.deleted, x.still_queued, x.owners, x.tokens,
      x.ttls;

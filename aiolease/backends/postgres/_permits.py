@@ -7,7 +7,7 @@ An acquire is one statement (the function that the backend's setup installs, see
 :class:`~aiolease.backends.postgres._statements.PermitSql`), a release another (a
 function too), which grants the queue entries that then fit. The acquires and releases
 of a name that arrive while one of the name's is in flight go together in the next
-statement (:class:`~aiolease.backends.sql._combine.Combiner`: one transaction, in
+statement (:class:`~aiolease.backends._combine.Combiner`: one transaction, in
 order, instead of one each, all waiting on the name's row). A waiter of this backend
 takes such a grant from the release's answer without a statement; one of another
 backend is told by ``NOTIFY`` (``'q'``: the owners granted), through its listener, and
@@ -23,7 +23,7 @@ from typing import Any
 
 from ...abc import Grant, HolderInfo, PermitHolders
 from .._asyncio import Tasks, now, wait_event
-from ..sql._combine import Combiner
+from .._combine import Combiner
 from ..sql._handed import Handed, turn_key
 from ..sql._permits import CheckedRows, PermitRow, acquired, permit_holders
 from ..sql._renewals import RenewBatcher
@@ -108,7 +108,9 @@ class Permits:
             return True, await self._fetch(
                 self._sql.release_plain, name, owner, token, self._channel
             )
-        return False, await self._fetch(self._sql.release, name, owner, token, self._channel)
+        return False, await self._fetch(
+            self._sql.release, name, owner, token, self._channel, self._handed.queued_here(name)
+        )
 
     async def _send_many(self, name: str, ops: Sequence[_Acquire | _Release]) -> list[_Answer]:
         """Operations of ``name``, in order, by one statement (one transaction)."""
@@ -125,6 +127,7 @@ class Permits:
             [None if a is None else a[4] for a in acquires],
             [None if a is None else a[5] for a in acquires],
             self._channel,
+            self._handed.queued_here(name),
         )
         answers: list[_Answer] = [(False, []) for _ in ops]
         for row in rows:
@@ -206,14 +209,20 @@ class Permits:
         self._batcher.forget(name, owner, token)
         self._handed.forget(name, owner)
         sent_at = now()
-        plain, rows = await self.combiner.run(name, (owner, token), to_end=False)
-        if plain:
-            return bool(rows and rows[0]["freed"])
-        row = rows[0] if rows else None
-        if row is None:
-            return False
-        if row["deleted"]:  # (one that deleted nothing saw no queue: the mark stays)
-            self._queued(name, bool(row["still_queued"]))
-        if row["owners"]:
-            self._handed.granted(name, row["owners"], row["tokens"], row["ttls"], sent_at)
-        return bool(row["freed"])
+        # Its own notification may come before its answer: the waiters here take their
+        # grants from the answer, not asking again for them.
+        self._handed.releasing(name)
+        try:
+            plain, rows = await self.combiner.run(name, (owner, token), to_end=False)
+            if plain:
+                return bool(rows and rows[0]["freed"])
+            row = rows[0] if rows else None
+            if row is None:
+                return False
+            if row["deleted"]:  # (one that deleted nothing saw no queue: the mark stays)
+                self._queued(name, bool(row["still_queued"]))
+            if row["owners"]:
+                self._handed.granted(name, row["owners"], row["tokens"], row["ttls"], sent_at)
+            return bool(row["freed"])
+        finally:
+            self._handed.released(name)

@@ -36,6 +36,16 @@ __all__ = [
 _LONGEST = 63
 #: Greater than every ``seq`` of the waiters table (a bigserial).
 _LAST = "9223372036854775807"
+#: A condition that holds, and turns ``synchronous_commit`` off for the rest of the
+#: statement's own transaction (read at its commit), once a row passes it: for the
+#: releases that free what they free and grant nothing. Their commit does not wait
+#: for the WAL flush (about 200 us here, a third of the release); a crash of the
+#: server before the flush (within 3 x ``wal_writer_delay``) undoes the release, and
+#: the lease stays its holder's until its ttl runs out, as if the holder had crashed
+#: before it released. A grant that comes after the release waits for its own flush,
+#: which covers the release's (the WAL is written in order): no later grant is ever
+#: durable without it. Grants, renewals and hand-offs always wait.
+ASYNC_COMMIT = "set_config('synchronous_commit', 'off', true) IS NOT NULL"
 
 
 class Sql:
@@ -300,6 +310,7 @@ class Sql:
             " RETURNING token, watched_until)"
             " SELECT r.token, CASE WHEN NOT $5::bool OR r.watched_until > clock_timestamp()"
             " THEN pg_notify($4, 'r' || r.token || ':' || $1) IS NULL END AS notified FROM r"
+            f" WHERE {ASYNC_COMMIT}"
         )
         # $1 name, $2 owner, $3 token, $4 metadata, $5 channel: the holder's new metadata,
         # announced on the channel as "m" (no grant, no release: see ``parse_notice``).
@@ -421,11 +432,11 @@ class PermitSql:
         self.create_release = release_function(r, p, n)
         self.create_batch = batch_function(b, f, r)
         # $1 name, $2 owner, $3 weight, $4 limit, $5 identity, $6 metadata, $7 ttl. One
-        # row "grant" or "renew" (the token in "tok"); else the live rows of the name
-        # in arrival order, as they were before the caller's queue entry was written,
-        # each with "act": "queue" or "refresh" (refused), "mismatch" (another limit:
-        # nothing written), "foreign" (a row aiolease would not have written: nothing
-        # written; the rows are read and reported).
+        # row "grant" or "renew" (the token in "tok"); else, with "act": "queue" or
+        # "refresh" (refused), the blocker's row (the live permit that expires first, or
+        # the first queue entry of another owner); "mismatch" (another limit: nothing
+        # written), the first live row; "foreign" (a row aiolease would not have
+        # written: nothing written), the live rows in arrival order, read and reported.
         self.acquire = (
             f"SELECT act, tok, {', '.join(PERMIT_COLUMNS)} FROM {f}($1, $2, $3::int8,"
             " $4::int8, $5, $6, $7::float8)"
@@ -449,24 +460,26 @@ class PermitSql:
             " RETURNING p.name, p.owner, p.token)"
             " SELECT name, owner, token FROM v EXCEPT ALL SELECT name, owner, token FROM u"
         )
-        # $1 name, $2 owner, $3 token or NULL, $4 channel: delete the caller's permit
-        # (of that token) or queue entry, and grant the queue entries that then fit
-        # (``_permit_functions.release_function``). One row: whether a live permit was
-        # freed, whether anything was deleted, how many entries stay queued, and the
-        # owners, tokens and ttls of the grants.
+        # $1 name, $2 owner, $3 token or NULL, $4 channel, $5 the owners queued through
+        # this backend object (not told by ``NOTIFY``: the answer hands them their
+        # grants): delete the caller's permit (of that token) or queue entry, and grant
+        # the queue entries that then fit (``_permit_functions.release_function``). One
+        # row: whether a live permit was freed, whether anything was deleted, how many
+        # entries stay queued, and the owners, tokens and ttls of the grants.
         self.release = (
             "SELECT freed, deleted, still_queued, owners, tokens, ttls"
-            f" FROM {r}($1, $2, $3::int8, $4)"
+            f" FROM {r}($1, $2, $3::int8, $4, $5::text[])"
         )
         # $1 name, $2 kinds ("a" acquire, "r" release: one letter per operation), $3
         # owners, $4 tokens (a release's, or NULL), $5 weights, $6 limits, $7 identities,
-        # $8 metadata, $9 ttls (an acquire's, else NULL), $10 channel: the operations of
+        # $8 metadata, $9 ttls (an acquire's, else NULL), $10 channel, $11 the owners
+        # queued through this backend object (as the release's $5): the operations of
         # one name in order, in one transaction (``_permit_functions.batch_function``).
         # Each answers the rows its own statement would, "i" its place (from 1).
         self.batch = (
             f"SELECT i, act, tok, {', '.join(PERMIT_COLUMNS)}, freed, deleted, still_queued,"
             f" owners, tokens, ttls FROM {b}($1, $2, $3::text[], $4::int8[], $5::int8[],"
-            " $6::int8[], $7::text[], $8::text[], $9::float8[], $10)"
+            " $6::int8[], $7::text[], $8::text[], $9::float8[], $10, $11::text[])"
         )
         # $1 name, $2 owner, $3 token or NULL, $4 channel: the release of a backend that
         # saw nobody queue for the name: delete the caller's permit (of that token) or
@@ -479,7 +492,7 @@ class PermitSql:
             " RETURNING granted AND expires_at > clock_timestamp() AS live)"
             " SELECT coalesce(bool_or(d.live), false) AS freed, count(*) > 0 AS deleted,"
             " CASE WHEN count(*) > 0 THEN pg_notify($4, 'p:' || $1) END IS NULL AS notified"
-            " FROM d"
+            f" FROM d WHERE {ASYNC_COMMIT}"
         )
 
 

@@ -83,6 +83,18 @@ local function add_used(k, weight)
   redis.call('HINCRBY', k[5], 'used', weight)
 end
 
+-- Take `weight` off the held weight; what is left, or nil if the state hash was gone
+-- (evicted): the new hash that HINCRBY made is dropped again, for the next request to
+-- rebuild from the live permits (a negative weight would read as foreign data).
+local function sub_used(k, weight)
+  local left = typed(k[5], 'permit state hash', 'HINCRBY', k[5], 'used', -weight)
+  if left < 0 then
+    redis.call('DEL', k[5])
+    return nil
+  end
+  return left
+end
+
 -- `command` of key with every member of `list` (unpack has a stack limit: in chunks);
 -- the replies, concatenated.
 local function each(key, what, command, list)
@@ -116,7 +128,7 @@ local function purge(k, now)
     for _, e in ipairs(infos(k, expired)) do freed = freed + e.w end
     redis.call('ZREMRANGEBYSCORE', k[1], '-inf', now)
     each(k[2], 'permit hash', 'HDEL', expired)
-    typed(k[5], 'permit state hash', 'HINCRBY', k[5], 'used', -freed)
+    sub_used(k, freed)
   end
   if #lapsed > 0 then
     redis.call('ZREMRANGEBYSCORE', k[4], '-inf', now)
@@ -316,7 +328,7 @@ if e and e.t > 0 then  -- a permit's entry (a queued one has token 0), live: pur
   if (token == '' or e.t == tonumber(token)) and redis.call('ZREM', k[1], owner) == 1 then
     redis.call('HDEL', k[2], owner)
     -- no weight left: no permit left (each holds one at least), no ZCARD to settle
-    if redis.call('HINCRBY', k[5], 'used', -e.w) == 0 then held = 0 end
+    if sub_used(k, e.w) == 0 then held = 0 end
     freed, changed = 1, true
   end
 elseif typed(k[3], 'permit queue', 'ZREM', k[3], owner) == 1 then

@@ -54,6 +54,12 @@ class Handed:
         #: The limit of each request refused here (its queue entry's), until it is
         #: granted or released: a grant is taken only by an ask with that limit.
         self._limits: dict[tuple[str, str], int] = {}
+        #: The owners of those requests, by name (:meth:`queued_here`).
+        self._by_name: dict[str, set[str]] = {}
+        #: Names with releases in flight through this backend: how many, and the owners
+        #: told granted meanwhile (told once the releases answered: a release's own
+        #: notification may come before its answer, which hands the grant itself).
+        self._releasing: dict[str, tuple[int, set[str]]] = {}
 
     def _put(self, key: tuple[str, str], grant: tuple[int, float, float] | None) -> None:
         if len(self._grants) >= _MAX_HANDED:
@@ -86,11 +92,47 @@ class Handed:
         limit): a grant that a release makes to its queue entry is for that limit."""
         if len(self._limits) >= _MAX_HANDED:
             self._limits.clear()  # requests that never came back (a safety net)
+            self._by_name.clear()
         self._limits[name, owner] = limit
+        self._by_name.setdefault(name, set()).add(owner)
+
+    def queued_here(self, name: str) -> list[str]:
+        """The owners whose requests of ``name`` were refused here (queued) and are not
+        granted or released yet: a release through this backend hands them their
+        grants in its answer."""
+        return list(self._by_name.get(name, ()))
+
+    def _drop_limit(self, name: str, owner: str) -> int | None:
+        owners = self._by_name.get(name)
+        if owners is not None:
+            owners.discard(owner)
+            if not owners:
+                del self._by_name[name]
+        return self._limits.pop((name, owner), None)
+
+    def releasing(self, name: str) -> None:
+        """A release of ``name`` is sent through this backend: grants told meanwhile wait
+        for :meth:`released` (its answer may hand them, without a statement)."""
+        count, owners = self._releasing.get(name, (0, set()))
+        self._releasing[name] = (count + 1, owners)
+
+    def released(self, name: str) -> None:
+        """A release of ``name`` through this backend ended (its grants, if any, handed
+        by :meth:`granted`): the grants told meanwhile and not handed are told now."""
+        count, owners = self._releasing.pop(name, (1, set()))
+        if count > 1:
+            self._releasing[name] = (count - 1, owners)
+        elif owners:
+            self.told(name, owners)
 
     def told(self, name: str, owners: Iterable[str]) -> None:
-        """A release elsewhere granted these owners' queue entries: those asking here
-        ask again."""
+        """A release elsewhere (or through this backend, its answer not read yet) granted
+        these owners' queue entries: those asking here ask again (after the releases of
+        ``name`` in flight here answered)."""
+        pending = self._releasing.get(name)
+        if pending is not None:
+            pending[1].update(owners)
+            return
         for owner in owners:
             key = (name, owner)
             if key in self._asking and self._grants.get(key) is None:  # never over a
@@ -118,7 +160,7 @@ class Handed:
         if grant is None:
             return None
         self._asking.discard((name, owner))
-        if self._limits.pop((name, owner), None) != limit:
+        if self._drop_limit(name, owner) != limit:
             return None
         token, granted_ttl, sent_at = grant
         if self._clock() - sent_at >= ttl * _FRESH_SHARE:
@@ -129,4 +171,4 @@ class Handed:
         """``owner`` was granted by its own ask, or released."""
         self._grants.pop((name, owner), None)
         self._asking.discard((name, owner))
-        self._limits.pop((name, owner), None)
+        self._drop_limit(name, owner)

@@ -66,7 +66,23 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
 #: flush (``synchronous_commit`` off for that transaction).
 #: Version 4: MySQL's acquire answers a grant or a renewal after its ``COMMIT``, in two
 #: columns (``act``, ``tok``); the rows of the name only with a refusal.
-ROUTINE_VERSION = 4
+#: Version 5: PostgreSQL's acquire grants a name that has no row at all without
+#: reading its rows for the limit, the held weight and the queue.
+#: Version 6 (made on the PostgreSQL helper's branch, installed on the shared test
+#: servers under that number): PostgreSQL's acquire locks the name's row without
+#: writing it (written only for a grant's token or a new queue entry's place), reads
+#: the name's rows without locking them in one statement, and a refusal answers the
+#: blocker only; a release does not notify the grants to requests queued through the
+#: releasing backend object.
+#: Version 7 (6 is taken by a PostgreSQL change made alongside: the merge renames
+#: once): MySQL's batch makes and locks the name's row first, reads its token and
+#: queue place once and writes them back once (its acquires take them as ``INOUT``
+#: parameters: a refusal writes no token, a new entry no place); a new request's weight
+#: queued ahead is summed by the read that locks the name's permits; a batch's release
+#: of a live permit is one ``DELETE``.
+#: Version 8: versions 6 and 7 together (each was installed alone on the shared
+#: test servers: routines are made only when missing, so the merge takes a new number).
+ROUTINE_VERSION = 8
 
 
 def permit_routine(table: str, longest: int, kind: str = "acquire") -> str:
@@ -240,8 +256,10 @@ def acquired(
     weight, the weight queued ahead of the caller and its weight fit the limit
     (``"grant"``: the name's next token, the caller's queue entry becoming the
     permit); else writes the caller's queue entry (``"queue"``: the next place) or
-    refreshes it (``"refresh"``: its place kept), and reports the live rows as they
-    were before.
+    refreshes it (``"refresh"``: its place kept), and reports the live rows (MySQL's
+    routine: only the live permits, the caller's entry and the first entry of another,
+    which is all that :func:`blocker` and the caller's bell read; PostgreSQL's: the
+    blocker's only, which :func:`blocker` picks again).
 
     :param where: the permits table, as messages name it
     :raises LimitMismatchError: ``"mismatch"``

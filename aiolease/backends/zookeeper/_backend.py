@@ -90,6 +90,7 @@ class ZooKeeperBackend(Backend):
         self._layout = Layout(chroot + base)
         self._keeper = Keeper(wire, self._layout.base)
         self._permits = Permits(wire, self._keeper, self._layout.base, self._grant)
+        self._keeper.on_end = self._ended
         self._seen: dict[str, tuple[object, str]] = {}
         #: Attempts whose create may have been applied without its reply seen.
         self._unsure: set[tuple[str, str]] = set()
@@ -158,6 +159,7 @@ class ZooKeeperBackend(Backend):
             k.expired_entries,
             self._hand_offs,
             self._local_refusals,
+            self._permits.hand_offs,
         )
 
     async def _start(self) -> None:
@@ -463,6 +465,10 @@ class ZooKeeperBackend(Backend):
             token = None  # a queued permit request leaves the queue whatever token is given
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
+            if not queued and is_permit_owner(owner):
+                sent = self._permits.release_now(entry)
+                if sent is not None:
+                    return await sent
             if not queued:
                 self._head_released(entry.path)
             self._keeper.end(entry, LossReason.RELEASED, quietly=True)
@@ -484,12 +490,20 @@ class ZooKeeperBackend(Backend):
         entry = self._keeper.entries.get((name, owner))
         if self._closed or entry is None or entry.token != token or entry.queued:
             return None
+        if is_permit_owner(owner):
+            self._permits.forget(name, owner)
+            return self._permits.release_now(entry)
         self._head_released(entry.path)  # (before the delete: its successor's watch fires)
         replies = self._wire.send_now(self._wire.delete(self._wire.path(entry.path)))
         if replies is None:
             return None
         self._keeper.end(entry, LossReason.RELEASED, quietly=True)
         return self._deleted(replies, entry)
+
+    def _ended(self, entry: Entry) -> None:
+        """Every entry's end (the keeper's hook): a permit's may let others in."""
+        if is_permit_owner(entry.owner):
+            self._permits.ended(entry)
 
     def _head_released(self, path: str) -> None:
         """Note that the node at ``path``, held here (so the first of its queue), is
@@ -746,6 +760,7 @@ class ZooKeeperBackend(Backend):
             return
         self._closed = True
         self._keeper.closing()
+        self._permits.closing()
         self._wire.wake_deleted()
         try:
             if self._started and not self._wire.owned:

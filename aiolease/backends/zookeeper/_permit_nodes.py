@@ -13,8 +13,10 @@ Layout (``base`` is ``<chroot>/<prefix>``)::
   for, all in the node's *name*, so that one listing decides a request. The
   sequence orders the requests: readers, writers and semaphore permits alike.
 * Its data is JSON: ``{"i": identity, "m": metadata, "h": held}``; ``h`` is what its
-  owner was told (granted, or queued): what :meth:`read_permits` reports. The
-  grant rule itself reads names only.
+  owner was told (granted, or queued): what :meth:`read_permits` reports, with the
+  token ``t`` of a grant whose token is not the zxid of the write that marked the
+  node held (a reserved request's: its create's zxid). The grant rule itself reads
+  names only.
 
 **The grant rule** (``docs/internals/zookeeper.md#permits``): the node at position
 ``k`` is granted iff every node before it has its limit and the weights of the
@@ -43,6 +45,7 @@ __all__ = [
     "fitting",
     "foreign_permit",
     "standing",
+    "with_token",
 ]
 
 _HEAD = "_c_"
@@ -63,12 +66,22 @@ class PermitNode:
     weight: int
 
 
-def encode_permit(identity: str, metadata: Mapping[str, str], held: bool) -> bytes:
-    """The data of a permit node."""
+def encode_permit(
+    identity: str, metadata: Mapping[str, str], held: bool, token: int | None = None
+) -> bytes:
+    """The data of a permit node (``token``: the grant's, when it is not the zxid of the
+    write that marks the node held)."""
     if not metadata:
-        return _bare_permit(identity, held)  # the same bytes each time
-    document = {"i": identity, "m": dict(metadata), "h": held}
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+        data = _bare_permit(identity, held)  # the same bytes each time
+    else:
+        document = {"i": identity, "m": dict(metadata), "h": held}
+        data = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    return data if token is None else with_token(data, token)
+
+
+def with_token(data: bytes, token: int) -> bytes:
+    """``data`` (as :func:`encode_permit` makes it, without a token) with ``token``."""
+    return b'%s,"t":%d}' % (data[:-1], token)
 
 
 @functools.lru_cache(maxsize=256)
@@ -77,22 +90,29 @@ def _bare_permit(identity: str, held: bool) -> bytes:
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def decode_permit(data: bytes | None) -> tuple[str, dict[str, str], bool]:
-    """``(identity, metadata, held)`` of a permit node's data.
+def decode_permit(data: bytes | None) -> tuple[str, dict[str, str], bool, int | None]:
+    """``(identity, metadata, held, token)`` of a permit node's data (``token`` ``None``:
+    the zxid of the write that marked the node held is the grant's token).
 
     :raises ValueError: it is not data aiolease writes
     """
     record = json.loads((data or b"").decode())
-    if not isinstance(record, dict) or set(record) != {"i", "m", "h"}:
-        raise ValueError("not a JSON object of keys i, m and h")
+    if not isinstance(record, dict) or not {"i", "m", "h"} <= set(record) <= _KEYS:
+        raise ValueError("not a JSON object of keys i, m and h (and t)")
     identity, metadata, held = record["i"], record["m"], record["h"]
+    token = record.get("t")
     if not isinstance(identity, str) or not isinstance(metadata, dict):
         raise ValueError("identity or metadata of the wrong type")
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise ValueError("metadata is not a str -> str map")
     if not isinstance(held, bool):
         raise ValueError("held is not a boolean")
-    return identity, metadata, held
+    if token is not None and (type(token) is not int or token < 1 or not held):
+        raise ValueError("token is not a positive integer of a held node")
+    return identity, metadata, held, token
+
+
+_KEYS = frozenset({"i", "m", "h", "t"})
 
 
 def _number(text: str) -> int:
@@ -138,6 +158,13 @@ class PermitLayout:
                 self._parsed.clear()
             self._parsed[node] = parsed
         return parsed
+
+    def known(self, node: PermitNode) -> None:
+        """Remember ``node`` as parsed (a node this backend just created: what its name
+        says is known without parsing it)."""
+        if len(self._parsed) >= _MOST_PARSED:
+            self._parsed.clear()
+        self._parsed[node.node] = node
 
     def queue(self, name: str, children: Iterable[str]) -> list[PermitNode]:
         """The permit nodes of ``name`` in arrival order.

@@ -116,6 +116,8 @@ class Keeper:
         self.ping_failures = 0
         self.lost_sessions = 0
         self.expired_entries = 0
+        #: Called with each entry as it ends, after its own callbacks.
+        self.on_end: Callable[[Entry], object] = lambda entry: None
         wire.on_new_session = self._new_session
 
     # -- the clock the core reads (SessionClock) ------------------------------------------
@@ -156,6 +158,7 @@ class Keeper:
                 callback(reason)
             except Exception:  # pragma: no cover - the core's callbacks only record
                 logger.exception("a loss callback failed")
+        self.on_end(entry)
 
     def lose_all(self, reason: LossReason, session_id: int) -> None:
         """Every entry of ``session_id`` is lost; their nodes are deleted if it lives on."""

@@ -25,6 +25,8 @@ class ZooKeeperStatistics:
         through this backend, was released
     :param local_refusals: attempts refused without a request: the name was held
         through this backend (or being handed to a waiter of it)
+    :param permit_hand_offs: permits granted by a release of this backend, in the
+        release's own write (its ``Multi``): their retry sent no request
     """
 
     session_id: int
@@ -37,3 +39,4 @@ class ZooKeeperStatistics:
     expired_entries: int
     hand_offs: int
     local_refusals: int
+    permit_hand_offs: int

@@ -36,7 +36,7 @@ from ..._exceptions import BackendTimeout, BackendUnavailable
 from .._asyncio import now, retrieve, timeout_after
 from . import _codec as codec
 
-__all__ = ["EXPECTED", "Wire"]
+__all__ = ["EXPECTED", "Then", "Wire"]
 
 #: ZooKeeper answers a caller handles itself (returned, not raised).
 EXPECTED: tuple[type[BaseException], ...] = (
@@ -46,6 +46,10 @@ EXPECTED: tuple[type[BaseException], ...] = (
     zk_exc.BadVersion,
 )
 
+
+#: Whether requests written while others' replies are awaited wait for the end of the
+#: event loop's step, to go out together (see :meth:`Wire._write`).
+CORK = True
 
 #: Put aiozk's heartbeat off on a send only if it was put off longer ago than this
 #: share of the session timeout.
@@ -77,6 +81,10 @@ async def _abandon(session: Any) -> None:
         conn.closing = True
         conn.writer.close()
     session.started = False
+
+
+#: What :meth:`Wire.send` calls with the last request's reply future once it is done.
+Then = Callable[["asyncio.Future[Any]"], object]
 
 
 class _NoReply(Exception):
@@ -129,6 +137,12 @@ class Wire:
         self._inflight: dict[_Sent, None] = {}
         self._watchdog: asyncio.TimerHandle | None = None
         self._watchdog_at = math.inf
+        #: Requests written while replies were awaited, to go out together at the end of
+        #: the event loop's step (see :meth:`_write`), and their connection.
+        self._corked: list[bytes] = []
+        self._cork_told: list[str] = []
+        self._cork_conn: Any = None
+        self._flush_handle: asyncio.Handle | None = None
         #: Paths whose delete, once answered, sets these futures (see :meth:`deleted`).
         self._deletes: dict[str, list[asyncio.Future[bool]]] = {}
 
@@ -179,9 +193,14 @@ class Wire:
                 f"ZooKeeper {self.described}: not connected within {self.timeout:g}s"
             ) from exc
 
-    async def send(self, *requests: Any, timeout: float | None = None) -> list[Any]:
+    async def send(
+        self, *requests: Any, timeout: float | None = None, then: Then | None = None
+    ) -> list[Any]:
         """Send ``requests`` back to back, once each; their responses in order (an
         expected ZooKeeper error, :data:`EXPECTED`, as the exception instance).
+
+        :param then: called with the last request's reply future once it is done
+            (answered, or failed), whoever awaits the replies
 
         :raises BackendUnavailable: the connection broke, or the server refused a request
         :raises BackendTimeout: no connection, or no reply, within the timeout
@@ -194,9 +213,9 @@ class Wire:
         if reading is not None and reading.done():
             _suspend(session, session.conn)  # its connection died: aiozk reconnects
         await self._connected(session, deadline)
-        return await self._replies(self._write(requests, deadline))
+        return await self._replies(self._write(requests, deadline, then))
 
-    def send_now(self, *requests: Any) -> Awaitable[list[Any]] | None:
+    def send_now(self, *requests: Any, then: Then | None = None) -> Awaitable[list[Any]] | None:
         """:meth:`send`, the requests written before returning; ``None`` (nothing
         written) when the connection is not up."""
         session = self.client.session
@@ -211,22 +230,25 @@ class Wire:
             or session.state.current_state != States.CONNECTED
         ):
             return None
-        return self._replies(self._write(requests, now() + self.timeout))
+        return self._replies(self._write(requests, now() + self.timeout, then))
 
-    def _write(self, requests: tuple[Any, ...], deadline: float) -> _Sent:
+    def _write(self, requests: tuple[Any, ...], deadline: float, then: Then | None = None) -> _Sent:
         """Write ``requests`` on the current connection (no wait); their replies are
-        due by ``deadline``."""
+        due by ``deadline``; ``then`` called with the last reply's future once done."""
         session = self.client.session
         conn = session.conn
         sent = _Sent(session, conn, int(session.session_id or 0), now(), [], deadline)
         loop = asyncio.get_running_loop()
         payloads = []
         told: list[str] = []  # paths of deletes that somebody waits for
+        busy = bool(conn.pending)
         # aiozk's Connection.send, but one write (one system call) for them all.
         for request in requests:
             session.xid = session.xid % 0x7FFFFFFF + 1
             future: asyncio.Future[Any] = loop.create_future()
             future.add_done_callback(retrieve)
+            if getattr(request, "then", None) is not None:
+                future.add_done_callback(request.then)
             sent.futures.append(future)
             if conn.closing:
                 future.set_exception(zk_exc.ConnectError(conn.host, conn.port))
@@ -238,13 +260,20 @@ class Wire:
             conn.opcode_xref[session.xid] = request.opcode
             conn.pending[session.xid] = future
         if payloads:
-            try:
-                conn.writer.write(b"".join(payloads))
-            except Exception:  # as aiozk: every pending request fails, the state follows
-                conn.abort()
+            if self._corked and self._cork_conn is not conn:
+                self._flush()  # (what waits for another connection goes first)
+            if self._corked or (CORK and busy):
+                # Replies are awaited: this step's other writes join these, one
+                # system call (and one read of the server's) for them all.
+                self._corked.extend(payloads)
+                self._cork_told.extend(told)
+                self._cork_conn = conn
+                if self._flush_handle is None:
+                    self._flush_handle = loop.call_soon(self._flush)
             else:
-                for path in told:
-                    self._tell_deleted(path)
+                self._put(conn, payloads, told)
+        if then is not None and sent.futures:
+            sent.futures[-1].add_done_callback(then)
         self.requests += len(requests)
         self._inflight[sent] = None
         if deadline < self._watchdog_at:
@@ -255,6 +284,30 @@ class Wire:
             self._beat = sent.at
             session.set_heartbeat()
         return sent
+
+    def _put(self, conn: Any, payloads: list[bytes], told: list[str]) -> None:
+        """Write ``payloads`` on ``conn`` (one system call)."""
+        try:
+            conn.writer.write(b"".join(payloads))
+        except Exception:  # as aiozk: every pending request fails, the state follows
+            conn.abort()
+        else:
+            for path in told:
+                self._tell_deleted(path)
+
+    def _flush(self) -> None:
+        """Write what waits to be written (:meth:`_write`)."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        conn, payloads, told = self._cork_conn, self._corked, self._cork_told
+        self._cork_conn, self._corked, self._cork_told = None, [], []
+        if not payloads:
+            return
+        if conn.closing:
+            conn.abort()  # its requests fail (aiozk may have drained them already)
+            return
+        self._put(conn, payloads, told)
 
     def _watch(self, at: float) -> None:
         """Run :meth:`_expire` at ``at`` (instead of when it was due)."""
@@ -336,26 +389,45 @@ class Wire:
     create = staticmethod(codec.create)
     children = staticmethod(codec.children)
 
-    async def create_and_list(self, path: str, parent: str, data: bytes) -> tuple[Any, Any]:
+    async def create_and_list(
+        self,
+        path: str,
+        parent: str,
+        data: bytes,
+        created_then: Callable[[Any], None] | None = None,
+        listed_then: Callable[[Any], None] | None = None,
+        listing: bool = True,
+    ) -> tuple[Any, Any]:
         """Create the ephemeral sequential node ``path`` under ``parent`` (a container
         node, made first if it is missing or was reaped) and list ``parent``'s children,
         in one round trip when ``parent`` exists: the create's and the listing's
-        responses (the listing's may be an expected error).
+        responses (the listing's may be an expected error; ``None`` when not
+        ``listing`` and ``parent`` existed). ``created_then``, ``listed_then``: each
+        request's ``then`` (:class:`._codec.Request`).
 
         :raises BackendUnavailable: the node cannot be created
         """
         create = self.create(path, data, sequence=True, ephemeral=True, container=False)
-        created, listed = await self.send(create, self.children(parent))
+        create.then = created_then
+        children = self.children(parent)
+        children.then = listed_then
+        if not listing:
+            (created,) = await self.send(create)
+            if not isinstance(created, Exception):
+                return created, None
+        else:
+            created, listed = await self.send(create, children)
         if isinstance(created, Exception):  # no parent node yet (or a container reaped)
             await self.send(
                 self.create(parent, b"", sequence=False, ephemeral=False, container=True)
             )
-            created, listed = await self.send(create, self.children(parent))
+            created, listed = await self.send(create, children)
             if isinstance(created, Exception):
                 raise BackendUnavailable(f"ZooKeeper: cannot create a node under {parent!r}")
         return created, listed
 
     get = staticmethod(codec.get)
+    multi = staticmethod(codec.multi)
     exists = staticmethod(codec.exists)
     set_data = staticmethod(codec.set_data)
     delete = staticmethod(codec.delete)

@@ -4,6 +4,7 @@ processes; the server is inspected through its HTTP/JSON gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections import Counter
@@ -237,6 +238,74 @@ async def test_a_release_hands_the_permit_to_the_request_queued_first(
                 await turn[second].wait()
                 assert sent == {"txn": 2}, sent
                 assert await backend.release(name, second, None)  # gives up its grant
+        assert await backend.read_permits(name) is None
+
+
+async def test_releases_applied_out_of_order_both_hand_their_places_on(
+    anyio_backend: str, single_url: str
+) -> None:
+    """Two releases here at once, each handing its place to a waiting request: etcd may
+    apply their transactions in either order. The one applied first grants the first
+    request, the other the second, and neither is sent again (the later release's
+    transaction, applied first, used to fail for the first request's queue key, still
+    there, and went again once the other was over: three transactions)."""
+    name = "out-of-order"
+    holders, waiting = [permit_owner() for _ in range(2)], [permit_owner() for _ in range(2)]
+    async with opener(single_url)() as backend:
+        held = [await backend.try_acquire_permit(name, h, LONG, "h", {}, 2, 1) for h in holders]
+        refusals: dict[str, HolderInfo] = {}
+        for owner in waiting:
+            refused = await backend.try_acquire_permit(name, owner, LONG, "w", {}, 2, 1)
+            assert isinstance(refused, HolderInfo)
+            refusals[owner] = refused
+        wire = inner(backend)._wire
+        send, sent, later = wire.txn, Counter[str](), []
+
+        async def first_held_back(request: Any) -> Any:
+            """The first transaction goes once a later one is answered (in the wire's loop)."""
+            sent["txn"] += 1
+            if sent["txn"] == 1:
+                later.append(asyncio.Event())
+                await later[0].wait()
+                return await send(request)
+            reply = await send(request)
+            later[0].set()
+            return reply
+
+        wire.txn = first_held_back  # type: ignore[method-assign]
+        turn = {owner: anyio.Event() for owner in waiting}
+
+        async def wait(owner: str) -> None:
+            await backend.wait_permit_turn(name, owner, LONG, refusals[owner])
+            turn[owner].set()
+
+        async def release(holder: str, grant: Grant | HolderInfo) -> None:
+            assert isinstance(grant, Grant)
+            assert await backend.release(name, holder, grant.token)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for owner in waiting:
+                    tg.start_soon(wait, owner)
+                await anyio.wait_all_tasks_blocked()  # both wait: candidates for a hand-off
+                async with anyio.create_task_group() as releases:
+                    for holder, grant in zip(holders, held, strict=True):
+                        releases.start_soon(release, holder, grant)
+            assert sent == {"txn": 2}, sent  # each release one txn, both hand-offs
+            granted = [
+                await backend.try_acquire_permit(name, owner, LONG, "w", {}, 2, 1)
+                for owner in waiting
+            ]
+            assert sent == {"txn": 2}, sent  # the grants: no request
+            first, second = granted
+            assert isinstance(first, Grant) and isinstance(second, Grant)
+            assert max(g.token for g in held if isinstance(g, Grant)) < first.token
+            assert first.token < second.token  # in queue order
+            permits = await backend.read_permits(name)
+            assert permits is not None and permits.waiting == 0
+            assert {h.owner for h in permits.holders} == set(waiting)
+            for owner, grant in zip(waiting, granted, strict=True):
+                await release(owner, grant)
         assert await backend.read_permits(name) is None
 
 

@@ -155,6 +155,100 @@ async def test_an_acquire_is_one_command(anyio_backend: str, mongo: str, collect
         await client.close()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_the_operations_of_a_name_asked_meanwhile_go_in_one_command(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """Six acquires of a name asked at once, limit 3: the first goes alone, the five
+    asked while it is in flight go together in the next ``findAndModify`` (one write
+    of the document, in the order asked: nothing for the server to retry). The
+    releases of the three queued, then of the three held, likewise: two commands each.
+    The outcomes are those of one command each."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        backend = MongoBackend(client, database=DATABASE, collection=collection)
+        name, owners = unique("permits"), [permit_owner() for _ in range(6)]
+        results: dict[str, Grant | HolderInfo] = {}
+        freed: dict[str, bool] = {}
+
+        async def acquire(owner: str) -> None:
+            results[owner] = await backend.try_acquire_permit(name, owner, LONG, "me", {}, 3, 1)
+
+        async def release(owner: str) -> None:
+            result = results[owner]
+            token = result.token if isinstance(result, Grant) else None
+            freed[owner] = await backend.release(name, owner, token)
+
+        async with anyio.create_task_group() as tg:
+            for owner in owners:
+                tg.start_soon(acquire, owner)
+        grants = [r for r in results.values() if isinstance(r, Grant)]
+        assert len(grants) == 3
+        assert sorted(grant.token for grant in grants) == [1, 2, 3]
+        assert commands.sent == ["findAndModify"] * 2
+        assert len(permits_doc(mongo, collection, name)["entries"]) == 6  # 3 held, 3 queued
+
+        queued = [o for o in owners if isinstance(results[o], HolderInfo)]
+        held = [o for o in owners if isinstance(results[o], Grant)]
+        for group in (queued, held):  # a queued request released first is granted nothing
+            async with anyio.create_task_group() as tg:
+                for owner in group:
+                    tg.start_soon(release, owner)
+        assert freed == {o: o in held for o in owners}
+        assert commands.sent == ["findAndModify"] * 6
+        assert permits_doc(mongo, collection, name)["entries"] == []
+        await backend.aclose()
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_a_release_grants_the_queued_request_it_fits_in_its_own_write(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """Limit 1, a holder and a queued request in one backend object: the holder's
+    release grants the queued request (the next token) in the release's own write, and
+    the request takes that grant without a command. Asked with another limit, it is
+    not handed the grant: its command raises ``LimitMismatchError``."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        backend = MongoBackend(client, database=DATABASE, collection=collection)
+        name, holder, waiter = unique("permits"), permit_owner(), permit_owner()
+        held = await backend.try_acquire_permit(name, holder, LONG, "me", {}, 1, 1)
+        assert isinstance(held, Grant)
+        assert isinstance(
+            await backend.try_acquire_permit(name, waiter, LONG, "", {}, 1, 1), HolderInfo
+        )
+        assert await backend.release(name, holder, held.token)
+        entries = permits_doc(mongo, collection, name)["entries"]
+        assert [(e["owner"], e["granted"], e["token"]) for e in entries] == [
+            (waiter, True, held.token + 1)
+        ]
+        sent = len(commands.sent)
+        granted = await backend.try_acquire_permit(name, waiter, LONG, "", {}, 1, 1)
+        assert isinstance(granted, Grant)
+        assert granted.token == held.token + 1
+        assert 0 < granted.ttl <= LONG
+        assert len(commands.sent) == sent  # taken from the release's reply
+        # Another limit: no grant handed; the command refuses the request.
+        other = permit_owner()
+        assert isinstance(
+            await backend.try_acquire_permit(name, other, LONG, "", {}, 1, 1), HolderInfo
+        )
+        assert await backend.release(name, waiter, granted.token)
+        with pytest.raises(aiolease.LimitMismatchError):
+            await backend.try_acquire_permit(name, other, LONG, "", {}, 2, 1)
+        again = await backend.try_acquire_permit(name, other, LONG, "", {}, 1, 1)
+        assert isinstance(again, Grant)
+        assert again.token == granted.token + 1
+        assert await backend.release(name, other, again.token)
+        await backend.aclose()
+    finally:
+        await client.close()
+
+
 def _short(query: dict[str, Any]) -> bool:
     """Whether a ``findAndModify`` query is the short acquire's (a free name's)."""
     return "entries" in query and "$expr" in query

@@ -18,7 +18,7 @@ import pytest
 
 import aiolease
 from aiolease import AsyncLock, AsyncSemaphore, Lease
-from aiolease.abc import Backend
+from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.backends.mysql._bell import Bells
 from tests.backends.mysql.support import raw
@@ -263,3 +263,47 @@ async def test_an_uncontended_permit_sends_no_bell_statement(table_url: str) -> 
             async with semaphore:
                 pass
         assert (bells(b).kept, bells(b).waits, bells(b).keeper) == (0, 0, None)
+
+
+async def test_a_permit_waiter_whose_blocker_was_released_here_waits_for_the_hand_off(
+    table_url: str,
+) -> None:
+    # ``holder`` queued (its entry's bell held here) and was handed the one permit; the
+    # waiter, refused behind it, starts waiting only after the release of ``holder``'s
+    # permit granted the next entry: its blocker's bell is free by then. That release
+    # went through this backend, which hands its grants here: the waiter waits for them
+    # (the next one's release hands it the permit), with no bell wait and no second
+    # request (it used to find the bell free, and ask again).
+    slow = with_query(table_url, poll_interval=60)
+    async with backends(slow) as (b,):
+        name = unique("sem-gone")
+        sem = AsyncSemaphore(b, name, limit=1, ttl=120)
+        first = await sem.acquire()
+        held: list[Lease] = []
+
+        async def take() -> None:
+            held.append(await sem.acquire())
+
+        owner = permit_owner()
+        with anyio.fail_after(60):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take)
+                await eventually(lambda: bells(b).held == 1, "the holder's bell")
+                tg.start_soon(take)
+                await eventually(lambda: bells(b).held == 2, "the next one's bell")
+                assert await first.release()
+                await eventually(lambda: len(held) == 1, "the holder's turn")
+                seen = await b.try_acquire_permit(name, owner, 120, "w", {}, 1, 1)
+                assert isinstance(seen, HolderInfo) and seen.owner == held[0].owner
+                assert await held[0].release()  # grants the next one
+                await eventually(lambda: len(held) == 2, "the next one's turn")
+                waits = bells(b).waits
+                tg.start_soon(b.wait_permit_turn, name, owner, 120.0, seen)
+                permits = inner(b, MySQLBackend)._permits
+                await eventually(lambda: permits.waiting == 1 or bells(b).waits > waits, "the wait")
+                assert await held[1].release()  # hands the permit to the waiter
+        assert bells(b).waits == waits  # (it used to wait on the free bell, and ask again)
+        mine = await b.try_acquire_permit(name, owner, 120, "w", {}, 1, 1)
+        assert isinstance(mine, Grant)  # taken from the release's answer
+        assert await b.release(name, owner, mine.token)
+        assert await b.read_permits(name) is None

@@ -79,3 +79,118 @@ async def test_requests_that_arrive_together_go_as_one_statement_in_arrival_orde
             await b.aclose()
 
     await on_asyncio(body)
+
+
+async def test_a_refusal_answers_the_blocker_only_and_writes_no_other_row(
+    pg: str, schema: str, table_url: tuple[str, str]
+) -> None:
+    """A refused ask reads the name's rows without locking them (the row lock of each
+    wrote its tuple, and WAL), answers one row, the blocker, and a retry of a queued
+    request writes neither the name's row nor another's."""
+    url, table = table_url
+    names = f'"{schema}"."{permit_names_table(table)}"'
+    permits = f'"{schema}"."{permits_table(table)}"'
+
+    async def body() -> None:
+        b = await PostgresBackend.from_url(url, poll_interval=60, listen=False)
+        conn = await asyncpg.connect(pg)
+        try:
+            name = unique("refusal")
+            holders = [permit_owner() for _ in range(2)]
+            for ttl, owner in zip((30, 20), holders, strict=True):
+                assert isinstance(
+                    await b.try_acquire_permit(name, owner, ttl, "h", {}, 2, 1), Grant
+                )
+            queued = [permit_owner() for _ in range(3)]
+            for owner in queued:
+                assert isinstance(
+                    await b.try_acquire_permit(name, owner, 30, "w", {}, 2, 1), HolderInfo
+                )
+
+            async def versions() -> dict[str, tuple[str, str]]:
+                rows = await conn.fetch(
+                    f"SELECT owner, xmin::text AS xmin, xmax::text AS xmax FROM {permits}"
+                    f" WHERE name = $1 UNION ALL SELECT '', xmin::text, '' FROM {names}"
+                    " WHERE name = $1",
+                    name,
+                )
+                return {row["owner"]: (row["xmin"], row["xmax"]) for row in rows}
+
+            # The routine's answer to a new request: the permit that expires first.
+            newcomer = permit_owner()
+            before = await versions()
+            answer = await conn.fetch(
+                b._permits._sql.acquire, name, newcomer, 1, 2, "n", "{}", 30.0
+            )
+            assert [(row["act"], row["owner"]) for row in answer] == [("queue", holders[1])]
+            after = await versions()
+            assert {o: v for o, v in after.items() if o not in (newcomer, "")} == {
+                o: v for o, v in before.items() if o != ""
+            }
+            # A retry of a queued request (its place kept): the name's row and the
+            # others' as they were.
+            before = after
+            refused = await b.try_acquire_permit(name, queued[1], 30, "w", {}, 2, 1)
+            assert isinstance(refused, HolderInfo) and refused.owner == holders[1]
+            after = await versions()
+            assert {o: v for o, v in after.items() if o != queued[1]} == {
+                o: v for o, v in before.items() if o != queued[1]
+            }
+            # Only the queue blocks: the first entry ahead, with token 0.
+            for owner in holders:
+                await conn.execute(
+                    f"DELETE FROM {permits} WHERE name = $1 AND owner = $2", name, owner
+                )
+            await conn.execute(
+                f"UPDATE {permits} SET weight = 2 WHERE name = $1 AND owner = $2", name, queued[0]
+            )
+            blocked = await b.try_acquire_permit(name, queued[2], 30, "w", {}, 2, 1)
+            assert isinstance(blocked, HolderInfo)
+            assert (blocked.owner, blocked.token) == (queued[0], 0)
+        finally:
+            await conn.close()
+            await b.aclose()
+
+    await on_asyncio(body)
+
+
+async def test_a_grant_to_a_waiter_of_the_releasing_backend_is_not_notified(
+    pg: str, schema: str, table_url: tuple[str, str]
+) -> None:
+    """A release hands a waiter queued through its own backend object its grant in the
+    answer: no ``NOTIFY`` for it (its listener would only drop it); a waiter queued
+    through another backend object is told."""
+    url, _table = table_url
+
+    async def body() -> None:
+        a = await PostgresBackend.from_url(url, poll_interval=60, listen=False)
+        b = await PostgresBackend.from_url(url, poll_interval=60, listen=False)
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        conn = await asyncpg.connect(pg)
+        try:
+            await conn.add_listener(a.channel, lambda *args: heard.put_nowait(args[-1]))
+            name = unique("told")
+            holder, here, there = permit_owner(), permit_owner(), permit_owner()
+            held = await a.try_acquire_permit(name, holder, 30, "h", {}, 1, 1)
+            assert isinstance(held, Grant)
+            assert isinstance(await a.try_acquire_permit(name, here, 30, "w", {}, 1, 1), HolderInfo)
+            assert isinstance(
+                await b.try_acquire_permit(name, there, 30, "w", {}, 1, 1), HolderInfo
+            )
+            assert await a.release(name, holder, held.token)  # grants ``here``, a's own
+            turn = await a.try_acquire_permit(name, here, 30, "w", {}, 1, 1)
+            assert isinstance(turn, Grant)
+            assert await a.release(name, here, turn.token)  # grants ``there``, b's
+            # Notifications come in commit order: once ``there``'s is heard, one for
+            # ``here`` would have come before it.
+            payloads: list[str] = []
+            async with timeout_after(20):  # a hang guard
+                while not any(there in p for p in payloads):
+                    payloads.append(await heard.get())
+            assert [p for p in payloads if p.startswith("q")] == [f"q{len(there)}:{there}{name}"]
+        finally:
+            await conn.close()
+            await a.aclose()
+            await b.aclose()
+
+    await on_asyncio(body)

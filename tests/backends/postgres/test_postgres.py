@@ -26,7 +26,7 @@ from aiolease import (
     InvalidArgument,
     LeaseLostError,
 )
-from aiolease.abc import Backend, Grant, HolderInfo
+from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.postgres import PostgresBackend
 from aiolease.testing import CHECKS, Check
 from aiolease.testing.faults import FaultyBackend
@@ -112,6 +112,51 @@ async def test_released_row_is_kept_with_its_token(pg: str, schema: str) -> None
         rows = await raw(pg, f'SELECT token, owner, expires_at FROM "{schema}"."{table}"')
         assert [tuple(r) for r in rows] == [(first.token, None, None)]
         assert (await grant(b, "job", "owner-2")).token == first.token + 1
+
+
+async def _in_a_transaction(url: str, sql: str, *args: Any) -> tuple[list[Any], str, str]:
+    """Run ``sql`` in a transaction of its own: its rows, ``synchronous_commit`` as the
+    statement left it for that transaction, and as it is after the commit."""
+    conn = await asyncpg.connect(url)
+    try:
+        async with conn.transaction():
+            rows = await conn.fetch(sql, *args)
+            inside = await conn.fetchval("SHOW synchronous_commit")
+        return rows, inside, await conn.fetchval("SHOW synchronous_commit")
+    finally:
+        await conn.close()
+
+
+async def test_only_releases_that_grant_nothing_skip_the_wal_flush(pg: str, schema: str) -> None:
+    # A release that frees a lock or a permit and grants nothing commits without waiting
+    # for the WAL flush (its transaction's own setting; the session's is untouched); the
+    # release that may hand the name on, and the grants, wait for it.
+    url, _ = fresh_table_url(pg, schema)
+    async with backend(url) as b:
+        pgb = inner(b, PostgresBackend)
+        lock = await grant(b, "job", "owner-1")
+        released, inside, after = await on_asyncio(
+            lambda: _in_a_transaction(
+                pg, pgb._sql.release_fast, "job", "owner-1", lock.token, "unused", False
+            )
+        )
+        assert [r["token"] for r in released] == [lock.token]
+        assert (inside, after) == ("off", "on")
+        lock = await grant(b, "job", "owner-2")
+        released, inside, _ = await on_asyncio(
+            lambda: _in_a_transaction(pg, pgb._sql.release, "job", "owner-2", lock.token, "unused")
+        )
+        assert released[0]["token"] == lock.token and inside == "on"
+
+        owner = permit_owner()
+        permit = await b.try_acquire_permit("pool", owner, 30, "w", {}, 4, 1)
+        assert isinstance(permit, Grant)
+        released, inside, after = await on_asyncio(
+            lambda: _in_a_transaction(
+                pg, pgb._permit_sql.release_plain, "pool", owner, permit.token, "unused"
+            )
+        )
+        assert released[0]["freed"] and (inside, after) == ("off", "on")
 
 
 async def test_tokens_survive_a_new_backend_and_a_lost_row_owner(pg: str, schema: str) -> None:

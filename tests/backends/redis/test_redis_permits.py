@@ -167,6 +167,36 @@ async def test_a_lost_state_key_is_rebuilt_from_the_holders(
         assert permits is not None and (permits.limit, permits.used) == (3, 3)
 
 
+async def test_a_release_after_the_state_key_was_lost_leaves_it_to_be_rebuilt(
+    anyio_backend: str, open_redis: Opener, prefix: str, admin: object
+) -> None:
+    """A release (and a purge of an expired permit) after the state hash was evicted
+    used to write a negative weight into a new hash, which every later request refused
+    as foreign data: the semaphore was unusable until somebody deleted the key. Now it
+    leaves the state to the next request to rebuild from the live permits."""
+    name = new_name()
+    keys = PermitKeys.of(prefix, name)
+    async with open_redis() as backend:
+        owners = [permit_owner() for _ in range(3)]
+        grants = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 3, 1) for o in owners]
+        short = permit_owner()
+        assert all(isinstance(g, Grant) for g in grants)
+        admin.delete(keys.state)  # type: ignore[attr-defined]
+        assert await backend.release(name, owners[0], grants[0].token)
+        # The next request counts the two live permits again: one place is free.
+        fourth = await backend.try_acquire_permit(name, short, LONG, "me", {}, 3, 1)
+        assert isinstance(fourth, Grant)
+        permits = await backend.read_permits(name)
+        assert permits is not None and (permits.limit, permits.used) == (3, 3)
+        admin.delete(keys.state)  # type: ignore[attr-defined]
+        admin.zadd(keys.held, {short: 1})  # type: ignore[attr-defined]  # expired
+        # The purge of the expired permit finds no state either: one place is free.
+        fifth = await backend.try_acquire_permit(name, permit_owner(), LONG, "me", {}, 3, 1)
+        assert isinstance(fifth, Grant)
+        permits = await backend.read_permits(name)
+        assert permits is not None and (permits.limit, permits.used) == (3, 3)
+
+
 async def test_a_release_grants_the_waiter_whose_turn_came(
     anyio_backend: str, open_redis: Opener
 ) -> None:

@@ -1,4 +1,4 @@
-"""The SQL backends' combiner (``aiolease.backends.sql._combine``), on its own: what
+"""The permits' combiner (``aiolease.backends._combine``), on its own: what
 leaves for the server, in which order, and what each caller gets back. The send
 functions here record what they are given and answer when the test says so (the
 PostgreSQL permit tests show the same on the server).
@@ -17,7 +17,7 @@ import pytest
 
 from aiolease import BackendUnavailable
 from aiolease.backends._asyncio import Tasks
-from aiolease.backends.sql._combine import MOST, Combiner
+from aiolease.backends._combine import MOST, Combiner
 from tests.support import on_asyncio
 
 pytestmark = pytest.mark.anyio

@@ -138,6 +138,148 @@ async def test_renew_refused_to_others_and_after_expiry(
     assert await backend.read("job") is None  # an expired record is not revived
 
 
+async def _releases_waiting(
+    backend: SQLiteBackend, releases: list[tuple[str, str, int]], cancelled: int | None = None
+) -> tuple[list[bool | None], list[str]]:
+    """Start ``releases`` while the connection is held, so that they all wait for it
+    (the one at index ``cancelled`` is cancelled while it waits), then let them go: each
+    one's answer (``None``: cancelled) and the statements the connection ran."""
+    statements: list[str] = []
+    answers: list[bool | None] = [None] * len(releases)
+    scopes = [anyio.CancelScope() for _ in releases]
+
+    async def release(i: int) -> None:
+        with scopes[i]:
+            answers[i] = await backend.release(*releases[i])
+
+    assert backend._conn is not None
+    backend._conn.set_trace_callback(statements.append)
+    async with anyio.create_task_group() as tg:
+        async with backend._lock.hold():
+            for i in range(len(releases)):
+                tg.start_soon(release, i)
+            while backend._lock.waiting < len(releases):
+                await anyio.lowlevel.checkpoint()
+            if cancelled is not None:
+                scopes[cancelled].cancel()
+                while backend._lock.waiting > len(releases) - 1:
+                    await anyio.lowlevel.checkpoint()
+    backend._conn.set_trace_callback(None)
+    return answers, statements
+
+
+@pytest.mark.anyio
+async def test_releases_waiting_for_the_connection_go_in_one_transaction(
+    backend: SQLiteBackend,
+) -> None:
+    grants = [await grant(backend, f"o{i}", f"n{i}") for i in range(20)]
+    releases = [(f"n{i}", f"o{i}", g.token) for i, g in enumerate(grants)]
+    releases[3] = ("n3", "o3", grants[3].token + 1)  # not its token: answered False
+    answers, statements = await _releases_waiting(backend, releases)
+    assert answers == [i != 3 for i in range(20)]
+    assert statements.count("BEGIN IMMEDIATE") == 1  # one commit, not 20
+    assert sum(s.startswith("UPDATE") for s in statements) == 20
+    for i in range(20):
+        holder = await backend.read(f"n{i}")
+        assert (holder is not None) == (i == 3), (i, holder)
+
+
+@pytest.mark.anyio
+async def test_a_release_cancelled_while_it_waits_for_the_connection_is_not_sent(
+    backend: SQLiteBackend,
+) -> None:
+    grants = [await grant(backend, f"o{i}", f"n{i}") for i in range(5)]
+    releases = [(f"n{i}", f"o{i}", g.token) for i, g in enumerate(grants)]
+    answers, _ = await _releases_waiting(backend, releases, cancelled=2)
+    assert answers == [True, True, None, True, True]
+    holder = await backend.read("n2")
+    assert holder is not None and holder.owner == "o2"  # still held, runs out at expiry
+    assert await backend.release(*releases[2])
+
+
+@pytest.mark.anyio
+async def test_calls_waiting_for_the_connection_run_in_one_transaction(
+    backend: SQLiteBackend, db: Path
+) -> None:
+    """Acquires (each a transaction of its own when alone) that wait for the connection
+    run together, as savepoints of one transaction: one commit for all. One that fails
+    (a row aiolease did not write) undoes only its own work, and its caller alone gets
+    the error; the foreign row is left as it was."""
+    with closing(sqlite3.connect(db)) as other:
+        other.execute(
+            "INSERT INTO aiolease_leases (name, token, owner) VALUES ('foreign', 'x', 'them')"
+        )
+        other.commit()
+    names = [f"n{i}" for i in range(8)] + ["foreign"]
+    outcomes: dict[str, object] = {}
+    statements: list[str] = []
+
+    async def ask(name: str) -> None:
+        try:
+            outcomes[name] = await backend.try_acquire(name, f"o-{name}", TTL, "me", {})
+        except aiolease.ForeignDataError as exc:
+            outcomes[name] = exc
+
+    assert backend._conn is not None
+    backend._conn.set_trace_callback(statements.append)
+    async with anyio.create_task_group() as tg:
+        async with backend._lock.hold():
+            for name in names:
+                tg.start_soon(ask, name)
+            while backend._lock.waiting < len(names):
+                await anyio.lowlevel.checkpoint()
+    backend._conn.set_trace_callback(None)
+    assert statements.count("BEGIN IMMEDIATE") == 1
+    assert statements.count("COMMIT") == 1
+    assert statements.count("SAVEPOINT aiolease_call") == len(names)
+    assert all(isinstance(outcomes[name], Grant) for name in names[:-1]), outcomes
+    assert isinstance(outcomes["foreign"], aiolease.ForeignDataError)
+    for name in names[:-1]:
+        holder = await backend.read(name)
+        assert holder is not None and holder.owner == f"o-{name}"
+    with closing(sqlite3.connect(db)) as other:
+        row = other.execute("SELECT token, owner FROM aiolease_leases WHERE name = 'foreign'")
+        assert row.fetchall() == [("x", "them")]
+
+
+@pytest.mark.anyio
+async def test_a_release_hands_the_lock_to_the_first_waiter_of_this_process(
+    backend: SQLiteBackend, clock: FakeClock
+) -> None:
+    """Waiters of one backend object get the lock in the order they came, each from the
+    release before (no ask of its own, one transaction per hand-off); the releasing
+    task, asking again at once, queues behind them. Every release and grant used to
+    wake every waiter, and the releasing task won most turns. Polls are turned off
+    (an hour apart, as is the ttl): under load a 50 ms poll made a waiter ask."""
+    backend.poll_interval = 3600.0
+    lock = AsyncLock(backend, "turns", ttl=3600.0)
+    order: list[str] = []
+    first = await lock.acquire()
+
+    async def take(who: str) -> None:
+        async with lock:
+            order.append(who)
+
+    queued = backend._turns._queues
+    async with anyio.create_task_group() as tg:
+        for i, who in enumerate(["w1", "w2", "w3"]):
+            tg.start_soon(take, who)
+            while len(queued.get("turns", {})) < i + 1:
+                await anyio.lowlevel.checkpoint()
+        asks = []
+        inner = backend._try_acquire_sync
+
+        def counted(*args: object) -> Grant | HolderInfo:
+            asks.append(args[1])
+            return inner(*args)  # type: ignore[arg-type]
+
+        backend._try_acquire_sync = counted  # type: ignore[method-assign,assignment]
+        assert await first.release()
+        tg.start_soon(take, "again")
+    assert order == ["w1", "w2", "w3", "again"]
+    assert asks.count("turns") == 1  # "again"'s refused ask; the waiters asked nothing
+
+
 @pytest.mark.anyio
 async def test_renew_many_of_one_ttl_checks_each_owner_and_token(
     backend: SQLiteBackend, clock: FakeClock

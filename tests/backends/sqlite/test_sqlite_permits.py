@@ -151,3 +151,98 @@ async def test_a_foreign_permit_row_is_refused_and_left_alone(
 def _rows(path: Path) -> list[tuple[object, ...]]:
     with closing(sqlite3.connect(path)) as raw:
         return raw.execute("SELECT * FROM aiolease_leases_permits").fetchall()
+
+
+class _Commits:
+    """The transactions committed on a connection (a trace of its statements), each
+    with the ``synchronous`` level it committed under and whether it issued a permit
+    token (the statement that bumps a name's counter)."""
+
+    def __init__(self, conn: sqlite3.Connection, table: str) -> None:
+        self.committed: list[tuple[str, bool]] = []
+        self.rolled_back = 0
+        self._level = "FULL"
+        self._token = f"INSERT INTO {table}_permit_names"
+        self._issued = False
+        conn.set_trace_callback(self._statement)
+
+    def _statement(self, sql: str) -> None:
+        words = sql.split()
+        if words[:2] == ["PRAGMA", "synchronous"]:
+            self._level = words[-1]
+        elif sql.startswith(self._token) and "SET token" in sql:
+            self._issued = True
+        elif words[0] == "BEGIN":
+            self._issued = False
+        elif words[0] == "COMMIT":
+            self.committed.append((self._level, self._issued))
+        elif words[0] == "ROLLBACK" and "TO" not in words:
+            self.rolled_back += 1
+
+
+async def test_queue_entries_commit_without_a_sync_and_tokens_with_one(tmp_path: Path) -> None:
+    # A permit request expected to be queued (behind a waiter of the same backend
+    # object) commits with synchronous=NORMAL: a queue entry lost with a power cut was
+    # dead anyway (a new boot). Every commit that issued a token is synced, also when
+    # many tasks' calls share transactions. (The unsynced commit is checked on calls
+    # made one at a time: under load, concurrent calls are grouped with releases, and
+    # a group that is not all requests expected queued is synced, as it should be.)
+    async with SQLiteBackend(tmp_path / "leases.db", poll_interval=60) as b:
+        conn = b._conn
+        assert conn is not None
+        commits = _Commits(conn, b.table)
+        holders = [permit_owner(), permit_owner()]
+        for h in holders:
+            assert isinstance(await b.try_acquire_permit("q", h, 60.0, "h", {}, 2, 1), Grant)
+        first, second = permit_owner(), permit_owner()
+        assert isinstance(await b.try_acquire_permit("q", first, 60.0, "w", {}, 2, 1), HolderInfo)
+        assert commits.committed[-1] == ("FULL", False)  # nobody queued here yet
+        assert isinstance(await b.try_acquire_permit("q", second, 60.0, "w", {}, 2, 1), HolderInfo)
+        assert commits.committed[-1] == ("NORMAL", False)  # behind `first`: unsynced
+        assert commits.committed[:2] == [("FULL", True), ("FULL", True)]
+
+        sem = AsyncSemaphore(b, "s", limit=2, ttl=10)
+        inside = [0, 0]
+
+        async def task() -> None:
+            for _ in range(15):
+                async with sem:
+                    inside[0] += 1
+                    inside[1] = max(inside)
+                    await anyio.sleep(0.001)
+                    inside[0] -= 1
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(task)
+        conn.set_trace_callback(None)
+    assert inside[1] == 2
+    assert [c for c in commits.committed if c == ("NORMAL", True)] == []
+    assert ("FULL", True) in commits.committed[4:]  # the run's grants, traced too
+
+
+async def test_a_request_expected_queued_but_granted_commits_with_a_sync(tmp_path: Path) -> None:
+    # The backend object thinks its waiter is still queued (another object took the
+    # entry out and freed the permit): the next request, expected to be queued, is
+    # granted; its group is rolled back and run again with synchronous=FULL.
+    path = tmp_path / "leases.db"
+    async with SQLiteBackend(path, poll_interval=60) as b, SQLiteBackend(path) as other:
+        holder, waiter, late = permit_owner(), permit_owner(), permit_owner()
+        held = await other.try_acquire_permit("s", holder, 600.0, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        assert isinstance(await b.try_acquire_permit("s", waiter, 600.0, "w", {}, 1, 1), HolderInfo)
+        assert await other.release("s", waiter, None) is False  # its queue entry, gone
+        assert await other.release("s", holder, held.token) is True
+        conn = b._conn
+        assert conn is not None
+        commits = _Commits(conn, b.table)
+        granted = await b.try_acquire_permit("s", late, 600.0, "l", {}, 1, 1)
+        conn.set_trace_callback(None)
+        assert isinstance(granted, Grant)
+        assert granted.token > held.token
+        assert commits.rolled_back == 1
+        assert commits.committed == [("FULL", True)]
+        permits = await other.read_permits("s")
+        assert permits is not None
+        assert [h.owner for h in permits.holders] == [late]

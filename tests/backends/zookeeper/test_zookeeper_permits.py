@@ -266,3 +266,129 @@ async def test_a_waiter_is_woken_by_a_listing_that_shows_its_turn(
         assert isinstance(also, Grant) and also.token > granted.token
         permits = await backend.read_permits("n")
         assert permits is not None and len(permits.holders) == 2 and permits.waiting == 0
+
+
+async def test_a_release_grants_a_waiter_of_its_backend_as_it_is_written(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """A release through the backend object a request waits at grants it in the
+    release's own write (one Multi: the delete, and the SetData that marks the waiter
+    held): the waiter's retry sends nothing. Every node before the waiter being this
+    backend's, its token is its create's zxid, which the node's data records for
+    read_permits; a later grant's token is larger."""
+    prefix = unique_prefix()
+    async with (
+        aiolease.open_backend(zk_url, prefix=prefix) as backend,
+        Outside(zk_url) as outside,
+    ):
+        zk = inner(backend)
+        holder, waiter, later = permit_owner(), permit_owner(), permit_owner()
+        held = await backend.try_acquire_permit("n", holder, LONG, "h", {}, 1, 1)
+        refused = await backend.try_acquire_permit("n", waiter, LONG, "w", {}, 1, 1)
+        assert isinstance(held, Grant) and isinstance(refused, HolderInfo)
+        woken = anyio.Event()
+
+        async def wait() -> None:
+            await backend.wait_permit_turn("n", waiter, LONG, refused)
+            woken.set()
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait)
+                await anyio.wait_all_tasks_blocked()
+                await backend.read_permits("n")  # (the waiter waits by now, on any loop)
+                assert not woken.is_set()
+                before = zk.statistics().requests
+                assert await backend.release("n", holder, held.token)
+                await woken.wait()
+            granted = await backend.try_acquire_permit("n", waiter, LONG, "w", {}, 1, 1)
+        assert isinstance(granted, Grant)
+        assert zk.statistics().requests == before + 1  # the release's Multi alone
+        assert zk.statistics().permit_hand_offs == 1
+        parent = f"{outside.chroot}/{prefix}/n%permits"
+        (node,) = await outside.children(parent)
+        data, stat = await outside.call("get", f"{parent}/{node}")
+        assert stat.czxid == granted.token > held.token
+        assert json.loads(data)["h"] is True and json.loads(data)["t"] == granted.token
+        permits = await backend.read_permits("n")
+        assert permits is not None and [h.token for h in permits.holders] == [granted.token]
+        assert permits.holders[0].owner == waiter
+        queued = await backend.try_acquire_permit("n", later, LONG, "l", {}, 1, 1)
+        assert isinstance(queued, HolderInfo) and queued.token == granted.token
+        assert await backend.release("n", waiter, granted.token)
+        again = await backend.try_acquire_permit("n", later, LONG, "l", {}, 1, 1)
+        assert isinstance(again, Grant) and again.token > granted.token
+
+
+async def test_grants_through_two_backends_follow_their_requests(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """Tasks on two backend objects (two sessions) loop on a semaphore of 3, granted
+    by releases of their own backend as much as by their own requests: never more
+    than 3 inside, every token new, and each grant's token larger than that of every
+    grant whose block ended before its request was made."""
+    inside, peak = 0, 0
+    ended: list[int] = []  # tokens of the blocks that ended, in that order
+    open_ = opener(zk_url)
+    async with open_() as first, open_() as second:
+
+        async def body(backend: aiolease.abc.Backend, turns: int) -> None:
+            nonlocal inside, peak
+            semaphore = AsyncSemaphore(backend, "n", limit=3, ttl=LONG)
+            for _ in range(turns):
+                before = max(ended, default=0)
+                async with semaphore as permit:
+                    assert permit.token > before
+                    inside += 1
+                    peak = max(peak, inside)
+                    for _ in range(random.randrange(3)):
+                        await anyio.lowlevel.checkpoint()
+                    inside -= 1
+                    ended.append(permit.token)
+
+        with anyio.fail_after(WAIT):
+            async with anyio.create_task_group() as tg:
+                for index in range(12):
+                    tg.start_soon(body, first if index % 4 else second, 8)
+        assert peak <= 3
+        assert len(set(ended)) == len(ended) == 96
+
+
+async def test_a_request_among_its_backends_own_nodes_is_created_without_a_listing(
+    anyio_backend: str, zk_url: str
+) -> None:
+    """Once a listing has shown a name's nodes, a request of the same backend object is
+    one create, not a create and a listing, while the name's nodes are its own: the
+    create's sequence number shows that nobody else created one meanwhile. A node
+    another session creates is never missed: the next request lists the nodes again,
+    and counts it (a limit of 2, full: refused)."""
+    prefix = unique_prefix()
+    open_ = opener(zk_url, prefix=prefix)
+    async with open_() as backend, open_() as other:
+        zk = inner(backend)
+        first, second, third, foreign = (permit_owner() for _ in range(4))
+        held = await backend.try_acquire_permit("n", first, LONG, "a", {}, 2, 1)
+        assert isinstance(held, Grant)
+        before = zk.statistics().requests
+        also = await backend.try_acquire_permit("n", second, LONG, "a", {}, 2, 1)
+        assert isinstance(also, Grant) and also.token > held.token
+        assert zk.statistics().requests == before + 1  # the create alone
+        assert await backend.release("n", second, also.token)
+        theirs = await other.try_acquire_permit("n", foreign, LONG, "b", {}, 2, 1)
+        assert isinstance(theirs, Grant)
+        before = zk.statistics().requests
+        refused = await backend.try_acquire_permit("n", third, LONG, "a", {}, 2, 1)
+        assert isinstance(refused, HolderInfo) and refused.owner == first
+        # The create; then a listing (its sequence number showed another create), and
+        # the SetData that marks its node queued.
+        assert zk.statistics().requests == before + 3
+        assert await other.release("n", foreign, theirs.token)
+        with anyio.fail_after(WAIT):
+            while not isinstance(
+                granted := await backend.try_acquire_permit("n", third, LONG, "a", {}, 2, 1),
+                Grant,
+            ):
+                await backend.wait_permit_turn("n", third, LONG, granted)
+        assert granted.token > theirs.token
+        permits = await backend.read_permits("n")
+        assert permits is not None and {h.owner for h in permits.holders} == {first, third}

@@ -1,4 +1,5 @@
-"""Statements of one name, combined while one is in flight (PostgreSQL's permits).
+"""Operations of one key (a name), combined while one is in flight (the permits of
+PostgreSQL, MySQL / MariaDB and MongoDB; PostgreSQL's fast releases).
 
 Every acquire and release of a name's permits locks the name's row on the server, so
 the statements of one name run one after the other there, each a transaction with its
@@ -22,9 +23,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from ..._exceptions import BackendUnavailable
-from .._asyncio import Tasks, retrieve
-from ._running import finished
+from .._exceptions import BackendUnavailable
+from ._asyncio import Tasks, retrieve
+from .sql._running import finished
 
 __all__ = ["Combiner"]
 
@@ -38,13 +39,15 @@ DEPTH = 1
 
 
 class Combiner(Generic[Op, R]):
-    """Per key, at most :data:`DEPTH` statements in flight; operations that arrive
+    """Per key, at most ``depth`` statements in flight; operations that arrive
     meanwhile go together in the next.
 
     :param one: sends one operation of a key, alone
     :param many: sends several operations of a key (two or more) as one statement;
         answers one result per operation, in order
     :param tasks: where the batches' senders run (closed with the backend)
+    :param depth: the most statements of one key in flight at once
+    :param most: the most operations in one statement
     """
 
     def __init__(
@@ -52,10 +55,15 @@ class Combiner(Generic[Op, R]):
         one: Callable[[str, Op], Awaitable[R]],
         many: Callable[[str, Sequence[Op]], Awaitable[Sequence[R]]],
         tasks: Tasks,
+        *,
+        depth: int = DEPTH,
+        most: int = MOST,
     ) -> None:
         self._one = one
         self._many = many
         self._tasks = tasks
+        self._depth = depth
+        self._most = most
         #: Keys with a statement in flight: how many, and the operations waiting.
         self._keys: dict[str, _Key[Op, R]] = {}
         #: Statements that carried more than one operation (for tests and benchmarks).
@@ -72,7 +80,7 @@ class Combiner(Generic[Op, R]):
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _Key()
-        if state.flying < DEPTH and not state.waiting:
+        if state.flying < self._depth and not state.waiting:
             state.flying += 1
             try:
                 return await (finished(self._one(key, op)) if to_end else self._one(key, op))
@@ -85,13 +93,14 @@ class Combiner(Generic[Op, R]):
         return await asyncio.shield(future)
 
     def _pump(self, key: str, state: _Key[Op, R]) -> None:
-        """Send what waits, while fewer than DEPTH statements of ``key`` fly."""
-        while state.waiting and state.flying < DEPTH:
+        """Send what waits, while fewer than ``depth`` statements of ``key`` fly."""
+        most = self._most
+        while state.waiting and state.flying < self._depth:
             if self._tasks.closed:
                 _fail(state.waiting)
                 state.waiting = []
                 break
-            batch, state.waiting = state.waiting[:MOST], state.waiting[MOST:]
+            batch, state.waiting = state.waiting[:most], state.waiting[most:]
             state.flying += 1
             self._tasks.spawn(self._send(key, state, batch), f"aiolease-combine-{key[:40]}")
         if not state.flying and not state.waiting:
