@@ -333,7 +333,11 @@ class Permits:
         expired permit: one statement while nobody queued behind it since its grant,
         else (or if that deleted nothing) the procedure, which also grants the queue
         entries that then fit; then let go of its bell, if it held one (which rings the
-        waiters behind it)."""
+        waiters behind it). A request given up (``token`` ``None``: the core's acquire
+        loop, cancelled or timed out wherever it was) also ends its bell wait still in
+        flight, if any (one cut short by a wake-up stays in flight until its own timeout)."""
+        if token is None and self.bells is not None:
+            await self.bells.abandon(owner)  # no session left blocked
         self._batcher.forget(name, owner, token)
         self._forget_place(name, owner)
         self._handed.forget(name, owner)

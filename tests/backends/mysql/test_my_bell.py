@@ -21,6 +21,7 @@ from aiolease import AsyncLock, AsyncSemaphore, Lease
 from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mysql import MySQLBackend
 from aiolease.backends.mysql._bell import Bells
+from aiolease.backends.sql._handed import turn_key
 from tests.backends.mysql.support import raw
 from tests.support import eventually, inner, unique, with_query
 
@@ -307,3 +308,48 @@ async def test_a_permit_waiter_whose_blocker_was_released_here_waits_for_the_han
         assert isinstance(mine, Grant)  # taken from the release's answer
         assert await b.release(name, owner, mine.token)
         assert await b.read_permits(name) is None
+
+
+async def test_a_permit_request_given_up_between_waits_leaves_no_session_blocked(
+    table_url: str,
+) -> None:
+    # The core's acquire loop gives a request up (cancelled, timed out) with
+    # ``release(name, owner, None)`` wherever it is: also between two waits, while the
+    # bell wait that an early wake-up cut short is still in flight on the server. That
+    # release ends it (it used to stay blocked until its own timeout: up to a third of
+    # the ttl; CI once caught it right after a cancel).
+    slow = with_query(table_url, poll_interval=60)
+    async with backends(table_url, table_url, slow) as (first, holder, waiter):
+        name = unique("sem-give-up")
+        lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
+        held: list[Lease] = []
+
+        async def hold() -> None:
+            held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
+
+        owner = permit_owner()
+        permits = inner(waiter, MySQLBackend)._permits
+        with anyio.fail_after(60):  # a hang guard
+            async with anyio.create_task_group() as tg:
+                # The holder queued (its entry has a bell), then was granted: the
+                # waiter's bell wait is on that bell.
+                tg.start_soon(hold)
+                await eventually(lambda: bells(holder).held == 1, "the holder's bell")
+                assert await lease.release()
+                await eventually(lambda: bool(held), "the holder's turn")
+                seen = await waiter.try_acquire_permit(name, owner, 120, "w", {}, 1, 1)
+                assert isinstance(seen, HolderInfo) and seen.owner == held[0].owner
+                tg.start_soon(waiter.wait_permit_turn, name, owner, 120.0, seen)
+                await eventually(lambda: bells(waiter).in_flight == 1, "the waiter's wait")
+                sessions = bells(waiter).sessions
+                await eventually(
+                    lambda: has_blocked(table_url, sessions), "the waiter's session blocked"
+                )
+                permits._wakeups.wake(turn_key(name, owner))  # it returns; the wait stays
+        assert bells(waiter).in_flight == 1
+        assert await waiter.release(name, owner, None) is False  # given up
+        assert bells(waiter).in_flight == 0
+        assert await blocked(table_url, sessions) == 0
+        assert bells(waiter).held == 0  # nor a bell of its own left held
+        assert await held[0].release()
+        assert await first.read_permits(name) is None
