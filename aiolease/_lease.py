@@ -134,7 +134,9 @@ class Ride:
     this, not each lease, and a lease reads it lazily, through its own fields (which
     never say more than was confirmed: a lease's deadline is the later of its own and
     its ride's). A lease leaves its ride (:meth:`Lease._leave_ride`) when it ends or is
-    renewed apart; it never joins one again.
+    renewed apart; it never joins one again. A lease that joins a ride after it was made
+    (renewed in the same call as its cohort, then confirmed with it) offsets its own
+    count by the confirmations the ride had counted before it joined.
 
     :param deadline: the local safe deadline of the ride's last confirmation
     :param renew_at: when to renew them next
@@ -147,7 +149,8 @@ class Ride:
         self.renew_at = renew_at
         #: A renewal was sent since the last confirmation.
         self.unconfirmed = False
-        #: Confirmations since the leases joined (all joined when it was made).
+        #: Confirmations since it was made (a lease that joined later offsets its own
+        #: count by those counted before it joined).
         self.renewals = 0
 
 

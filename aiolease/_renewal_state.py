@@ -69,8 +69,10 @@ class Counters:
     def lost(self, reason: LossReason) -> None:
         self.losses[reason] = self.losses.get(reason, 0) + 1
 
-    def _ride(self, ride: Ride) -> None:
-        """One more of its leases rides on ``ride`` (whose count is 0 yet)."""
+    def _ride(self, ride: Ride, counted: int = 0) -> None:
+        """One more of its leases rides on ``ride``, from when the ride had counted
+        ``counted`` confirmations (0: since it was made)."""
+        self._renewals -= counted  # (those are not its lease's)
         self._riding[ride] = self._riding.get(ride, 0) + 1
 
     def _left(self, ride: Ride, renewals: int) -> None:
@@ -195,7 +197,9 @@ class Cohort:
     ``ride``, which every member's lease reads lazily): as long as none of them ends
     (``gone``), the cohort itself is renewed again, tick after tick, and an answer that
     renews all of them as asked updates the ride alone, not each lease (a *steady*
-    cohort: nothing per lease per tick).
+    cohort: nothing per lease per tick). Leases of the same timing due with it are sent
+    in the same call and join its ride when that call is confirmed (``joining``), so
+    that a join costs only its new members.
     """
 
     __slots__ = (
@@ -203,6 +207,7 @@ class Cohort:
         "floor",
         "gone",
         "in_flight",
+        "joining",
         "members",
         "renewals",
         "ride",
@@ -226,6 +231,10 @@ class Cohort:
         self.floor = -math.inf
         #: Members that ended since it was made (while it has a ride).
         self.gone = 0
+        #: How many of its last members are joining its ride: sent with the steady
+        #: cohort, they join the ride when that renewal is confirmed as asked
+        #: (:meth:`~aiolease._renewer.Renewer._send_joined`); 0 when none are.
+        self.joining = 0
         #: The renewal state its members share, and their one timing (``None``: none).
         self.ride: Ride | None = None
         self.timing: Timing | None = None
@@ -258,6 +267,7 @@ def unsteady(cohort: Cohort, renewing: Renewing) -> None:
             renewed.renewing = True
             renewing.add(renewed)
     cohort.ride = None
+    cohort.joining = 0
     renewing.discard(cohort)
 
 

@@ -448,6 +448,16 @@ class Renewer:
         if not batch and len(cohorts) == 1 and steady(cohorts[0], now):
             self._send_steady(tg, cohorts[0], renewing, now)
             return True
+        base = self._joinable(batch, cohorts, now) if cohorts else None
+        if base is not None:  # the others join its ride: none of its members is touched
+            for cohort in cohorts:
+                if cohort is not base:
+                    self._cohort_due(cohort, renewing, now, batch)
+            if batch:
+                self._send_joined(tg, base, batch, renewing, now)
+            else:  # (the others' members had all ended)
+                self._send_steady(tg, base, renewing, now)
+            return True
         reuse: Cohort | None = None  # the cohort whose renewals the batch may reuse
         for cohort in cohorts:
             first = not batch
@@ -552,18 +562,90 @@ class Renewer:
                 append(renewed)
         renewing.update(batch[added:])  # in one call, not one per lease
         cohort.ride = None
+        cohort.joining = 0
         return len(batch) - added
 
-    def _send_steady(self, tg: TaskGroup, cohort: Cohort, renewing: Renewing, now: float) -> None:
+    @staticmethod
+    def _joinable(batch: list[Renewed], cohorts: list[Cohort], now: float) -> Cohort | None:
+        """The steady cohort (:func:`steady`) that the leases due with it may join: the
+        largest one, if every other lease due (in ``batch`` or in another cohort) has
+        its timing; else ``None``."""
+        base: Cohort | None = None
+        for cohort in cohorts:
+            if cohort.renewals is not None and steady(cohort, now):
+                if base is None or len(cohort.members) > len(base.members):
+                    base = cohort
+        if base is None:
+            return None
+        timing = base.timing
+
+        def alike(renewed: Renewed) -> bool:
+            other = renewed.lease._timing
+            return other is timing or other == timing
+
+        for cohort in cohorts:
+            if cohort is base:
+                continue
+            if cohort.timing is not None:
+                if cohort.timing is not timing and cohort.timing != timing:
+                    return None
+            elif not all(alike(r) for r in cohort.members if r.cohort is cohort):
+                return None
+        return base if all(alike(r) for r in batch) else None
+
+    def _send_joined(
+        self,
+        tg: TaskGroup,
+        cohort: Cohort,
+        joining: list[Renewed],
+        renewing: Renewing,
+        now: float,
+    ) -> None:
+        """Renew a steady cohort and ``joining`` (leases of its timing due with it,
+        marked as being renewed) in one call, the cohort's own renewals with theirs
+        appended: they join its ride when that call renews them all as asked
+        (:func:`~aiolease._settling.settle_batch`), else every member is settled one by
+        one, as for any batch. A join costs its new members, not the cohort's."""
+        ride, held = cohort.ride, cohort.renewals
+        assert ride is not None and held is not None
+        deadline = ride.deadline
+        # A new list (a copy of references), not the cohort's own extended: a call still
+        # using that one (a backend's thread after a timeout) sees it unchanged.
+        renewals = cohort.renewals = HeldRenewals()
+        renewals.extend(held)
+        append = renewals.append
+        for renewed in joining:
+            lease = renewed.lease
+            lease._renewal_sent(now)  # (the ride's mark covers its members alone)
+            renewed.cohort = cohort  # its entry is the cohort's from now on
+            renewed.renewing = False
+            append((lease._name, lease._owner, lease._token, lease._timing.ttl))
+            if lease._deadline < deadline:
+                deadline = lease._deadline
+        renewing.difference_update(joining)
+        cohort.members.extend(joining)
+        cohort.joining += len(joining)
+        self._send_steady(tg, cohort, renewing, now, deadline)
+
+    def _send_steady(
+        self,
+        tg: TaskGroup,
+        cohort: Cohort,
+        renewing: Renewing,
+        now: float,
+        deadline: float | None = None,
+    ) -> None:
         """Renew a steady cohort (:func:`steady`) as a whole: its members are not
-        touched; its ride says that a renewal was sent."""
+        touched; its ride says that a renewal was sent. ``deadline``: the earliest of
+        its members' (``None``: the ride's)."""
         ride = cohort.ride
         assert ride is not None
         ride.unconfirmed = True
         cohort.in_flight = True
         renewing.add(cohort)
         self._renewals += len(cohort.members)
-        self._push(cohort, ride.deadline)  # ends them all if no answer comes by then
+        # Ends them all if no answer comes by then:
+        self._push(cohort, ride.deadline if deadline is None else deadline)
         tg.start_soon(self._renew_many, cohort, renewing, now)
 
     def _group_due(self, group: Group, now: float) -> None:

@@ -102,10 +102,27 @@ def _settle_steady(
     ride.renew_at = renew_at = timing._renewal_after(sent_at, grant)
     ride.unconfirmed = False
     ride.renewals += 1
+    if cohort.joining:
+        _join_ride(cohort, ride)
     cohort.in_flight = False
     renewing.discard(cohort)
     push(cohort, renew_at)
     return True
+
+
+def _join_ride(cohort: Cohort, ride: Ride) -> None:
+    """The members joining ``cohort`` (its last ``joining``) were renewed as asked with
+    it: they ride on its ``ride`` from now on, their renewal counts offset by the
+    confirmations it counted before this one (which were not theirs)."""
+    counted = ride.renewals - 1
+    for renewed in cohort.members[-cohort.joining :]:
+        lease = renewed.lease
+        lease._unconfirmed = False  # (the ride's confirmation is theirs now)
+        lease._renewals -= counted
+        lease._ride = ride
+        renewed.counters._ride(ride, counted)
+        renewed.backoff = renewed.first_backoff
+    cohort.joining = 0
 
 
 def _settle_as_asked(

@@ -647,6 +647,68 @@ async def test_a_steady_cohort_is_confirmed_without_a_write_per_lease(
 
 
 @MOCK
+async def test_a_lease_due_with_a_steady_cohort_joins_its_ride(anyio_backend: object) -> None:
+    backend = AsAsked()
+    locks = [AsyncLock(backend, f"n{i}", ttl=3) for i in range(5)]
+    async with AsyncExitStack() as stack:
+        leases = [await stack.enter_async_context(lock) for lock in locks[:4]]
+        await anyio.sleep(3.5)  # a steady cohort: one ride for the four
+        ride = leases[0]._ride
+        assert ride is not None and all(lease._ride is ride for lease in leases)
+        own = [(lease._deadline, lease._renewals) for lease in leases]
+        leases.append(await stack.enter_async_context(locks[4]))
+        await anyio.sleep(3)
+        # The newcomer joined the cohort's ride; the cohort's members were not made
+        # anew (the same ride, their own fields never written: the join cost only the
+        # newcomer), and every count reads as it would have alone.
+        assert all(lease._ride is ride for lease in leases)
+        assert [(lease._deadline, lease._renewals) for lease in leases[:4]] == own
+        assert [r[0] for r in backend.calls[-1]] == [lease.name for lease in leases]
+        joined = sum(leases[4].name in {r[0] for r in call} for call in backend.calls)
+        assert leases[4].renewals == joined >= 2
+        assert [lock.statistics().renewals for lock in locks] == [
+            lease.renewals for lease in leases
+        ]
+        now = anyio.current_time()
+        assert all(lease.lost is None and lease.deadline > now + 1.5 for lease in leases)
+        await leases[4].release()  # leaves the ride with what it counted there
+        ended = leases[4].renewals
+        await anyio.sleep(3)
+        assert leases[4].renewals == locks[4].statistics().renewals == ended
+        assert [lock.statistics().renewals for lock in locks[:4]] == [
+            lease.renewals for lease in leases[:4]
+        ]
+        assert all(lease.lost is None for lease in leases[:4])
+
+
+@MOCK
+async def test_a_lease_refused_as_it_joins_a_cohort_ends_alone(anyio_backend: object) -> None:
+    backend = AsAsked()
+    locks = [AsyncLock(backend, f"n{i}", ttl=3) for i in range(4)]
+    async with AsyncExitStack() as stack:
+        leases = [await stack.enter_async_context(lock) for lock in locks[:3]]
+        await anyio.sleep(3.5)  # a steady cohort
+        calls = len(backend.calls)
+        with pytest.raises(LeaseLostError) as info:
+            async with locks[3] as newcomer:
+                backend.force_release(newcomer.name)  # before its first renewal
+                await anyio.sleep(3)
+        assert info.value.reason is LossReason.STOLEN
+        # Refused in the call it shared with the cohort: it alone ended; the others
+        # stay held, renewed in every call since, and counted right.
+        assert {r[0] for r in backend.calls[-1]} == {"n0", "n1", "n2", "n3"}
+        before = [lease.renewals for lease in leases]
+        await anyio.sleep(3.5)  # three ticks
+        assert all(lease.lost is None for lease in leases)
+        assert [lease.renewals for lease in leases] == [n + 3 for n in before]
+        assert all("n3" not in {r[0] for r in call} for call in backend.calls[-3:])
+    assert len(backend.calls) > calls
+    assert [lock.statistics().renewals for lock in locks] == [
+        lease.renewals for lease in [*leases, newcomer]
+    ]
+
+
+@MOCK
 async def test_a_steady_cohort_unanswered_is_lost_at_its_last_confirmed_deadline(
     anyio_backend: object,
 ) -> None:
