@@ -27,7 +27,15 @@ from typing import cast
 
 import anyio
 
-__all__ = ["cancel_scope", "checkpoint", "current_time", "event", "move_on_after"]
+__all__ = [
+    "Alarm",
+    "cancel_scope",
+    "checkpoint",
+    "current_time",
+    "event",
+    "fail_after",
+    "move_on_after",
+]
 
 #: ``trio.current_time`` and ``trio.lowlevel.checkpoint``, once trio was seen running.
 _trio_time: list[Callable[[], float]] = []
@@ -116,3 +124,69 @@ async def checkpoint() -> None:
     else:
         await anyio.lowlevel.checkpoint()
         _learn_trio()
+
+
+class fail_after:  # noqa: N801 (used as anyio's function of that name is)
+    """``anyio.fail_after(delay)``, made as :func:`cancel_scope` makes a scope: raises
+    :class:`TimeoutError` when the deadline cut the block short."""
+
+    __slots__ = ("_scope",)
+
+    def __init__(self, delay: float) -> None:
+        self._scope = cancel_scope(deadline=current_time() + delay)
+
+    def __enter__(self) -> anyio.CancelScope:
+        return self._scope.__enter__()
+
+    def __exit__(self, *exc_info: object) -> bool:
+        scope = self._scope
+        suppressed = bool(scope.__exit__(*exc_info))  # type: ignore[arg-type]
+        if scope.cancelled_caught and scope.deadline <= current_time():
+            raise TimeoutError
+        return suppressed
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Alarm:
+    """Wakes one task at a time on the clock, or when :meth:`set`, whichever comes
+    first (:meth:`wait_until`). In an asyncio task: a future and one timer, so that a
+    time reached costs one callback, not a cancellation delivered to the task and
+    raised through it (as a cancel scope's deadline does); elsewhere (trio): an event
+    awaited in a cancel scope."""
+
+    __slots__ = ("_event", "_future", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._future: asyncio.Future[None] | None = None
+        self._event: anyio.Event | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._future is not None:
+            _resolve(self._future)
+        elif self._event is not None:
+            self._event.set()
+
+    async def wait_until(self, at: float) -> None:
+        """Return at time ``at`` (:func:`current_time`'s clock), or once set (at once
+        if it was)."""
+        if self._set:
+            return
+        loop = asyncio._get_running_loop()
+        if loop is not None and asyncio.current_task(loop) is not None:
+            future = self._future = loop.create_future()
+            timer = None if at == math.inf else loop.call_at(at, _resolve, future)
+            try:
+                await future
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            return
+        woken = self._event = event()
+        with cancel_scope(deadline=at):
+            await woken.wait()

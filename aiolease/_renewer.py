@@ -42,7 +42,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._checked import HeldRenewals
-from ._clock import current_time
+from ._clock import Alarm, current_time, fail_after
 from ._exceptions import BackendError, LossReason, NotOwnerError
 from ._lease import Lease, log_fields
 from ._renewal_state import (
@@ -89,7 +89,7 @@ class Renewer:
         self._host: Host | None = None
         self._service: Service | None = None
         self._scope: anyio.CancelScope | None = None
-        self._wake: anyio.Event | None = None  # set to wake the task before ``_wake_at``
+        self._wake: Alarm | None = None  # set to wake the task before ``_wake_at``
         self._wake_at = -math.inf
         #: Whether the task's start is put off until something is due (asyncio, in a
         #: holding), and the loop's timer that starts it then (none: nothing is due).
@@ -405,10 +405,9 @@ class Renewer:
             self._wakeups += 1
             if not self._due(tg, renewing, current_time()):
                 return True
-            self._wake = wake = anyio.Event()
+            self._wake = wake = Alarm()
             self._wake_at = self._next_live()
-            with anyio.move_on_at(self._wake_at):
-                await wake.wait()
+            await wake.wait_until(self._wake_at)
             self._wake_at = -math.inf
         return False
 
@@ -689,7 +688,7 @@ class Renewer:
         lease._renewal_sent()
         result: Grant | BaseException | None = None
         try:
-            with anyio.fail_after(timing.renew_interval):
+            with fail_after(timing.renew_interval):
                 result = await lease.backend.renew(lease.name, lease.owner, lease.token, timing.ttl)
         except Exception as exc:
             result = exc
@@ -725,7 +724,7 @@ class Renewer:
         results: Sequence[Grant | BaseException | None] = [None] * len(batch)
         bound = in_flight.bound
         try:
-            with anyio.fail_after(bound):
+            with fail_after(bound):
                 answers = await backend.renew_many(renewals)
             if len(answers) != len(batch):
                 raise BackendError(f"{len(answers)} answers to {len(batch)} renewals")
