@@ -182,6 +182,25 @@ async def test_the_uncontended_path_sends_no_bell_statement(table_url: str) -> N
 # -- permits ----------------------------------------------------------------------------------
 
 
+async def granted_after_queueing(first: Backend, holder: Backend, name: str) -> Lease:
+    """``first`` takes the one permit of ``name`` (it never queues: no bell);
+    ``holder``'s request queues behind it (its entry's bell held) and is granted at
+    ``first``'s release: the lease it holds, its bell still held."""
+    lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
+    held: list[Lease] = []
+
+    async def hold() -> None:
+        held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
+
+    with anyio.fail_after(60):  # a hang guard
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await eventually(lambda: bells(holder).held == 1, "the holder's bell")
+            assert await lease.release()  # to ``holder``, which polls for it
+    assert bells(holder).held == 1  # kept while it holds the permit
+    return held[0]
+
+
 async def test_a_permit_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(
     table_url: str,
 ) -> None:
@@ -192,23 +211,14 @@ async def test_a_permit_waiter_elsewhere_is_woken_by_the_bell_not_its_poll(
     slow = with_query(table_url, poll_interval=30)
     async with backends(table_url, table_url, slow) as (first, holder, waiter):
         name = unique("sem")
-        lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
-        held: list[Lease] = []
+        held = [await granted_after_queueing(first, holder, name)]
         got: list[Lease] = []
-
-        async def hold() -> None:
-            held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
 
         async def wait() -> None:
             got.append(await AsyncSemaphore(waiter, name, limit=1, ttl=120).acquire())
 
         with anyio.fail_after(15):  # the waiter's poll would take 30 s, its retry 40 s
             async with anyio.create_task_group() as tg:
-                tg.start_soon(hold)
-                await eventually(lambda: bells(holder).held == 1, "the holder's bell")
-                assert await lease.release()  # to ``holder``, which polls for it
-                await eventually(lambda: bool(held), "the holder's turn")
-                assert bells(holder).held == 1  # kept while it holds the permit
                 tg.start_soon(wait)
                 await eventually(lambda: bells(waiter).in_flight == 1, "the waiter on the bell")
                 await eventually(
@@ -228,30 +238,20 @@ async def test_a_cancelled_permit_wait_leaves_no_session_blocked_and_no_bell_hel
 ) -> None:
     async with backends(table_url, table_url, table_url) as (first, holder, waiter):
         name = unique("sem-cancel")
-        lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
-        held: list[Lease] = []
-
-        async def hold() -> None:
-            held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
-
+        held = [await granted_after_queueing(first, holder, name)]
         with anyio.fail_after(60):  # a hang guard
             async with anyio.create_task_group() as tg:
-                tg.start_soon(hold)
-                await eventually(lambda: bells(holder).held == 1, "the holder's bell")
-                assert await lease.release()
-                await eventually(lambda: bool(held), "the holder's turn")
-                async with anyio.create_task_group() as inner_tg:
-                    inner_tg.start_soon(AsyncSemaphore(waiter, name, limit=1, ttl=120).acquire)
-                    await eventually(lambda: bells(waiter).in_flight == 1, "the waiter's wait")
-                    sessions = bells(waiter).sessions
-                    await eventually(
-                        lambda: has_blocked(table_url, sessions), "the waiter's session blocked"
-                    )
-                    inner_tg.cancel_scope.cancel()
-                assert bells(waiter).in_flight == 0
-                assert await blocked(table_url, sessions) == 0
-                assert bells(waiter).held == 0  # it left the queue: its bell let go
-                assert bells(holder).held == 1  # the holder's stays held
+                tg.start_soon(AsyncSemaphore(waiter, name, limit=1, ttl=120).acquire)
+                await eventually(lambda: bells(waiter).in_flight == 1, "the waiter's wait")
+                sessions = bells(waiter).sessions
+                await eventually(
+                    lambda: has_blocked(table_url, sessions), "the waiter's session blocked"
+                )
+                tg.cancel_scope.cancel()
+        assert bells(waiter).in_flight == 0
+        assert await blocked(table_url, sessions) == 0
+        assert bells(waiter).held == 0  # it left the queue: its bell let go
+        assert bells(holder).held == 1  # the holder's stays held
         assert await held[0].release()
         assert bells(holder).held == 0
         assert await first.read_permits(name) is None
@@ -321,22 +321,11 @@ async def test_a_permit_request_given_up_between_waits_leaves_no_session_blocked
     slow = with_query(table_url, poll_interval=60)
     async with backends(table_url, table_url, slow) as (first, holder, waiter):
         name = unique("sem-give-up")
-        lease = await AsyncSemaphore(first, name, limit=1, ttl=120).acquire()
-        held: list[Lease] = []
-
-        async def hold() -> None:
-            held.append(await AsyncSemaphore(holder, name, limit=1, ttl=120).acquire())
-
+        held = [await granted_after_queueing(first, holder, name)]  # (the bell waited on)
         owner = permit_owner()
         permits = inner(waiter, MySQLBackend)._permits
         with anyio.fail_after(60):  # a hang guard
             async with anyio.create_task_group() as tg:
-                # The holder queued (its entry has a bell), then was granted: the
-                # waiter's bell wait is on that bell.
-                tg.start_soon(hold)
-                await eventually(lambda: bells(holder).held == 1, "the holder's bell")
-                assert await lease.release()
-                await eventually(lambda: bool(held), "the holder's turn")
                 seen = await waiter.try_acquire_permit(name, owner, 120, "w", {}, 1, 1)
                 assert isinstance(seen, HolderInfo) and seen.owner == held[0].owner
                 tg.start_soon(waiter.wait_permit_turn, name, owner, 120.0, seen)
