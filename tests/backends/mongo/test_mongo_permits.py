@@ -4,6 +4,8 @@ processes; the permits document is inspected with a client of the test's own."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -137,13 +139,25 @@ class _Commands(monitoring.CommandListener):
         pass
 
 
+@asynccontextmanager
+async def counting_client(
+    mongo: str, collection: str
+) -> AsyncIterator[tuple[AsyncMongoClient[dict[str, Any]], _Commands]]:
+    """A pymongo client of the test's own whose commands on ``collection``'s permits
+    are recorded (closed at the end)."""
+    commands = _Commands(f"{collection}_permits")
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
+    try:
+        yield client, commands
+    finally:
+        await client.close()
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
 async def test_an_acquire_is_one_command(anyio_backend: str, mongo: str, collection: str) -> None:
     """Each acquire, granted, queued or refused without a write, is one ``findAndModify``
     (the decision is made on the server, atomically: no read first, no race to lose)."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         backend = MongoBackend(client, database=DATABASE, collection=collection)
         name, owners = unique("permits"), [permit_owner() for _ in range(3)]
         results = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 2, 1) for o in owners]
@@ -151,8 +165,6 @@ async def test_an_acquire_is_one_command(anyio_backend: str, mongo: str, collect
         assert [type(r) for r in results] == [Grant, Grant, HolderInfo, HolderInfo]
         assert commands.sent == ["findAndModify"] * 4
         await backend.aclose()
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
@@ -164,9 +176,7 @@ async def test_the_operations_of_a_name_asked_meanwhile_go_in_one_command(
     of the document, in the order asked: nothing for the server to retry). The
     releases of the three queued, then of the three held, likewise: two commands each.
     The outcomes are those of one command each."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         backend = MongoBackend(client, database=DATABASE, collection=collection)
         name, owners = unique("permits"), [permit_owner() for _ in range(6)]
         results: dict[str, Grant | HolderInfo] = {}
@@ -199,8 +209,6 @@ async def test_the_operations_of_a_name_asked_meanwhile_go_in_one_command(
         assert commands.sent == ["findAndModify"] * 6
         assert permits_doc(mongo, collection, name)["entries"] == []
         await backend.aclose()
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
@@ -211,9 +219,7 @@ async def test_a_release_grants_the_queued_request_it_fits_in_its_own_write(
     release grants the queued request (the next token) in the release's own write, and
     the request takes that grant without a command. Asked with another limit, it is
     not handed the grant: its command raises ``LimitMismatchError``."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         backend = MongoBackend(client, database=DATABASE, collection=collection)
         name, holder, waiter = unique("permits"), permit_owner(), permit_owner()
         held = await backend.try_acquire_permit(name, holder, LONG, "me", {}, 1, 1)
@@ -245,8 +251,6 @@ async def test_a_release_grants_the_queued_request_it_fits_in_its_own_write(
         assert again.token == granted.token + 1
         assert await backend.release(name, other, again.token)
         await backend.aclose()
-    finally:
-        await client.close()
 
 
 def _short(query: dict[str, Any]) -> bool:
@@ -264,9 +268,7 @@ async def test_a_name_left_free_here_is_taken_with_the_short_command(
     entry, read back by the full parser. A document that is not free any more (another
     backend object took a permit meanwhile) gets the full acquire after it, which
     decides as ever."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         async with (
             MongoBackend(client, database=DATABASE, collection=collection) as backend,
             aiolease.open_backend(with_query(mongo, collection=collection)) as other,
@@ -305,8 +307,6 @@ async def test_a_name_left_free_here_is_taken_with_the_short_command(
             assert [_short(q) for q in commands.queries] == [True, False]
             refused = await backend.try_acquire_permit(name, owners[3], LONG, "", {}, 1, 1)
             assert isinstance(refused, HolderInfo) and refused.owner == owners[2]
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
@@ -316,9 +316,7 @@ async def test_the_short_command_leaves_a_foreign_document_alone(
     """A field aiolease does not write, added to a document a release here left free:
     the short command does not match it, and the full acquire refuses it
     (``ForeignDataError``); the document is left as it was."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         async with MongoBackend(client, database=DATABASE, collection=collection) as backend:
             name, owner = unique("permits"), permit_owner()
             granted = await backend.try_acquire_permit(name, owner, LONG, "", {}, 2, 1)
@@ -333,8 +331,6 @@ async def test_the_short_command_leaves_a_foreign_document_alone(
                 await backend.try_acquire_permit(name, permit_owner(), LONG, "", {}, 2, 1)
             assert [_short(q) for q in commands.queries] == [True, False]
             assert permits_doc(mongo, collection, name) == before
-    finally:
-        await client.close()
 
 
 async def test_a_held_permit_runs_no_takeover_watch(anyio_backend: str, mongo_url: str) -> None:
@@ -463,9 +459,7 @@ async def test_the_permits_of_a_name_renew_in_one_statement(
     """Twenty live permits of one name renew in one update statement (one write of the
     document, not twenty); with one of them released, the others still renew, and the
     released one is not revived."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         backend = MongoBackend(client, database=DATABASE, collection=collection)
         name, owners = unique("permits"), [permit_owner() for _ in range(20)]
         held = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 20, 1) for o in owners]
@@ -483,8 +477,6 @@ async def test_the_permits_of_a_name_renew_in_one_statement(
         assert holders is not None
         assert {h.owner for h in holders.holders} == set(owners) - {owners[3]}
         await backend.aclose()
-    finally:
-        await client.close()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
@@ -494,9 +486,7 @@ async def test_a_held_permit_sends_nothing_between_renewals(
     """While a permit is held in ``async with`` (its renewal far off), the backend sends
     nothing on the permits collection: there is no takeover watch (one read the permits
     document again and again: the lock document it compared was never the permit's)."""
-    commands = _Commands(f"{collection}_permits")
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo, event_listeners=[commands])
-    try:
+    async with counting_client(mongo, collection) as (client, commands):
         async with MongoBackend(client, database=DATABASE, collection=collection) as backend:
             await backend.probe()  # the change stream: PUSH_WAKEUP, so the watch runs
             sem = AsyncSemaphore(backend, unique("permits"), limit=2, ttl=LONG)
@@ -505,5 +495,3 @@ async def test_a_held_permit_sends_nothing_between_renewals(
                 for _ in range(5):  # five round trips of ours, time for a watch's reads
                     assert await backend.read_permits(sem.name) is not None
                 assert commands.sent == ["find"] * 5
-    finally:
-        await client.close()

@@ -6,6 +6,7 @@ have given; a batch the server refuses is sent again one operation at a time."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncmy
 import pytest
@@ -31,6 +32,14 @@ async def gathered(b: MySQLBackend, name: str, count: int) -> list[str]:
     return [op[0] for op, _ in keys[name].waiting]
 
 
+async def lock_row(blocker: Any, names: str, name: str) -> None:
+    """Hold ``name``'s row of the ``names`` table in a transaction of ``blocker``'s (a
+    raw connection), until its rollback: statements on the name wait on the server."""
+    async with blocker.cursor() as cur:
+        await cur.execute("START TRANSACTION")
+        await cur.execute(f"SELECT 1 FROM {names} WHERE name = %s FOR UPDATE", (name,))
+
+
 async def test_requests_that_arrive_together_go_as_one_statement_in_arrival_order(
     table_url: str, database: str, table: str
 ) -> None:
@@ -46,9 +55,7 @@ async def test_requests_that_arrive_together_go_as_one_statement_in_arrival_orde
             assert isinstance(held, Grant)
             # The name's row held by another transaction: the first ask waits on the
             # server, and the others gather behind it meanwhile.
-            async with blocker.cursor() as cur:
-                await cur.execute("START TRANSACTION")
-                await cur.execute(f"SELECT 1 FROM {names} WHERE name = %s FOR UPDATE", (name,))
+            await lock_row(blocker, names, name)
             owners = [permit_owner() for _ in range(6)]
             asks = [
                 asyncio.ensure_future(b.try_acquire_permit(name, o, 30, "w", {"o": o}, 1, 1))
@@ -69,9 +76,7 @@ async def test_requests_that_arrive_together_go_as_one_statement_in_arrival_orde
             # Releases and asks gathered behind a statement in flight: each release
             # grants the next in that order, once for the batch, and each ask, sent
             # after its release, finds its grant.
-            async with blocker.cursor() as cur:
-                await cur.execute("START TRANSACTION")
-                await cur.execute(f"SELECT 1 FROM {names} WHERE name = %s FOR UPDATE", (name,))
+            await lock_row(blocker, names, name)
             first = asyncio.ensure_future(b.release(name, holder, held.token))
             await asyncio.sleep(0.05)  # the first release waits on the server
             later = [
@@ -118,9 +123,7 @@ async def test_a_request_the_server_refuses_fails_alone_in_a_batch(
             holder = permit_owner()
             held = await b.try_acquire_permit(name, holder, 30, "h", {}, 2, 1)
             assert isinstance(held, Grant)
-            async with blocker.cursor() as cur:
-                await cur.execute("START TRANSACTION")
-                await cur.execute(f"SELECT 1 FROM {names} WHERE name = %s FOR UPDATE", (name,))
+            await lock_row(blocker, names, name)
             first, bad, good = permit_owner(), permit_owner(), permit_owner()
             asks = [asyncio.ensure_future(b.try_acquire_permit(name, first, 30, "f", {}, 2, 1))]
             await asyncio.sleep(0.05)  # the first ask waits on the server
