@@ -82,7 +82,9 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
 #: of a live permit is one ``DELETE``.
 #: Version 8: versions 6 and 7 together (each was installed alone on the shared
 #: test servers: routines are made only when missing, so the merge takes a new number).
-ROUTINE_VERSION = 8
+#: Version 9: PostgreSQL's functions read a name's rows by plain index scans (bitmap
+#: and sequential scans off for their bodies: see ``_permit_functions._INDEX_ONLY``).
+ROUTINE_VERSION = 9
 
 
 def permit_routine(table: str, longest: int, kind: str = "acquire") -> str:
