@@ -82,7 +82,7 @@ class PermitTables:
         return found
 
     def _check(self, name: str, rows: list[tuple[Any, ...]], now: float) -> None:
-        check = self._checked.row
+        check = self._checked.check
         for owner, weight, lim, granted, seq, token, identity, metadata, expires in rows:
             left = expires - now if isinstance(expires, (int, float)) else expires
             check(name, owner, weight, lim, granted, seq, token, identity, metadata, left)

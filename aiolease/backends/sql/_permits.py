@@ -237,6 +237,33 @@ class CheckedRows:
             max(float(remaining), 0.0),
         )
 
+    def check(
+        self,
+        name: str,
+        owner: object,
+        weight: object,
+        limit: object,
+        granted: object,
+        seq: object,
+        token: object,
+        identity: object,
+        metadata: object,
+        remaining: object,
+    ) -> None:
+        """:meth:`row`'s checks alone, for a caller that reads the values themselves
+        (SQLite's routines, in Python): a row seen before costs a lookup, not a
+        :class:`PermitRow`.
+
+        :raises ForeignDataError: as :func:`permit_row`
+        """
+        key = (name, owner, weight, limit, granted, seq, token, identity, metadata)
+        try:
+            seen = key in self._seen
+        except TypeError:
+            seen = False
+        if not seen or isinstance(remaining, bool) or not isinstance(remaining, (int, float)):
+            self.row(name, *key[1:], remaining)
+
 
 def acquired(
     where: str,

@@ -47,6 +47,19 @@ def test_foreign_values_are_refused_every_time(values: Values, remaining: object
     for _ in range(2):
         with pytest.raises(ForeignDataError, match="not written by aiolease"):
             rows.row("n", *values, remaining)
+        with pytest.raises(ForeignDataError, match="not written by aiolease"):
+            rows.check("n", *values, remaining)
+
+
+def test_check_alone_remembers_a_row_as_row_does() -> None:
+    """``check`` (SQLite's routines read the values themselves) checks what ``row``
+    checks, and a row it has seen is not checked again but for its ``remaining``."""
+    rows, owner = CheckedRows('"t"'), permit_owner()
+    rows.check("n", *_values(owner), 10.0)
+    assert rows.row("n", *_values(owner), 2.0) == permit_row('"t"', "n", *_values(owner), 2.0)
+    rows.check("n", *_values(owner), 3.0)
+    with pytest.raises(ForeignDataError, match="expiry"):
+        rows.check("n", *_values(owner), True)
 
 
 def test_a_row_seen_with_a_foreign_remaining_is_refused() -> None:
