@@ -32,6 +32,14 @@ async def gathered(b: MySQLBackend, name: str, count: int) -> list[str]:
     return [op[0] for op, _ in keys[name].waiting]
 
 
+async def in_flight(b: MySQLBackend, name: str) -> None:
+    """Until an operation of ``name`` is in flight (what is asked next gathers behind it)."""
+    keys = b._permits.combiner._keys
+    async with timeout_after(20):  # a hang guard
+        while name not in keys or not keys[name].flying:  # noqa: ASYNC110 - the combiner reports no event
+            await asyncio.sleep(0.01)
+
+
 async def lock_row(blocker: Any, names: str, name: str) -> None:
     """Hold ``name``'s row of the ``names`` table in a transaction of ``blocker``'s (a
     raw connection), until its rollback: statements on the name wait on the server."""
@@ -78,7 +86,7 @@ async def test_requests_that_arrive_together_go_as_one_statement_in_arrival_orde
             # after its release, finds its grant.
             await lock_row(blocker, names, name)
             first = asyncio.ensure_future(b.release(name, holder, held.token))
-            await asyncio.sleep(0.05)  # the first release waits on the server
+            await in_flight(b, name)  # the first release, which waits on the server
             later = [
                 asyncio.ensure_future(b.try_acquire_permit(name, "permit:late", 30, "l", {}, 1, 1))
             ]
@@ -126,7 +134,7 @@ async def test_a_request_the_server_refuses_fails_alone_in_a_batch(
             await lock_row(blocker, names, name)
             first, bad, good = permit_owner(), permit_owner(), permit_owner()
             asks = [asyncio.ensure_future(b.try_acquire_permit(name, first, 30, "f", {}, 2, 1))]
-            await asyncio.sleep(0.05)  # the first ask waits on the server
+            await in_flight(b, name)  # the first ask, which waits on the server
             # An identity longer than its column (1,024 bytes): the server refuses it.
             asks.append(
                 asyncio.ensure_future(b.try_acquire_permit(name, bad, 30, "x" * 2000, {}, 2, 1))
