@@ -452,6 +452,26 @@ async def test_a_release_here_wakes_only_the_waiters_it_fits(
         assert await backend.release(name, second, last.token)
 
 
+async def test_a_renewal_matches_each_permit_by_its_token_and_its_owner(
+    anyio_backend: str, mongo_url: str
+) -> None:
+    """Renewals find a permit by its token, then check the owner at that place: a
+    token asked with another permit's owner renews neither, in a call of several
+    permits (one update for the name, then one per permit) as alone."""
+    name = unique("permits")
+    async with aiolease.open_backend(mongo_url) as backend:
+        owners = [permit_owner() for _ in range(3)]
+        held = [await backend.try_acquire_permit(name, o, LONG, "me", {}, 3, 1) for o in owners]
+        assert all(isinstance(g, Grant) for g in held)
+        tokens = [g.token for g in held if isinstance(g, Grant)]
+        crossed = [(name, owners[0], tokens[1], LONG), (name, owners[2], tokens[2], LONG)]
+        results = await backend.renew_many(crossed)
+        assert [type(r) for r in results] == [NotOwnerError, Grant]
+        assert [type(r) for r in await backend.renew_many(crossed[:1])] == [NotOwnerError]
+        exact = [(name, o, t, LONG) for o, t in zip(owners, tokens, strict=True)]
+        assert all(isinstance(r, Grant) for r in await backend.renew_many(exact))
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
 async def test_the_permits_of_a_name_renew_in_one_statement(
     anyio_backend: str, mongo: str, collection: str
