@@ -216,6 +216,41 @@ async def test_a_foreign_permit_key_is_refused_and_left_alone(
         assert [kv["value"] for kv in await gateway.keys(key)] == [value]
 
 
+async def test_a_retry_after_a_lost_reply_finds_its_key_whose_slot_is_not_reused(
+    anyio_backend: str, single_url: str
+) -> None:
+    """The reply to a permit's put is lost (the put was applied): the retry finds the
+    request's own key, by the slot the backend keeps for it, and gets its grant, with
+    no second key; once released, that slot (a request of it was in doubt) is not
+    given to the next request, whose key is in a slot of its own."""
+    open_ = opener(single_url)
+    gateway = Gateway(single_url)
+    name, owner, other = "lost", permit_owner(), permit_owner()
+    async with open_() as backend:
+        wire = inner(backend)._wire
+        send = wire.txn
+
+        async def reply_lost(request: Any) -> Any:
+            wire.txn = send  # type: ignore[method-assign]
+            await send(request)
+            raise BackendUnavailable("etcd: the reply was lost (the test's)")
+
+        wire.txn = reply_lost  # type: ignore[method-assign]
+        with raises(BackendUnavailable, "the test's"):
+            await backend.try_acquire_permit(name, owner, LONG, "h", {}, 2, 1)
+        (kv,) = await gateway.keys(open_.prefix)  # type: ignore[attr-defined]
+        assert json.loads(kv["value"])["owner"] == owner
+        grant = await backend.try_acquire_permit(name, owner, LONG, "h", {}, 2, 1)
+        assert isinstance(grant, Grant) and grant.token == kv["create_revision"]
+        assert [k["key"] for k in await gateway.keys(open_.prefix)] == [kv["key"]]  # type: ignore[attr-defined]
+        assert await backend.release(name, owner, grant.token)
+        again = await backend.try_acquire_permit(name, other, LONG, "h", {}, 2, 1)
+        assert isinstance(again, Grant)
+        (new,) = await gateway.keys(open_.prefix)  # type: ignore[attr-defined]
+        assert json.loads(new["value"])["owner"] == other and new["key"] != kv["key"]
+        assert await backend.release(name, other, again.token)
+
+
 async def test_keys_of_the_older_layout_are_read_as_their_owners(
     anyio_backend: str, single_url: str
 ) -> None:
