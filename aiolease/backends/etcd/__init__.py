@@ -29,6 +29,10 @@ It follows etcd's own Go ``concurrency`` package:
   object's that it reuses once the key is deleted, and the value names the owner:
   etcd keeps deleted keys in its index until it compacts, and every acquire ranges
   over the name's keys.
+* **Permits** (semaphores, read-write locks) have keys of their own under
+  ``<prefix>%permits/<name>/``: a request's permit key, or its queue key while it
+  waits, in a slot of the backend object (``permit:<random>.<n>``, in either mode)
+  that it reuses once it has seen the keys deleted; the value names the owner.
 * **Fair mode** queues a waiter's key under the name and watches only the key
   created just before it, as etcd's Mutex does; the holder is always the key with
   the lowest create revision.

@@ -21,7 +21,7 @@ from ..._exceptions import (
     LossReason,
     NotOwnerError,
 )
-from ..._permits import is_permit_owner
+from ..._permits import PERMIT_PREFIX, is_permit_owner
 from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Capability, Grant, HolderInfo
@@ -29,7 +29,7 @@ from .._asyncio import now
 from ._aio import finishing, shielded
 from ._channel import open_channel, seconds
 from ._handoff import Handoffs
-from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
+from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, permit_slot, with_owner
 from ._permit_ops import PermitOps
 from ._permit_watch import PermitWatches
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
@@ -56,6 +56,9 @@ CANCEL_GRACE = 1.0
 TURN_GRACE = 0.5
 #: Non-fair mode: how many deleted keys' slots are kept per name, to be reused.
 SPARE_SLOTS = 4
+#: The same for permits (any mode): a name has a slot per request in flight through the
+#: backend, held or queued; past this many at once, the slots over it are not kept.
+PERMIT_SPARE_SLOTS = 64
 
 T = TypeVar("T")
 
@@ -134,15 +137,19 @@ class EtcdBackend(PermitOps):
         self._sessions.set_dropped(self._takeovers.unwatch)
         self._permit_watches = PermitWatches(wire, self._layout, self._sessions.spawn)
         self._seen: dict[str, _Seen] = {}
-        #: Non-fair mode: the slot (see :mod:`._keys`) of each attempt made here whose
-        #: key may exist, until it is released; ``""``: the attempt was refused (wrote nothing).
+        #: Non-fair mode, and permits: the slot (see :mod:`._keys`) of each attempt made
+        #: here whose key may exist, until it is released (a permit request's: the slot of
+        #: its permit key); ``""``: the attempt was refused (wrote nothing).
         self._slots: dict[tuple[str, str], str] = {}
-        #: Non-fair mode: slots of each name whose keys are known to be deleted, to reuse.
-        self._spare: dict[str, list[str]] = {}
-        #: Non-fair mode: new slots are ``<this>.<n>``, apart from any other backend's.
+        #: Slots of each name (and whether of its permits) whose keys are known to be
+        #: deleted, to reuse.
+        self._spare: dict[tuple[str, bool], list[str]] = {}
+        #: New slots are ``<this>.<n>`` (``permit:<this>.<n>``), apart from any other
+        #: backend's (and from owner ids).
         self._slot_base = f"{random.getrandbits(64):016x}."
         self._slot_ids = itertools.count()
-        self._reuse = not self._fair
+        #: Whether slots are reused (not once an attempt in doubt was forgotten).
+        self._reuse = True
         self._values: dict[tuple[str, str], bytes] = {}
         self._unsure: dict[tuple[str, str], None] = {}
         #: Fair mode: the predecessor of a key queued by a refused ``try_acquire`` (if
@@ -237,30 +244,36 @@ class EtcdBackend(PermitOps):
     # -- slots: which key an attempt writes (see :mod:`._keys`) -----------------------------
 
     def _known_slot(self, name: str, owner: str) -> str | None:
-        """The slot of ``owner``'s key of ``name``, if this backend knows it (``""`` or
-        ``None``: it does not)."""
+        """The slot of ``owner``'s key of ``name`` (a permit request's: of its permit key,
+        the slot of its queue key is :func:`._keys.queue_slot` of it), if this backend
+        knows it (``""`` or ``None``: it does not)."""
         entry = self._sessions.entries.get((name, owner))
+        if is_permit_owner(owner):
+            return permit_slot(entry.slot) if entry is not None else self._slots.get((name, owner))
         if entry is not None:
             return entry.slot
-        if self._fair or is_permit_owner(owner):
+        if self._fair:
             return owner  # slots are owner ids only: never reused
         return self._slots.get((name, owner))
 
     def _take_slot(self, name: str, owner: str) -> str:
         """The slot for an attempt of ``owner``: the one it has (fair mode: its owner id),
-        else a spare one, else a new one.
+        else a spare one, else a new one; a permit request's (whatever the mode) is
+        ``permit:<this>.<n>``, the slot of its permit key.
 
         Slots are this backend's own (never an owner id, which another attempt could use
         as well), and each is ``owner``'s alone from here until :meth:`release` sees its
-        key deleted: only then may another attempt write it."""
+        key deleted (a permit request's keys, both): only then may another attempt write
+        it."""
         known = self._known_slot(name, owner)
         if known:
             return known
-        spare = self._spare.get(name)
+        permit = is_permit_owner(owner)
+        spare = self._spare.get((name, permit))
         if spare and (name, owner) not in self._unsure:
             slot = spare.pop()
         else:
-            slot = f"{self._slot_base}{next(self._slot_ids)}"
+            slot = f"{PERMIT_PREFIX if permit else ''}{self._slot_base}{next(self._slot_ids)}"
         if len(self._slots) >= SEEN_LIMIT:
             del self._slots[next(iter(self._slots))]
         self._slots[(name, owner)] = slot
@@ -277,21 +290,25 @@ class EtcdBackend(PermitOps):
             self._slots[(name, owner)] = ""
 
     def _spare_slot(self, name: str, slot: str) -> None:
-        """``slot``'s key of ``name`` is deleted, and nothing can write it any more."""
+        """``slot``'s key of ``name`` (a permit request's: both its keys) is deleted, and
+        nothing can write it any more."""
         if not self._reuse:
             return
-        spare = self._spare.get(name)
+        permit = is_permit_owner(slot)  # (a permit's slot starts as its owner ids do)
+        spare = self._spare.get((name, permit))
         if spare is None:
             if len(self._spare) >= SEEN_LIMIT:
                 del self._spare[next(iter(self._spare))]
-            spare = self._spare[name] = []
-        if len(spare) < SPARE_SLOTS and slot not in spare:
+            spare = self._spare[(name, permit)] = []
+        if len(spare) < (PERMIT_SPARE_SLOTS if permit else SPARE_SLOTS) and slot not in spare:
             spare.append(slot)
 
     async def _find(self, name: str, owner: str, token: int | None) -> Any:
         """``owner``'s key of ``name`` (grant ``token``, if given) as the server has it, or
-        ``None``: for a grant made through another backend object, whose slot is unknown."""
-        reply = await self._wire.range(self._layout.every(name))
+        ``None``: for a grant made through another backend object, whose slot is unknown.
+        A permit request's (a permit's owner id): its permit key or its queue key."""
+        every = self._layout.permits if is_permit_owner(owner) else self._layout.every
+        reply = await self._wire.range(every(name))
         for kv in reply.kvs:
             if self._layout.owner(name, kv) == owner and (
                 token is None or int(kv.create_revision) == token
@@ -549,10 +566,10 @@ class EtcdBackend(PermitOps):
                 and await self._hand_permit(entry)
             ):
                 deleted, gone = True, True  # its key deleted, its place handed on
-            elif permit and token is None:
+            elif permit and token is None and slot:
                 # A request given up: its queue key, or the permit key a release here
                 # may have handed it (see _hand_permit), whichever exists.
-                reply = await self._wire.txn(self._layout.permit_give_up(name, owner))
+                reply = await self._wire.txn(self._layout.permit_give_up(name, slot))
                 deleted = reply.responses[1].response_delete_range.deleted > 0
                 gone = True
             elif slot and (token is None or (entry is not None and entry.token == token)):
@@ -577,7 +594,7 @@ class EtcdBackend(PermitOps):
             late = self._delete_late(name, owner, slot or None)
             self._sessions.spawn(late, f"etcd late delete {name!r}")
         else:
-            reuse = gone and not self._fair and not is_permit_owner(owner)
+            reuse = gone and (permit or not self._fair)
         queued = False
         if entry is not None and (token is None or entry.token == token):
             queued = entry.queued
@@ -638,7 +655,9 @@ class EtcdBackend(PermitOps):
         await asyncio.sleep(LATE_AFTER * self._wire.timeout)
         if (name, owner) not in self._sessions.entries:
             try:
-                if slot:
+                if slot and is_permit_owner(owner):
+                    await self._wire.txn(self._layout.permit_give_up(name, slot))  # (both keys)
+                elif slot:
                     await self._wire.txn(self._layout.delete(name, slot, None))
                 else:
                     await self._release_unknown(name, owner, None)

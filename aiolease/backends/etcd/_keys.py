@@ -16,6 +16,14 @@ is the key with the lowest create revision under ``<prefix><name>/``, and the
 grant's token is greater than every earlier grant's of any name (and it survives a
 restart of the server). Escaping ``/`` keeps ``a`` and ``a/b`` apart; the slot in
 the key is what makes a retry after a lost reply find its own key.
+
+Permits (semaphores, read-write locks) live apart, under
+``<prefix>%permits/<escaped name>/`` (:meth:`Layout.permit_start`), for the same
+reason in slots of the backend object too (``permit:<random>.<n>``, whatever the
+mode): a request's permit key is ``<slot>`` and its queue key ``permit:q<slot>``
+(:func:`queue_slot`: ``permit:qpermit:<random>.<n>``), and the value names the owner. Keys
+written before (by an older version) have the owner id as the slot and no owner
+in the value; they are read as such (:mod:`._permit_values`).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ __all__ = [
     "Layout",
     "decode_value",
     "encode_value",
+    "permit_slot",
     "queue_slot",
     "with_owner",
 ]
@@ -47,8 +56,8 @@ DEFAULT_PREFIX = "aiolease/"
 #: What the permits' keys start with after the prefix: ``%`` never begins an escaped
 #: name (it is escaped itself), so no lock's key range holds a permit's key.
 PERMITS = b"%permits/"
-#: A queued permit request's slot is this and its owner id (``q`` is not a hex digit,
-#: so no owner id starts so).
+#: A queued permit request's slot is this and the slot of its permit key (``q`` is not
+#: a hex digit, so neither an owner id nor a backend's slot starts so).
 QUEUE_SLOT = PERMIT_PREFIX + "q"
 #: How many names' request templates a :class:`Layout` keeps.
 CACHED_NAMES = 1024
@@ -58,9 +67,15 @@ CACHED_PIECES = 4096
 T = TypeVar("T")
 
 
-def queue_slot(owner: str) -> str:
-    """The slot of the queue key of the permit request ``owner``."""
-    return QUEUE_SLOT + owner
+def queue_slot(slot: str) -> str:
+    """The slot of the queue key of the permit request whose permit key is in ``slot``."""
+    return QUEUE_SLOT + slot
+
+
+def permit_slot(slot: str) -> str:
+    """The slot of the permit key of the request whose queue key is in ``slot`` (``slot``
+    itself when it is a permit key's): the undo of :func:`queue_slot`."""
+    return slot[len(QUEUE_SLOT) :] if slot.startswith(QUEUE_SLOT) else slot
 
 
 def _escape(name: str) -> str:
@@ -217,8 +232,8 @@ class Layout:
         return self._name(name).start
 
     def key(self, name: str, slot: str) -> bytes:
-        """The key of the attempt at ``name`` in ``slot`` (an owner id): a permit's
-        (:func:`permit_start`) when ``slot`` is a permit's owner id."""
+        """The key of the attempt at ``name`` in ``slot``: a permit's (under
+        :meth:`permit_start`) when ``slot`` is a permit's (it starts with ``permit:``)."""
         if slot.startswith(PERMIT_PREFIX):
             return self.permit_start(name) + slot.encode()
         return self.start(name) + slot.encode()
@@ -233,13 +248,13 @@ class Layout:
         return _range(start, prefix_end(start))
 
     def permit_put(
-        self, name: str, owner: str, value: bytes, lease_id: int, guard: tuple[str, int]
+        self, name: str, slot: str, value: bytes, lease_id: int, guard: tuple[str, int]
     ) -> Any:
-        """Txn: put ``owner``'s permit key unless it exists, and unless the ``guard``
-        fails: ``("newer", read)``: no permit key of ``name`` was created after revision
-        ``read``; ``(first_owner, token)``: that key still exists. On failure, read
-        every permit key of ``name``."""
-        start, key = self.permit_start(name), self.key(name, owner)
+        """Txn: put the key in ``slot`` (a permit key's or a queue key's) unless it
+        exists, and unless the ``guard`` fails: ``("newer", read)``: no permit key of
+        ``name`` was created after revision ``read``; ``(other_slot, token)``: that key
+        is still grant ``token``. On failure, read every permit key of ``name``."""
+        start, key = self.permit_start(name), self.key(name, slot)
         end = prefix_end(start)
         kind, revision = guard
         if kind == "newer":
@@ -259,19 +274,19 @@ class Layout:
         )
 
     def permit_enqueue(
-        self, name: str, owner: str, value: bytes, lease_id: int, guard: tuple[str, int]
+        self, name: str, slot: str, value: bytes, lease_id: int, guard: tuple[str, int]
     ) -> Any:
-        """Txn: put ``owner``'s queue key (``value``, on ``lease_id``) unless it has a
-        queue key or a permit key already, and unless the key ``guard`` (slot, create
-        revision) is gone; then, or else, read every permit key of ``name`` (the last
-        response either way)."""
+        """Txn: put the queue key of the request in ``slot`` (``value``, on ``lease_id``)
+        unless it has a queue key or a permit key already, and unless the key ``guard``
+        (slot, create revision) is gone; then, or else, read every permit key of
+        ``name`` (the last response either way)."""
         start = self.permit_start(name)
         end = prefix_end(start)
-        waiting = self.key(name, queue_slot(owner))
+        waiting = self.key(name, queue_slot(slot))
         return rpc.TxnRequest(
             compare=[
                 _compare_create(waiting, 0),
-                _compare_create(self.key(name, owner), 0),
+                _compare_create(self.key(name, slot), 0),
                 _compare_create(self.key(name, guard[0]), guard[1]),
             ],
             success=[
@@ -281,20 +296,21 @@ class Layout:
             failure=[rpc.RequestOp(request_range=_range(start, end))],
         )
 
-    def permit_grant(self, name: str, owner: str, queued: int, value: bytes, lease_id: int) -> Any:
-        """Txn: if ``owner``'s queue key is ``queued`` and it has no permit key yet, delete
-        the queue key and put the permit key (``value``, on ``lease_id``): its create
-        revision, the token, is larger than every earlier grant's."""
-        key, waiting = self.key(name, owner), self.key(name, queue_slot(owner))
+    def permit_grant(self, name: str, slot: str, queued: int, value: bytes, lease_id: int) -> Any:
+        """Txn: if the queue key of the request in ``slot`` is ``queued`` and it has no
+        permit key yet, delete the queue key and put the permit key (``value``, on
+        ``lease_id``): its create revision, the token, is larger than every earlier
+        grant's."""
+        key, waiting = self.key(name, slot), self.key(name, queue_slot(slot))
         delete = rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=waiting))
         return rpc.TxnRequest(
             compare=[_compare_create(waiting, queued), _compare_create(key, 0)],
             success=[delete, _put(key, value, lease_id)],
         )
 
-    def queue_key(self, name: str, owner: str) -> bytes:
-        """The key of the permit request ``owner``'s queue entry."""
-        return self.key(name, queue_slot(owner))
+    def queue_key(self, name: str, slot: str) -> bytes:
+        """The queue key of the permit request in ``slot``."""
+        return self.key(name, queue_slot(slot))
 
     def queue_ranges(self, name: str, passing: Sequence[bytes] = ()) -> list[tuple[bytes, bytes]]:
         """The key ranges of ``name``'s queue keys, but the keys ``passing``."""
@@ -309,7 +325,7 @@ class Layout:
         self,
         name: str,
         held: tuple[str, int],
-        owner: str,
+        slot: str,
         queued: int,
         value: bytes,
         lease_id: int,
@@ -318,10 +334,10 @@ class Layout:
     ) -> bytes:
         """A branch of a hand-off's txn (serialized: :func:`._encoded.cascade` nests
         branches): release the permit key ``held`` (its slot and token) and grant its
-        place to ``owner``'s queue key in the same revision: if the held key is still that
-        grant, ``owner``'s queue key is ``queued`` and no queue key of ``name`` is older
-        (the first in line), and ``owner`` has no permit key yet, delete both keys and
-        put ``owner``'s permit key (``value``, on ``lease_id``).
+        place to the queue key of the request in ``slot`` in the same revision: if the held
+        key is still that grant, the request's queue key is ``queued`` and no queue key of
+        ``name`` is older (the first in line), and the request has no permit key yet,
+        delete both keys and put the request's permit key (``value``, on ``lease_id``).
 
         ``ranges`` (default: every queue key of ``name``) are where the queue keys
         older than ``queued`` must not be: ``(low, high, known)``, where ``known`` says
@@ -337,8 +353,8 @@ class Layout:
             ),
         )
         mine, default_first, mine_ops = self._encoded(
-            ("waiter", name, owner, queued, value, lease_id),
-            lambda: self._waiter_pieces(name, owner, queued, value, lease_id),
+            ("waiter", name, slot, queued, value, lease_id),
+            lambda: self._waiter_pieces(name, slot, queued, value, lease_id),
         )
         first = (
             b"".join(
@@ -352,11 +368,11 @@ class Layout:
         return holder_compare + mine + first + others + holder_delete + mine_ops
 
     def _waiter_pieces(
-        self, name: str, owner: str, queued: int, value: bytes, lease_id: int
+        self, name: str, slot: str, queued: int, value: bytes, lease_id: int
     ) -> tuple[bytes, bytes, bytes]:
-        """A hand-off's pieces about the waiter ``owner``: the compares on its own keys,
+        """A hand-off's pieces about the waiter in ``slot``: the compares on its own keys,
         the default compare on the queue keys before it, and its operations."""
-        waiting, key = self.queue_key(name, owner), self.key(name, owner)
+        waiting, key = self.queue_key(name, slot), self.key(name, slot)
         return (
             encoded.compare(_compare_create(waiting, queued))
             + encoded.compare(_compare_create(key, 0)),
@@ -394,10 +410,11 @@ class Layout:
             found = pieces[key] = make()
         return found
 
-    def permit_give_up(self, name: str, owner: str) -> Any:
-        """Txn: delete the permit request ``owner``'s queue key and permit key, whichever
-        exist (the undo of a request given up: a grant may have been handed to it)."""
-        keys = (self.key(name, queue_slot(owner)), self.key(name, owner))
+    def permit_give_up(self, name: str, slot: str) -> Any:
+        """Txn: delete the queue key and the permit key of the request in ``slot``,
+        whichever exist (the undo of a request given up: a grant may have been handed to
+        it)."""
+        keys = (self.key(name, queue_slot(slot)), self.key(name, slot))
         return rpc.TxnRequest(success=[_delete(key) for key in keys])
 
     def watch_permits(self, name: str, after: int) -> Any:
@@ -409,8 +426,12 @@ class Layout:
         )
 
     def slot(self, name: str, kv: Any) -> str:
-        """The slot of the key-value ``kv`` of ``name`` (the end of its key)."""
-        return bytes(kv.key)[len(self.start(name)) :].decode(errors="replace")
+        """The slot of the key-value ``kv`` of ``name`` (the end of its key), a lock's
+        or a permit's."""
+        key, start = bytes(kv.key), self.start(name)
+        if not key.startswith(start):
+            start = self.permit_start(name)
+        return key[len(start) :].decode(errors="replace")
 
     def holder(self, name: str, kv: Any) -> HolderInfo:
         """The :class:`HolderInfo` that the key-value ``kv`` of ``name`` stands for.

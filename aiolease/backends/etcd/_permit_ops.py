@@ -3,8 +3,10 @@
 the part of :class:`~aiolease.backends.etcd.EtcdBackend` that serves them.
 
 A key per permit and one per queued request under ``<prefix>%permits/<name>/``, in the
-backend's session lease; the token is a permit key's create revision. Permits share the
-backend's sessions, takeover watches, renewals and releases with its locks.
+backend's session lease; the token is a permit key's create revision. Each request
+writes its keys in a slot of this backend's (:meth:`EtcdBackend._take_slot`), reused by
+later requests once its keys are seen deleted, and its value names the owner. Permits
+share the backend's sessions, takeover watches, renewals and releases with its locks.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class PermitOps(Backend):
 
         def _granted(self, entry: Entry, ttl: float, touched: float) -> Grant: ...
 
+        def _take_slot(self, name: str, owner: str) -> str: ...
+
     async def try_acquire_permit(
         self,
         name: str,
@@ -126,12 +130,13 @@ class PermitOps(Backend):
         """One attempt; ``None``: the keys changed under it (decide again)."""
         identity, metadata, limit, weight = request
         start = self._layout.permit_start(name)
-        held = encode_permit(identity, metadata, limit, weight, False)
+        slot = self._take_slot(name, owner)  # its keys' (the one it has, if any)
+        held = encode_permit(identity, metadata, limit, weight, False, owner)
         ready = self._permit_ready.pop((name, owner), None) if self._permit_ready else None
         if ready is not None:
             # Its wait counted, from the watch, that it fits now: no read needed (it
             # keeps fitting while its queue key lives: every grant since counted it).
-            place = (ready.mine, ready.weight)
+            place = (ready.slot, ready.mine, ready.weight)
             granted = await self._grant_queued(name, owner, ttl, place, held, session, touched)
             if granted is not None:
                 return granted
@@ -146,7 +151,9 @@ class PermitOps(Backend):
             # created since that one's was checked against it), and read the keys in the
             # same txn: a refusal is one round trip (it was a read, then the txn). The
             # decision below is made from what it read, its own queue key among the keys.
-            kvs, revision = await self._enqueue_permit(name, owner, ttl, request, session, touched)
+            kvs, revision = await self._enqueue_permit(
+                name, owner, slot, ttl, request, session, touched
+            )
         lost = 0  # puts of a permit key that lost the race to another request's key
         for _ in range(8):
             self._check_open()
@@ -171,12 +178,15 @@ class PermitOps(Backend):
                     self._note_turn(name, owner, Turn(revision, 0, mine.token), False)
                     return _blocker(name, keys, owner)  # expired here; being deleted
                 if fits:  # its turn: held with what it asks now
-                    place = (mine.token, mine.weight)
+                    place = (mine.permit_slot, mine.token, mine.weight)
                     return await self._grant_queued(name, owner, ttl, place, held, session, touched)
                 if not await self._keep_queued(name, owner, ttl, mine, session, touched):
                     return None
                 deficit = used + ahead + weight - limit
-                turn = Turn(revision, deficit, mine.token, owner, weight, held, ttl, limit=limit)
+                slot = mine.permit_slot
+                turn = Turn(
+                    revision, deficit, mine.token, owner, weight, held, ttl, limit=limit, slot=slot
+                )
                 self._note_turn(name, owner, turn)
                 return _blocker(name, keys, owner)
             # Granted: no key may have come since the read (a new permit, or a queue key
@@ -188,10 +198,10 @@ class PermitOps(Backend):
             # for a free permit could otherwise be lost every time, until it gave up.
             grant = fits and (lost < 2 or not keys)
             guard = ("newer", revision) if grant or not keys else _lasting(keys)
-            slot = owner if grant else queue_slot(owner)
-            value = held if grant else encode_permit(identity, metadata, limit, weight, True)
+            at = slot if grant else queue_slot(slot)
+            value = held if grant else encode_permit(identity, metadata, limit, weight, True, owner)
             put = await self._wire.txn(
-                self._layout.permit_put(name, slot, value, session.lease_id, guard)
+                self._layout.permit_put(name, at, value, session.lease_id, guard)
             )
             self._check_open()
             if not put.succeeded:
@@ -201,20 +211,19 @@ class PermitOps(Backend):
                 continue
             token = int(put.header.revision)
             if grant:
-                entry = Entry(name, owner, token, session, touched + ttl, weight=weight)
+                entry = Entry(name, owner, token, session, touched + ttl, slot=slot, weight=weight)
                 self._sessions.attach(entry)
                 self._takeovers.watch(entry)
                 return self._grant(token, ttl, session)
             horizon = touched + QUEUE_HORIZON * ttl
-            queued = Entry(name, owner, token, session, horizon, queued=True, slot=slot)
+            queued = Entry(name, owner, token, session, horizon, queued=True, slot=at)
             self._sessions.attach(queued)
             if not fits:
                 deficit = used + ahead + weight - limit
-                self._note_turn(
-                    name,
-                    owner,
-                    Turn(revision, deficit, token, owner, weight, held, ttl, limit=limit),
+                turn = Turn(
+                    revision, deficit, token, owner, weight, held, ttl, limit=limit, slot=slot
                 )
+                self._note_turn(name, owner, turn)
                 return _blocker(name, keys, owner)
             reply = await self._wire.range(self._layout.permits(name))  # its turn yet?
             kvs, revision = reply.kvs, int(reply.header.revision)
@@ -224,31 +233,32 @@ class PermitOps(Backend):
         self,
         name: str,
         owner: str,
+        slot: str,
         ttl: float,
         request: tuple[str, Mapping[str, str], int, int],
         session: Session,
         touched: float,
     ) -> tuple[Sequence[Any], int]:
-        """Queue ``owner``'s request unless it has a key already, guarded on the newest
-        queue key of a request queued here with its limit (:meth:`Layout.permit_enqueue`);
-        the name's keys and the revision they were read at. Only a read when no such
-        request is queued here."""
+        """Queue ``owner``'s request (its keys in ``slot``) unless it has a key already,
+        guarded on the newest queue key of a request queued here with its limit
+        (:meth:`Layout.permit_enqueue`); the name's keys and the revision they were read
+        at. Only a read when no such request is queued here."""
         identity, metadata, limit, weight = request
         turns = [t for t in self._permit_queued.get(name, {}).values() if t.limit == limit]
         if not turns:
             reply = await self._wire.range(self._layout.permits(name))
             return reply.kvs, int(reply.header.revision)
         last = max(turns, key=lambda turn: turn.mine)
-        guard = (queue_slot(last.owner), last.mine)
-        value = encode_permit(identity, metadata, limit, weight, True)
+        guard = (queue_slot(last.slot), last.mine)
+        value = encode_permit(identity, metadata, limit, weight, True, owner)
         put = await self._wire.txn(
-            self._layout.permit_enqueue(name, owner, value, session.lease_id, guard)
+            self._layout.permit_enqueue(name, slot, value, session.lease_id, guard)
         )
         revision = int(put.header.revision)
         if put.succeeded:
             horizon = touched + QUEUE_HORIZON * ttl
-            slot = queue_slot(owner)
-            entry = Entry(name, owner, revision, session, horizon, queued=True, slot=slot)
+            at = queue_slot(slot)
+            entry = Entry(name, owner, revision, session, horizon, queued=True, slot=at)
             self._sessions.attach(entry)
         return put.responses[-1].response_range.kvs, revision
 
@@ -259,13 +269,15 @@ class PermitOps(Backend):
         self._forget_queued(name, owner)
         if key.lease != session.lease_id:
             moved = await self._wire.txn(
-                self._layout.move(name, owner, key.token, session.lease_id)
+                self._layout.move(name, key.slot, key.token, session.lease_id)
             )
             if not moved.succeeded:
                 return None
         entry = self._sessions.entries.get((name, owner))
         if entry is None or entry.token != key.token:
-            entry = Entry(name, owner, key.token, session, touched + ttl, weight=key.weight)
+            entry = Entry(
+                name, owner, key.token, session, touched + ttl, slot=key.slot, weight=key.weight
+            )
             self._sessions.attach(entry)
         elif entry.session is not session:
             self._sessions.move(entry, session)
@@ -276,14 +288,15 @@ class PermitOps(Backend):
         name: str,
         owner: str,
         ttl: float,
-        queued: tuple[int, int],
+        queued: tuple[str, int, int],
         value: bytes,
         session: Session,
         touched: float,
     ) -> Grant | None:
-        """``owner``'s queue key (``queued``: its token and weight) fits: replace it by a
-        permit key (a new token); ``None`` if it is gone."""
-        request = self._layout.permit_grant(name, owner, queued[0], value, session.lease_id)
+        """``owner``'s queue key (``queued``: the slot of its permit key, its token and
+        weight) fits: replace it by a permit key (a new token); ``None`` if it is gone."""
+        slot, token, weight = queued
+        request = self._layout.permit_grant(name, slot, token, value, session.lease_id)
         reply = await self._wire.txn(request)
         if not reply.succeeded:
             return None
@@ -292,7 +305,7 @@ class PermitOps(Backend):
         if old is not None:
             self._sessions.end(old, LossReason.RELEASED)  # its queue key is deleted
         token = int(reply.header.revision)
-        entry = Entry(name, owner, token, session, touched + ttl, weight=queued[1])
+        entry = Entry(name, owner, token, session, touched + ttl, slot=slot, weight=weight)
         self._sessions.attach(entry)
         return self._granted(entry, ttl, touched)
 
@@ -416,7 +429,7 @@ class PermitOps(Backend):
             return False
         name, layout, touched = entry.name, self._layout, now()
         line = sorted(queued_here.values(), key=lambda waiting: waiting.mine)
-        keys = [layout.queue_key(name, turn.owner) for turn in line]
+        keys = [layout.queue_key(name, turn.slot) for turn in line]
         # Enough branches for the hand-offs of the name under way here, and one more.
         under_way = len({sent for turn in line for sent in turn.handing})
         branches = min(HANDOFF_BRANCHES, under_way + 2)
@@ -452,7 +465,7 @@ class PermitOps(Backend):
             request = layout.permit_handoff(
                 name,
                 (entry.slot, entry.token),
-                turn.owner,
+                turn.slot,
                 turn.mine,
                 turn.value,
                 queued.session.lease_id,
@@ -491,7 +504,9 @@ class PermitOps(Backend):
             token = int(reply.header.revision)
             self._sessions.end(queued, LossReason.RELEASED)  # its queue key is deleted
             session, expiry = queued.session, touched + turn.ttl
-            granted = Entry(name, turn.owner, token, session, expiry, weight=turn.weight)
+            granted = Entry(
+                name, turn.owner, token, session, expiry, slot=turn.slot, weight=turn.weight
+            )
             self._sessions.attach(granted)
             if len(self._permit_handed) >= SEEN_LIMIT:
                 del self._permit_handed[next(iter(self._permit_handed))]

@@ -55,7 +55,7 @@ class Turn:
 
     It also keeps what a hand-off to the request needs
     (:meth:`._permit_ops.PermitOps._hand_permit`): its ``weight``, the ``value`` of its
-    permit key, and while it waits, its owner, ttl
+    permit key, the ``slot`` of its keys, and while it waits, its owner, ttl
     and the future that wakes it."""
 
     revision: int
@@ -68,6 +68,8 @@ class Turn:
     woken: asyncio.Future[None] | None = None
     #: The limit it asked with.
     limit: int = 0
+    #: The slot of its permit key (its queue key's is :func:`._keys.queue_slot` of it).
+    slot: str = ""
     #: While releases here send transactions that may hand it a place: each done when
     #: its reply came.
     handing: list[asyncio.Future[None]] = field(default_factory=list)

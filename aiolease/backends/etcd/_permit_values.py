@@ -1,11 +1,17 @@
 """The values of permit keys, and the grant rule over a name's keys.
 
-Every permit of a name has a key ``<prefix>%permits/<escaped name>/<owner>``, and
-every queued request one ``<prefix>%permits/<escaped name>/permit:q<owner>`` (see
+Every permit of a name has a key ``<prefix>%permits/<escaped name>/<slot>``, and
+every queued request one ``<prefix>%permits/<escaped name>/permit:q<slot>`` (see
 :meth:`._keys.Layout.permit_start`), on the session lease of the backend that
 wrote it, whose value is compact JSON::
 
-    {"identity": ..., "metadata": {...}, "limit": L, "weight": W, "queued": true|false}
+    {"owner": ..., "identity": ..., "metadata": {...}, "limit": L, "weight": W,
+     "queued": true|false}
+
+The slot (``permit:<random>.<n>``) is the writing backend's, reused by its later
+requests once it has seen both keys deleted; the value names the request's owner id.
+A value without ``owner`` is a key of the older layout, whose slot is the owner id
+(``permit:<32 hex digits>``): it is read as that owner's.
 
 A request is granted when the weight of the permit keys, of the queue keys created
 before its own and its own fit in the limit: then its queue key (if any) is deleted
@@ -24,16 +30,23 @@ from typing import Any
 from ..._exceptions import ForeignDataError
 from ..._permits import is_permit_owner
 from ...abc import HolderInfo
-from ._keys import QUEUE_SLOT, queue_slot
+from ._keys import permit_slot
 
 __all__ = ["PermitKey", "encode_permit", "parse_permits"]
 
 
 def encode_permit(
-    identity: str, metadata: Mapping[str, str], limit: int, weight: int, queued: bool
+    identity: str,
+    metadata: Mapping[str, str],
+    limit: int,
+    weight: int,
+    queued: bool,
+    owner: str | None = None,
 ) -> bytes:
-    """The value of a permit key."""
-    document = {
+    """The value of a permit key (of the request ``owner``: ``None`` only for a key of
+    the older layout, whose slot is the owner id)."""
+    document: dict[str, object] = {} if owner is None else {"owner": owner}
+    document |= {
         "identity": identity,
         "metadata": dict(metadata),
         "limit": limit,
@@ -49,7 +62,8 @@ def _int(value: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class PermitKey:
-    """One permit key as read: its owner, token (create revision), lease and value."""
+    """One permit key as read: its owner, token (create revision), lease, value, and
+    slot: the end of its key (see :mod:`._keys`)."""
 
     owner: str
     token: int
@@ -59,11 +73,13 @@ class PermitKey:
     limit: int
     weight: int
     queued: bool
+    slot: str
 
     @property
-    def slot(self) -> str:
-        """The end of its key: the owner id, or (queued) :func:`._keys.queue_slot` of it."""
-        return queue_slot(self.owner) if self.queued else self.owner
+    def permit_slot(self) -> str:
+        """The slot of the request's permit key (:attr:`slot` is its queue key's, when
+        :attr:`queued`)."""
+        return permit_slot(self.slot)
 
     def holder(self, name: str, token: int | None = None) -> HolderInfo:
         """The :class:`HolderInfo` this key stands for (with ``token`` if given)."""
@@ -76,31 +92,28 @@ class PermitKey:
             None,
         )
 
-    def value(self, queued: bool) -> bytes:
-        """This key's value, ``queued`` or held."""
-        return encode_permit(self.identity, self.metadata, self.limit, self.weight, queued)
-
 
 @functools.lru_cache(maxsize=4096)
 def _parse(name: str, start: bytes, key: bytes, value: bytes, token: int, lease: int) -> PermitKey:
     """One key, parsed. Remembered by everything it depends on, its value included: a
     waiter's every read answers the same keys again. The :class:`PermitKey` answered
     is shared: its metadata must not be changed."""
-    owner = key[len(start) :].decode(errors="replace")
-    queued_key = owner.startswith(QUEUE_SLOT)
-    if queued_key:
-        owner = owner[len(QUEUE_SLOT) :]
+    slot = key[len(start) :].decode(errors="replace")
+    held = permit_slot(slot)
     try:
         document = json.loads(value)
     except ValueError:
         document = None
-    ok = isinstance(document, dict) and is_permit_owner(owner)
+    ok = isinstance(document, dict) and is_permit_owner(held)
     if ok:
+        owner = document.get("owner", held)  # none: the older layout, its slot is the owner
         identity, metadata = document.get("identity"), document.get("metadata")
         limit, weight = document.get("limit"), document.get("weight")
         queued = document.get("queued")
         ok = (
-            isinstance(identity, str)
+            isinstance(owner, str)
+            and is_permit_owner(owner)
+            and isinstance(identity, str)
             and isinstance(metadata, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
             and _int(limit)
@@ -122,7 +135,8 @@ def _parse(name: str, start: bytes, key: bytes, value: bytes, token: int, lease:
         dict(metadata),
         limit,
         weight,
-        queued_key,
+        held != slot,
+        slot,
     )
 
 

@@ -133,6 +133,49 @@ class Gateway:
             for kv in found
         ]
 
+    async def revision(self) -> int:
+        """The server's revision now."""
+        answer = await self.post("/v3/kv/range", {"key": _b64(b"\0"), "count_only": True})
+        return int(answer["header"]["revision"])
+
+    async def written(self, prefix: str, after: int) -> list[str]:
+        """The key of every put under ``prefix`` after revision ``after``, in order (the
+        server's history, by a watch: deleted keys too). Up to now: a mark put under
+        ``prefix`` ends it (and is left out)."""
+        mark = (prefix + "~mark").encode()
+        put = await self.post("/v3/kv/put", {"key": _b64(mark), "value": ""})
+        until = int(put["header"]["revision"])
+        start = prefix.encode()
+        end = start[:-1] + bytes([start[-1] + 1])
+        create = {"key": _b64(start), "range_end": _b64(end), "start_revision": str(after + 1)}
+        payload = json.dumps({"create_request": create}).encode()
+        host, port = self.endpoints[0]
+        head = f"POST /v3/watch HTTP/1.0\r\nHost: {host}\r\n"
+        head += f"Content-Length: {len(payload)}\r\n\r\n"
+        keys: list[str] = []
+        decoder = json.JSONDecoder()
+        with anyio.fail_after(WAIT):
+            async with await anyio.connect_tcp(host, port) as stream:
+                await stream.send(head.encode() + payload)
+                received = b""
+                while b"\r\n\r\n" not in received:
+                    received += await stream.receive()
+                body = received.partition(b"\r\n\r\n")[2].decode()
+                while True:  # one JSON object per watch reply, as they come
+                    body = body.lstrip()
+                    try:
+                        reply, used = decoder.raw_decode(body)
+                    except ValueError:
+                        body += (await stream.receive()).decode()
+                        continue
+                    body = body[used:]
+                    for event in reply.get("result", {}).get("events", []):
+                        kv = event["kv"]
+                        if int(kv["mod_revision"]) >= until:
+                            return keys
+                        if event.get("type", "PUT") == "PUT":
+                            keys.append(base64.b64decode(kv["key"]).decode())
+
     async def owners(self, prefix: str) -> dict[str, str]:
         """The owner of every key under ``prefix``, by key: the value names it, or (a key
         whose value does not: fair mode) the key ends with it."""

@@ -3,6 +3,7 @@ is parsed once and remembered, and whatever the value says is what is answered."
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -60,3 +61,38 @@ def test_the_real_key_values_parse_as_the_stand_ins() -> None:
         4,
         {"k": "v"},
     )
+
+
+def test_a_key_in_a_slot_is_its_value_s_owner_s() -> None:
+    """A request's keys are in a slot of the backend's; the value names the owner."""
+    owner = "permit:" + "ab" * 16
+    held = encode_permit("me", {}, 4, 1, False, owner)
+    queued = encode_permit("me", {}, 4, 2, True, owner)
+    keys = parse_permits(
+        "name",
+        START,
+        [
+            _Kv(START + b"permit:0123456789abcdef.7", held, 21, 7),
+            _Kv(START + b"permit:qpermit:0123456789abcdef.8", queued, 23, 7),
+        ],
+    )
+    assert [(k.owner, k.slot, k.permit_slot, k.queued) for k in keys] == [
+        (owner, "permit:0123456789abcdef.7", "permit:0123456789abcdef.7", False),
+        (owner, "permit:qpermit:0123456789abcdef.8", "permit:0123456789abcdef.8", True),
+    ]
+
+
+def test_a_key_of_the_older_layout_is_its_slot_s_owner_s() -> None:
+    """Written by an older version: the owner id is the slot, the value has no owner."""
+    owner = "permit:" + "cd" * 16
+    value = encode_permit("them", {}, 4, 1, True)
+    (key,) = parse_permits("name", START, [_Kv(START + f"permit:q{owner}".encode(), value, 25, 7)])
+    assert (key.owner, key.queued, key.permit_slot) == (owner, True, owner)
+
+
+@pytest.mark.parametrize("owner", ["lock-owner", 5, "", None])
+def test_a_value_that_names_no_permit_owner_is_foreign(owner: object) -> None:
+    value = encode_permit("me", {}, 4, 1, False)
+    named = b'{"owner":' + json.dumps(owner).encode() + b"," + value[1:]
+    with pytest.raises(ForeignDataError, match="did not write"):
+        parse_permits("name", START, [_Kv(START + b"permit:0123456789abcdef.1", named, 27, 7)])
