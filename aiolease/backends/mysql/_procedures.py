@@ -58,10 +58,25 @@ def acquire_procedure(f: str, p: str, n: str, step: bool = False) -> str:
         place = "SET a_seq = a_seq + 1;\n   SET got = a_seq, decision = 'queue';"
         give_back_else = ""
     else:
+        # A name without any row (every first permit, and the uncontended case) is
+        # granted by one statement that writes the permit only if no row of the name
+        # exists (routine version 10): nothing to count, mismatch, renew or queue behind
+        # (1 <= weight <= limit is checked before the call). Every acquire of the name
+        # waits for the one before at the name's row, taken just above.
+        free = (
+            f"\n INSERT INTO {p} ({columns}, waited) SELECT a_name, a_owner, a_weight, a_lim,"
+            f" 1, 0, LAST_INSERT_ID(), a_identity, a_metadata, a_ttl, {expiry}, 0 FROM DUAL"
+            f" WHERE NOT EXISTS (SELECT 1 FROM {p} WHERE name = a_name);"
+            "\n IF ROW_COUNT() > 0 THEN"
+            "\n  COMMIT;"
+            "\n  SELECT 'grant' AS act, LAST_INSERT_ID() AS tok;"
+            "\n  LEAVE body;"
+            "\n END IF;"
+        )
         take = (
             f"\n INSERT INTO {n} (name, token, seq) VALUES (a_name, LAST_INSERT_ID(1), 0)"
             "\n  ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1);"
-        )
+        ) + free
         got, taken = "LAST_INSERT_ID()", ""
         place = (
             f"UPDATE {n} SET token = token - 1, seq = LAST_INSERT_ID(seq + 1) WHERE name = a_name;"

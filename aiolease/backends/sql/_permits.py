@@ -84,7 +84,9 @@ def permit_tables(table: str, longest: int) -> tuple[str, str]:
 #: test servers: routines are made only when missing, so the merge takes a new number).
 #: Version 9: PostgreSQL's functions read a name's rows by plain index scans (bitmap
 #: and sequential scans off for their bodies: see ``_permit_functions._INDEX_ONLY``).
-ROUTINE_VERSION = 9
+#: Version 10: MySQL's acquire grants a name without any row by one statement (the
+#: permit written only if no row of the name exists), without reading the name's rows.
+ROUTINE_VERSION = 10
 
 
 def permit_routine(table: str, longest: int, kind: str = "acquire") -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import asyncmy
 import pytest
 
-from aiolease import BackendError
+from aiolease import BackendError, LimitMismatchError
 from aiolease.abc import Grant, HolderInfo, permit_owner
 from aiolease.backends._asyncio import timeout_after
 from aiolease.backends.mysql import MySQLBackend
@@ -220,6 +220,62 @@ async def test_a_refusal_answers_the_permits_its_own_entry_and_the_first_other_e
             assert holders is not None and holders.waiting == 5  # queued[3] left
         finally:
             reader.close()
+            await b.aclose()
+
+    await on_asyncio(body)
+
+
+async def test_a_name_without_rows_is_granted_without_reading_them(
+    table_url: str, database: str, table: str
+) -> None:
+    """Routine version 10: the acquire grants a name that has no row at all by one
+    statement (the permit written only if no row of the name exists): the procedure
+    runs one ``SELECT``, its answer, where it ran two (the read of the name's rows, and
+    the answer). With a row of the name, it reads them as before, and grants by the
+    rules (the next token, the limit checked)."""
+    params = {"weight": 1, "lim": 2, "identity": b"n", "metadata": b"{}", "ttl": 30.0}
+    params["us"] = 30_000_000
+    permits_table = f"`{database}`.`{permit_tables(table, 64)[0]}`"
+
+    async def body() -> None:
+        b = await MySQLBackend.from_url(table_url, poll_interval=60)
+        conn = await asyncmy.connect(**connect_args(table_url))
+        try:
+            await b.read_permits(unique("tables-made"))
+            sql = b._permits._sql.acquire
+            async with conn.cursor() as cur:
+                await cur.execute(f"USE `{database}`")
+
+            async def selects(name: str, owner: str) -> tuple[int, list[Any]]:
+                async with conn.cursor() as cur:
+                    await cur.execute("SHOW SESSION STATUS LIKE 'Com_select'")
+                    (_, before) = await cur.fetchone()
+                    await cur.execute(sql, {**params, "name": name.encode(), "owner": owner})
+                    rows = list(await cur.fetchall())
+                    while await cur.nextset():
+                        pass
+                    await cur.execute("SHOW SESSION STATUS LIKE 'Com_select'")
+                    (_, after) = await cur.fetchone()
+                return int(after) - int(before), rows
+
+            name, first, second = unique("free"), permit_owner(), permit_owner()
+            counted, rows = await selects(name, first)
+            assert counted == 1
+            assert [(_text(r[0]), r[1]) for r in rows] == [("grant", 1)]
+            counted, rows = await selects(name, second)
+            assert counted == 2
+            assert [(_text(r[0]), r[1]) for r in rows] == [("grant", 2)]
+            async with conn.cursor() as cur:
+                await cur.execute(
+                    f"SELECT owner, token FROM {permits_table} WHERE name = %s ORDER BY token",
+                    (name,),
+                )
+                found = [(_text(r[0]), r[1]) for r in await cur.fetchall()]
+            assert found == [(first, 1), (second, 2)]
+            with pytest.raises(LimitMismatchError):
+                await b.try_acquire_permit(name, permit_owner(), 30, "n", {}, 3, 1)
+        finally:
+            conn.close()
             await b.aclose()
 
     await on_asyncio(body)
