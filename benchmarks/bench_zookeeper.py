@@ -30,7 +30,8 @@ issue's table:
 
 Usage: ``python benchmarks/bench_zookeeper.py [--url zookeeper://127.0.0.1:2181] [--quick]
 [--only uncontended|permits]`` (``permits``: the lock's hand-offs and the semaphore
-figure alone, each with server requests, client CPU and server CPU per acquisition).
+figure alone, each with server requests, client CPU and server CPU per acquisition,
+then issue 23's figures as every backend's script prints them: ``_permits.py``).
 Quote ratios from one run; absolute times depend on the machine. Needs
 ``pip install aiolease[zookeeper] kazoo``.
 """
@@ -70,6 +71,7 @@ from _common import (
     start_when_told,
     take_turns,
 )
+from _permits import PermitSizes, permit_figures
 from kazoo.client import KazooClient
 
 from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, open_backend
@@ -413,6 +415,28 @@ async def semaphore_figure(url: str, seconds: float, rounds: int = ROUNDS) -> No
     )
 
 
+async def permit_section(url: str, args: argparse.Namespace) -> None:
+    """Issue 23's figures as every backend's script prints them (``_permits.py``): a
+    permit uncontended, 16 tasks on a semaphore of 4 against 16 on the lock, the
+    read-heavy mix, and N permits held (their session's keepalives only: the core renews
+    none), on one backend object; the server's requests per renew tick as the counter."""
+    async with open_backend(url) as backend:
+
+        async def requests() -> float:
+            return float(server_requests(url))
+
+        await permit_figures(
+            "zookeeper",
+            backend,
+            PermitSizes.of(args, settle=3.0),
+            counters={"server requests": requests},
+            notes=[
+                "kazoo's Semaphore and ReadLock/WriteLock run in threads: not driven here",
+                "server requests: every client of the server (run on a quiet one)",
+            ],
+        )
+
+
 # -- crash failover ------------------------------------------------------------------------
 
 
@@ -499,6 +523,7 @@ async def main(args: argparse.Namespace) -> None:
     print(f"ZooKeeper benchmarks against {url} (ratios from this run only)\n")
     if args.only == "permits":
         await semaphore_figure(url, args.seconds)
+        await permit_section(url, args)
         return
     times = await uncontended(url, args.cycles)
     floor = times["raw floor (create + delete)"]
@@ -571,6 +596,7 @@ async def main(args: argparse.Namespace) -> None:
         ok=ahead,
     )
     await semaphore_figure(url, args.seconds)
+    await permit_section(url, args)
     print(f"{'hand-offs, 4 processes, one name':<36} {'per s':>8} {'max/min':>8}")
     if args.quick:
         print(QUICK_NOTE)
