@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
-import random
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +19,7 @@ from ..._exceptions import (
     LossReason,
     NotOwnerError,
 )
-from ..._permits import PERMIT_PREFIX, is_permit_owner
+from ..._permits import is_permit_owner
 from ..._records import state_of
 from ..._validate import check_seconds
 from ...abc import Capability, Grant, HolderInfo
@@ -29,10 +27,11 @@ from .._asyncio import now
 from ._aio import finishing, shielded
 from ._channel import open_channel, seconds
 from ._handoff import Handoffs
-from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, permit_slot, with_owner
+from ._keys import DEFAULT_PREFIX, Layout, decode_value, encode_value, with_owner
 from ._permit_ops import PermitOps
 from ._permit_watch import PermitWatches
 from ._session import QUEUE_HORIZON, SEEN_LIMIT, Entry, Session, Sessions
+from ._slots import Slots
 from ._stats import EtcdStatistics
 from ._takeover import Takeovers
 from ._url import parse_bool, parse_url
@@ -54,12 +53,6 @@ CANCEL_GRACE = 1.0
 #: Fair mode: seconds a key queued by a refused ``try_acquire`` is kept unless
 #: ``wait_turn`` follows (the core calls it at once; a bare ``try_acquire`` does not).
 TURN_GRACE = 0.5
-#: Non-fair mode: how many deleted keys' slots are kept per name, to be reused.
-SPARE_SLOTS = 4
-#: The same for permits (any mode): a name has a slot per request in flight through the
-#: backend, held or queued; past this many at once, the slots over it are not kept.
-PERMIT_SPARE_SLOTS = 64
-
 T = TypeVar("T")
 
 #: What was last read of a name: the holder's state (:func:`state_of`), the revision,
@@ -137,21 +130,8 @@ class EtcdBackend(PermitOps):
         self._sessions.set_dropped(self._takeovers.unwatch)
         self._permit_watches = PermitWatches(wire, self._layout, self._sessions.spawn)
         self._seen: dict[str, _Seen] = {}
-        #: Non-fair mode, and permits: the slot (see :mod:`._keys`) of each attempt made
-        #: here whose key may exist, until it is released (a permit request's: the slot of
-        #: its permit key); ``""``: the attempt was refused (wrote nothing).
-        self._slots: dict[tuple[str, str], str] = {}
-        #: Slots of each name (and whether of its permits) whose keys are known to be
-        #: deleted, to reuse.
-        self._spare: dict[tuple[str, bool], list[str]] = {}
-        #: New slots are ``<this>.<n>`` (``permit:<this>.<n>``), apart from any other
-        #: backend's (and from owner ids).
-        self._slot_base = f"{random.getrandbits(64):016x}."
-        self._slot_ids = itertools.count()
-        #: Whether slots are reused (not once an attempt in doubt was forgotten).
-        self._reuse = True
+        self._slots = Slots(self._fair)
         self._values: dict[tuple[str, str], bytes] = {}
-        self._unsure: dict[tuple[str, str], None] = {}
         #: Fair mode: the predecessor of a key queued by a refused ``try_acquire`` (if
         #: any), and the revision at which it was read (the key's token).
         self._turns: dict[tuple[str, str], tuple[Any, int]] = {}
@@ -244,64 +224,12 @@ class EtcdBackend(PermitOps):
     # -- slots: which key an attempt writes (see :mod:`._keys`) -----------------------------
 
     def _known_slot(self, name: str, owner: str) -> str | None:
-        """The slot of ``owner``'s key of ``name`` (a permit request's: of its permit key,
-        the slot of its queue key is :func:`._keys.queue_slot` of it), if this backend
-        knows it (``""`` or ``None``: it does not)."""
-        entry = self._sessions.entries.get((name, owner))
-        if is_permit_owner(owner):
-            return permit_slot(entry.slot) if entry is not None else self._slots.get((name, owner))
-        if entry is not None:
-            return entry.slot
-        if self._fair:
-            return owner  # slots are owner ids only: never reused
-        return self._slots.get((name, owner))
+        """:meth:`Slots.known` of ``owner``'s attempt at ``name``."""
+        return self._slots.known(name, owner, self._sessions.entries.get((name, owner)))
 
     def _take_slot(self, name: str, owner: str) -> str:
-        """The slot for an attempt of ``owner``: the one it has (fair mode: its owner id),
-        else a spare one, else a new one; a permit request's (whatever the mode) is
-        ``permit:<this>.<n>``, the slot of its permit key.
-
-        Slots are this backend's own (never an owner id, which another attempt could use
-        as well), and each is ``owner``'s alone from here until :meth:`release` sees its
-        key deleted (a permit request's keys, both): only then may another attempt write
-        it."""
-        known = self._known_slot(name, owner)
-        if known:
-            return known
-        permit = is_permit_owner(owner)
-        spare = self._spare.get((name, permit))
-        if spare and (name, owner) not in self._unsure:
-            slot = spare.pop()
-        else:
-            slot = f"{PERMIT_PREFIX if permit else ''}{self._slot_base}{next(self._slot_ids)}"
-        if len(self._slots) >= SEEN_LIMIT:
-            del self._slots[next(iter(self._slots))]
-        self._slots[(name, owner)] = slot
-        return slot
-
-    def _refused(self, name: str, owner: str) -> None:
-        """Non-fair mode: ``owner``'s attempt was refused, and wrote nothing: its slot is
-        free again."""
-        if (name, owner) in self._unsure or (name, owner) in self._sessions.entries:
-            return
-        slot = self._slots.get((name, owner))
-        if slot:
-            self._spare_slot(name, slot)
-            self._slots[(name, owner)] = ""
-
-    def _spare_slot(self, name: str, slot: str) -> None:
-        """``slot``'s key of ``name`` (a permit request's: both its keys) is deleted, and
-        nothing can write it any more."""
-        if not self._reuse:
-            return
-        permit = is_permit_owner(slot)  # (a permit's slot starts as its owner ids do)
-        spare = self._spare.get((name, permit))
-        if spare is None:
-            if len(self._spare) >= SEEN_LIMIT:
-                del self._spare[next(iter(self._spare))]
-            spare = self._spare[(name, permit)] = []
-        if len(spare) < (PERMIT_SPARE_SLOTS if permit else SPARE_SLOTS) and slot not in spare:
-            spare.append(slot)
+        """:meth:`Slots.take` for an attempt of ``owner``."""
+        return self._slots.take(name, owner, self._sessions.entries.get((name, owner)))
 
     async def _find(self, name: str, owner: str, token: int | None) -> Any:
         """``owner``'s key of ``name`` (grant ``token``, if given) as the server has it, or
@@ -372,7 +300,7 @@ class EtcdBackend(PermitOps):
         self._remember(name, holder, reply.header.revision, bytes(kv.key))
         if holder.owner != owner:
             if not self._fair:
-                self._refused(name, owner)
+                self._slots.refused(name, owner, (name, owner) in self._sessions.entries)
             elif reply.responses[0].response_txn.succeeded:
                 self._queued(name, owner, session, touched, reply)
             else:
@@ -586,11 +514,11 @@ class EtcdBackend(PermitOps):
         except BaseException:
             # The delete may still arrive, later than anything sent after it: the
             # slot must never hold another attempt's key.
-            self._note_unsure(name, owner)
+            self._slots.unsure(name, owner)
             raise
         self._values.pop((name, owner), None)
         reuse = False
-        if self._unsure.pop((name, owner), False) is None:
+        if self._slots.settle(name, owner):
             late = self._delete_late(name, owner, slot or None)
             self._sessions.spawn(late, f"etcd late delete {name!r}")
         else:
@@ -603,8 +531,7 @@ class EtcdBackend(PermitOps):
             self._sessions.end(entry, LossReason.RELEASED)
         if reuse and slot and (name, owner) not in self._sessions.entries:
             # Deleted, and no request of the attempt can still arrive: reuse its key.
-            self._slots.pop((name, owner), None)
-            self._spare_slot(name, slot)
+            self._slots.released(name, owner, slot)
         return bool(deleted) and not queued and not doomed
 
     async def _guarded(self, name: str, owner: str, attempt: Coroutine[Any, Any, T]) -> T:
@@ -622,16 +549,8 @@ class EtcdBackend(PermitOps):
         except (SessionGone, ForeignDataError, LimitMismatchError):
             raise  # the lease is gone (nothing written), or the reply came: nothing in doubt
         except BaseException:
-            self._note_unsure(name, owner)
+            self._slots.unsure(name, owner)
             raise
-
-    def _note_unsure(self, name: str, owner: str) -> None:
-        """A request for ``owner``'s key of ``name`` may still arrive: its slot is never
-        reused, and its release deletes the key once more, later."""
-        if len(self._unsure) >= SEEN_LIMIT:
-            del self._unsure[next(iter(self._unsure))]
-            self._reuse = False  # that attempt's slot could be reused: reuse none from now on
-        self._unsure[(name, owner)] = None
 
     async def _release_unknown(self, name: str, owner: str, token: int | None) -> bool:
         """Release a grant whose slot this backend does not know (made through another
