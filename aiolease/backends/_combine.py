@@ -69,18 +69,24 @@ class Combiner(Generic[Op, R]):
         #: Statements that carried more than one operation (for tests and benchmarks).
         self.combined = 0
 
-    async def run(self, key: str, op: Op, *, to_end: bool = True) -> R:
+    async def run(self, key: str, op: Op, *, to_end: bool = True, gather: bool = False) -> R:
         """Send ``op`` of ``key`` (now, or with the next statement of ``key``); its result.
 
         :param to_end: an operation sent at once is seen to its end if the caller is
             cancelled meanwhile (:func:`finished`: one that may grant); else the caller
             shields it itself (a release)
+        :param gather: if it would go at once, it goes after the tasks ready to run now
+            instead, with the operations of ``key`` that they ask meanwhile (the caller
+            knows others are about to ask: the waiters that a release just granted
+            leave their blocks together, and ask again together)
         :raises BackendError: the statement that carried it failed
         """
         state = self._keys.get(key)
         if state is None:
             state = self._keys[key] = _Key()
-        if state.flying < self._depth and not state.waiting:
+        if gather and state.flying < self._depth and not state.waiting:
+            asyncio.get_running_loop().call_soon(self._pump_if_current, key, state)
+        elif state.flying < self._depth and not state.waiting:
             state.flying += 1
             try:
                 return await (finished(self._one(key, op)) if to_end else self._one(key, op))
@@ -91,6 +97,10 @@ class Combiner(Generic[Op, R]):
         future.add_done_callback(retrieve)  # its caller may have stopped waiting
         state.waiting.append((op, future))
         return await asyncio.shield(future)
+
+    def _pump_if_current(self, key: str, state: _Key[Op, R]) -> None:
+        if self._keys.get(key) is state:
+            self._pump(key, state)
 
     def _pump(self, key: str, state: _Key[Op, R]) -> None:
         """Send what waits, while fewer than ``depth`` statements of ``key`` fly."""

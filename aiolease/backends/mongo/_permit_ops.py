@@ -62,8 +62,9 @@ _MOST = 16
 
 
 class _Acquire(NamedTuple):
-    """The full acquire's pipeline (:func:`~._permits.acquire`)."""
+    """The full acquire's pipeline (:func:`~._permits.acquire`), and whose it is."""
 
+    owner: str
     update: list[dict[str, Any]]
 
 
@@ -247,7 +248,9 @@ class MongoPermits:
             sent_at = now()
             with self._mapped():
                 # Seen to its end even if the caller is cancelled (see ``Combiner.run``).
-                answer = await self.combiner.run(name, _Acquire(update))
+                answer = await self.combiner.run(
+                    name, _Acquire(owner, update), gather=name in self._waiters
+                )
                 if isinstance(answer, DuplicateKeyError):
                     continue
                 if isinstance(answer, Exception):
@@ -389,21 +392,22 @@ class MongoPermits:
         return (await self._send_many(name, [op]))[0]
 
     async def _send_many(self, name: str, ops: Sequence[_Acquire | _Release]) -> list[_Answer]:
-        """``ops`` in the order asked, each run of acquires, and each of releases, in
-        one command: the acquires' pipelines one after the other in one upsert (each
-        reads its outcome from the document after), the releases' likewise, on the
-        document that one of them matches, then the grants of the queue entries that fit
-        (each reads the document after: what it freed, whom the write granted). A command
-        that fails answers its error to its operations only: those of the runs before
-        it were done."""
-        answers: list[_Answer] = []
+        """``ops``, the releases first (:func:`_releases_first`), each run of acquires,
+        and each of releases, in one command: the acquires' pipelines one after the
+        other in one upsert (each reads its outcome from the document after), the
+        releases' likewise, on the document that one of them matches, then the grants of
+        the queue entries that fit (each reads the document after: what it freed, whom
+        the write granted). A command that fails answers its error to its operations
+        only: those of the runs before it were done."""
+        order = _releases_first(ops)
+        answers: list[_Answer | None] = [None] * len(ops)
         start = 0
-        while start < len(ops):
+        while start < len(order):
             end = start + 1
-            kind = type(ops[start])
-            while end < len(ops) and type(ops[end]) is kind:
+            kind = type(ops[order[start]])
+            while end < len(order) and type(ops[order[end]]) is kind:
                 end += 1
-            run = ops[start:end]
+            run = [ops[i] for i in order[start:end]]
             try:
                 if kind is _Acquire:
                     answer: _Answer = (await self._acquire_run(name, run), ())
@@ -412,9 +416,10 @@ class MongoPermits:
                     answer = (await self._release_run(name, released), released)
             except Exception as exc:
                 answer = exc
-            answers += [answer] * len(run)
+            for i in order[start:end]:
+                answers[i] = answer
             start = end
-        return answers
+        return [answer for answer in answers if answer is not None]
 
     async def _acquire_run(self, name: str, run: Sequence[_Acquire | _Release]) -> Any:
         self.commands += 1
@@ -506,3 +511,25 @@ class MongoPermits:
         self._wake_all()
         await self._tasks.aclose()
         await self._stream.aclose()
+
+
+def _releases_first(ops: Sequence[_Acquire | _Release]) -> list[int]:
+    """The order to send ``ops`` in (their indexes): every release ahead of the
+    acquires, unless an acquire of the same owner came before it (a cancelled acquire's
+    compensating release stays behind it); otherwise in the order asked. Operations
+    that wait together for a name's next command were asked at once: no order between
+    two owners' is promised, and a release first serves the queue first (it grants the
+    entries that then fit, in arrival order) and spares a refusal that it would grant
+    right after. Runs of one kind go in one command each: two commands for a mixed
+    batch, not one per change of kind."""
+    acquiring: set[str] = set()
+    first: list[int] = []
+    rest: list[int] = []
+    for i, op in enumerate(ops):
+        if isinstance(op, _Release) and op.owner not in acquiring:
+            first.append(i)
+        else:
+            rest.append(i)
+            if isinstance(op, _Acquire):
+                acquiring.add(op.owner)
+    return first + rest

@@ -238,7 +238,11 @@ class Permits:
         # Sent at once: seen to its end even if the caller is cancelled; gathered with
         # others: sent before whatever the caller sends next (see ``Combiner.run``).
         _, answer = _answer(
-            await self.combiner.run(name, (owner, weight, limit, identity, meta, ttl))
+            await self.combiner.run(
+                name,
+                (owner, weight, limit, identity, meta, ttl),
+                gather=self._handed.contended(name),
+            )
         )
         act, token = (_text(answer[0][0]), answer[0][1]) if answer else (None, None)
         rows = [] if token is not None else self._rows(name, [row[2:] for row in answer])

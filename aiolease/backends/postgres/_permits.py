@@ -158,7 +158,11 @@ class Permits:
         self.statements += 1
         # Sent at once: seen to its end even if the caller is cancelled; gathered with
         # others: sent before whatever the caller sends next (see ``Combiner.run``).
-        _, answer = await self.combiner.run(name, (owner, weight, limit, identity, meta, ttl))
+        _, answer = await self.combiner.run(
+            name,
+            (owner, weight, limit, identity, meta, ttl),
+            gather=self._handed.contended(name),
+        )
         first = answer[0] if answer else None
         act, token = (None, None) if first is None else (first["act"], first["tok"])
         rows = [] if token is not None else self._rows(name, answer)

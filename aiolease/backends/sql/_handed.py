@@ -102,6 +102,12 @@ class Handed:
         grants in its answer."""
         return list(self._by_name.get(name, ()))
 
+    def contended(self, name: str) -> bool:
+        """Whether requests of ``name`` refused here wait: a new request is likely to be
+        refused too, and others of this backend to ask with it (see ``Combiner.run``'s
+        ``gather``)."""
+        return name in self._by_name
+
     def _drop_limit(self, name: str, owner: str) -> int | None:
         owners = self._by_name.get(name)
         if owners is not None:

@@ -212,6 +212,50 @@ async def test_the_operations_of_a_name_asked_meanwhile_go_in_one_command(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
+async def test_the_releases_of_a_mixed_batch_go_first_in_one_command(
+    anyio_backend: str, mongo: str, collection: str
+) -> None:
+    """Acquires and releases of a name asked meanwhile, interleaved, go in two commands
+    (the releases, then the acquires), not one per change of kind; the releases first
+    serve the queue first: the queued request is granted, then the first new one."""
+    async with counting_client(mongo, collection) as (client, commands):
+        backend = MongoBackend(client, database=DATABASE, collection=collection)
+        name = unique("permits")
+        h1, h2, q0, a1, a2 = (permit_owner() for _ in range(5))
+        held = {
+            o: await backend.try_acquire_permit(name, o, LONG, "me", {}, 2, 1) for o in (h1, h2)
+        }
+        tokens = {o: g.token for o, g in held.items() if isinstance(g, Grant)}
+        assert sorted(tokens.values()) == [1, 2]
+        sent = len(commands.sent)
+        results: dict[str, object] = {}
+
+        async def acquire(owner: str) -> None:
+            results[owner] = await backend.try_acquire_permit(name, owner, LONG, "me", {}, 2, 1)
+
+        async def release(owner: str) -> None:
+            results[owner] = await backend.release(name, owner, tokens[owner])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(acquire, q0)  # alone, at once: the others wait for it
+            for step, owner in ((acquire, a1), (release, h1), (acquire, a2), (release, h2)):
+                tg.start_soon(step, owner)
+        assert commands.sent[sent:] == ["findAndModify"] * 3
+        assert results[h1] is True and results[h2] is True
+        assert isinstance(results[q0], HolderInfo)  # queued; the releases granted it
+        first_new = results[a1]
+        assert isinstance(first_new, Grant) and first_new.token == 4
+        assert isinstance(results[a2], HolderInfo)
+        granted = {
+            e["owner"]: e.get("token")
+            for e in permits_doc(mongo, collection, name)["entries"]
+            if e["granted"]
+        }
+        assert granted == {q0: 3, a1: 4}
+        await backend.aclose()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a pymongo client of the test's own
 async def test_a_release_grants_the_queued_request_it_fits_in_its_own_write(
     anyio_backend: str, mongo: str, collection: str
 ) -> None:

@@ -87,6 +87,53 @@ async def test_what_arrives_while_a_statement_flies_goes_in_one_next_in_order() 
     await on_asyncio(body)
 
 
+async def test_gathered_operations_of_an_idle_key_asked_in_one_step_go_as_one() -> None:
+    # As the waiters that one release granted ask again: without ``gather`` the first
+    # would go alone and the others wait for it (two statements, one after the other).
+    async def body() -> None:
+        server, tasks = Server(), Tasks(logger)
+        combiner: Combiner[str, str] = Combiner(server.one, server.many, tasks)
+        asked = [asyncio.ensure_future(combiner.run("n", op, gather=True)) for op in "abc"]
+        alone = asyncio.ensure_future(combiner.run("m", "x"))  # not gathered: at once
+        await server.sent(2)
+        assert server.statements == [("m", ["x"]), ("n", ["a", "b", "c"])]
+        assert combiner.combined == 1
+        server.go[1].set()
+        assert [await f for f in asked] == ["n:a", "n:b", "n:c"]
+        # One gathered alone still goes (in a statement of its own).
+        last = asyncio.ensure_future(combiner.run("n", "d", gather=True))
+        await server.sent(3)
+        assert server.statements[2] == ("n", ["d"])
+        server.go[2].set()
+        server.go[0].set()
+        assert await last == "n:d"
+        assert await alone == "m:x"
+        await tasks.aclose()
+
+    await on_asyncio(body)
+
+
+async def test_a_gathered_operation_of_a_busy_key_waits_for_the_next_statement() -> None:
+    async def body() -> None:
+        server, tasks = Server(), Tasks(logger)
+        combiner: Combiner[str, str] = Combiner(server.one, server.many, tasks)
+        first = asyncio.ensure_future(combiner.run("n", "a"))
+        await server.sent(1)
+        later = [asyncio.ensure_future(combiner.run("n", op, gather=True)) for op in "bc"]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert len(server.statements) == 1  # nothing of the key goes beside the first
+        server.go[0].set()
+        assert await first == "n:a"
+        await server.sent(2)
+        assert server.statements[1] == ("n", ["b", "c"])
+        server.go[1].set()
+        assert [await f for f in later] == ["n:b", "n:c"]
+        await tasks.aclose()
+
+    await on_asyncio(body)
+
+
 async def test_a_long_wait_goes_in_statements_of_at_most_most() -> None:
     async def body() -> None:
         server, tasks = Server(), Tasks(logger)

@@ -406,3 +406,38 @@ def test_processes_make_the_tables_at_once(place: Place) -> None:
     permits = anyio.run(read)
     assert permits is not None and permits.limit == 2 and permits.waiting == 1
     assert sorted(h.token for h in permits.holders) == [1, 2]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # asks in one step of its loop
+async def test_asks_of_a_contended_name_asked_in_one_step_go_as_one_statement(
+    place: Place,
+) -> None:
+    """Once a request of the name was refused here (it waits), the asks that tasks make
+    in one step of the event loop go together in one statement (as the waiters that one
+    release granted ask again), not the first alone and the others after it."""
+    async with aiolease.open_backend(place.url) as backend:
+        name = unique("sem")
+        held = await backend.try_acquire_permit(name, permit_owner(), 600.0, "h", {}, 1, 1)
+        assert isinstance(held, Grant)
+        queued = await backend.try_acquire_permit(name, permit_owner(), 600.0, "w", {}, 1, 1)
+        assert isinstance(queued, HolderInfo)
+        before = backend.statistics().permit_statements_combined
+        # Two: without gathering, the first goes alone and the second alone after it.
+        owners = [permit_owner() for _ in range(2)]
+        answers: list[object] = [None] * len(owners)
+
+        async def ask(i: int) -> None:
+            answers[i] = await backend.try_acquire_permit(name, owners[i], 600.0, "w", {}, 1, 1)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(owners)):
+                tg.start_soon(ask, i)
+        assert all(isinstance(a, HolderInfo) for a in answers)
+        assert backend.statistics().permit_statements_combined == before + 1
+        queue = await place.raw(
+            f"SELECT owner FROM {place.permits} WHERE name = {place.placeholder(1)}"
+            " AND granted = false ORDER BY seq",
+            name,
+        )
+        owned = [row[0].decode() if isinstance(row[0], bytes) else row[0] for row in queue]
+        assert owned[1:] == owners  # in the order asked
