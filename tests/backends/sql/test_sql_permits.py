@@ -415,7 +415,8 @@ async def test_asks_of_a_contended_name_asked_in_one_step_go_as_one_statement(
     """Once a request of the name was refused here (it waits), the asks that tasks make
     in one step of the event loop go together in one statement (as the waiters that one
     release granted ask again), not the first alone and the others after it."""
-    async with aiolease.open_backend(place.url) as backend:
+    async with aiolease.open_backend(place.url) as opened:
+        backend: Any = opened  # (statistics() is the SQL backends')
         name = unique("sem")
         held = await backend.try_acquire_permit(name, permit_owner(), 600.0, "h", {}, 1, 1)
         assert isinstance(held, Grant)
