@@ -62,10 +62,13 @@ _MOST = 16
 
 
 class _Acquire(NamedTuple):
-    """The full acquire's pipeline (:func:`~._permits.acquire`), and whose it is."""
+    """The full acquire's request (:func:`~._permits.acquire`'s arguments)."""
 
-    owner: str
-    update: list[dict[str, Any]]
+    request: permits.Request
+
+    @property
+    def owner(self) -> str:
+        return self.request[0]
 
 
 class _Release(NamedTuple):
@@ -240,17 +243,15 @@ class MongoPermits:
             granted = await self._take_free(name, owner, ttl, identity, metadata, limit, weight)
             if granted is not None:
                 return granted
-        update = permits.acquire(
-            owner, millis(ttl), identity, metadata, limit, weight, millis(ttl * _FRESH_SHARE)
+        request = _Acquire(
+            (owner, millis(ttl), identity, metadata, limit, weight, millis(ttl * _FRESH_SHARE))
         )
         mark = self._mark(name)
         for _ in range(2):
             sent_at = now()
             with self._mapped():
                 # Seen to its end even if the caller is cancelled (see ``Combiner.run``).
-                answer = await self.combiner.run(
-                    name, _Acquire(owner, update), gather=name in self._waiters
-                )
+                answer = await self.combiner.run(name, request, gather=name in self._waiters)
                 if isinstance(answer, DuplicateKeyError):
                     continue
                 if isinstance(answer, Exception):
@@ -423,7 +424,11 @@ class MongoPermits:
 
     async def _acquire_run(self, name: str, run: Sequence[_Acquire | _Release]) -> Any:
         self.commands += 1
-        stages = [stage for op in run for stage in op.update]  # type: ignore[union-attr]
+        requests = [op.request for op in run]  # type: ignore[union-attr]
+        if len(requests) == 1:
+            stages = permits.acquire(*requests[0])
+        else:  # one stage for all: parsed once (see acquire_many)
+            stages = permits.acquire_many(requests)
         return await self._writer.find_and_modify(
             {"_id": name}, stages, fields=permits.READ, upsert=True, new=True
         )

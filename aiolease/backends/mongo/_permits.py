@@ -36,6 +36,7 @@ __all__ = [
     "RELEASED_AFTER",
     "TAKEN",
     "acquire",
+    "acquire_many",
     "free_filter",
     "freed_flags",
     "granted_in",
@@ -175,17 +176,55 @@ def _entry(
     token: Any,
 ) -> Doc:
     """An entry of ``owner`` as an acquire writes it (``seq`` and ``token`` expressions)."""
+    return _entry_of(
+        _literals(owner, identity, metadata, limit, weight, ttl_ms, 0), granted, seq, token
+    )
+
+
+#: A request's values in the acquire's expressions, by name: ``owner``, ``identity``,
+#: ``metadata``, ``limit``, ``weight``, ``ttl`` and ``fresh`` (milliseconds).
+Values = Mapping[str, Any]
+
+
+def _literals(
+    owner: str,
+    identity: str,
+    metadata: Mapping[str, str],
+    limit: int,
+    weight: int,
+    ttl_ms: int,
+    fresh_ms: int,
+) -> Values:
+    """A request's values written into the expressions (one acquire alone)."""
     return {
         "owner": {"$literal": owner},
-        "weight": weight,
+        "identity": {"$literal": identity},
+        "metadata": {"$literal": dict(metadata)},
         "limit": limit,
+        "weight": weight,
+        "ttl": ttl_ms,
+        "fresh": fresh_ms,
+    }
+
+
+def _entry_of(r: Values, granted: bool, seq: Any, token: Any) -> Doc:
+    return {
+        "owner": r["owner"],
+        "weight": r["weight"],
+        "limit": r["limit"],
         "granted": granted,
         "seq": seq,
         "token": token,
-        "identity": {"$literal": identity},
-        "metadata": {"$literal": dict(metadata)},
-        "expires": {"$add": [NOW, ttl_ms]},
+        "identity": r["identity"],
+        "metadata": r["metadata"],
+        "expires": {"$add": [NOW, r["ttl"]]},
     }
+
+
+#: An acquire request as :func:`acquire_many` takes it: (owner, ttl in milliseconds,
+#: identity, metadata, limit, weight, fresh in milliseconds), as :func:`acquire`'s
+#: arguments.
+Request = tuple[str, int, str, Mapping[str, str], int, int, int]
 
 
 def acquire(
@@ -209,14 +248,46 @@ def acquire(
 
     Expired entries are dropped by every write (rule 7).
     """
-    me = {"$literal": owner}
-    until = {"$add": [NOW, ttl_ms]}
-    mine_null = {"$eq": ["$$mine", None]}
-    token = {"$ifNull": ["$token", 0]}
-    seq = {"$ifNull": ["$seq", 0]}
+    values = _literals(owner, identity, metadata, limit, weight, ttl_ms, fresh_ms)
+    return [{"$replaceWith": {"$cond": [VALID, _decide("$$ROOT", values), "$$ROOT"]}}]
 
-    def entry(granted: bool, seq_: Any, token_: Any) -> Doc:
-        return _entry(owner, identity, metadata, limit, weight, ttl_ms, granted, seq_, token_)
+
+def acquire_many(requests: Sequence[Request]) -> list[Doc]:
+    """The acquires of ``requests``, in order, each decided as :func:`acquire` decides
+    it alone on the document as the ones before left it: one stage that folds the
+    requests (given as one literal array) over the document, so that the server
+    parses the decision once per command, not once per request (about 0.55 ms per
+    request's 5.6 kB on the test machine, more than evaluating it)."""
+    fields = ("owner", "ttl", "identity", "metadata", "limit", "weight", "fresh")
+    listed = [
+        dict(zip(fields, (o, t, i, dict(m), lim, w, f), strict=True))
+        for o, t, i, m, lim, w, f in requests
+    ]
+    values = {field: f"$$req.{field}" for field in fields}
+    fold = {
+        "$reduce": {
+            "input": {"$literal": listed},
+            "initialValue": "$$ROOT",
+            "in": {
+                "$let": {
+                    "vars": {"req": "$$this", "doc": "$$value"},
+                    "in": _decide("$$doc", values),
+                }
+            },
+        }
+    }
+    return [{"$replaceWith": {"$cond": [VALID, fold, "$$ROOT"]}}]
+
+
+def _decide(doc: str, r: Values) -> Doc:
+    """The document after the acquire of the request ``r`` (its values as expressions)
+    on ``doc`` (a variable: ``$$ROOT``, or the fold's document so far); see
+    :func:`acquire`."""
+    me = r["owner"]
+    until = {"$add": [NOW, r["ttl"]]}
+    mine_null = {"$eq": ["$$mine", None]}
+    token = {"$ifNull": [f"{doc}.token", 0]}
+    seq = {"$ifNull": [f"{doc}.seq", 0]}
 
     def mine_expiry_reset() -> Doc:
         return {
@@ -252,23 +323,32 @@ def acquire(
         "entries": {
             "$concatArrays": [
                 {"$filter": {"input": "$$live", "cond": {"$ne": ["$$this.owner", me]}}},
-                [entry(True, {"$cond": [mine_null, {"$add": [seq, 1]}, "$$mine.seq"]}, next_token)],
+                [
+                    _entry_of(
+                        r,
+                        True,
+                        {"$cond": [mine_null, {"$add": [seq, 1]}, "$$mine.seq"]},
+                        next_token,
+                    )
+                ],
             ]
         },
     }
     queued = {
         "seq": _long({"$add": [seq, 1]}),
-        "entries": {"$concatArrays": ["$$live", [entry(False, _long({"$add": [seq, 1]}), 0)]]},
+        "entries": {
+            "$concatArrays": ["$$live", [_entry_of(r, False, _long({"$add": [seq, 1]}), 0)]]
+        },
     }
     refused = {
         "$cond": [
             mine_null,
-            {"$mergeObjects": ["$$ROOT", queued]},
+            {"$mergeObjects": [doc, queued]},
             {
                 "$cond": [
-                    {"$gt": [{"$subtract": ["$$mine.expires", NOW]}, fresh_ms]},
-                    "$$ROOT",  # its place is kept without a write (it asks again in time)
-                    {"$mergeObjects": ["$$ROOT", {"entries": mine_expiry_reset()}]},
+                    {"$gt": [{"$subtract": ["$$mine.expires", NOW]}, r["fresh"]]},
+                    doc,  # its place is kept without a write (it asks again in time)
+                    {"$mergeObjects": [doc, {"entries": mine_expiry_reset()}]},
                 ]
             },
         ]
@@ -278,18 +358,18 @@ def acquire(
             {
                 "$and": [
                     {"$gt": [{"$size": "$$live"}, 0]},
-                    {"$ne": [{"$arrayElemAt": ["$$live.limit", 0]}, limit]},
+                    {"$ne": [{"$arrayElemAt": ["$$live.limit", 0]}, r["limit"]]},
                 ]
             },
-            "$$ROOT",  # another limit: nothing changes (LimitMismatchError)
+            doc,  # another limit: nothing changes (LimitMismatchError)
             {
                 "$cond": [
                     {"$eq": ["$$mine.granted", True]},
-                    {"$mergeObjects": ["$$ROOT", {"entries": mine_expiry_reset()}]},
+                    {"$mergeObjects": [doc, {"entries": mine_expiry_reset()}]},
                     {
                         "$cond": [
-                            {"$lte": [{"$add": [taken, weight]}, limit]},
-                            {"$mergeObjects": ["$$ROOT", granted]},
+                            {"$lte": [{"$add": [taken, r["weight"]]}, r["limit"]]},
+                            {"$mergeObjects": [doc, granted]},
                             refused,
                         ]
                     },
@@ -299,7 +379,7 @@ def acquire(
     }
     live = {
         "$filter": {
-            "input": {"$ifNull": ["$entries", []]},
+            "input": {"$ifNull": [f"{doc}.entries", []]},
             "cond": {"$gt": ["$$this.expires", NOW]},
         }
     }
@@ -314,10 +394,9 @@ def acquire(
             None,
         ]
     }
-    body = {
+    return {
         "$let": {"vars": {"live": live}, "in": {"$let": {"vars": {"mine": mine}, "in": decide}}}
     }
-    return [{"$replaceWith": {"$cond": [VALID, body, "$$ROOT"]}}]
 
 
 #: What the reply of :func:`take_free` shows (the caller's grant: nothing to decide).

@@ -16,6 +16,7 @@ import aiolease
 from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError, NotOwnerError
 from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mongo import MongoBackend
+from aiolease.backends.mongo import _permits as permits_mod
 from tests.backends.mongo.conftest import DATABASE
 from tests.backends.mongo.support import inner, raw
 from tests.support import eventually, unique, with_query
@@ -123,6 +124,8 @@ class _Commands(monitoring.CommandListener):
         self.updates: list[int] = []
         #: The query of each ``findAndModify`` command.
         self.queries: list[dict[str, Any]] = []
+        #: The number of pipeline stages of each ``findAndModify`` command.
+        self.stages: list[int] = []
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command.get(event.command_name) == self.collection:
@@ -131,6 +134,8 @@ class _Commands(monitoring.CommandListener):
                 self.updates.append(len(event.command.get("updates", ())))
             if event.command_name == "findAndModify":
                 self.queries.append(dict(event.command["query"]))
+                update = event.command.get("update")
+                self.stages.append(len(update) if isinstance(update, list) else 0)
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pass
@@ -197,6 +202,9 @@ async def test_the_operations_of_a_name_asked_meanwhile_go_in_one_command(
         assert len(grants) == 3
         assert sorted(grant.token for grant in grants) == [1, 2, 3]
         assert commands.sent == ["findAndModify"] * 2
+        # The five asked meanwhile: one stage that folds them, parsed once (not a
+        # stage of 5.6 kB per request).
+        assert commands.stages == [1, 1]
         assert len(permits_doc(mongo, collection, name)["entries"]) == 6  # 3 held, 3 queued
 
         queued = [o for o in owners if isinstance(results[o], HolderInfo)]
@@ -559,3 +567,63 @@ async def test_a_held_permit_sends_nothing_between_renewals(
                 for _ in range(5):  # five round trips of ours, time for a watch's reads
                     assert await backend.read_permits(sem.name) is not None
                 assert commands.sent == ["find"] * 5
+
+
+def test_the_folded_acquires_decide_as_the_acquires_one_after_the_other(
+    mongo: str, collection: str
+) -> None:
+    """``acquire_many`` (one stage folding the requests) leaves the document that the
+    requests' ``acquire`` stages leave one after the other, whatever each decides: a
+    holder's renewal, a fresh queue entry kept as it is, a stale one refreshed, a limit
+    mismatch (nothing), a new request queued (its identity and metadata with ``$`` in
+    them kept as text), and, once a place is free, a grant. Expiries are compared apart
+    (each command reads its own ``$$NOW``)."""
+    held, other, fresh, stale = (permit_owner() for _ in range(4))
+    new = [permit_owner() for _ in range(3)]
+    minute = 60_000
+    setup: list[permits_mod.Request] = [
+        (o, minute, o[-4:], {}, 2, 1, minute // 2) for o in (held, other, fresh, stale)
+    ]
+    requests: list[permits_mod.Request] = [
+        (held, minute, "h", {}, 2, 1, minute // 2),  # the holder's retry: renewed
+        (fresh, 2 * minute, "f", {}, 2, 1, minute // 2),  # fresh: kept as it is
+        (stale, 2 * minute, "s", {}, 2, 1, 3 * minute),  # stale: its expiry reset
+        (new[0], minute, "n", {}, 3, 1, minute // 2),  # another limit: nothing
+        (new[1], minute, "$id", {"$k": "$v"}, 2, 1, minute // 2),  # queued
+    ]
+    # Once `other` is gone: the first in the queue is granted, a new one queued.
+    freed: list[permits_mod.Request] = [
+        (fresh, minute, "f", {}, 2, 1, minute // 2),
+        (new[2], minute, "g", {}, 2, 1, 1),
+    ]
+
+    with raw(mongo) as client:
+        coll = client[DATABASE][f"{collection}_permits"]
+        after: list[Any] = []
+        for fold in (False, True):
+            name = unique("fold")
+            for request in setup:
+                coll.find_one_and_update({"_id": name}, permits_mod.acquire(*request), upsert=True)
+            for batch in (requests, freed):
+                stages = (
+                    permits_mod.acquire_many(batch)
+                    if fold
+                    else [stage for r in batch for stage in permits_mod.acquire(*r)]
+                )
+                coll.find_one_and_update({"_id": name}, stages, upsert=True)
+                coll.update_one({"_id": name}, {"$pull": {"entries": {"owner": other}}})
+            after.append(coll.find_one({"_id": name}))
+    expires = [{e["owner"]: e.pop("expires") for e in doc["entries"]} for doc in after]
+    assert {**after[0], "_id": None} == {**after[1], "_id": None}
+    entries = [(e["owner"], e["granted"], e["token"], e["seq"]) for e in after[1]["entries"]]
+    assert entries == [  # in arrival order (seq), a grant's entry moved to the end
+        (held, True, 1, 1),
+        (stale, False, 0, 4),
+        (new[1], False, 0, 5),
+        (fresh, True, 3, 3),
+        (new[2], False, 0, 6),
+    ]
+    queued = after[1]["entries"][2]
+    assert (queued["identity"], queued["metadata"]) == ("$id", {"$k": "$v"})
+    for seen in expires:  # stale's reset to two minutes on; fresh's a minute from its grant
+        assert (seen[stale] - seen[fresh]).total_seconds() > 50
