@@ -763,69 +763,13 @@ RELEASED_AFTER: Doc = {"entries": 1, "token": 1, FREED: 1, "_lefts": _LEFTS}
 
 def release_pipeline(released: Sequence[tuple[str, int | None]], stamp: str) -> list[Doc]:
     """The releases ``released`` (owner, token), one after the other, then the grants
-    of the queue entries that fit (:data:`GRANT_FITTING`). Several releases are one
-    stage that folds them (:func:`_release_fold`): parsed once, not once each."""
-    if len(released) == 1:
-        owner, token = released[0]
-        return release_update(owner, token, stamp) + GRANT_FITTING
-    return [*_release_fold(released, stamp), *GRANT_FITTING]
-
-
-def _release_fold(released: Sequence[tuple[str, int | None]], stamp: str) -> list[Doc]:
-    """The stages that set :func:`release_update`'s fields as each release of
-    ``released`` in turn leaves them: the entries each drops (its own, and expired
-    ones) and, after ``stamp`` and a slash, a ``1`` or ``0`` per release for whether it
-    dropped a live permit (:func:`freed_flags`)."""
-    listed = [{"owner": owner, "token": token} for owner, token in released]
-    mine = {
-        "$and": [
-            {"$eq": ["$$this.owner", "$$req.owner"]},
-            {
-                "$or": [
-                    {"$eq": ["$$req.token", None]},
-                    {"$ne": ["$$this.granted", True]},
-                    {"$eq": ["$$this.token", "$$req.token"]},
-                ]
-            },
-        ]
-    }
-    live_mine = {
-        "$anyElementTrue": [
-            {
-                "$map": {
-                    "input": "$$so_far.entries",
-                    "in": {
-                        "$and": [
-                            mine,
-                            {"$eq": ["$$this.granted", True]},
-                            {"$gt": ["$$this.expires", NOW]},
-                        ]
-                    },
-                }
-            }
-        ]
-    }
-    step = {
-        "freed": {"$concat": ["$$so_far.freed", {"$cond": [live_mine, "1", "0"]}]},
-        "entries": {
-            "$filter": {
-                "input": "$$so_far.entries",
-                "cond": {"$and": [{"$not": [mine]}, {"$gt": ["$$this.expires", NOW]}]},
-            }
-        },
-    }
-    fold = {
-        "$reduce": {
-            "input": {"$literal": listed},
-            "initialValue": {"freed": {"$literal": stamp + "/"}, "entries": "$entries"},
-            "in": {"$let": {"vars": {"req": "$$this", "so_far": "$$value"}, "in": step}},
-        }
-    }
-    return [
-        {"$set": {"_released": fold}},
-        {"$set": {FREED: "$_released.freed", "entries": "$_released.entries"}},
-        {"$unset": "_released"},
+    of the queue entries that fit (:data:`GRANT_FITTING`)."""
+    stages = [
+        stage
+        for i, (owner, token) in enumerate(released)
+        for stage in release_update(owner, token, stamp, first=i == 0)
     ]
+    return stages + GRANT_FITTING
 
 
 def freed_flags(after: Mapping[str, Any] | None) -> str:
