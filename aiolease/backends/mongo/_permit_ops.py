@@ -30,6 +30,7 @@ from .._asyncio import Tasks, now, wait_event
 from .._combine import Combiner
 from ..sql._permits import blocker, permit_holders
 from ..sql._running import finished
+from . import _permit_acquire as acquiring
 from . import _permits as permits
 from ._commands import whole
 from ._pipelines import millis
@@ -62,9 +63,9 @@ _MOST = 16
 
 
 class _Acquire(NamedTuple):
-    """The full acquire's request (:func:`~._permits.acquire`'s arguments)."""
+    """The full acquire's request (:func:`~._permit_acquire.acquire`'s arguments)."""
 
-    request: permits.Request
+    request: acquiring.Request
 
     @property
     def owner(self) -> str:
@@ -222,7 +223,7 @@ class MongoPermits:
         limit: int,
         weight: int,
     ) -> Grant | HolderInfo:
-        """One ``findAndModify`` upsert (see :func:`~._permits.acquire`); its outcome read
+        """One ``findAndModify`` upsert (see :func:`~._permit_acquire.acquire`); its outcome read
         from the document after it. Two first upserts that race: the loser (a duplicate
         key) asks once more, and finds the winner's document. A name whose latest
         release here left no entry is asked for with a short command first
@@ -280,7 +281,7 @@ class MongoPermits:
         limit: int,
         weight: int,
     ) -> Grant | None:
-        """The grant of a name whose document has no entry (:func:`~._permits.free_filter`):
+        """The grant of a name whose document has no entry (:func:`~._permit_acquire.free_filter`):
         one short ``findAndModify`` (not an upsert), which the server parses in a
         fraction of the full acquire's time. ``None``: the document was not free after
         all (or foreign, or gone): the full acquire decides.
@@ -294,9 +295,9 @@ class MongoPermits:
             # Seen to its end even if the caller is cancelled (see ``finished``).
             doc = await finished(
                 self._writer.find_and_modify(
-                    permits.free_filter(name),
-                    permits.take_free(owner, millis(ttl), identity, metadata, limit, weight),
-                    fields=permits.TAKEN,
+                    acquiring.free_filter(name),
+                    acquiring.take_free(owner, millis(ttl), identity, metadata, limit, weight),
+                    fields=acquiring.TAKEN,
                     new=True,
                 )
             )
@@ -426,9 +427,9 @@ class MongoPermits:
         self.commands += 1
         requests = [op.request for op in run]  # type: ignore[union-attr]
         if len(requests) == 1:
-            stages = permits.acquire(*requests[0])
+            stages = acquiring.acquire(*requests[0])
         else:  # one stage for all: parsed once (see acquire_many)
-            stages = permits.acquire_many(requests)
+            stages = acquiring.acquire_many(requests)
         return await self._writer.find_and_modify(
             {"_id": name}, stages, fields=permits.READ, upsert=True, new=True
         )

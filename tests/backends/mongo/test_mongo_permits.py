@@ -16,7 +16,7 @@ import aiolease
 from aiolease import AsyncReadWriteLock, AsyncSemaphore, ForeignDataError, NotOwnerError
 from aiolease.abc import Backend, Grant, HolderInfo, permit_owner
 from aiolease.backends.mongo import MongoBackend
-from aiolease.backends.mongo import _permits as permits_mod
+from aiolease.backends.mongo import _permit_acquire as permits_mod
 from tests.backends.mongo.conftest import DATABASE
 from tests.backends.mongo.support import inner, raw
 from tests.support import eventually, unique, with_query
