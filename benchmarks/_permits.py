@@ -12,11 +12,12 @@ one backend object, so a permit is always compared with the same backend's lock.
   <= 1.2x the lock. A peer's lock (none of the peers has a semaphore) is shown as
   a ratio to our lock, for reference.
 * **16 tasks, semaphore of limit 4, hold 1 ms**: 16 tasks loop ``async with sem:
-  sleep(1 ms)`` for ``seconds`` (a checkpoint between turns, as in
-  ``bench_embedded.py``); acquisitions per second (those whose acquire returned in
-  the window), max/min acquisitions per task, the most holders seen inside at once
-  (never above 4), this process's CPU seconds per second (near 1: the client's
-  CPU is the bottleneck, not the waits), and acquires that failed with a
+  sleep(1 ms)`` for 0.5 s of warm-up (:data:`WARMUP`, not counted), then for
+  ``seconds`` (a checkpoint between turns, as in ``bench_embedded.py``);
+  acquisitions per second (those whose block ended in the window), max/min
+  acquisitions per task, the most holders seen inside at once (never above 4), this
+  process's CPU seconds per second in the window (near 1: the client's CPU is the
+  bottleneck, not the waits), and acquires that failed with a
   ``BackendError`` (counted, and the task goes on; the first is printed). The
   same 16 tasks on an :class:`AsyncLock` give the lock's hand-off rate, in the same
   run. Target: the semaphore's rate >= 3.5x the lock's, max/min <= 1.5, no failed
@@ -85,6 +86,9 @@ TARGET_THROUGHPUT = 3.5
 TARGET_FAIRNESS = 1.5
 TARGET_PER_TICK = 1.2
 TASKS, LIMIT = 16, 4
+#: Seconds the 16 tasks run before the contended figure's window opens (not counted):
+#: the first grants, the backend's first statements and caches, the servers' warm-up.
+WARMUP = 0.5
 RW_TASKS, WRITES = 8, 0.1
 HELD_TTL = 3.0
 
@@ -125,7 +129,8 @@ class PermitSizes:
     @classmethod
     def of(cls, args: Any, settle: float) -> PermitSizes:
         """From a script's ``--cycles``, ``--seconds``, ``--held``, ``--held-seconds``;
-        with ``--quick``, at most 50 cycles, 0.5 s per contended figure, 50 permits
+        with ``--quick``, at most 50 cycles, 0.5 s per contended figure (after
+        the 16-task figure's warm-up), 50 permits
         held for one tick, counted from the first renewal call that renews them all
         (granted within 0.1 s, they renew in one call from the first tick on; at
         most 1.5 s after the grants: a session backend renews none; the whole
@@ -245,18 +250,21 @@ async def _uncontended(
 
 
 async def _loop_tasks(
-    tasks: int, seconds: float, once: Callable[[int], Awaitable[object]]
+    tasks: int, seconds: float, once: Callable[[int], Awaitable[object]], warmup: float = 0.0
 ) -> list[int]:
     """Acquisitions per task of ``tasks`` tasks that call ``once(i)`` in a loop; those
-    whose ``once`` returned within ``seconds`` count. Each loop ends after its first
-    call that returns past the window (a waiter is not cancelled: redis-py's client
-    can swallow a cancel); any left after 15 s more are cancelled. An acquire that
-    fails with :class:`~aiolease.BackendError` is counted in :data:`LAST_ERRORS` and
-    the loop goes on. The process's CPU seconds per second over the run are left in
-    :data:`LAST_CPU`."""
+    whose ``once`` returned within the window of ``seconds`` count, the window starting
+    ``warmup`` seconds after the loops (what returns before it is not counted). Each
+    loop ends after its first call that returns past the window (a waiter is not
+    cancelled: redis-py's client can swallow a cancel); any left after 15 s more are
+    cancelled. An acquire that fails with :class:`~aiolease.BackendError` in the
+    window is counted in :data:`LAST_ERRORS` (one before it too: an error is an error)
+    and the loop goes on. The process's CPU seconds per second from the window's start
+    to the loops' end are left in :data:`LAST_CPU`."""
     counts = [0] * tasks
-    end = time.monotonic() + seconds
-    cpu, wall = time.process_time(), time.monotonic()
+    start = time.monotonic() + warmup
+    end = start + seconds
+    at_start = [time.process_time(), time.monotonic()]
     LAST_ERRORS.clear()
 
     async def loop(i: int) -> None:
@@ -266,13 +274,20 @@ async def _loop_tasks(
             except BackendError as exc:
                 LAST_ERRORS.append(exc)
                 continue
-            counts[i] += time.monotonic() <= end
+            counts[i] += start <= time.monotonic() <= end
             await anyio.lowlevel.checkpoint()  # others may run before this one asks again
 
-    with anyio.move_on_after(seconds + 15):
+    async def window_starts() -> None:
+        await anyio.sleep(warmup)
+        at_start[:] = [time.process_time(), time.monotonic()]
+
+    with anyio.move_on_after(warmup + seconds + 15):
         async with anyio.create_task_group() as tg:
+            if warmup > 0:
+                tg.start_soon(window_starts)
             for i in range(tasks):
                 tg.start_soon(loop, i)
+    cpu, wall = at_start
     LAST_CPU[0] = (time.process_time() - cpu) / (time.monotonic() - wall)
     return counts
 
@@ -337,7 +352,7 @@ async def _contended(
 
         runs[f"{label} lock (no semaphore)"] = peer_once
     for label, run in runs.items():
-        found[label] = await _loop_tasks(TASKS, seconds, run)
+        found[label] = await _loop_tasks(TASKS, seconds, run, WARMUP)
         cpus[label] = LAST_CPU[0]
         errors[label] = list(LAST_ERRORS)
     figure = f"{TASKS} tasks, semaphore of limit {LIMIT}, hold 1 ms"
