@@ -150,9 +150,17 @@ class LimitMismatchError(LeaseError):
     """
 
     def __init__(self, name: str, limit: int, held_limit: int) -> None:
+        from ._permits import RW_LIMIT  # (it imports this module)
+
+        if held_limit == RW_LIMIT:
+            message = f"{name!r} is a read-write lock, not a semaphore of limit {limit}"
+        elif limit == RW_LIMIT:
+            message = f"{name!r} is a semaphore of limit {held_limit}, not a read-write lock"
+        else:
+            message = f"permits of {name!r} are held with limit {held_limit}, not {limit}"
         super().__init__(
-            f"permits of {name!r} are held with limit {held_limit}, not {limit}: every"
-            " client of one name must give the same limit",
+            f"{message}: every client of one name must give the same limit "
+            "(a semaphore and a read-write lock cannot share a name)",
             name=name,
         )
         self.limit = limit

@@ -58,7 +58,7 @@ from .._exceptions import (
 from .._lease import Lease, Timing
 from .._limits import check_duration
 from .._lock import AsyncLock
-from .._permits import MAX_LIMIT, PermitHolders, check_limit
+from .._permits import MAX_LIMIT, RW_LIMIT, PermitHolders, check_limit
 from .._registry import open_backend
 from .._semaphore import AsyncSemaphore
 from .._validate import check_identity, check_name, check_seconds
@@ -207,7 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_term_options(elect)
     _add_command_options(elect)
 
-    shows = (("status", "show the current holder"), ("watch", "print each change of leader"))
+    shows = (
+        ("status", "show the current holder (and a semaphore's or read-write lock's)"),
+        ("watch", "print each change of leader"),
+    )
     for name, text in shows:
         shown = sub.add_parser(name, parents=[common], help=text)
         shown.add_argument("name", help="the lease name")
@@ -454,16 +457,52 @@ def _holder_line(holder: HolderInfo) -> str:
     return f"{holder.identity} (token {holder.token}{left})"
 
 
+def _mode(weight: int) -> str:
+    """A read-write lock's permit of ``weight``: a writer's or a reader's."""
+    return "write" if weight == RW_LIMIT else "read"
+
+
 def _permits_record(permits: PermitHolders) -> dict[str, Any]:
+    rw = permits.limit == RW_LIMIT
     return {
+        "kind": "read-write lock" if rw else "semaphore",
         "limit": permits.limit,
         "used": permits.used,
         "waiting": permits.waiting,
         "holders": [
-            {**_status_record(permits.name, holder), "weight": weight}
+            {
+                **_status_record(permits.name, holder),
+                "weight": weight,
+                **({"mode": _mode(weight)} if rw else {}),
+            }
             for holder, weight in zip(permits.holders, permits.weights, strict=True)
         ],
     }
+
+
+def _print_permits(permits: PermitHolders) -> None:
+    """``status``'s lines for a semaphore's permits, or a read-write lock's readers or
+    writer (whose limit and weights are the encoding's, not worth showing)."""
+    name = permits.name
+    waiting = f", {permits.waiting} waiting" if permits.waiting else ""
+    pairs = zip(permits.holders, permits.weights, strict=True)
+    if permits.limit != RW_LIMIT:
+        print(f"{name}: {permits.used} of {permits.limit} permits held{waiting}", flush=True)
+        for permit, weight in pairs:
+            share = "" if weight == 1 else f", weight {weight}"
+            print(f"  {_holder_line(permit)}{share}", flush=True)
+        return
+    readers = sum(weight != RW_LIMIT for weight in permits.weights)
+    if len(permits.holders) > readers:
+        held = "held for writing"
+    elif permits.holders:
+        held = f"{readers} reader{'' if readers == 1 else 's'}"
+    else:
+        held = "free"
+    print(f"{name}: read-write lock, {held}{waiting}", flush=True)
+    for permit, weight in pairs:
+        who = "writer" if weight == RW_LIMIT else "reader"
+        print(f"  {who} {_holder_line(permit)}", flush=True)
 
 
 async def cmd_status(args: argparse.Namespace, backend: Backend) -> int:
@@ -488,11 +527,7 @@ async def cmd_status(args: argparse.Namespace, backend: Backend) -> int:
         for key, value in sorted(holder.metadata.items()):
             print(f"  {key}: {value}", flush=True)
     if permits is not None:
-        waiting = f", {permits.waiting} waiting" if permits.waiting else ""
-        print(f"{args.name}: {permits.used} of {permits.limit} permits held{waiting}", flush=True)
-        for permit, weight in zip(permits.holders, permits.weights, strict=True):
-            share = "" if weight == 1 else f", weight {weight}"
-            print(f"  {_holder_line(permit)}{share}", flush=True)
+        _print_permits(permits)
     return 0
 
 

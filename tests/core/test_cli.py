@@ -16,7 +16,7 @@ import pytest
 from anyio.abc import SocketListener, SocketStream
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from aiolease import AsyncLock
+from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore
 from aiolease._cli._where import default_url, sqlite_url, state_dir
 from aiolease.backends.memory import MemoryBackend
 from aiolease.cli import EXIT_LOST, EXIT_TIMEOUT, EXIT_USAGE, main, run
@@ -140,6 +140,57 @@ async def test_status_text(capsys: pytest.CaptureFixture[str]) -> None:
     free, held = capsys.readouterr().out.splitlines()
     assert free == "n: free"
     assert held.startswith("n: held by me (token 1, ")
+
+
+@pytest.mark.anyio
+async def test_status_of_a_read_write_lock_says_readers_and_writer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``status`` of a read-write lock names its readers or its writer and who waits,
+    not the permits of its encoding (limit and a writer's weight 2**31 - 1)."""
+    backend = MemoryBackend()
+    rw = AsyncReadWriteLock(backend, "rw", ttl=10, identity="me")
+
+    async def status(*options: str) -> str:
+        assert await run(["status", "rw", *options], backend=backend) == 0
+        return capsys.readouterr().out
+
+    async with rw.read(), rw.read():
+        readers = (await status()).splitlines()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(rw.write().acquire, timeout=10))
+            await anyio.wait_all_tasks_blocked()  # the writer waits behind the readers
+            queued = (await status()).splitlines()
+            queued_json = json.loads(await status("--json"))["permits"]
+            tg.cancel_scope.cancel()
+    async with rw.write():
+        writer = (await status()).splitlines()
+        writer_json = json.loads(await status("--json"))["permits"]
+    assert not any(str(2**31 - 1) in line for line in readers + queued + writer)
+    assert readers[0] == "rw: read-write lock, 2 readers"
+    assert [line.split(" (")[0] for line in readers[1:]] == ["  reader me", "  reader me"]
+    assert queued[0] == "rw: read-write lock, 2 readers, 1 waiting"
+    assert (queued_json["kind"], queued_json["waiting"]) == ("read-write lock", 1)
+    assert [h["mode"] for h in queued_json["holders"]] == ["read", "read"]
+    head, line = writer
+    assert head == "rw: read-write lock, held for writing"
+    assert line.startswith("  writer me (token 3, ")
+    assert [(h["mode"], h["token"]) for h in writer_json["holders"]] == [("write", 3)]
+
+
+@pytest.mark.anyio
+async def test_status_of_a_semaphore_says_its_kind_in_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    backend = MemoryBackend()
+    async with AsyncSemaphore(backend, "pool", limit=3, ttl=10, identity="me"):
+        assert await run(["status", "pool"], backend=backend) == 0
+        assert await run(["status", "pool", "--json"], backend=backend) == 0
+    text, record = capsys.readouterr().out.splitlines()[::2][:2]
+    assert text == "pool: 1 of 3 permits held"
+    permits = json.loads(record)["permits"]
+    assert (permits["kind"], permits["limit"], permits["used"]) == ("semaphore", 3, 1)
+    assert "mode" not in permits["holders"][0]
 
 
 @pytest.mark.anyio

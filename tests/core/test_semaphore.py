@@ -23,6 +23,7 @@ from aiolease import (
     LimitMismatchError,
     LossReason,
 )
+from aiolease._permits import RW_LIMIT
 from aiolease.abc import Grant, HolderInfo, Renewal, RenewResult, is_permit_owner, permit_owner
 from aiolease.backends.memory import MemoryBackend
 from aiolease.testing.faults import FaultyBackend
@@ -95,8 +96,17 @@ async def test_limit_mismatch_is_typed() -> None:
         with pytest.raises(LimitMismatchError) as info:
             await AsyncSemaphore(backend, "s", limit=3, ttl=10).acquire()
         assert (info.value.limit, info.value.held_limit) == (3, 2)
-        with pytest.raises(LimitMismatchError):
+        assert "permits of 's' are held with limit 2, not 3" in str(info.value)
+        with pytest.raises(LimitMismatchError) as info:
             await AsyncReadWriteLock(backend, "s", ttl=10).read().acquire()
+        # Said as what it is, not as the read-write lock's limit (2**31 - 1).
+        assert "'s' is a semaphore of limit 2, not a read-write lock" in str(info.value)
+        assert str(RW_LIMIT) not in str(info.value)
+    async with AsyncReadWriteLock(backend, "rw", ttl=10).write():
+        with pytest.raises(LimitMismatchError) as info:
+            await AsyncSemaphore(backend, "rw", limit=4, ttl=10).acquire()
+        assert "'rw' is a read-write lock, not a semaphore of limit 4" in str(info.value)
+        assert str(RW_LIMIT) not in str(info.value)
 
 
 async def test_a_lost_permit_cancels_its_block() -> None:
