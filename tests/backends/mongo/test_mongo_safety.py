@@ -94,12 +94,20 @@ async def test_mongo_is_safe_while_the_primary_steps_down(
     assert_safe(report, min_acquisitions=2)
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize(
+    ("form", "anyio_backend"),
+    [("lock", "trio"), ("rw", "asyncio")],
+    ids=["lock-trio", "rw-asyncio"],
+)
 async def test_mongo_is_safe_when_the_server_restarts(
-    tmp_path: Path, anyio_backend: str, aiolease_server: Callable[[str], str]
+    tmp_path: Path, anyio_backend: str, form: str, aiolease_server: Callable[[str], str]
 ) -> None:
+    """The server is killed (``SIGKILL``) and started again on its journal, under a
+    lock's holders or (the read-write form) readers and writers: a writer never with
+    anyone outside a pause, tokens never given twice, across the restart."""
     url = with_query(aiolease_server("mongo-standalone"), collection="safety")
     control = restartable("mongo-standalone", "mongod.pid")
+    options: dict[str, Any] = {"rw": True} if form == "rw" else {}
     report = await short_run(
         url,
         Fault.SERVER_RESTART,
@@ -108,6 +116,7 @@ async def test_mongo_is_safe_when_the_server_restarts(
         DURATION,
         server_control=control,
         fault_every=1.5,
+        **options,
     )
     print(report.line())
     assert report.applicable, report.reason

@@ -135,20 +135,29 @@ ENSEMBLE_TTL = 2.0
 
 
 @pytest.mark.parametrize(
-    ("members", "kills", "anyio_backend"),
+    ("members", "kills", "anyio_backend", "form"),
     [
         # The leader member is killed (SIGKILL) and started again: the two others elect
         # a leader and go on serving; sessions move to them.
-        pytest.param("leader", 1, "trio", id="leader-killed-trio"),
+        pytest.param("leader", 1, "trio", "lock", id="leader-killed-trio"),
         # Every member is killed and started again on its data: sessions, nodes and
         # transaction ids (tokens) go on from where they were.
-        pytest.param("all", 3, "asyncio", id="every-member-restarts-asyncio"),
+        pytest.param("all", 3, "asyncio", "lock", id="every-member-restarts-asyncio"),
+        # The same under a semaphore's permits (limit 2 of 4 workers): never more than
+        # two bodies at once outside a pause, tokens never given twice.
+        pytest.param("all", 3, "trio", "semaphore", id="semaphore-every-member-restarts-trio"),
     ],
 )
 async def test_zookeeper_ensemble_is_safe_when_members_restart(
-    tmp_path: Path, anyio_backend: str, ensemble: str, members: Literal["leader", "all"], kills: int
+    tmp_path: Path,
+    anyio_backend: str,
+    ensemble: str,
+    members: Literal["leader", "all"],
+    kills: int,
+    form: str,
 ) -> None:
     control = Ensemble(members)
+    options: dict[str, Any] = {"limit": 2} if form == "semaphore" else {}
     report = await short_run(
         ensemble,
         Fault.SERVER_RESTART,
@@ -159,6 +168,8 @@ async def test_zookeeper_ensemble_is_safe_when_members_restart(
         session_timeout=ENSEMBLE_TTL,
         server_control=control,
         fault_length=ENSEMBLE_TTL,
+        **options,
     )
+    print(report.line())
     assert_safe(report, min_acquisitions=1)
     assert control.kills >= kills
