@@ -157,12 +157,11 @@ class LimitMismatchError(LeaseError):
         elif limit == RW_LIMIT:
             message = f"{name!r} is a semaphore of limit {held_limit}, not a read-write lock"
         else:
-            message = f"permits of {name!r} are held with limit {held_limit}, not {limit}"
-        super().__init__(
-            f"{message}: every client of one name must give the same limit "
-            "(a semaphore and a read-write lock cannot share a name)",
-            name=name,
-        )
+            message = (
+                f"permits of {name!r} are held with limit {held_limit}, not {limit}: every"
+                " client of one name must give the same limit"
+            )
+        super().__init__(message, name=name)
         self.limit = limit
         self.held_limit = held_limit
 

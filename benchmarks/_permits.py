@@ -257,10 +257,10 @@ async def _loop_tasks(
     ``warmup`` seconds after the loops (what returns before it is not counted). Each
     loop ends after its first call that returns past the window (a waiter is not
     cancelled: redis-py's client can swallow a cancel); any left after 15 s more are
-    cancelled. An acquire that fails with :class:`~aiolease.BackendError` in the
-    window is counted in :data:`LAST_ERRORS` (one before it too: an error is an error)
-    and the loop goes on. The process's CPU seconds per second from the window's start
-    to the loops' end are left in :data:`LAST_CPU`."""
+    cancelled. An acquire that fails with :class:`~aiolease.BackendError` (in the
+    warm-up too) is counted in :data:`LAST_ERRORS` and the loop goes on. The process's
+    CPU seconds per second from the window's start to the loops' end are left in
+    :data:`LAST_CPU`."""
     counts = [0] * tasks
     start = time.monotonic() + warmup
     end = start + seconds
