@@ -239,6 +239,15 @@ class CheckedRows:
             max(float(remaining), 0.0),
         )
 
+    def seen(self, key: tuple[object, ...]) -> bool:
+        """Whether the row of these stored values (``(name, owner, weight, limit,
+        granted, seq, token, identity, metadata)``, as :meth:`row` keys them) passed
+        its checks lately: only its expiry is then left to check."""
+        try:
+            return key in self._seen
+        except TypeError:  # a value that is not hashable: never kept
+            return False
+
     def check(
         self,
         name: str,
