@@ -73,7 +73,10 @@ async def test_renewal_errors_until_deadline_mean_unreachable(faulty: FaultyBack
 
 
 async def test_transient_renewal_errors_are_retried(faulty: FaultyBackend) -> None:
-    lock = AsyncLock(faulty, "job", ttl=TTL)
+    # A ttl of 2 s: the failed renewal is retried 50 ms later, well within the lease's
+    # deadline even when a loaded CI machine stalls the loop for a few hundred ms
+    # (with TTL, 0.6 s, the lease once expired before the retry ran).
+    lock = AsyncLock(faulty, "job", ttl=2.0)
     async with lock as lease:
         faulty.fail("renew", times=1)
         while lock.statistics().renewals < 2:

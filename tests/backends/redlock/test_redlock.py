@@ -104,7 +104,15 @@ async def test_conformance(anyio_backend: str, open_redlock: Opener, check: Chec
 
 @pytest.mark.parametrize("loop", ["asyncio", "trio"])
 def test_agrees_with_the_model(redlock_url: str, prefix: str, loop: str) -> None:
-    agrees_with_the_model(lambda: aiolease.open_backend(redlock_url, prefix=prefix), loop, 10, 30)
+    # Reads wait up to request_timeout for a majority (0.5 s by default): on a loaded
+    # 2-core CI machine none of three instances answered one in time (a BackendTimeout,
+    # not a disagreement). The model checks what the backend decides, not how fast.
+    agrees_with_the_model(
+        lambda: aiolease.open_backend(redlock_url, prefix=prefix, request_timeout=2),
+        loop,
+        10,
+        30,
+    )
 
 
 async def test_capabilities_are_honest(anyio_backend: str, open_redlock: Opener) -> None:
