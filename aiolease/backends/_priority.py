@@ -16,6 +16,8 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.lowlevel
 
+from .._clock import event
+
 __all__ = ["PriorityLock"]
 
 
@@ -50,7 +52,7 @@ class PriorityLock:
             self._held = True
             await anyio.lowlevel.cancel_shielded_checkpoint()
             return
-        turn = anyio.Event()
+        turn = event()
         queue = self._urgent if urgent else self._others
         queue.append(turn)
         try:

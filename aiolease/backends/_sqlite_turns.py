@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from .._clock import event
+
 __all__ = ["Ask", "LockTurns", "notify", "watching"]
 
 #: The most refused asks remembered (those that do not wait are then forgotten; past
@@ -139,7 +141,7 @@ def watching(path: str, name: str) -> Iterator[anyio.Event]:
     key = (threading.get_ident(), path, name)
     entry = _wakeups.get(key)
     if entry is None:
-        entry = _wakeups[key] = _Waiters(anyio.Event())
+        entry = _wakeups[key] = _Waiters(event())
     entry.count += 1
     try:
         yield entry.event

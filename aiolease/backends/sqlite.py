@@ -65,6 +65,7 @@ import anyio
 import anyio.to_thread
 
 from .._checked import derived
+from .._clock import cancel_scope, current_time, move_on_after
 from .._exceptions import (
     BackendError,
     BackendTimeout,
@@ -270,7 +271,7 @@ class SQLiteBackend(Backend):
         self._permits = PermitTables(self._table, lambda: self._boot_id, lambda: self._clock())
         #: The grants that releases here made to queue entries (of permits) or to lock
         #: waiters, until their waiters take them.
-        self._handed = Handed(lambda key: _notify(self._path, key), anyio.current_time)
+        self._handed = Handed(lambda key: _notify(self._path, key), current_time)
         #: This backend's lock waiters, which its releases hand the name to.
         self._turns = LockTurns()
         #: The permit requests refused here, not yet granted or released.
@@ -390,11 +391,11 @@ class SQLiteBackend(Backend):
         del urgent[:n], others[:m]
         releases = [call for call in batch if isinstance(call, _Release)]
         self._pick_next(releases)
-        sent_at = anyio.current_time()
+        sent_at = current_time()
         try:
             # Shielded: once sent, the group's outcome is every caller's (a cancel of the
             # sender is raised after it, at the next checkpoint).
-            with anyio.CancelScope(shield=True):
+            with cancel_scope(shield=True):
                 await anyio.to_thread.run_sync(run_group, conn, batch, self._issued)
         except BaseException as exc:
             for entry in releases:
@@ -632,7 +633,7 @@ class SQLiteBackend(Backend):
         without a call, and only they wake."""
         self._handed.forget(name, owner)
         self._queued.discard(name, owner)
-        sent_at = anyio.current_time()
+        sent_at = current_time()
         freed, grants = await self._run(
             lambda conn: self._permits.release(conn, name, owner, token)
         )
@@ -654,7 +655,7 @@ class SQLiteBackend(Backend):
         with _watching(self._path, turn_key(name, owner)) as event:
             if self._handed.waiting(name, owner):
                 return  # granted after the refusal
-            with anyio.move_on_after(timeout):
+            with move_on_after(timeout):
                 await event.wait()
 
     # -- the contract ------------------------------------------------------------------
@@ -693,7 +694,7 @@ class SQLiteBackend(Backend):
         with _watching(self._path, key) as event:
             if self._handed.waiting(name, owner):
                 return  # handed over after the refusal
-            with anyio.move_on_after(timeout):
+            with move_on_after(timeout):
                 await event.wait()
 
     async def renew(self, name: str, owner: str, token: int, ttl: float) -> Grant:
@@ -764,7 +765,7 @@ class SQLiteBackend(Backend):
         seen_key = state_of(seen)
         give_up = None
         if seen is not None and seen.remaining is not None:
-            give_up = anyio.current_time() + seen.remaining
+            give_up = current_time() + seen.remaining
         # Watch before reading, so a change made between the read and the wait wakes us.
         with _watching(self._path, name) as event:
             while True:
@@ -775,17 +776,17 @@ class SQLiteBackend(Backend):
                 if current is not None and current.remaining is not None:
                     timeout = min(timeout, current.remaining)
                 if give_up is not None:
-                    timeout = min(timeout, give_up - anyio.current_time())
+                    timeout = min(timeout, give_up - current_time())
                     if timeout <= 0:
                         return
-                with anyio.move_on_after(timeout):
+                with move_on_after(timeout):
                     await event.wait()
                 if event.is_set():
                     return
 
     async def aclose(self) -> None:
         """Close the connection. Idempotent."""
-        with anyio.CancelScope(shield=True):
+        with cancel_scope(shield=True):
             async with self._lock.hold(urgent=True):
                 self._closed = True
                 conn, self._conn = self._conn, None
