@@ -34,6 +34,7 @@ __all__ = [
     "current_time",
     "event",
     "fail_after",
+    "in_asyncio_task",
     "move_on_after",
 ]
 
@@ -65,7 +66,7 @@ def _learn_trio() -> None:
         _trio_checkpoint.append(cast(Callable[[], Awaitable[None]], trio.lowlevel.checkpoint))
 
 
-def _in_asyncio_task() -> bool:
+def in_asyncio_task() -> bool:
     """Whether an asyncio task runs (not a trio task, trio-asyncio's included)."""
     loop = asyncio._get_running_loop()
     return loop is not None and asyncio.current_task(loop) is not None
@@ -82,7 +83,7 @@ def cancel_scope(*, deadline: float = math.inf, shield: bool = False) -> anyio.C
     (in an asyncio task, as :func:`current_time` and ``aiolease._life.current_task``
     tell one: a running asyncio loop, and an asyncio task on it; trio's tasks,
     trio-asyncio's included, have none)."""
-    which = 0 if _in_asyncio_task() else 1
+    which = 0 if in_asyncio_task() else 1
     made = _scope_classes[which]
     if made is not None:
         return made(deadline=deadline, shield=shield)
@@ -98,7 +99,7 @@ _event_classes: list[type[anyio.Event] | None] = [None, None]
 def event() -> anyio.Event:
     """``anyio.Event()``, made without asking sniffio (as :func:`cancel_scope` makes a
     scope)."""
-    which = 0 if _in_asyncio_task() else 1
+    which = 0 if in_asyncio_task() else 1
     made = _event_classes[which]
     if made is not None:
         return made()
@@ -117,7 +118,7 @@ async def checkpoint() -> None:
     """``anyio.lowlevel.checkpoint()``, without asking sniffio: in an asyncio task,
     anyio's is ``asyncio.sleep(0)`` (a cancellation of the task's scopes is delivered
     at that await, as at any other); in a trio task, ``trio.lowlevel.checkpoint()``."""
-    if _in_asyncio_task():
+    if in_asyncio_task():
         await asyncio.sleep(0)
     elif _trio_checkpoint:
         await _trio_checkpoint[0]()

@@ -1,4 +1,5 @@
-"""Python function calls per contended acquisition, on ``memory://`` (the core's cost).
+"""Python function calls per contended acquisition, on ``memory://`` (the core's cost)
+or on any backend's URL.
 
 Runs issue 23's contended loop (16 tasks, each ``async with x: await anyio.sleep(0.001)``
 on one ``AsyncSemaphore(limit=4, ttl=10)``, or on one ``AsyncLock(ttl=10)``) under
@@ -6,13 +7,17 @@ cProfile for a few seconds and prints the acquisitions, the CPU per acquisition 
 the function calls per acquisition (which, unlike times, the machine's load does not
 change), then the functions called most per acquisition.
 
+``--url`` runs it on that backend instead (``sqlite:////tmp/p.db``, ``redis://...``):
+its figures are then the core's and the client's cost together (the server's CPU is
+not counted), under the same name each run (``profile-sem``, ``profile-lock``).
+
 ``--hold 0`` makes the loop bound by the CPU alone (no timer between a grant and its
 release), and ``--no-profile`` leaves cProfile out: then the acquisitions per second
 and the CPU per acquisition are the core's cost on this machine, to compare in
 alternated runs.
 
 Usage: ``python benchmarks/profile_contended.py [--kind semaphore|lock]
-[--loop asyncio|trio] [--seconds S] [--hold S] [--no-profile] [--top N]``.
+[--loop asyncio|trio] [--url URL] [--seconds S] [--hold S] [--no-profile] [--top N]``.
 """
 
 from __future__ import annotations
@@ -25,20 +30,32 @@ from collections import Counter
 
 import anyio
 
+import aiolease
 from aiolease import AsyncLock, AsyncSemaphore
-from aiolease.backends.memory import MemoryBackend
 
 TASKS = 16
 LIMIT = 4
 
 
-async def contend(kind: str, seconds: float, hold: float, profile: cProfile.Profile | None) -> int:
+async def contend(
+    url: str, kind: str, seconds: float, hold: float, profile: cProfile.Profile | None
+) -> int:
     """Run the loop for ``seconds`` (with ``profile`` on, if any); the acquisitions made."""
-    backend = MemoryBackend()
+    async with aiolease.open_backend(url) as backend:
+        return await _contend(backend, kind, seconds, hold, profile)
+
+
+async def _contend(
+    backend: aiolease.abc.Backend,
+    kind: str,
+    seconds: float,
+    hold: float,
+    profile: cProfile.Profile | None,
+) -> int:
     blocks = (
-        AsyncSemaphore(backend, "sem", limit=LIMIT, ttl=10)
+        AsyncSemaphore(backend, "profile-sem", limit=LIMIT, ttl=10)
         if kind == "semaphore"
-        else AsyncLock(backend, "lock", ttl=10)
+        else AsyncLock(backend, "profile-lock", ttl=10)
     )
     done = [0]
 
@@ -75,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=("semaphore", "lock"), default="semaphore")
     parser.add_argument("--loop", choices=("asyncio", "trio"), default="asyncio")
+    parser.add_argument("--url", default="memory://", help="the backend (default memory://)")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--hold", type=float, default=0.001, help="seconds each block holds")
     parser.add_argument("--no-profile", action="store_true", help="times only, no cProfile")
@@ -83,11 +101,11 @@ def main() -> None:
     profile = None if args.no_profile else cProfile.Profile()
     started, cpu = time.monotonic(), time.process_time()
     acquisitions = anyio.run(
-        contend, args.kind, args.seconds, args.hold, profile, backend=args.loop
+        contend, args.url, args.kind, args.seconds, args.hold, profile, backend=args.loop
     )
     elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     print(
-        f"{args.kind} on {args.loop}: {acquisitions} acquisitions, "
+        f"{args.kind} on {args.url} under {args.loop}: {acquisitions} acquisitions, "
         f"{acquisitions / elapsed:.0f}/s, {cpu / elapsed:.2f} CPU s/s, "
         f"{cpu / max(acquisitions, 1) * 1e6:.0f} us CPU per acquisition"
         + ("" if profile is None else " (profiled)")

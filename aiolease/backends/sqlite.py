@@ -89,6 +89,7 @@ from ..abc import (
 from ._priority import PriorityLock
 from ._sqlite_group import MOST, Call, run_group
 from ._sqlite_permits import PERMIT_LIVE, PermitTables, QueuedHere
+from ._sqlite_thread import ConnectionThread
 from ._sqlite_turns import Ask, LockTurns
 from ._sqlite_turns import notify as _notify
 from ._sqlite_turns import watching as _watching
@@ -264,6 +265,8 @@ class SQLiteBackend(Backend):
         self._calls: list[Call] = []
         self._urgent_calls: list[Call] = []
         self._conn: sqlite3.Connection | None = None
+        #: Where the groups of calls run (see :mod:`._sqlite_thread`).
+        self._thread = ConnectionThread(f"aiolease-sqlite-{os.path.basename(self._path)}")
         self._closed = False
         # Host time; tests replace these to move time or simulate a reboot.
         self._clock: Callable[[], float] = time.monotonic
@@ -396,7 +399,7 @@ class SQLiteBackend(Backend):
             # Shielded: once sent, the group's outcome is every caller's (a cancel of the
             # sender is raised after it, at the next checkpoint).
             with cancel_scope(shield=True):
-                await anyio.to_thread.run_sync(run_group, conn, batch, self._issued)
+                await self._thread.run(run_group, conn, batch, self._issued)
         except BaseException as exc:
             for entry in releases:
                 if entry.next is not None:
@@ -555,6 +558,7 @@ class SQLiteBackend(Backend):
     def _release_sync(self, conn: sqlite3.Connection, entry: _Release) -> bool:
         """Free the name if ``entry.owner`` holds it, or hand it to ``entry.next`` (the
         waiter's grant: the next token, its ttl, identity and metadata)."""
+        entry.handed = None  # not from an earlier run of its group, rolled back
         ask = entry.next
         if ask is None:
             sets = "owner = NULL, identity = NULL, metadata = NULL, expires_at = NULL"
@@ -792,6 +796,7 @@ class SQLiteBackend(Backend):
                 conn, self._conn = self._conn, None
                 if conn is not None:
                     await anyio.to_thread.run_sync(conn.close)
+                self._thread.stop()
 
     async def __aenter__(self) -> Self:
         await self.open()
