@@ -5,9 +5,10 @@
 twice a bare hand-off to a thread and back; 16 tasks on a semaphore of 4 send a
 group every 1.4 acquisitions, and their client's CPU is what bounds them. So in an
 asyncio task a backend object runs its groups on a thread of its own: a queue in, a
-``call_soon_threadsafe`` out (about 42 us). The thread ends after
-:data:`IDLE` seconds without a call (the next call starts another) and when the
-backend closes; a child process forked meanwhile starts its own. Under trio, ``anyio.to_thread.run_sync`` runs them, as before.
+``call_soon_threadsafe`` out (about 42 us). The thread ends after :data:`IDLE`
+seconds without a call (the next call starts another) and when the backend closes;
+a child process forked meanwhile starts its own. Under trio,
+``anyio.to_thread.run_sync`` runs them, as before.
 
 The callers shield the call (a group's outcome is every caller's), so that anyio
 never cancels the wait; a cancellation of the task by other means stops the wait,
