@@ -8,10 +8,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import closing
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import anyio
 import pytest
@@ -197,6 +197,24 @@ async def test_a_release_cancelled_while_it_waits_for_the_connection_is_not_sent
     assert await backend.release(*releases[2])
 
 
+async def _run_together(
+    backend: SQLiteBackend, names: list[str], call: Callable[[str], Coroutine[Any, Any, None]]
+) -> list[str]:
+    """Start ``call(name)`` for each name while the connection is held, so that their
+    first calls wait for it together; the statements run meanwhile, once all ended."""
+    statements: list[str] = []
+    assert backend._conn is not None
+    backend._conn.set_trace_callback(statements.append)
+    async with anyio.create_task_group() as tg:
+        async with backend._lock.hold():
+            for name in names:
+                tg.start_soon(call, name)
+            while backend._lock.waiting < len(names):
+                await anyio.lowlevel.checkpoint()
+    backend._conn.set_trace_callback(None)
+    return statements
+
+
 @pytest.mark.anyio
 async def test_calls_waiting_for_the_connection_run_in_one_transaction(
     backend: SQLiteBackend, db: Path
@@ -213,7 +231,6 @@ async def test_calls_waiting_for_the_connection_run_in_one_transaction(
         other.commit()
     names = [f"n{i}" for i in range(8)] + ["foreign"]
     outcomes: dict[str, object] = {}
-    statements: list[str] = []
 
     async def ask(name: str) -> None:
         try:
@@ -221,15 +238,7 @@ async def test_calls_waiting_for_the_connection_run_in_one_transaction(
         except aiolease.ForeignDataError as exc:
             outcomes[name] = exc
 
-    assert backend._conn is not None
-    backend._conn.set_trace_callback(statements.append)
-    async with anyio.create_task_group() as tg:
-        async with backend._lock.hold():
-            for name in names:
-                tg.start_soon(ask, name)
-            while backend._lock.waiting < len(names):
-                await anyio.lowlevel.checkpoint()
-    backend._conn.set_trace_callback(None)
+    statements = await _run_together(backend, names, ask)
     assert statements.count("BEGIN IMMEDIATE") == 2  # the first run rolled back
     assert statements.count("COMMIT") == 1
     assert statements.count("SAVEPOINT aiolease_call") == len(names)
@@ -251,7 +260,6 @@ async def test_a_group_without_a_failure_runs_without_savepoints(backend: SQLite
     names = [f"n{i}" for i in range(6)]
     grants = {name: await backend.try_acquire(name, "first", TTL, "me", {}) for name in names}
     outcomes: dict[str, object] = {}
-    statements: list[str] = []
 
     async def turn(name: str) -> None:
         first = grants[name]
@@ -259,15 +267,7 @@ async def test_a_group_without_a_failure_runs_without_savepoints(backend: SQLite
         outcomes[f"{name}-release"] = await backend.release(name, "first", first.token)
         outcomes[name] = await backend.try_acquire(name, "second", TTL, "me", {})
 
-    assert backend._conn is not None
-    backend._conn.set_trace_callback(statements.append)
-    async with anyio.create_task_group() as tg:
-        async with backend._lock.hold():
-            for name in names:
-                tg.start_soon(turn, name)
-            while backend._lock.waiting < len(names):
-                await anyio.lowlevel.checkpoint()
-    backend._conn.set_trace_callback(None)
+    statements = await _run_together(backend, names, turn)
     assert not any("SAVEPOINT" in statement for statement in statements), statements
     assert statements.count("BEGIN IMMEDIATE") == 2  # the releases, then the acquires
     assert statements.count("COMMIT") == 2
