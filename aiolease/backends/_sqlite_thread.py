@@ -111,5 +111,7 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         return
     if error is None:
         future.set_result(result)
+    elif isinstance(error, StopIteration):  # a future refuses it (TypeError): wrap it
+        future.set_exception(RuntimeError(f"the call raised {error!r}"))
     else:
         future.set_exception(error)

@@ -94,6 +94,8 @@ async def test_a_calls_exception_is_raised_to_its_caller(anyio_backend: str) -> 
 
     with pytest.raises(LookupError, match="from the thread"):
         await worker.run(fail)
+    with pytest.raises(RuntimeError, match="StopIteration"):  # a future refuses it as is
+        await worker.run(next, iter(()))
     assert await worker.run(lambda: "still serving") == "still serving"
     (thread,) = _threads("aiolease-test-error")
     worker.stop()
