@@ -200,17 +200,18 @@ async def test_a_release_cancelled_while_it_waits_for_the_connection_is_not_sent
 async def _run_together(
     backend: SQLiteBackend, names: list[str], call: Callable[[str], Coroutine[Any, Any, None]]
 ) -> list[str]:
-    """Start ``call(name)`` for each name while the connection is held, so that their
-    first calls wait for it together; the statements run meanwhile, once all ended."""
+    """Start ``call(name)`` for each name while the connection is held, one after the
+    other, so that their first calls wait for it together, in the order of ``names``;
+    the statements run meanwhile, once all ended."""
     statements: list[str] = []
     assert backend._conn is not None
     backend._conn.set_trace_callback(statements.append)
     async with anyio.create_task_group() as tg:
         async with backend._lock.hold():
-            for name in names:
+            for i, name in enumerate(names):
                 tg.start_soon(call, name)
-            while backend._lock.waiting < len(names):
-                await anyio.lowlevel.checkpoint()
+                while backend._lock.waiting <= i:
+                    await anyio.lowlevel.checkpoint()
     backend._conn.set_trace_callback(None)
     return statements
 
@@ -250,6 +251,53 @@ async def test_calls_waiting_for_the_connection_run_in_one_transaction(
     with closing(sqlite3.connect(db)) as other:
         row = other.execute("SELECT token, owner FROM aiolease_leases WHERE name = 'foreign'")
         assert row.fetchall() == [("x", "them")]
+
+
+@pytest.mark.anyio
+async def test_a_hand_off_in_a_group_run_again_is_made_once(
+    backend: SQLiteBackend, db: Path
+) -> None:
+    """A release that hands the name to a waiter here, in a group that runs again (a
+    call beside it failed), hands it once: the waiter holds the name with the next
+    token, the failed call's caller alone gets its error."""
+    backend.poll_interval = 3600.0  # the waiter is woken by the hand-off, not a poll
+    with closing(sqlite3.connect(db)) as other:
+        other.execute(
+            "INSERT INTO aiolease_leases (name, token, owner) VALUES ('foreign', 'x', 'them')"
+        )
+        other.commit()
+    first = await AsyncLock(backend, "a", ttl=TTL).acquire()
+    waiter = AsyncLock(backend, "a", ttl=TTL, identity="waiter")
+    outcomes: dict[str, object] = {}
+
+    async def wait() -> None:
+        outcomes["waiter"] = await waiter.acquire()
+
+    async def call(name: str) -> None:
+        try:
+            if name == "a":
+                outcomes[name] = await backend.release("a", first.owner, first.token)
+            else:
+                outcomes[name] = await backend.try_acquire(name, "o", TTL, "me", {})
+        except aiolease.ForeignDataError as exc:
+            outcomes[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        while "a" not in backend._turns._queues:
+            await anyio.lowlevel.checkpoint()
+        statements = await _run_together(backend, ["a", "foreign"], call)
+    assert statements.count("BEGIN IMMEDIATE") == 2  # the group ran again
+    hand_offs = [sql for sql in statements if sql.startswith("UPDATE aiolease_leases SET token")]
+    assert len(hand_offs) == 2  # the first rolled back
+    assert outcomes["a"] is True
+    assert isinstance(outcomes["foreign"], aiolease.ForeignDataError)
+    lease = outcomes["waiter"]
+    assert isinstance(lease, aiolease.Lease)
+    assert lease.token == first.token + 1
+    holder = await backend.read("a")
+    assert holder is not None and holder.owner == lease.owner and holder.token == lease.token
+    await lease.release()
 
 
 @pytest.mark.anyio
