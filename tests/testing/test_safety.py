@@ -175,6 +175,34 @@ def test_rejected_stale_writes_are_counted_and_compared_with_the_fence() -> None
     )
 
 
+def test_a_write_taken_by_the_fence_as_its_writer_was_killed_is_no_disagreement() -> None:
+    """A worker killed between the fence's commit and its own record of the answer
+    leaves one fence entry (or one refusal) that no worker recorded: excused for its
+    last write only, and only if the controller killed it (a CI run failed on it)."""
+    holds = [hold(1, 1, 0.0, 1.0), hold(2, 2, 1.0, None, outcome=None, reason=None)]
+    writes = writes_of(*holds)
+    log = [*log_of(writes), Accepted(3, 2, 2, 1.5, True)]  # pid 2's second write
+    records = Records(tuple(holds), tuple(writes), 0, ())
+    unrecorded = "1 fence log entries no worker recorded"
+    assert check(records, log, 0, kills={2: 1.6}).problems == ()
+    assert unrecorded in check(records, log, 0).problems  # pid 2 was not killed
+    assert unrecorded in check(records, log, 0, kills={1: 1.6}).problems
+    # Only its last: an earlier write it never recorded is a disagreement.
+    two = [*log, Accepted(4, 2, 2, 1.55, True)]
+    assert check(records, two, 0, kills={2: 1.6}).problems == (unrecorded,)
+    # A write it recorded after the unrecorded entry: that entry was not in flight.
+    later = Records(tuple(holds), (*writes, Write(2, 2, 1.52, 1.53, False)), 0, ())
+    assert check(later, log, 1, kills={2: 1.6}).problems == (unrecorded,)
+    # A refusal it never recorded, one per killed process.
+    assert check(records, log_of(writes), 1, kills={2: 1.6}).problems == ()
+    assert check(records, log_of(writes), 2, kills={2: 1.6}).problems == (
+        "workers saw 0 rejections, the fence counted 2",
+    )
+    assert check(records, log, 1, kills={2: 1.6}).problems == (
+        "workers saw 0 rejections, the fence counted 1",
+    )
+
+
 def test_a_token_regression_is_caught() -> None:
     holds = [hold(1, 5, 0.0, 1.0), hold(2, 4, 1.0, 2.0), hold(3, 6, 2.0, 3.0)]
     assert checked(holds, writes_of(*holds)).token_order == 1

@@ -235,19 +235,37 @@ def stop_latency(hold: Hold) -> float | None:
     return max(hold.stop - hold.ended_at, 0.0)
 
 
-def _fence_problems(records: Records, log: Sequence[Accepted], rejections: int) -> list[str]:
+def _fence_problems(
+    records: Records, log: Sequence[Accepted], rejections: int, kills: Mapping[int, float]
+) -> list[str]:
+    """How the workers' records and the fence disagree. A process killed while it
+    wrote may have had its last write taken by the fence (logged, or refused) before
+    it could record the answer: one such write per killed process is no
+    disagreement (its last in the fence's log, with no write of its recorded after)."""
     problems: list[str] = []
     logged = {(e.seq, e.pid, e.token) for e in log}
     recorded = {(w.seq, w.pid, w.token) for w in records.writes if w.accepted}
     if recorded - logged:
         problems.append(f"{len(recorded - logged)} accepted writes are missing from the fence log")
-    if logged - recorded:
-        problems.append(f"{len(logged - recorded)} fence log entries no worker recorded")
+    last = {e.pid: e for e in sorted(log, key=lambda e: e.seq)}
+    latest: dict[int, float] = {}
+    for w in records.writes:
+        latest[w.pid] = max(latest.get(w.pid, w.begin), w.begin)
+    in_flight = {
+        (e.seq, e.pid, e.token)
+        for e in last.values()
+        if e.pid in kills
+        and (e.seq, e.pid, e.token) not in recorded
+        and latest.get(e.pid, e.at) <= e.at
+    }
+    unrecorded = logged - recorded - in_flight
+    if unrecorded:
+        problems.append(f"{len(unrecorded)} fence log entries no worker recorded")
     fenced: dict[int | None, bool] = {e.seq: e.fenced for e in log}
     if any(fenced.get(w.seq, w.fenced) != w.fenced for w in records.writes if w.accepted):
         problems.append("the workers and the fence log disagree on which writes were fenced")
     refused = sum(1 for w in records.writes if not w.accepted)
-    if refused != rejections:
+    if not refused <= rejections <= refused + len(kills) - len(in_flight):
         problems.append(f"workers saw {refused} rejections, the fence counted {rejections}")
     return problems
 
@@ -285,7 +303,7 @@ def check(
         token_order = count_token_order(holds, writes, pauses)
     bad = [(h, why) for h in holds if (why := bad_stop(h)) is not None]
     latencies = [x for h in holds if (x := stop_latency(h)) is not None]
-    problems = [*records.problems, *_fence_problems(records, log, rejections)]
+    problems = [*records.problems, *_fence_problems(records, log, rejections, kills or {})]
     problems += [f"pid {h.pid} token {h.token}: {why}" for h, why in bad[:5]]
     return Findings(
         acquisitions=len(holds),
