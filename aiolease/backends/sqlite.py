@@ -58,7 +58,6 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -89,6 +88,7 @@ from ..abc import (
 from ._priority import PriorityLock
 from ._sqlite_group import MOST, Call, run_group
 from ._sqlite_permits import PERMIT_LIVE, PermitTables, QueuedHere
+from ._sqlite_renewals import Encoded, encode_batches, renew_batch
 from ._sqlite_thread import ConnectionThread
 from ._sqlite_turns import Ask, LockTurns
 from ._sqlite_turns import notify as _notify
@@ -119,62 +119,6 @@ _LIVE = (
     "owner IS NOT NULL AND boot_id = :boot AND expires_at > :now"
     " AND expires_at - :now <= ttl + 0.001"
 )
-
-
-#: A renewal batch (JSON ``[[name, owner, token, ttl], ...]`` in ``:batch``) as rows.
-_BATCH = (
-    "SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS o,"
-    " json_extract(value, '$[2]') AS k, json_extract(value, '$[3]') AS vttl"
-    " FROM json_each(:batch)"
-)
-#: A batch whose leases all ask one ttl (``:ttl``): ``[[name, owner, token], ...]``, one
-#: value fewer to extract per lease.
-_BATCH_ONE_TTL = (
-    "SELECT json_extract(value, '$[0]') AS n, json_extract(value, '$[1]') AS o,"
-    " json_extract(value, '$[2]') AS k, :ttl AS vttl FROM json_each(:batch)"
-)
-#: The usual batch (locks of distinct names, one ttl) as its rows' condition: a JSON
-#: object ``{name: "owner:token", ...}`` whose keys and values ``json_each`` reads
-#: without a ``json_extract`` per value (about 40 % less CPU per lease than the arrays).
-#: A token is an integer, so ``owner || ':' || token`` is one grant's and no other's.
-_KEYED = "json_each(:batch) AS v WHERE name = v.key AND v.value = owner || ':' || token"
-
-
-@dataclass(frozen=True)
-class _Encoded:
-    """A renewal batch as its statement takes it: the JSON, the one ttl all its leases
-    ask (else ``None``: each its own, in the JSON), how many, and whether the JSON is
-    :data:`_KEYED`'s object (else an array of arrays)."""
-
-    json: str
-    ttl: float | None
-    size: int
-    keyed: bool = False
-
-
-def _encode_batch(renewals: Sequence[Renewal], *, permits: bool = False) -> _Encoded:
-    ttls = {ttl for _, _, _, ttl in renewals}
-    if len(ttls) == 1:
-        ttl = float(ttls.pop())
-        if not permits:  # a permit's name is not its row's key
-            keyed = {n: f"{o}:{t}" for n, o, t, _ in renewals}
-            if len(keyed) == len(renewals):  # else a name twice (an old grant and a new)
-                return _Encoded(json.dumps(keyed), ttl, len(renewals), keyed=True)
-        return _Encoded(json.dumps([[n, o, t] for n, o, t, _ in renewals]), ttl, len(renewals))
-    batch = json.dumps([[n, o, t, float(ttl)] for n, o, t, ttl in renewals])
-    return _Encoded(batch, None, len(renewals))
-
-
-def _encode_batches(renewals: Sequence[Renewal]) -> tuple[_Encoded | None, _Encoded | None]:
-    """The batches of the locks and of the permits among ``renewals`` (``None``: none)."""
-    permits = [r for r in renewals if is_permit_owner(r[1])]
-    if not permits:
-        return _encode_batch(renewals), None
-    locks = [r for r in renewals if not is_permit_owner(r[1])]
-    return (
-        _encode_batch(locks) if locks else None,
-        _encode_batch(permits, permits=True),
-    )
 
 
 def host_boot_id() -> str:
@@ -514,46 +458,14 @@ class SQLiteBackend(Backend):
         return bool(rows)
 
     def _renew_many_sync(
-        self, conn: sqlite3.Connection, batch: _Encoded, *, permits: bool = False
+        self, conn: sqlite3.Connection, batch: Encoded, *, permits: bool = False
     ) -> set[tuple[str, str, int]] | None:
-        """Renew every lease of ``batch`` (all locks, or all ``permits``) in one
-        statement; which were renewed (``None``: all; one more statement tells which,
-        only when some were not)."""
-        if batch.keyed:
-            source = _KEYED
-        else:
-            rows = _BATCH if batch.ttl is None else _BATCH_ONE_TTL
-            source = f"({rows}) AS v WHERE name = v.n AND owner = v.o AND token = v.k"
-        vttl = ":ttl" if batch.keyed else "v.vttl"
-        params = {
-            "batch": batch.json,
-            "ttl": batch.ttl,
-            "now": self._clock(),
-            "boot": self._boot_id,
-        }
+        """Renew every lease of ``batch`` (all locks, or all ``permits``): see
+        :func:`renew_batch`."""
         table, live = self._table, _LIVE
         if permits:
             table, live = self._permits.permits, f"granted = 1 AND {PERMIT_LIVE}"
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            changed = conn.execute(
-                f"UPDATE {table} SET expires_at = :now + {vttl}, ttl = {vttl}"
-                f" FROM {source} AND {live}",
-                params,
-            ).rowcount
-            renewed: set[tuple[str, str, int]] | None = None
-            if changed != batch.size:
-                renewed = set(
-                    conn.execute(
-                        f"SELECT name, owner, token FROM {table}, {source} AND {live}",
-                        params,
-                    ).fetchall()
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.rollback()
-            raise
-        return renewed
+        return renew_batch(conn, batch, table, live, self._clock(), self._boot_id)
 
     def _release_sync(self, conn: sqlite3.Connection, entry: _Release) -> bool:
         """Free the name if ``entry.owner`` holds it, or hand it to ``entry.next`` (the
@@ -711,7 +623,7 @@ class SQLiteBackend(Backend):
         """Every lease the core's scheduler finds due, in one statement (one more for
         the permits among them); the batches' JSON made once per list of the core's
         (:func:`derived`)."""
-        locks, permits = derived(renewals, "sqlite", _encode_batches)
+        locks, permits = derived(renewals, "sqlite", encode_batches)
 
         def renew(
             conn: sqlite3.Connection,
