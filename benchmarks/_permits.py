@@ -2,15 +2,17 @@
 :class:`~aiolease.AsyncReadWriteLock`, one set of code for every backend: each
 per-backend script (``bench_redis.py``, ``bench_sql.py``, ``bench_etcd.py``,
 ``bench_embedded.py``) calls :func:`permit_figures` with a backend it opened, the
-peers' locks it can drive and its own round-trip counters. Every figure runs on that
-one backend object, so a permit is always compared with the same backend's lock.
+peers it can drive (their locks, and grelmicro's read-write lock) and its own
+round-trip counters. Every figure runs on that one backend object, so a permit is
+always compared with the same backend's lock.
 
 * **uncontended permit acquire+release**: ``async with`` on a semaphore of limit 4,
   on a reader and on a writer of a read-write lock, and on an :class:`AsyncLock`, one
   cycle each in a random order (:func:`_common.take_turns`), nobody else on the
   names; the median per cycle as a ratio to the lock's. Target: every permit
-  <= 1.2x the lock. A peer's lock (none of the peers has a semaphore) is shown as
-  a ratio to our lock, for reference.
+  <= 1.2x the lock. A peer's lock (none of the peers has a semaphore), and the read
+  and the write of its read-write lock where it has one (grelmicro from 0.21), are
+  shown as ratios to our lock, for reference.
 * **16 tasks, semaphore of limit 4, hold 1 ms**: 16 tasks loop ``async with sem:
   sleep(1 ms)`` for 0.5 s of warm-up (:data:`WARMUP`, not counted), then for
   ``seconds`` (a checkpoint between turns, as in ``bench_embedded.py``);
@@ -33,7 +35,9 @@ one backend object, so a permit is always compared with the same backend's lock.
   block, p50/p99 for writers and p99 for readers, and acquires that failed with a
   ``BackendError`` (counted, and the task goes on). Target: reads proceed in
   parallel (peak readers > 1), no overlap, no failed acquire; the writer wait p99
-  is printed without a target.
+  is printed without a target. The same mix (the same turns) then runs on each
+  peer's read-write lock (grelmicro's from 0.21, which needs Python 3.12: run the
+  script under Python 3.12 or newer for it; not with ``--quick``), without a target.
 * **N permits held** (N = ``--held``, ttl 3 s, renewed every 1 s tick): N tasks each
   hold one permit of a semaphore of limit N, as an application would (granted one
   after the other, as ``bench_scale.py`` grants its locks: on SQLite, 1,000
@@ -56,6 +60,8 @@ from run to run: quote ratios from one run.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import random
 import time
 import uuid
@@ -68,13 +74,14 @@ import anyio
 import anyio.lowlevel
 from _common import fairness, hold_blocks, idle, percentile, record, take_turns, verdict
 
-from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, BackendError, Lease
+from aiolease import AsyncLock, AsyncReadWriteLock, AsyncSemaphore, BackendError
 from aiolease.abc import Backend
 
 __all__ = [
     "PeerLock",
+    "PeerReadWrite",
     "PermitSizes",
-    "grelmicro_lock",
+    "grelmicro_peer",
     "permit_figures",
 ]
 
@@ -97,10 +104,26 @@ Cycle = Callable[[], Awaitable[object]]
 Counter = Callable[[], Awaitable[float]]
 
 
+#: ``mode(write)``: a fresh ``async with`` of one read-write lock's writer (``True``)
+#: or reader (``False``).
+Mode = Callable[[bool], AbstractAsyncContextManager[object]]
+
+
+@dataclass(frozen=True)
+class PeerReadWrite:
+    """A peer library's read-write lock, driven as its users would."""
+
+    #: ``modes(name)``: the :data:`Mode` of the peer's read-write lock of ``name`` (one
+    #: object per name, reused).
+    modes: Callable[[str], Mode]
+    #: How it waits, printed with the figures.
+    how: str
+
+
 @dataclass(frozen=True)
 class PeerLock:
-    """A peer library's lock, driven as its users would (no peer has a semaphore or a
-    read-write lock that installs here: see the section's notes)."""
+    """A peer library's lock (none has a semaphore), driven as its users would, and
+    its read-write lock where it has one."""
 
     #: Uncontended acquire and release, on a name of its own.
     cycle: Cycle
@@ -108,6 +131,7 @@ class PeerLock:
     once: Callable[[str], Awaitable[object]]
     #: How it waits, printed with the figures.
     how: str
+    rw: PeerReadWrite | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +206,7 @@ async def permit_figures(
     for label, peer in peers.items():
         print(f"  {label}: {peer.how}")
     if sizes.quick and peers:
-        print("  (--quick: the peers' locks in the uncontended figure only)")
+        print("  (--quick: the peers in the uncontended figure only)")
     await _uncontended(where, backend, sizes, peers, summary)
     floors = machine_floors or not sizes.quick
     if not floors:
@@ -191,7 +215,7 @@ async def permit_figures(
             " in bench_embedded.py's memory figures)"
         )
     await _contended(where, backend, sizes, peers, summary, floors)
-    await _read_heavy(where, backend, sizes, summary)
+    await _read_heavy(where, backend, sizes, peers, summary)
     await _held(where, backend, sizes, counters or {}, tick_target, summary)
     return summary
 
@@ -210,7 +234,7 @@ async def _uncontended(
     sem = AsyncSemaphore(backend, f"permit-sem-{RUN}", limit=LIMIT, ttl=10)
     rw = AsyncReadWriteLock(backend, f"permit-rw-{RUN}", ttl=10)
 
-    def block(cm: AbstractAsyncContextManager[Lease]) -> Cycle:
+    def block(cm: AbstractAsyncContextManager[object]) -> Cycle:
         async def cycle() -> None:
             async with cm:
                 pass
@@ -224,6 +248,11 @@ async def _uncontended(
         "aiolease write permit": block(rw.write()),
     }
     theirs = {f"{label} lock (no semaphore)": peer.cycle for label, peer in peers.items()}
+    for label, peer in peers.items():
+        if peer.rw is not None:
+            mode = peer.rw.modes(f"permit-rw-{label}-{RUN}")
+            theirs[f"{label} read permit"] = block(mode(False))
+            theirs[f"{label} write permit"] = block(mode(True))
     times = await take_turns({**ours, **theirs}, sizes.cycles)
     base = times["aiolease lock (async with)"]
     figure = "uncontended permit acquire+release"
@@ -420,10 +449,22 @@ async def _contended(
 # -- read-heavy mix ----------------------------------------------------------------------
 
 
-async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary: Summary) -> None:
-    rw = AsyncReadWriteLock(backend, f"permit-mix-{RUN}", ttl=10)
-    readers, writers, peak, overlaps = [0], [0], [0], [0]
-    waits: dict[str, list[float]] = {"read": [], "write": []}
+@dataclass
+class Mix:
+    """What one read-write lock did in the read-heavy mix."""
+
+    rate: float = 0.0
+    peak: int = 0
+    overlaps: int = 0
+    waits: dict[str, list[float]] = field(default_factory=lambda: {"read": [], "write": []})
+    failed: list[BackendError] = field(default_factory=list)
+
+
+async def _mix(mode: Mode, seconds: float) -> Mix:
+    """:data:`RW_TASKS` tasks, each turn a write with probability :data:`WRITES` (the
+    same turns for every lock), each block held 1 ms."""
+    found = Mix()
+    readers, writers = [0], [0]
 
     def once_for(i: int) -> Callable[[int], Awaitable[None]]:
         rng = random.Random(i)  # the same mix in every run
@@ -431,12 +472,12 @@ async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary:
         async def once(_: int) -> None:
             write = rng.random() < WRITES
             called = time.monotonic()
-            async with rw.write() if write else rw.read():
-                waits["write" if write else "read"].append(time.monotonic() - called)
+            async with mode(write):
+                found.waits["write" if write else "read"].append(time.monotonic() - called)
                 if writers[0] or (write and readers[0]):
-                    overlaps[0] += 1
+                    found.overlaps += 1
                 (writers if write else readers)[0] += 1
-                peak[0] = max(peak[0], readers[0])
+                found.peak = max(found.peak, readers[0])
                 try:
                     await anyio.sleep(HOLD)
                 finally:
@@ -445,45 +486,73 @@ async def _read_heavy(where: str, backend: Backend, sizes: PermitSizes, summary:
         return once
 
     onces = [once_for(i) for i in range(RW_TASKS)]
-    counts = await _loop_tasks(RW_TASKS, sizes.seconds, lambda i: onces[i](i))
-    failed = list(LAST_ERRORS)
-    rate = sum(counts) / sizes.seconds
-    w50, w99 = percentile(waits["write"], 0.5), percentile(waits["write"], 0.99)
-    r99 = percentile(waits["read"], 0.99)
-    ok = peak[0] > 1 and overlaps[0] == 0 and not failed
+    counts = await _loop_tasks(RW_TASKS, seconds, lambda i: onces[i](i))
+    found.failed = list(LAST_ERRORS)
+    found.rate = sum(counts) / seconds
+    return found
+
+
+async def _read_heavy(
+    where: str,
+    backend: Backend,
+    sizes: PermitSizes,
+    peers: Mapping[str, PeerLock],
+    summary: Summary,
+) -> None:
+    rw = AsyncReadWriteLock(backend, f"permit-mix-{RUN}", ttl=10)
+    contender = "aiolease read-write lock"
+    modes: dict[str, Mode] = {contender: lambda write: rw.write() if write else rw.read()}
+    for label, peer in {} if sizes.quick else peers.items():
+        if peer.rw is not None:
+            modes[f"{label} read-write lock"] = peer.rw.modes(f"permit-mix-{label}-{RUN}")
     figure = f"read-heavy mix ({1 - WRITES:.0%} reads), {RW_TASKS} tasks, hold 1 ms"
     print(
         f"\n{figure:<44} {'ops/s':>7} {'peak rd':>8} {'overlap':>8} {'w p50':>8} {'w p99':>8}"
         f" {'r p99':>8} {'errors':>6}  target peak readers > 1, 0 overlaps, no error"
     )
-    print(
-        f"  {'aiolease read-write lock':<42} {rate:>7.0f} {peak[0]:>8} {overlaps[0]:>8}"
-        f" {w50 * 1e3:>5.1f} ms {w99 * 1e3:>5.1f} ms {r99 * 1e3:>5.1f} ms {len(failed):>6}"
-        f"  {verdict(ok)}  ({len(waits['write'])} writes, {len(waits['read'])} reads)"
-    )
-    contender = "aiolease read-write lock"
-    if failed:
-        print(f"    first error: {failed[0]!r}")
-        record(where, figure + ": failed acquires", contender, len(failed), "", target="0")
-    record(where, figure, contender, rate, "ops/s")
-    record(where, figure + ": peak readers", contender, peak[0], "", target="> 1", ok=ok)
-    record(
-        where,
-        figure + ": writer with anyone",
-        contender,
-        overlaps[0],
-        "",
-        target="0",
-        ok=overlaps[0] == 0,
-    )
-    record(where, figure + ": writer wait p99", contender, w99 * 1e3, "ms")
-    record(where, figure + ": reader wait p99", contender, r99 * 1e3, "ms")
-    summary.add(
-        figure,
-        "peak readers > 1, 0 overlaps; writer p99",
-        f"peak {peak[0]}, {overlaps[0]} overlaps, writer p99 {w99 * 1e3:.1f} ms",
-        ok,
-    )
+    for label, mode in modes.items():
+        mix = await _mix(mode, sizes.seconds)
+        w50, w99 = percentile(mix.waits["write"], 0.5), percentile(mix.waits["write"], 0.99)
+        r99 = percentile(mix.waits["read"], 0.99)
+        ours = label == contender
+        ok = mix.peak > 1 and mix.overlaps == 0 and not mix.failed if ours else None
+        print(
+            f"  {label:<42} {mix.rate:>7.0f} {mix.peak:>8} {mix.overlaps:>8}"
+            f" {w50 * 1e3:>5.1f} ms {w99 * 1e3:>5.1f} ms {r99 * 1e3:>5.1f} ms"
+            f" {len(mix.failed):>6}  {verdict(ok)}  ({len(mix.waits['write'])} writes,"
+            f" {len(mix.waits['read'])} reads)"
+        )
+        if mix.failed:
+            print(f"    first error: {mix.failed[0]!r}")
+            record(where, figure + ": failed acquires", label, len(mix.failed), "", target="0")
+        record(where, figure, label, mix.rate, "ops/s")
+        record(
+            where,
+            figure + ": peak readers",
+            label,
+            mix.peak,
+            "",
+            target="> 1" if ours else "",
+            ok=ok,
+        )
+        record(
+            where,
+            figure + ": writer with anyone",
+            label,
+            mix.overlaps,
+            "",
+            target="0" if ours else "",
+            ok=mix.overlaps == 0 if ours else None,
+        )
+        record(where, figure + ": writer wait p99", label, w99 * 1e3, "ms")
+        record(where, figure + ": reader wait p99", label, r99 * 1e3, "ms")
+        if ours:
+            summary.add(
+                figure,
+                "peak readers > 1, 0 overlaps; writer p99",
+                f"peak {mix.peak}, {mix.overlaps} overlaps, writer p99 {w99 * 1e3:.1f} ms",
+                bool(ok),
+            )
 
 
 # -- N permits held ----------------------------------------------------------------------
@@ -596,30 +665,95 @@ async def _held(
 # -- peers -------------------------------------------------------------------------------
 
 
-async def grelmicro_lock(
-    backend: Any, stack: AsyncExitStack, *, lease_duration: float = 10.0
+#: Where the peers keep their keys and rows, apart from ours.
+GRELMICRO_PREFIX = "aiolease-bench-grelmicro:"
+GRELMICRO_TABLE = "grelmicro_bench_locks"
+
+
+async def grelmicro_peer(server: str, url: str, stack: AsyncExitStack) -> PeerLock:
+    """grelmicro on ``server`` (``"redis"`` or ``"postgres"``, at ``url``), opened here
+    and closed by ``stack``, with its defaults: it polls every 0.1 s while it waits
+    and renews nothing by itself (one object per name, reused, as documented). Its
+    ``Lock``; from 0.21 (Python 3.12 and newer) its ``ReadWriteLock`` too
+    (writer-preferring: a refused writer records an intent that holds new readers
+    back).
+
+    :raises ImportError: grelmicro, or its extra for ``server``, is not installed
+    """
+    version = importlib.metadata.version("grelmicro")
+    try:
+        from grelmicro.coordination import Lock, ReadWriteLock
+    except ImportError:  # 0.20 and older: grelmicro.sync, locks only
+        return await _grelmicro_sync_peer(server, url, stack, version)
+    if server == "redis":
+        from grelmicro.coordination.redis import RedisLockAdapter, RedisReadWriteLockAdapter
+        from grelmicro.providers.redis import RedisProvider
+
+        redis = RedisProvider(url=url)
+        opened = [
+            redis,
+            RedisLockAdapter(provider=redis, prefix=GRELMICRO_PREFIX),
+            RedisReadWriteLockAdapter(provider=redis, prefix=GRELMICRO_PREFIX),
+        ]
+    else:
+        from grelmicro.coordination.postgres import (
+            PostgresLockAdapter,
+            PostgresReadWriteLockAdapter,
+        )
+        from grelmicro.providers.postgres import PostgresProvider
+
+        postgres = PostgresProvider(url=url)
+        opened = [
+            postgres,
+            PostgresLockAdapter(provider=postgres, table_name=GRELMICRO_TABLE),
+            PostgresReadWriteLockAdapter(provider=postgres, table_name=f"{GRELMICRO_TABLE}_rw"),
+        ]
+    for each in opened:
+        await stack.enter_async_context(each)
+    _, lock_backend, rw_backend = opened
+    locks = functools.cache(lambda name: Lock(name, backend=lock_backend, lease_duration=10.0))
+    rws = functools.cache(lambda name: ReadWriteLock(name, backend=rw_backend, lease_duration=10.0))
+
+    def modes(name: str) -> Mode:
+        rw = rws(name)
+        return lambda write: rw.write if write else rw.read
+
+    how = f"{version}: Lock and ReadWriteLock (no semaphore); poll every 0.1 s"
+    return _peer_lock(locks, how, PeerReadWrite(modes, "writer-preferring; polls every 0.1 s"))
+
+
+async def _grelmicro_sync_peer(
+    server: str, url: str, stack: AsyncExitStack, version: str
 ) -> PeerLock:
-    """grelmicro's ``Lock`` on ``backend`` (a grelmicro sync backend, entered here and
-    closed by ``stack``), with its defaults: it polls every 0.1 s while it waits and
-    renews nothing by itself (one ``Lock`` object per name, reused, as documented)."""
     from grelmicro.sync import Lock
 
+    if server == "redis":
+        from grelmicro.sync.redis import RedisSyncBackend
+
+        backend: Any = RedisSyncBackend(url, prefix=GRELMICRO_PREFIX)
+    else:
+        from grelmicro.sync.postgres import PostgresSyncBackend
+
+        backend = PostgresSyncBackend(url, table_name=GRELMICRO_TABLE)
     await stack.enter_async_context(backend)
-    locks: dict[str, Any] = {}
+    locks = functools.cache(lambda name: Lock(name, backend=backend, lease_duration=10.0))
+    how = (
+        f"{version}: Lock (no read-write lock before 0.21, which needs Python 3.12;"
+        " no semaphore); polls every 0.1 s"
+    )
+    return _peer_lock(locks, how)
 
-    def lock_of(name: str) -> Any:
-        if name not in locks:
-            locks[name] = Lock(name, backend=backend, lease_duration=lease_duration)
-        return locks[name]
 
-    uncontended = lock_of(f"grelmicro-uncontended-{RUN}")
+def _peer_lock(locks: Callable[[str], Any], how: str, rw: PeerReadWrite | None = None) -> PeerLock:
+    """A grelmicro ``Lock`` as a :class:`PeerLock` (both versions drive it alike)."""
+    uncontended = locks(f"grelmicro-uncontended-{RUN}")
 
     async def cycle() -> None:
         await uncontended.acquire_nowait()
         await uncontended.release()
 
     async def once(name: str) -> None:
-        async with lock_of(name):
+        async with locks(name):
             await anyio.sleep(HOLD)
 
-    return PeerLock(cycle, once, "Lock (0.20: no read-write lock, no semaphore); polls every 0.1 s")
+    return PeerLock(cycle, once, how, rw)

@@ -32,9 +32,11 @@ contender from the same run, with a target and PASS/MISS for aiolease:
   figure measures): a permit against the lock uncontended, 16 tasks on a semaphore
   of limit 4 against the lock's hand-off rate, a read-heavy mix, N permits held
   (renewal round trips per tick: the backend's own count of its renewal pipelines,
-  as in the held figure). The peers have no semaphore and no read-write lock
-  (pottery 3.0.1: locks, counters, collections; grelmicro 0.20.0, the newest that
-  installs here: Lock, TaskLock, LeaderElection): their locks are shown beside ours.
+  as in the held figure). The peers have no semaphore (pottery 3.0.1: locks,
+  counters, collections; grelmicro): their locks are shown beside ours, and
+  grelmicro's read-write lock in the uncontended and read-heavy figures where it
+  installs (0.21 and newer, which need Python 3.12: ``pip install -e '.[bench]'``
+  takes 0.41.1 there, and 0.20.0, locks only, on Python 3.11).
 
 Usage: ``python benchmarks/bench_redis.py [--url redis://127.0.0.1:6379] [--quick]
 [--skip peer,...] [--only handoffs] [--kinds aiolease-fair,python-redis-lock]
@@ -82,7 +84,7 @@ from _common import (
     started,
     verdict,
 )
-from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
+from _permits import PeerLock, PermitSizes, grelmicro_peer, permit_figures
 from _redis_contenders import (
     HOLD,
     HOW,
@@ -650,12 +652,9 @@ async def permit_figure(args: argparse.Namespace, report: Report) -> None:
             peers["pottery"] = PeerLock(make_cycle(pottery), pottery.once, HOW["pottery"])
         if "grelmicro" not in args.skip:
             try:
-                from grelmicro.sync.redis import RedisSyncBackend
+                peers["grelmicro"] = await grelmicro_peer("redis", url, stack)
             except ImportError:
                 notes.append("grelmicro: not installed (pip install 'grelmicro[redis]')")
-            else:
-                grelmicro = RedisSyncBackend(url, prefix="aiolease-bench-grelmicro:")
-                peers["grelmicro"] = await grelmicro_lock(grelmicro, stack)
 
         async def batches() -> float:
             return backend.statistics().batches

@@ -56,9 +56,11 @@ in threads. Prints, as in issue 5's table, with ratios and a PASS/MISS column:
   backend's own renewal statements: the target is on the first on PostgreSQL
   without ``--quick``, else on the second: MySQL's counters are the whole server's,
   and PostgreSQL's lag more than ``--quick`` waits). tooz has no
-  semaphore and no read-write lock; grelmicro (PostgreSQL only; 0.20.0, the newest
-  that installs here, has Lock, TaskLock and LeaderElection, no read-write lock):
-  its Lock is shown beside ours.
+  semaphore and no read-write lock; grelmicro (PostgreSQL only) has no semaphore:
+  its Lock is shown beside ours, and its read-write lock in the uncontended and
+  read-heavy figures where it installs (0.21 and newer, which need Python 3.12:
+  ``pip install -e '.[bench]'`` takes 0.41.1 there, and 0.20.0, locks only, on
+  Python 3.11).
 
 Usage: ``python benchmarks/bench_sql.py [--db postgres|mysql|both] [--url URL]
 [--quick] [--skip tooz|grelmicro|FIGURE] [--only FIGURE] [--rounds N]``; the
@@ -102,7 +104,7 @@ from _common import (
     take_turns,
     verdict,
 )
-from _permits import PeerLock, PermitSizes, grelmicro_lock, permit_figures
+from _permits import PeerLock, PermitSizes, grelmicro_peer, permit_figures
 from _sql_failover import failover, hold_forever
 from _sql_floors import (
     TTL,
@@ -640,12 +642,9 @@ async def print_permits(db: Db, args: argparse.Namespace) -> None:
             notes = ["tooz has no semaphore and no read-write lock"]
             if isinstance(db, Postgres) and "grelmicro" not in args.skip:
                 try:
-                    from grelmicro.sync.postgres import PostgresSyncBackend
+                    peers["grelmicro"] = await grelmicro_peer("postgres", db.url, stack)
                 except ImportError:
                     notes.append("grelmicro: not installed (pip install 'grelmicro[postgres]')")
-                else:
-                    grelmicro = PostgresSyncBackend(db.url, table_name="grelmicro_bench_locks")
-                    peers["grelmicro"] = await grelmicro_lock(grelmicro, stack)
             own = [0]  # PostgreSQL: each reading is a transaction of its own
 
             async def statements() -> float:
