@@ -28,6 +28,11 @@ For each backend (``--backends``, default every one whose server answers) prints
 Each target is recorded with its own verdict (``run_all.py`` takes the median of its
 runs); the last column of the printed table is PASS when all of a backend's are met.
 
+The leases live in a table (``aiolease_bench_scale``, PostgreSQL and MySQL/MariaDB) or
+under a key prefix (``aiolease-bench-scale:``, Redis) of the benchmark's own on the
+test servers, each run's names its own; what a run leaves there (a released lock's row
+or token counter stays, to keep its token) is deleted after it.
+
 Usage: ``python benchmarks/bench_scale.py [--quick] [--leases 10000] [--hold 10]
 [--backends memory,redis]``. ``--quick`` holds 1,000 leases for 2 s (``run_all.py
 --quick``'s pass; the per-lease CPU is then a little higher, as each tick's fixed cost
@@ -62,12 +67,23 @@ MAX_CPU_US = 5.0
 CPU_TARGET_LEASES = 10_000
 MAX_ACQUIRE_GROWTH = 1.5
 
-DEFAULT_URLS = {
-    "memory": "memory://",
-    "sqlite": "sqlite:///{tmp}/scale.db",
+#: Where the benchmark keeps its leases: a table or a key prefix of its own on the
+#: test servers, whose rows and keys of a run :func:`clean` deletes after it (a lock's
+#: row, and on Redis its token counter, outlive its release: 10,000 names per run).
+TABLE = "aiolease_bench_scale"
+PREFIX = "aiolease-bench-scale:"
+SERVERS = {
     "redis": "redis://127.0.0.1:6379/0",
     "postgres": "postgresql://postgres@127.0.0.1:5432/test",
     "mysql": "mysql://root@127.0.0.1:3306/test",
+}
+DEFAULT_URLS = {
+    "memory": "memory://",
+    "sqlite": "sqlite:///{tmp}/scale.db",
+    "redis": f"{SERVERS['redis']}?prefix={PREFIX}",
+    "postgres": f"{SERVERS['postgres']}?table={TABLE}",
+    "mysql": f"{SERVERS['mysql']}?table={TABLE}",
+    # An etcd lock's key goes with its release (its token is the key's revision).
     "etcd": "etcd://127.0.0.1:2379",
 }
 
@@ -220,6 +236,7 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
             await asyncio.gather(*tasks)
         finally:
             logging.getLogger("aiolease.lease").removeHandler(late)
+    await clean(kind, run)
     return Result(
         kind,
         leases,
@@ -236,6 +253,40 @@ async def run_one(kind: str, url: str, leases: int, hold: float) -> Result:
         gc_last * 1000,
         late.count,
     )
+
+
+async def clean(kind: str, run: str) -> None:
+    """Delete what the run ``run`` left on ``kind``'s server (its names ``scale/<run>/*``
+    in :data:`TABLE` or under :data:`PREFIX`)."""
+    names = f"scale/{run}/%"
+    if kind == "postgres":
+        import asyncpg
+
+        pg = await asyncpg.connect(SERVERS["postgres"])
+        try:
+            await pg.execute(f"DELETE FROM {TABLE} WHERE name LIKE $1", names)
+        finally:
+            await pg.close()
+    elif kind == "mysql":
+        import asyncmy
+
+        my = await asyncmy.connect(host="127.0.0.1", port=3306, user="root", db="test")
+        try:
+            async with my.cursor() as cursor:
+                await cursor.execute(f"DELETE FROM {TABLE} WHERE name LIKE %s", (names,))
+            await my.commit()
+        finally:
+            my.close()
+    elif kind == "redis":
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(SERVERS["redis"])
+        try:
+            keys = [key async for key in client.scan_iter(f"{PREFIX}{{scale/{run}/*", count=1000)]
+            for start in range(0, len(keys), 1000):
+                await client.unlink(*keys[start : start + 1000])
+        finally:
+            await client.aclose()
 
 
 def print_table(results: Sequence[Result]) -> None:
