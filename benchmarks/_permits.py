@@ -205,6 +205,8 @@ async def permit_figures(
         print(f"  ({note})")
     for label, peer in peers.items():
         print(f"  {label}: {peer.how}")
+        if peer.rw is not None:
+            print(f"  {label} read-write lock: {peer.rw.how}")
     if sizes.quick and peers:
         print("  (--quick: the peers in the uncontended figure only)")
     await _uncontended(where, backend, sizes, peers, summary)
@@ -718,8 +720,11 @@ async def grelmicro_peer(server: str, url: str, stack: AsyncExitStack) -> PeerLo
         rw = rws(name)
         return lambda write: rw.write if write else rw.read
 
-    how = f"{version}: Lock and ReadWriteLock (no semaphore); poll every 0.1 s"
-    return _peer_lock(locks, how, PeerReadWrite(modes, "writer-preferring; polls every 0.1 s"))
+    rw_how = (
+        "writer-preferring (a refused writer's intent holds new readers back); polls every 0.1 s"
+    )
+    how = f"{version}: Lock (no semaphore); polls every 0.1 s"
+    return _peer_lock(locks, how, PeerReadWrite(modes, rw_how))
 
 
 async def _grelmicro_sync_peer(
