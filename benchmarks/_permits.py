@@ -682,11 +682,11 @@ async def grelmicro_peer(server: str, url: str, stack: AsyncExitStack) -> PeerLo
 
     :raises ImportError: grelmicro, or its extra for ``server``, is not installed
     """
-    version = importlib.metadata.version("grelmicro")
     try:
         from grelmicro.coordination import Lock, ReadWriteLock
     except ImportError:  # 0.20 and older: grelmicro.sync, locks only
-        return await _grelmicro_sync_peer(server, url, stack, version)
+        return await _grelmicro_sync_peer(server, url, stack)
+    version = importlib.metadata.version("grelmicro")
     if server == "redis":
         from grelmicro.coordination.redis import RedisLockAdapter, RedisReadWriteLockAdapter
         from grelmicro.providers.redis import RedisProvider
@@ -727,10 +727,10 @@ async def grelmicro_peer(server: str, url: str, stack: AsyncExitStack) -> PeerLo
     return _peer_lock(locks, how, PeerReadWrite(modes, rw_how))
 
 
-async def _grelmicro_sync_peer(
-    server: str, url: str, stack: AsyncExitStack, version: str
-) -> PeerLock:
+async def _grelmicro_sync_peer(server: str, url: str, stack: AsyncExitStack) -> PeerLock:
     from grelmicro.sync import Lock
+
+    version = importlib.metadata.version("grelmicro")
 
     if server == "redis":
         from grelmicro.sync.redis import RedisSyncBackend
