@@ -9,6 +9,7 @@ the trio-asyncio loop. Cancellation crosses the bridge both ways.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
@@ -80,11 +81,21 @@ class AsyncioBridge(WrappingBackend):
         """:func:`call_asyncio`, or, once closed, what a closed backend raises under asyncio.
 
         :raises BackendUnavailable: the bridge was closed (its trio-asyncio loop may be
-            gone too, which would be an :class:`UnsupportedCapability` under trio only)
+            gone too, which would be an :class:`UnsupportedCapability` under trio only),
+            or the call was cancelled on the asyncio side (its loop closing under it)
         """
         if self._closed:
             raise BackendUnavailable(f"{self.inner!r} is closed")
-        return await call_asyncio(fn, *args)
+        try:
+            return await call_asyncio(fn, *args)
+        except asyncio.CancelledError as exc:
+            # Not trio's cancellation (trio-asyncio raises trio's own for that): the
+            # call's asyncio task was cancelled on the asyncio side, as when the
+            # trio-asyncio loop closes under a call still in flight (a block's release
+            # racing the close of its backend). To trio code it is no cancellation.
+            raise BackendUnavailable(
+                f"{self.inner!r}: the call was cancelled on its asyncio loop"
+            ) from exc
 
     async def _forward(self, op: str, *args: Any) -> Any:
         """``inner``'s ``op``, awaited on the asyncio loop."""

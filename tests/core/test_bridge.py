@@ -172,3 +172,35 @@ async def test_an_error_from_the_block_comes_out_as_itself(anyio_backend: str) -
                 await backend.release("x", lease.owner, lease.token)
                 await backend.try_acquire("x", "thief", 2, "thief", {})
                 await lease.renew()
+
+
+class _CutOff(AsyncioOnlyBackend):
+    """Its releases are cancelled on the asyncio side, as the trio-asyncio loop's close
+    cancels a release still in flight (a block's, racing the close of its backend)."""
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        import asyncio
+
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+        raise AssertionError("not cancelled")  # pragma: no cover
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_an_asyncio_side_cancel_reaches_trio_as_backend_unavailable(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under trio an ``asyncio.CancelledError`` is no cancellation: a bridged call cut off
+    on the asyncio side raises :class:`~aiolease.BackendUnavailable`, and a block whose
+    release it was ends as a block whose release failed (the error logged), instead of
+    letting asyncio's exception out of ``async with`` (seen in CI: a block's release in
+    flight when ``open_backend`` closed the loop under it)."""
+    monkeypatch.setitem(BUILTIN, "cut-off", f"{__name__}:_CutOff")
+    async with aiolease.open_backend("cut-off://") as backend:
+        with pytest.raises(aiolease.BackendUnavailable, match="cancelled on its asyncio loop"):
+            await backend.release("x", "someone", 1)
+        async with AsyncLock(backend, "y", ttl=30) as lease:
+            assert lease.token == 1
+        assert "release of lease 'y' failed" in caplog.text
