@@ -44,8 +44,10 @@ async def shared_backend():
 
 
 async def held_past_its_ttl(backend):
-    async with AsyncLock(backend, "job", ttl=0.15) as lease:
-        await asyncio.sleep(0.25)  # longer than the ttl: renewed on this loop
+    # Renewed every third of the ttl: a ttl of 1 s leaves a renewal about half a second
+    # to be late on a loaded machine (0.15 s left it under 0.1 s: a CI run lost it).
+    async with AsyncLock(backend, "job", ttl=1.0) as lease:
+        await asyncio.sleep(1.2)  # longer than the ttl: renewed on this loop
         assert lease.lost is None
     assert lease.renewals >= 1
 
